@@ -1,0 +1,48 @@
+"""The torchcomms control plane: a ZeroMQ store server, its client, an event bus, heartbeats.
+
+Importing this package (or ``client``/``server``/``protocol``/``auth``/``events``/``secrets``)
+never imports torch; only :mod:`torchcomms.control.store` (the torch ``Store`` wrapper) does.
+Names are re-exported lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "ControlClient": "torchcomms.control.client",
+    "Subscription": "torchcomms.control.client",
+    "StoreServer": "torchcomms.control.server",
+    "ControlStore": "torchcomms.control.store",
+    "Limits": "torchcomms.control.protocol",
+    "derive_keys": "torchcomms.control.secrets",
+    "new_secret": "torchcomms.control.secrets",
+    "load_secret": "torchcomms.control.secrets",
+    "write_secret_file": "torchcomms.control.secrets",
+    "ControlError": "torchcomms.control.errors",
+    "ControlTimeoutError": "torchcomms.control.errors",
+    "ControlAuthError": "torchcomms.control.errors",
+    "ControlProtocolError": "torchcomms.control.errors",
+    "ControlUnavailableError": "torchcomms.control.errors",
+    "ControlClosedError": "torchcomms.control.errors",
+    "ControlLimitError": "torchcomms.control.errors",
+    "ControlValueError": "torchcomms.control.errors",
+    "ControlArgumentError": "torchcomms.control.errors",
+    "ControlArgumentTypeError": "torchcomms.control.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchcomms.control' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

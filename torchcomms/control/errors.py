@@ -1,0 +1,67 @@
+"""Typed errors of the control plane.
+
+Every error is a :class:`ControlError`, itself a ``RuntimeError`` so that code written for
+torch's stores (which raise ``RuntimeError``/``DistStoreError``) still catches it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ControlError",
+    "ControlTimeoutError",
+    "ControlAuthError",
+    "ControlProtocolError",
+    "ControlUnavailableError",
+    "ControlArgumentError",
+    "ControlArgumentTypeError",
+    "ControlValueError",
+    "ControlLimitError",
+    "ControlClosedError",
+]
+
+
+class ControlError(RuntimeError):
+    """Base class of every control-plane error."""
+
+
+class ControlTimeoutError(ControlError):
+    """A wait (``get``, ``wait``, ...) did not complete before its deadline.
+
+    ``keys`` names the keys that were still missing when the deadline passed (may be empty).
+    """
+
+    def __init__(self, message: str, keys: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.keys: list[str] = list(keys or [])
+
+
+class ControlAuthError(ControlError):
+    """The server refused this client's credentials (wrong or missing job secret)."""
+
+
+class ControlProtocolError(ControlError):
+    """A message broke the wire protocol (malformed, wrong type, unknown op, ...)."""
+
+
+class ControlLimitError(ControlProtocolError):
+    """A key, value or message exceeded a configured size limit."""
+
+
+class ControlValueError(ControlError, ValueError):
+    """The server rejected a well-formed request (e.g. ``add`` on a non-integer value)."""
+
+
+class ControlUnavailableError(ControlError):
+    """The control server could not be reached or went away during a request."""
+
+
+class ControlClosedError(ControlUnavailableError):
+    """The client (or server) was closed; no further requests are possible."""
+
+
+class ControlArgumentError(ControlError, ValueError):
+    """A call was made with an invalid argument value (checked before anything is sent)."""
+
+
+class ControlArgumentTypeError(ControlError, TypeError):
+    """A call was made with an argument of the wrong type (checked before anything is sent)."""

@@ -1,0 +1,161 @@
+"""Per-job secret → deterministic CURVE key pairs for the control plane.
+
+The launcher draws one random secret per job (:func:`new_secret`) and hands it to its workers
+(a file named by ``TORCHCOMM_CONTROL_SECRET_FILE``, or ``TORCHCOMM_CONTROL_SECRET``). Server
+and clients derive the same two CURVE key pairs from it (:func:`derive_keys`), so nothing
+but the secret has to be distributed: the client knows the server's public key, and the
+server admits only the client key derived from the same secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+from zmq.utils import z85
+
+from .errors import ControlArgumentError, ControlArgumentTypeError, ControlAuthError
+
+__all__ = [
+    "CurveKeys",
+    "SECRET_BYTES",
+    "MIN_SECRET_BYTES",
+    "new_secret",
+    "derive_keys",
+    "parse_secret",
+    "load_secret",
+    "write_secret_file",
+    "ENV_SECRET",
+    "ENV_SECRET_FILE",
+]
+
+SECRET_BYTES = 32
+MIN_SECRET_BYTES = 16
+ENV_SECRET = "TORCHCOMM_CONTROL_SECRET"
+ENV_SECRET_FILE = "TORCHCOMM_CONTROL_SECRET_FILE"
+
+_SERVER_LABEL = b"torchcomms/control/curve/server/v1"
+_CLIENT_LABEL = b"torchcomms/control/curve/client/v1"
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """The two CURVE key pairs of a job, Z85-encoded (40 ASCII bytes each)."""
+
+    server_public: bytes
+    server_secret: bytes
+    client_public: bytes
+    client_secret: bytes
+
+    def __repr__(self) -> str:  # never print secret keys
+        return (
+            f"CurveKeys(server_public={self.server_public!r}, "
+            f"client_public={self.client_public!r})"
+        )
+
+
+def new_secret() -> bytes:
+    """Return a fresh random job secret (32 bytes)."""
+    return os.urandom(SECRET_BYTES)
+
+
+def _check_secret(secret: object) -> bytes:
+    if not isinstance(secret, (bytes, bytearray, memoryview)):
+        raise ControlArgumentTypeError(
+            f"job secret must be bytes, got {type(secret).__name__} "
+            "(use parse_secret() for a hex string)"
+        )
+    raw = bytes(secret)
+    if len(raw) < MIN_SECRET_BYTES:
+        raise ControlArgumentError(
+            f"job secret is {len(raw)} bytes; at least {MIN_SECRET_BYTES} are required"
+        )
+    return raw
+
+
+def _keypair(secret: bytes, label: bytes) -> tuple[bytes, bytes]:
+    curve_secret = hmac.new(secret, label, hashlib.sha256).digest()
+    secret_z85 = z85.encode(curve_secret)
+    return zmq.curve_public(secret_z85), secret_z85
+
+
+def derive_keys(secret: bytes) -> CurveKeys:
+    """Derive the job's server and client CURVE key pairs from ``secret``.
+
+    Each curve secret key is HMAC-SHA256(secret, label) with a distinct label per role.
+    """
+    raw = _check_secret(secret)
+    server_public, server_secret = _keypair(raw, _SERVER_LABEL)
+    client_public, client_secret = _keypair(raw, _CLIENT_LABEL)
+    return CurveKeys(server_public, server_secret, client_public, client_secret)
+
+
+def parse_secret(text: str | bytes, *, source: str = "secret") -> bytes:
+    """Decode a hex-encoded secret (surrounding whitespace ignored)."""
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("ascii")
+        except UnicodeDecodeError:
+            raise ControlAuthError(f"{source} is not ASCII hex") from None
+    if not isinstance(text, str):
+        raise ControlArgumentTypeError(
+            f"{source} must be a hex string, got {type(text).__name__}"
+        )
+    stripped = text.strip()
+    try:
+        raw = bytes.fromhex(stripped)
+    except ValueError:
+        raise ControlAuthError(f"{source} is not valid hex ({len(stripped)} characters)") from None
+    if len(raw) < MIN_SECRET_BYTES:
+        raise ControlAuthError(
+            f"{source} decodes to {len(raw)} bytes; at least {MIN_SECRET_BYTES} are required"
+        )
+    return raw
+
+
+def load_secret(env: Mapping[str, str] | None = None, *, required: bool = True) -> bytes | None:
+    """Read the job secret from the environment.
+
+    ``TORCHCOMM_CONTROL_SECRET_FILE`` (a file holding the hex secret) wins over
+    ``TORCHCOMM_CONTROL_SECRET`` (the hex secret itself). Returns ``None`` when neither is
+    set and ``required`` is false; raises :class:`ControlAuthError` otherwise.
+    """
+    env = os.environ if env is None else env
+    path = env.get(ENV_SECRET_FILE)
+    if path:
+        try:
+            text = Path(path).read_text(encoding="ascii")
+        except OSError as exc:
+            raise ControlAuthError(
+                f"cannot read the job secret file {path!r} ({ENV_SECRET_FILE}): {exc}"
+            ) from exc
+        except UnicodeDecodeError:
+            raise ControlAuthError(f"job secret file {path!r} is not ASCII hex") from None
+        return parse_secret(text, source=f"job secret file {path!r}")
+    value = env.get(ENV_SECRET)
+    if value:
+        return parse_secret(value, source=ENV_SECRET)
+    if required:
+        raise ControlAuthError(
+            f"no job secret: set {ENV_SECRET_FILE} (a file with the hex secret) or {ENV_SECRET}"
+        )
+    return None
+
+
+def write_secret_file(path: str | os.PathLike[str], secret: bytes) -> Path:
+    """Write ``secret`` as hex to ``path``, readable by the owner only (mode 0600)."""
+    raw = _check_secret(secret)
+    target = Path(path)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, stat.S_IRUSR | stat.S_IWUSR)
+    try:
+        os.fchmod(fd, stat.S_IRUSR | stat.S_IWUSR)
+        os.write(fd, raw.hex().encode("ascii") + b"\n")
+    finally:
+        os.close(fd)
+    return target
