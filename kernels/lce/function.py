@@ -1,0 +1,345 @@
+"""Entry point: argument checks, routing between implementations, and the autograd Function."""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .chunked import ChunkedResult, chunked_linear_cross_entropy, default_chunk_size
+from .config import IMPLEMENTATIONS, LossConfig, compute_dtype_for, reduction_coefficients
+from .errors import (
+    BackwardTwiceError,
+    LCEDeviceError,
+    LCETypeError,
+    LCEValueError,
+    UnsupportedFeatureError,
+)
+from .reference import reference_linear_cross_entropy
+from .rowwise import RowPass, torch_row_pass
+from .triton_kernels import triton_importable, triton_row_pass, triton_usable
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Which implementation a call takes, and why (``select_implementation``'s answer)."""
+
+    implementation: str
+    reason: str
+
+
+def select_implementation(
+    requested: str,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+) -> Route:
+    """Resolve ``implementation=`` for these tensors, or raise ``UnsupportedFeatureError``."""
+    if requested not in IMPLEMENTATIONS:
+        raise LCEValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {requested!r}")
+    k_dim = weight.dim() > 2
+    if requested == "reference":
+        return Route("reference", "requested")
+    if requested in ("chunked", "triton") and k_dim:
+        raise UnsupportedFeatureError(
+            f"implementation={requested!r} supports 2-D weights (C, H) only; a K-dimensional "
+            f"weight of shape {tuple(weight.shape)} needs implementation='reference' or 'auto'"
+        )
+    if requested == "triton":
+        if not triton_importable():
+            raise UnsupportedFeatureError("implementation='triton' needs the triton package, which is not installed")
+        if not triton_usable(input.device):
+            raise UnsupportedFeatureError(
+                f"implementation='triton' needs CUDA tensors, got device {input.device} "
+                "(use 'chunked' or 'auto' elsewhere)"
+            )
+        if input.dtype not in _TRITON_DTYPES:
+            raise UnsupportedFeatureError(
+                f"implementation='triton' supports float16, bfloat16 and float32, got {input.dtype}"
+            )
+        return Route("triton", "requested")
+    if requested == "chunked":
+        return Route("chunked", "requested")
+    if k_dim:
+        return Route("reference", "K-dimensional weight: only the reference implementation supports it")
+    if input.device.type == "cuda" and input.dtype in _TRITON_DTYPES and triton_usable(input.device):
+        return Route("triton", "CUDA tensor with triton available")
+    return Route("chunked", f"{input.device.type} tensor" + ("" if input.device.type != "cuda" else ", no triton"))
+
+
+def _validate(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None,
+    class_weight: torch.Tensor | None,
+    chunk_size: int | None,
+    accum_dtype: torch.dtype,
+) -> None:
+    for name, t in (("input", input), ("weight", weight), ("target", target)):
+        if not isinstance(t, torch.Tensor):
+            raise LCETypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if input.dtype not in _FLOAT_DTYPES:
+        raise LCETypeError(f"input must be a floating-point tensor, got dtype {input.dtype}")
+    if weight.dtype != input.dtype:
+        raise LCETypeError(f"weight dtype {weight.dtype} differs from input dtype {input.dtype}")
+    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+        raise LCETypeError(
+            f"target must hold integer class indices, got dtype {target.dtype} "
+            "(class-probability targets are not supported)"
+        )
+    if input.dim() < 1:
+        raise LCEValueError("input must have at least one dimension (the features)")
+    if weight.dim() < 2:
+        raise LCEValueError(f"weight must be (num_classes, in_features), got shape {tuple(weight.shape)}")
+    hidden = input.shape[-1]
+    if weight.shape[-1] != hidden:
+        raise LCEValueError(
+            f"weight's last dimension ({weight.shape[-1]}) must equal input's feature size ({hidden})"
+        )
+    if weight.shape[0] < 1:
+        raise LCEValueError("weight must have at least one class")
+    out_dims = tuple(weight.shape[1:-1])
+    expected_target = tuple(input.shape[:-1]) + out_dims
+    if tuple(target.shape) != expected_target:
+        raise LCEValueError(
+            f"target shape {tuple(target.shape)} does not match input/weight; expected {expected_target}"
+        )
+    if out_dims and input.dim() > 2:
+        raise LCEValueError("a K-dimensional weight needs input of shape (N, H) or (H,)")
+    logits_shape = tuple(weight.shape[:-1])
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise LCETypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+        if bias.dtype != input.dtype:
+            raise LCETypeError(f"bias dtype {bias.dtype} differs from input dtype {input.dtype}")
+        if tuple(bias.shape) != logits_shape:
+            raise LCEValueError(f"bias must have shape {logits_shape}, got {tuple(bias.shape)}")
+    if class_weight is not None:
+        if not isinstance(class_weight, torch.Tensor):
+            raise LCETypeError(f"class_weight must be a torch.Tensor or None, got {type(class_weight).__name__}")
+        if not class_weight.is_floating_point():
+            raise LCETypeError(f"class_weight must be floating point, got dtype {class_weight.dtype}")
+        if tuple(class_weight.shape) != (weight.shape[0],):
+            raise LCEValueError(
+                f"class_weight must have shape ({weight.shape[0]},), got {tuple(class_weight.shape)}"
+            )
+    tensors = [("weight", weight), ("target", target), ("bias", bias), ("class_weight", class_weight)]
+    for name, t in tensors:
+        if t is not None and t.device != input.device:
+            raise LCEDeviceError(f"{name} is on {t.device} but input is on {input.device}")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise LCEValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    if not isinstance(accum_dtype, torch.dtype):
+        raise LCETypeError(f"accum_dtype must be a torch.dtype, got {type(accum_dtype).__name__}")
+    if accum_dtype not in (torch.float32, torch.float64, input.dtype):
+        raise LCEValueError(
+            f"accum_dtype must be torch.float32, torch.float64 or the input dtype ({input.dtype}), got {accum_dtype}"
+        )
+
+
+def _check_targets_on_cpu(target: torch.Tensor, num_classes: int, ignore_index: int) -> None:
+    """Range check for CPU targets (free there; on CUDA it would cost a host sync)."""
+    if target.device.type != "cpu" or target.numel() == 0:
+        return
+    bad = (target != ignore_index) & ((target < 0) | (target >= num_classes))
+    if bool(bad.any()):
+        value = int(target[bad][0])
+        raise LCEValueError(f"target value {value} is out of range [0, {num_classes}) and not ignore_index={ignore_index}")
+
+
+@dataclass(frozen=True)
+class _Plan:
+    cfg: LossConfig
+    row_pass: RowPass
+    chunk_size: int
+    accum_dtype: torch.dtype
+    target_shape: tuple[int, ...]
+    return_dtype: torch.dtype
+
+
+def _combine(cfg: LossConfig, coefs: torch.Tensor, res: ChunkedResult) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reduce the per-row terms into (loss, z_loss) in the compute dtype."""
+    if cfg.reduction == "none":
+        per_row = coefs[0] * res.nll
+        if cfg.label_smoothing > 0.0:
+            per_row = per_row + coefs[1] * res.smooth
+        z = coefs[2] * res.lse_sq
+        return (per_row + z if cfg.z_loss > 0.0 else per_row), z
+    loss = coefs[0] * res.nll.sum()
+    if cfg.label_smoothing > 0.0:
+        loss = loss + coefs[1] * res.smooth.sum()
+    z = coefs[2] * res.lse_sq.sum()
+    return (loss + z if cfg.z_loss > 0.0 else loss), z
+
+
+def _run(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None,
+    class_weight: torch.Tensor | None,
+    plan: _Plan,
+    coefs: torch.Tensor,
+    grads: tuple[bool, bool, bool] = (False, False, False),
+    row_scale: torch.Tensor | None = None,
+) -> ChunkedResult:
+    return chunked_linear_cross_entropy(
+        x,
+        weight,
+        target,
+        bias,
+        plan.cfg,
+        class_weight,
+        coefs,
+        plan.row_pass,
+        chunk_size=plan.chunk_size,
+        need_input_grad=grads[0],
+        need_weight_grad=grads[1],
+        need_bias_grad=grads[2],
+        row_scale=row_scale,
+        accum_dtype=plan.accum_dtype,
+    )
+
+
+class LinearCrossEntropyFunction(torch.autograd.Function):
+    """Autograd Function over the chunked driver.
+
+    For ``"mean"``/``"sum"`` the gradients are computed during the forward pass (one pass
+    over the logits instead of two) and scaled by the upstream gradient in ``backward``;
+    they are consumed there, so a second backward raises :class:`BackwardTwiceError`.
+    For ``"none"`` the backward pass recomputes the logits chunk by chunk.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x, weight, target, bias, class_weight, plan: _Plan):  # type: ignore[override]
+        cfg = plan.cfg
+        ct = compute_dtype_for(x.dtype)
+        coefs = reduction_coefficients(cfg, target, class_weight, weight.shape[0], ct)
+        need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3])
+        ctx.plan = plan
+        ctx.need = need
+        if cfg.reduction == "none":
+            res = _run(x, weight, target, bias, class_weight, plan, coefs)
+            ctx.save_for_backward(x, weight, target, bias, class_weight, coefs)
+        else:
+            res = _run(x, weight, target, bias, class_weight, plan, coefs, grads=need)
+            ctx.grads = (res.grad_input, res.grad_weight, res.grad_bias)
+        loss, z = _combine(cfg, coefs, res)
+        loss = loss.to(plan.return_dtype).reshape(plan.target_shape if cfg.reduction == "none" else ())
+        z = z.to(plan.return_dtype).reshape(loss.shape)
+        ctx.mark_non_differentiable(z)
+        return loss, z
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor, _grad_z: torch.Tensor):  # type: ignore[override]
+        plan: _Plan = ctx.plan
+        if plan.cfg.reduction == "none":
+            x, weight, target, bias, class_weight, coefs = ctx.saved_tensors
+            row_scale = grad_loss.reshape(-1)
+            res = _run(x, weight, target, bias, class_weight, plan, coefs, grads=ctx.need, row_scale=row_scale)
+            gx, gw, gb = res.grad_input, res.grad_weight, res.grad_bias
+        else:
+            if ctx.grads is None:
+                raise BackwardTwiceError(
+                    "linear_cross_entropy: backward ran twice through a 'mean'/'sum' loss; its gradients "
+                    "are computed in the forward pass and consumed by the first backward"
+                )
+            gx, gw, gb = ctx.grads
+            ctx.grads = None
+            scale = grad_loss.reshape(())
+            gx = gx.mul_(scale.to(gx.dtype)) if gx is not None else None
+            gw = gw.mul_(scale.to(gw.dtype)) if gw is not None else None
+            gb = gb.mul_(scale.to(gb.dtype)) if gb is not None else None
+        return gx, gw, None, gb, None, None
+
+
+def linear_cross_entropy(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    class_weight: torch.Tensor | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
+    return_z_loss: bool = False,
+    chunk_size: int | None = None,
+    accum_dtype: torch.dtype = torch.float32,
+    implementation: str = "auto",
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy of ``input @ weight.T + bias`` against ``target``, without full logits.
+
+    Semantics are ``F.cross_entropy``'s (class weights, ``ignore_index``, label smoothing and
+    the three reductions, including its normalisation rules), plus a PaLM-style z-loss
+    (``z_loss * logsumexp**2`` per non-ignored row; ``"mean"`` divides it by the number of
+    non-ignored rows) and an optional soft-cap ``softcap * tanh(logits / softcap)`` applied
+    before the softmax.
+
+    Args:
+        input: ``(..., H)`` activations (float16, bfloat16, float32 or float64).
+        weight: ``(C, H)`` classifier (e.g. a tied embedding), same dtype as ``input``.
+        target: ``input.shape[:-1]`` integer class indices.
+        bias: optional ``(C,)`` bias.
+        class_weight: optional ``(C,)`` per-class rescaling (``F.cross_entropy``'s ``weight``).
+        return_z_loss: also return the z-loss term (detached; it is already in ``loss``).
+        chunk_size: rows per chunk (default: the logits buffer stays within a fixed budget,
+            224 MiB on CUDA, 16 MiB elsewhere).
+        accum_dtype: dtype of the weight/bias-gradient accumulator across chunks: float32
+            (default), float64, or the input dtype to accumulate in the gradient itself (saves
+            a weight-sized float32 buffer, at one rounding per chunk).
+        implementation: ``"auto"`` (Triton on CUDA, chunked elsewhere, reference for a
+            K-dimensional weight), ``"reference"``, ``"chunked"`` or ``"triton"``;
+            ``select_implementation`` tells which one ``"auto"`` takes.
+
+    Returns:
+        The loss (a scalar, or ``target.shape`` for ``"none"``) in ``input.dtype``, and with
+        ``return_z_loss`` a ``(loss, z_loss)`` pair.
+    """
+    cfg = LossConfig(reduction, ignore_index, float(label_smoothing), float(z_loss), None if softcap is None else float(softcap))
+    if not isinstance(implementation, str):
+        raise LCETypeError(f"implementation must be a str, got {type(implementation).__name__}")
+    _validate(input, weight, target, bias, class_weight, chunk_size, accum_dtype)
+    route = select_implementation(implementation, input, weight)
+    _check_targets_on_cpu(target, weight.shape[0], ignore_index)
+    if route.implementation == "reference":
+        if implementation == "auto":
+            warnings.warn(f"linear_cross_entropy: using the reference implementation ({route.reason})", stacklevel=2)
+        loss, z = reference_linear_cross_entropy(input, weight, target, bias, cfg, class_weight)
+        return (loss, z) if return_z_loss else loss
+
+    x2d = input.reshape(-1, input.shape[-1])
+    if not x2d.is_contiguous():
+        x2d = x2d.contiguous()
+    w2d = weight if weight.is_contiguous() else weight.contiguous()
+    flat_target = target.reshape(-1)
+    if flat_target.dtype != torch.int64:
+        flat_target = flat_target.long()
+    n, num_classes = x2d.shape[0], w2d.shape[0]
+    rows = chunk_size or default_chunk_size(n, num_classes, input.dtype, input.device)
+    plan = _Plan(
+        cfg=cfg,
+        row_pass=triton_row_pass if route.implementation == "triton" else torch_row_pass,
+        chunk_size=rows,
+        accum_dtype=accum_dtype,
+        target_shape=tuple(target.shape),
+        return_dtype=input.dtype,
+    )
+    cw = class_weight.to(compute_dtype_for(input.dtype)) if class_weight is not None else None
+    needs_grad = torch.is_grad_enabled() and (
+        input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )
+    if needs_grad:
+        loss, z = LinearCrossEntropyFunction.apply(x2d, w2d, flat_target, bias, cw, plan)
+    else:
+        coefs = reduction_coefficients(cfg, flat_target, cw, num_classes, compute_dtype_for(input.dtype))
+        loss, z = _combine(cfg, coefs, _run(x2d, w2d, flat_target, bias, cw, plan, coefs))
+        shape = plan.target_shape if cfg.reduction == "none" else ()
+        loss, z = loss.to(input.dtype).reshape(shape), z.to(input.dtype).reshape(shape)
+    return (loss, z) if return_z_loss else loss

@@ -1,0 +1,62 @@
+"""Reference implementation: plain PyTorch on materialised logits (used by the tests)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .config import LossConfig, compute_dtype_for
+
+
+def reference_linear_cross_entropy(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None,
+    cfg: LossConfig,
+    class_weight: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return ``(loss, z_loss)`` computed through ``F.cross_entropy`` on full logits.
+
+    Differentiable through ordinary autograd. ``weight`` is ``(C, H)``, or ``(C, *K, H)`` for a
+    K-dimensional loss (then ``input`` is ``(N, H)`` or ``(H,)`` and ``target`` ``(N, *K)``/``K``).
+    The math runs in float32 (float64 for float64 inputs); results come back in ``input.dtype``.
+    ``z_loss`` is detached (it is already part of ``loss``).
+    """
+    ct = compute_dtype_for(input.dtype)
+    x, w = input.to(ct), weight.to(ct)
+    b = bias.to(ct) if bias is not None else None
+    cw = class_weight.to(ct) if class_weight is not None else None
+    if w.dim() == 2:
+        logits = F.linear(x.reshape(-1, x.shape[-1]), w, b)
+        flat_target = target.reshape(-1)
+    else:
+        batched = x.dim() == 2
+        x2 = x if batched else x.unsqueeze(0)
+        logits = torch.einsum("nh,c...h->nc...", x2, w)
+        if b is not None:
+            logits = logits + b
+        flat_target = target if batched else target.unsqueeze(0)
+    if cfg.softcap is not None:
+        logits = cfg.softcap * torch.tanh(logits / cfg.softcap)
+    loss = F.cross_entropy(
+        logits,
+        flat_target,
+        weight=cw,
+        ignore_index=cfg.ignore_index,
+        reduction=cfg.reduction,
+        label_smoothing=cfg.label_smoothing,
+    )
+    valid = flat_target != cfg.ignore_index
+    lse = torch.logsumexp(logits, dim=1)
+    zrow = torch.where(valid, cfg.z_loss * lse.square(), torch.zeros_like(lse))
+    if cfg.reduction == "mean":
+        z = zrow.sum() / valid.sum()
+    elif cfg.reduction == "sum":
+        z = zrow.sum()
+    else:
+        z = zrow
+    if cfg.z_loss != 0.0:
+        loss = loss + z
+    if cfg.reduction == "none":
+        loss, z = loss.reshape(target.shape), z.reshape(target.shape)
+    return loss.to(input.dtype), z.detach().to(input.dtype)

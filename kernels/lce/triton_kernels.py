@@ -1,0 +1,210 @@
+"""Triton row kernel: loss terms and, in place, logit gradients of one chunk of logits.
+
+One program per row makes two sweeps over the row's logits in ``BLOCK``-wide tiles: the
+first computes the row's logsumexp online (and the class-weighted logit sum used by label
+smoothing), the second overwrites the logits with d(loss)/d(logits). All math is float32
+whatever the logits' dtype (bf16, fp16 or fp32). Works under ``TRITON_INTERPRET=1`` on CPU
+tensors, which is how it is checked without a GPU.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .config import LossConfig
+from .rowwise import RowResult
+
+try:  # Triton is optional: CPU-only installs of torch do not ship it.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the environment
+    triton = None
+    tl = None
+
+
+def triton_importable() -> bool:
+    """Whether the ``triton`` package can be imported."""
+    return triton is not None
+
+
+def triton_usable(device: torch.device) -> bool:
+    """Whether the Triton row kernel can run on tensors of ``device``."""
+    if triton is None:
+        return False
+    if device.type == "cuda":
+        return True
+    return os.environ.get("TRITON_INTERPRET") == "1" and device.type == "cpu"
+
+
+if triton is not None:
+
+    @triton.jit
+    def _tanh(x):
+        e = tl.exp(-2.0 * tl.abs(x))
+        t = (1.0 - e) / (1.0 + e)
+        return tl.where(x < 0, -t, t)
+
+    @triton.jit
+    def _lce_row_kernel(
+        logits_ptr,
+        stride_row,
+        target_ptr,
+        class_weight_ptr,
+        coefs_ptr,
+        row_scale_ptr,
+        nll_ptr,
+        smooth_ptr,
+        lse_sq_ptr,
+        n_cols,
+        ignore_index,
+        softcap,
+        HAS_WEIGHT: tl.constexpr,
+        HAS_SMOOTH: tl.constexpr,
+        HAS_Z: tl.constexpr,
+        HAS_SOFTCAP: tl.constexpr,
+        HAS_ROW_SCALE: tl.constexpr,
+        WANT_GRAD: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        base = logits_ptr + row * stride_row
+        y = tl.load(target_ptr + row).to(tl.int64)
+        valid = y != ignore_index
+        in_range = (y >= 0) & (y < n_cols)
+        y_safe = tl.where(valid & in_range, y, 0)
+        offs = tl.arange(0, BLOCK)
+
+        m_vec = tl.full([BLOCK], float("-inf"), tl.float32)
+        s_vec = tl.zeros([BLOCK], tl.float32)
+        wz_vec = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + offs
+            mask = cols < n_cols
+            z = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
+            if HAS_SOFTCAP:
+                z = softcap * _tanh(z / softcap)
+            if HAS_SMOOTH:
+                if HAS_WEIGHT:
+                    w = tl.load(class_weight_ptr + cols, mask=mask, other=0.0)
+                    wz_vec += tl.where(mask, w * z, 0.0)
+                else:
+                    wz_vec += tl.where(mask, z, 0.0)
+            z = tl.where(mask, z, float("-inf"))
+            m_new = tl.maximum(m_vec, z)
+            alpha = tl.where(m_vec == m_new, 1.0, tl.exp(m_vec - m_new))
+            p = tl.where(mask, tl.exp(z - m_new), 0.0)
+            s_vec = s_vec * alpha + p
+            m_vec = m_new
+        m = tl.max(m_vec, axis=0)
+        s = tl.sum(tl.where(m_vec == float("-inf"), 0.0, s_vec * tl.exp(m_vec - m)), axis=0)
+        lse = m + tl.log(s)
+
+        z_y = tl.load(base + y_safe).to(tl.float32)
+        if HAS_SOFTCAP:
+            z_y = softcap * _tanh(z_y / softcap)
+        if HAS_WEIGHT:
+            w_y = tl.load(class_weight_ptr + y_safe)
+        else:
+            w_y = 1.0
+        nll = tl.where(valid, w_y * (lse - z_y), 0.0)
+        nll = tl.where(valid & (~in_range), float("nan"), nll)
+        tl.store(nll_ptr + row, nll)
+        w_sum = tl.load(coefs_ptr + 3)
+        if HAS_SMOOTH:
+            tl.store(smooth_ptr + row, tl.where(valid, w_sum * lse - tl.sum(wz_vec, axis=0), 0.0))
+        else:
+            tl.store(smooth_ptr + row, 0.0)
+        if HAS_Z:
+            tl.store(lse_sq_ptr + row, tl.where(valid, lse * lse, 0.0))
+        else:
+            tl.store(lse_sq_ptr + row, 0.0)
+
+        if WANT_GRAD:
+            a_nll = tl.load(coefs_ptr + 0)
+            nll_coef = a_nll * w_y
+            row_coef = nll_coef
+            if HAS_SMOOTH:
+                a_sm = tl.load(coefs_ptr + 1)
+                row_coef += a_sm * w_sum
+            if HAS_Z:
+                a_z = tl.load(coefs_ptr + 2)
+                row_coef += 2.0 * a_z * lse
+            if HAS_ROW_SCALE:
+                g = tl.load(row_scale_ptr + row).to(tl.float32)
+            else:
+                g = 1.0
+            for start in range(0, n_cols, BLOCK):
+                cols = start + offs
+                mask = cols < n_cols
+                z = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
+                if HAS_SOFTCAP:
+                    t = _tanh(z / softcap)
+                    z = softcap * t
+                d = tl.exp(z - lse) * row_coef
+                d = tl.where(cols == y_safe, d - nll_coef, d)
+                if HAS_SMOOTH:
+                    if HAS_WEIGHT:
+                        w = tl.load(class_weight_ptr + cols, mask=mask, other=0.0)
+                        d -= a_sm * w
+                    else:
+                        d -= a_sm
+                if HAS_SOFTCAP:
+                    d *= 1.0 - t * t
+                d = tl.where(valid, d * g, 0.0)
+                tl.store(base + cols, d.to(logits_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch_config(n_cols: int) -> tuple[int, int]:
+    block = min(triton.next_power_of_2(max(n_cols, 16)), 8192)
+    warps = 16 if block >= 8192 else 8 if block >= 2048 else 4
+    return block, warps
+
+
+def triton_row_pass(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    cfg: LossConfig,
+    class_weight: torch.Tensor | None,
+    coefs: torch.Tensor,
+    row_scale: torch.Tensor | None,
+    want_grad: bool,
+) -> RowResult:
+    """Same contract as :func:`rowwise.torch_row_pass`; the gradient overwrites ``logits``."""
+    if triton is None:
+        raise RuntimeError("triton is not installed")
+    n, n_cols = logits.shape
+    ct = torch.float32
+    nll = torch.empty(n, dtype=ct, device=logits.device)
+    smooth = torch.empty_like(nll)
+    lse_sq = torch.empty_like(nll)
+    if n == 0:
+        return RowResult(nll, smooth, lse_sq, logits if want_grad else None)
+    if logits.stride(1) != 1:
+        raise ValueError("logits must be contiguous along the class dimension")
+    block, warps = _launch_config(n_cols)
+    cw = class_weight.to(ct).contiguous() if class_weight is not None else coefs
+    rs = row_scale.contiguous() if row_scale is not None else coefs
+    _lce_row_kernel[(n,)](
+        logits,
+        logits.stride(0),
+        target,
+        cw,
+        coefs.to(ct),
+        rs,
+        nll,
+        smooth,
+        lse_sq,
+        n_cols,
+        cfg.ignore_index,
+        float(cfg.softcap) if cfg.softcap is not None else 1.0,
+        HAS_WEIGHT=class_weight is not None,
+        HAS_SMOOTH=cfg.label_smoothing > 0.0,
+        HAS_Z=cfg.z_loss > 0.0,
+        HAS_SOFTCAP=cfg.softcap is not None,
+        HAS_ROW_SCALE=row_scale is not None,
+        WANT_GRAD=want_grad,
+        BLOCK=block,
+        num_warps=warps,
+    )
+    return RowResult(nll, smooth, lse_sq, logits if want_grad else None)
