@@ -1,0 +1,153 @@
+"""``torchcomms-trace``: analyze, export and view flight-recorder dumps.
+
+Exit codes: 0 clean, 1 problems found (analyze), 2 unusable input or usage error — always
+with one clear line, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+EXIT_CLEAN, EXIT_PROBLEMS, EXIT_UNUSABLE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        print(f"torchcomms-trace: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_UNUSABLE)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="torchcomms-trace", description="Analyse, export and view torchcomms / PyTorch flight-recorder dumps.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    a = sub.add_parser("analyze", help="merge per-rank dumps and report hangs, mismatches, stragglers, bandwidth")
+    a.add_argument("dumps", nargs="+", help="dump files or folders of them (one per rank)")
+    a.add_argument("--json", action="store_true", help="print the report as JSON")
+    a.add_argument("--top", type=int, default=10, help="how many of the slowest ops to list (default 10)")
+    e = sub.add_parser("export", help="convert dumps to another trace format")
+    e.add_argument("dumps", nargs="+")
+    e.add_argument("--perfetto", metavar="OUT.json", required=True, help="write Chrome/Perfetto trace-event JSON here")
+    v = sub.add_parser("view", help="write a self-contained HTML timeline")
+    v.add_argument("dumps", nargs="+")
+    v.add_argument("-o", "--output", metavar="OUT.html", required=True)
+    v.add_argument("--title", default=None)
+    return p
+
+
+def _render_report(report: Any, out: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from torchcomms.tracing.analyze import fmt_ranks
+
+    con = Console(file=out, width=max(100, Console(file=out).width), highlight=False)
+    head = f"[bold]{len(report.ranks)} ranks[/] ({fmt_ranks(report.ranks)}), {report.op_count} ops, {len(report.comms)} comms"
+    if report.run_id:
+        head += f", run {report.run_id}"
+    con.print(head)
+    for note in report.notes:
+        con.print(f"[dim]note: {note}[/]")
+    if not report.findings:
+        con.print("[bold green]No problems found.[/]")
+    for f in report.findings:
+        con.print(f"[bold red]PROBLEM[/] [{f.kind}] {f.message}", markup=True, soft_wrap=True)
+        if f.calls:
+            t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+            t.add_column("rank", justify="right")
+            t.add_column("call")
+            for r, call in sorted(f.calls.items()):
+                t.add_row(str(r), call)
+            con.print(t)
+    if report.stragglers:
+        t = Table(title="Arrival lag per rank (ms behind the first rank to arrive)", title_justify="left")
+        for col in ("rank", "collectives", "mean", "p50", "max", "last to arrive"):
+            t.add_column(col, justify="right")
+        for s in report.stragglers:
+            t.add_row(str(s["rank"]), str(s["collectives"]), f"{s['mean_lag_ms']:.3f}", f"{s['p50_lag_ms']:.3f}", f"{s['max_lag_ms']:.3f}", str(s["times_last"]))
+        con.print(t)
+    if report.slowest:
+        t = Table(title="Slowest ops", title_justify="left")
+        for col in ("comm", "op", "seq", "ms", "bytes/rank"):
+            t.add_column(col, justify="right")
+        for s in report.slowest:
+            t.add_row(s["comm"], s["op"], str(s["seq"]), f"{s['duration_ms']:.3f}", str(s["bytes"]))
+        con.print(t)
+    if report.bandwidth:
+        t = Table(title="Bandwidth", title_justify="left")
+        for col in ("comm", "op", "bytes/rank", "count", "mean ms", "algbw GB/s", "busbw GB/s"):
+            t.add_column(col, justify="right")
+        for b in report.bandwidth:
+            t.add_row(
+                b["comm"], b["op"], str(b["bytes"]), str(b["count"]), f"{b['mean_ms']:.3f}",
+                f"{b['algbw_gbps']:.3f}" if b["algbw_gbps"] is not None else "-",
+                f"{b['busbw_gbps']:.3f}" if b["busbw_gbps"] is not None else "-",
+            )
+        con.print(t)
+
+
+def _write(path: str, text: str) -> None:
+    from torchcomms.tracing.fr_format import write_atomic
+
+    write_atomic(Path(path), text.encode("utf-8"))
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code."""
+    from torchcomms.tracing.analyze import analyze
+    from torchcomms.tracing.load import TraceInputError, load_dumps
+
+    args = _parser().parse_args(argv)
+    try:
+        ts = load_dumps(args.dumps)
+    except TraceInputError as exc:
+        print(f"torchcomms-trace: unusable input: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    if args.command == "analyze":
+        if args.top < 0:
+            print(f"torchcomms-trace: error: --top must be >= 0, got {args.top}", file=sys.stderr)
+            return EXIT_UNUSABLE
+        report = analyze(ts, top=args.top)
+        if args.json:
+            print(json.dumps(report.as_dict(), indent=2, default=str))
+        else:
+            _render_report(report, sys.stdout)
+        return report.exit_code
+    report = analyze(ts)
+    try:
+        if args.command == "export":
+            from torchcomms.tracing.perfetto import to_perfetto
+
+            _write(args.perfetto, json.dumps(to_perfetto(ts, report)))
+            print(f"wrote {args.perfetto}")
+        else:
+            from torchcomms.tracing.html_view import render_html
+
+            _write(args.output, render_html(ts, report, args.title))
+            print(f"wrote {args.output}")
+    except OSError as exc:
+        print(f"torchcomms-trace: cannot write output: {exc.strerror or exc} ({exc.filename or ''})", file=sys.stderr)
+        return EXIT_UNUSABLE
+    return EXIT_CLEAN
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console-script entry point."""
+    try:
+        code = run(argv)
+    except KeyboardInterrupt:
+        code = 130
+    except SystemExit as exc:
+        code = int(exc.code) if isinstance(exc.code, int) else EXIT_UNUSABLE
+    except Exception as exc:  # noqa: BLE001 - the contract is one line, never a traceback
+        print(f"torchcomms-trace: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        code = EXIT_UNUSABLE
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

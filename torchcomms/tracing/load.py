@@ -1,0 +1,379 @@
+"""Read flight-recorder dumps — ours and PyTorch's, pickle or JSON — into one model.
+
+Every way a dump can be unusable (missing, empty folder, truncated, not a dump, unknown
+version, two dumps for one rank, dumps of different jobs) raises :class:`TraceInputError`
+with one line that says which file and what is wrong. Pickles are read with an unpickler
+that refuses every global, so a dump cannot run code.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchcomms.tracing.fr_format import EXTENSION_KEY
+
+_VERSION_RE = re.compile(r"^2\.\d+$")
+_RANK_SUFFIX_RE = re.compile(r"(\d+)(?:\.[A-Za-z]+)?$")
+_P2P_RE = re.compile(r"^(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)$")
+MAX_DUMP_BYTES = 2 << 30
+
+
+class TraceInputError(Exception):
+    """The input cannot be analysed; the message is one line naming the file and the cause."""
+
+
+@dataclass
+class CommMeta:
+    """A communicator ("process group") as the dumps describe it."""
+
+    name: str
+    desc: str
+    ranks: list[int]
+    backend: str = ""
+
+
+@dataclass
+class Op:
+    """One op record of one rank, normalised across dump flavours."""
+
+    rank: int
+    comm: str
+    op: str
+    backend: str
+    seq: int  # collective_seq_id for collectives, p2p_seq_id for point-to-point
+    is_p2p: bool
+    record_id: int
+    input_sizes: list[list[int]]
+    input_dtypes: list[str]
+    output_sizes: list[list[int]]
+    output_dtypes: list[str]
+    state: str  # scheduled | started | completed | failed | timed_out | aborted
+    created_ns: int | None
+    started_ns: int | None
+    completed_ns: int | None
+    duration_ms: float | None
+    timeout_ms: int | None
+    frames: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    peer: int | None = None  # comm rank of the peer (p2p)
+    root: int | None = None
+    reduce_op: str | None = None
+    comm_rank: int | None = None
+    core_seq: int | None = None  # the communicator's own sequence number (torchcomms dumps)
+
+    @property
+    def call_site(self) -> str:
+        if not self.frames:
+            return ""
+        f = self.frames[0]
+        return f"{f.get('filename', '?')}:{f.get('line', '?')} ({f.get('name', '?')})"
+
+    @property
+    def label(self) -> str:
+        return f"{self.op} #{self.display_seq}"
+
+    @property
+    def display_seq(self) -> int:
+        return self.core_seq if self.core_seq is not None else self.seq
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("completed", "failed", "timed_out", "aborted")
+
+
+@dataclass
+class RankDump:
+    """One rank's dump."""
+
+    path: str
+    rank: int
+    version: str
+    source: str  # "torchcomms" | "pytorch"
+    comms: dict[str, CommMeta]
+    ops: list[Op]
+    run_id: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    reason: str | None = None
+    dumped_at_ns: int | None = None
+    world_size: int | None = None
+
+
+@dataclass
+class TraceSet:
+    """All dumps of one job, by rank."""
+
+    dumps: dict[int, RankDump]
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.dumps)
+
+    @property
+    def run_id(self) -> str | None:
+        ids = {d.run_id for d in self.dumps.values() if d.run_id}
+        return next(iter(ids)) if len(ids) == 1 else None
+
+    def comms(self) -> dict[str, CommMeta]:
+        """Communicators across dumps; PyTorch dumps without ``pg_config`` get the dump ranks."""
+        out: dict[str, CommMeta] = {}
+        for d in self.dumps.values():
+            for name, meta in d.comms.items():
+                cur = out.get(name)
+                if cur is None:
+                    out[name] = CommMeta(name, meta.desc, list(meta.ranks), meta.backend)
+                elif not cur.ranks and meta.ranks:
+                    cur.ranks = list(meta.ranks)
+        for d in self.dumps.values():
+            for op in d.ops:
+                if op.comm not in out:
+                    out[op.comm] = CommMeta(op.comm, op.comm, [], op.backend)
+        for meta in out.values():
+            if not meta.ranks:
+                meta.ranks = sorted(r for r, d in self.dumps.items() if any(o.comm == meta.name for o in d.ops))
+        return out
+
+    def all_ops(self) -> Iterable[Op]:
+        for r in self.ranks:
+            yield from self.dumps[r].ops
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a dump holds only plain data")
+
+
+def _read_raw(path: Path) -> dict[str, Any]:
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise TraceInputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if size == 0:
+        raise TraceInputError(f"{path}: empty file, not a flight-recorder dump")
+    if size > MAX_DUMP_BYTES:
+        raise TraceInputError(f"{path}: {size} bytes is too large for a flight-recorder dump")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TraceInputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    head = data.lstrip()[:1]
+    if head in (b"{",):
+        try:
+            obj = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TraceInputError(f"{path}: truncated or corrupt JSON dump ({exc.__class__.__name__}: {exc})") from None
+    elif data[:1] == b"\x80":
+        try:
+            obj = _SafeUnpickler(io.BytesIO(data)).load()
+        except EOFError:
+            raise TraceInputError(f"{path}: truncated pickle dump (ran out of data)") from None
+        except (pickle.UnpicklingError, ValueError, TypeError, IndexError, KeyError, AttributeError, MemoryError) as exc:
+            raise TraceInputError(f"{path}: corrupt pickle dump ({exc})") from None
+    else:
+        raise TraceInputError(f"{path}: not a flight-recorder dump (neither a pickle nor JSON)")
+    if not isinstance(obj, dict):
+        raise TraceInputError(f"{path}: not a flight-recorder dump (top level is {type(obj).__name__}, not a dict)")
+    return obj
+
+
+def _int_or_none(v: Any) -> int | None:
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _float_or_none(v: Any) -> float | None:
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _sizes(v: Any) -> list[list[int]]:
+    if not isinstance(v, (list, tuple)):
+        return []
+    out = []
+    for s in v:
+        if isinstance(s, (list, tuple)):
+            out.append([int(x) for x in s if isinstance(x, (int, float)) and not isinstance(x, bool)])
+    return out
+
+
+def _strs(v: Any) -> list[str]:
+    return [str(x) for x in v] if isinstance(v, (list, tuple)) else []
+
+
+def _parse_ranks(v: Any) -> list[int]:
+    if isinstance(v, (list, tuple)):
+        return [int(x) for x in v]
+    if isinstance(v, str):
+        s = v.strip().strip("[]() ")
+        if not s:
+            return []
+        try:
+            return [int(x) for x in s.split(",") if x.strip()]
+        except ValueError:
+            return []
+    return []
+
+
+def parse_dump(obj: dict[str, Any], path: str, rank_hint: int | None) -> RankDump:
+    """Validate and normalise one decoded dump."""
+    if "entries" not in obj or "version" not in obj:
+        missing = [k for k in ("version", "entries") if k not in obj]
+        raise TraceInputError(f"{path}: not a flight-recorder dump (no {', '.join(missing)})")
+    version = str(obj["version"])
+    if not _VERSION_RE.match(version):
+        raise TraceInputError(f"{path}: unknown flight-recorder format version {version!r} (this reads 2.x)")
+    entries = obj["entries"]
+    if not isinstance(entries, list):
+        raise TraceInputError(f"{path}: 'entries' is {type(entries).__name__}, not a list")
+    ext = obj.get(EXTENSION_KEY) if isinstance(obj.get(EXTENSION_KEY), dict) else None
+    rank = _int_or_none(ext.get("rank")) if ext else None
+    if rank is None:
+        rank = _int_or_none(obj.get("rank"))
+    if rank is None:
+        rank = rank_hint
+    if rank is None or rank < 0:
+        raise TraceInputError(f"{path}: cannot tell which rank wrote this dump (no rank inside, no number at the end of the file name)")
+    ext_comms = ext.get("comms", {}) if ext else {}
+    comms: dict[str, CommMeta] = {}
+    pg_config = obj.get("pg_config") or {}
+    if isinstance(pg_config, dict):
+        for key, cfg in pg_config.items():
+            if not isinstance(cfg, dict):
+                continue
+            name = str(key)
+            backend = ""
+            if isinstance(ext_comms.get(name), dict):
+                backend = str(ext_comms[name].get("backend", ""))
+            comms[name] = CommMeta(name, str(cfg.get("desc", name)), _parse_ranks(cfg.get("ranks")), backend)
+    ext_ops = ext.get("ops", {}) if ext else {}
+    ops: list[Op] = []
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict):
+            raise TraceInputError(f"{path}: entry {i} is {type(e).__name__}, not a dict")
+        try:
+            ops.append(_parse_entry(e, rank, ext_ops, comms))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TraceInputError(f"{path}: entry {i} is malformed ({exc.__class__.__name__}: {exc})") from None
+    return RankDump(
+        path=path,
+        rank=rank,
+        version=version,
+        source="torchcomms" if ext else "pytorch",
+        comms=comms,
+        ops=ops,
+        run_id=str(ext["run_id"]) if ext and ext.get("run_id") is not None else None,
+        host=str(ext["host"]) if ext and ext.get("host") else None,
+        pid=_int_or_none(ext.get("pid")) if ext else None,
+        reason=str(ext["reason"]) if ext and ext.get("reason") else None,
+        dumped_at_ns=_int_or_none(ext.get("dumped_at_ns")) if ext else None,
+        world_size=_int_or_none(ext.get("world_size")) if ext else None,
+    )
+
+
+def _parse_entry(e: dict[str, Any], rank: int, ext_ops: dict[str, Any], comms: dict[str, CommMeta]) -> Op:
+    pg = e.get("process_group")
+    comm = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else str(e.get("pg_id", "?"))
+    prof = str(e["profiling_name"])
+    backend, _, opname = prof.partition(":") if ":" in prof else ("", "", prof)
+    peer = None
+    comm_rank = None
+    m = _P2P_RE.match(opname.strip())
+    if m:
+        kind, a, arrow, b = m.groups()
+        opname = kind
+        comm_rank, peer = int(a), int(b)
+    else:
+        opname = opname.strip().split(" ")[0]
+    is_p2p = bool(e.get("is_p2p", opname in ("send", "recv")))
+    state = str(e.get("state", "scheduled"))
+    record_id = int(e.get("record_id", 0))
+    x = ext_ops.get(str(record_id)) if isinstance(ext_ops, dict) else None
+    error = root = reduce_op = core_seq = None
+    if isinstance(x, dict):
+        state = str(x.get("state", state))
+        error = x.get("error")
+        peer = _int_or_none(x.get("peer")) if x.get("peer") is not None else peer
+        root = _int_or_none(x.get("root"))
+        reduce_op = x.get("reduce_op")
+        core_seq = _int_or_none(x.get("seq"))
+        if x.get("op"):
+            opname = str(x["op"])
+    if comm_rank is None and comm in comms and rank in comms[comm].ranks:
+        comm_rank = comms[comm].ranks.index(rank)
+    seq = int(e.get("p2p_seq_id", 0) if is_p2p else e.get("collective_seq_id", 0))
+    return Op(
+        rank=rank,
+        comm=comm,
+        op=opname,
+        backend=backend,
+        seq=seq,
+        is_p2p=is_p2p,
+        record_id=record_id,
+        input_sizes=_sizes(e.get("input_sizes")),
+        input_dtypes=_strs(e.get("input_dtypes")),
+        output_sizes=_sizes(e.get("output_sizes")),
+        output_dtypes=_strs(e.get("output_dtypes")),
+        state=state,
+        created_ns=_int_or_none(e.get("time_created_ns")),
+        started_ns=_int_or_none(e.get("time_discovered_started_ns")),
+        completed_ns=_int_or_none(e.get("time_discovered_completed_ns")),
+        duration_ms=_float_or_none(e.get("duration_ms")),
+        timeout_ms=_int_or_none(e.get("timeout_ms")),
+        frames=[f for f in (e.get("frames") or []) if isinstance(f, dict)],
+        error=str(error) if error else None,
+        peer=peer,
+        root=root,
+        reduce_op=str(reduce_op) if reduce_op else None,
+        comm_rank=comm_rank,
+        core_seq=core_seq,
+    )
+
+
+def _expand(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    if not paths:
+        raise TraceInputError("no dumps given")
+    files: list[Path] = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            found = sorted(c for c in path.iterdir() if c.is_file() and not c.name.startswith("."))
+            if not found:
+                raise TraceInputError(f"{path}: folder holds no dump files")
+            files.extend(found)
+        elif path.exists():
+            files.append(path)
+        else:
+            raise TraceInputError(f"{path}: no such file or folder")
+    return files
+
+
+def load_dumps(paths: Sequence[str | os.PathLike[str]]) -> TraceSet:
+    """Load per-rank dumps (files or folders of them) of one job."""
+    dumps: dict[int, RankDump] = {}
+    for path in _expand(paths):
+        m = _RANK_SUFFIX_RE.search(path.name)
+        hint = int(m.group(1)) if m else None
+        d = parse_dump(_read_raw(path), str(path), hint)
+        if d.rank in dumps:
+            raise TraceInputError(f"{path}: a second dump for rank {d.rank} (first: {dumps[d.rank].path})")
+        dumps[d.rank] = d
+    run_ids = {d.run_id for d in dumps.values() if d.run_id is not None}
+    if len(run_ids) > 1:
+        by = ", ".join(f"rank {r}: {dumps[r].run_id}" for r in sorted(dumps) if dumps[r].run_id)
+        raise TraceInputError(f"dumps come from different jobs (run ids differ: {by})")
+    return TraceSet(dumps)

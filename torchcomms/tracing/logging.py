@@ -1,0 +1,227 @@
+"""Structured logs for torchcomms: structlog, one JSON line per event.
+
+torchcomms keeps its own structlog pipeline (``structlog.wrap_logger``) instead of calling
+``structlog.configure``, so an application's own structlog set-up is left alone. Events are
+bound with run id, host, pid and rank; op events add comm, op and seq.
+
+* ops (start, done) at debug level; lifecycle (init, split, finalize, abort, timeout,
+  failure) at info / warning / error;
+* JSON lines on stderr, or a colour console renderer when stderr is a TTY;
+* ``TORCHCOMM_LOG_LEVEL`` (default ``info``), ``TORCHCOMM_LOG_FORMAT`` (``json`` |
+  ``console`` | ``auto``), ``TORCHCOMM_LOG_DIR`` (also write ``<dir>/torchcomms-rank<r>.jsonl``).
+"""
+from __future__ import annotations
+
+import json
+import logging as _stdlib_logging
+import os
+import socket
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import IO, Any
+
+import structlog
+
+LEVEL_ENV = "TORCHCOMM_LOG_LEVEL"
+FORMAT_ENV = "TORCHCOMM_LOG_FORMAT"
+LOG_DIR_ENV = "TORCHCOMM_LOG_DIR"
+
+_LEVELS = {
+    "debug": _stdlib_logging.DEBUG,
+    "info": _stdlib_logging.INFO,
+    "warning": _stdlib_logging.WARNING,
+    "error": _stdlib_logging.ERROR,
+    "critical": _stdlib_logging.CRITICAL,
+}
+_FORMATS = ("json", "console", "auto")
+_LIFECYCLE_OPS = frozenset({"split", "finalize", "shrink"})
+
+
+class _Sink:
+    """structlog's final "logger": renders the event dict to the stream and the rank file."""
+
+    def __init__(self, stream: IO[str], console: bool, file_path: Path | None) -> None:
+        self._stream = stream
+        self._console = structlog.dev.ConsoleRenderer(colors=True) if console else None
+        self._file: IO[str] | None = None
+        self.file_path = file_path
+        if file_path is not None:
+            file_path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(file_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        self._lock = threading.Lock()
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        line = json.dumps(event, default=str, separators=(",", ":"))
+        text = self._console(None, "", dict(event)) if self._console is not None else line
+        with self._lock:
+            try:
+                self._stream.write(text + "\n")
+                self._stream.flush()
+            except (ValueError, OSError):  # stream closed at interpreter exit
+                pass
+            if self._file is not None:
+                try:
+                    self._file.write(line + "\n")
+                except (ValueError, OSError):
+                    pass
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    debug = info = warning = warn = error = critical = exception = fatal = msg = lambda self, event: self._emit(event)  # noqa: E731
+
+
+def _to_sink(logger: Any, method: str, event_dict: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    return (event_dict,), {}
+
+
+class _Config:
+    def __init__(self, level: int, sink: _Sink, context: dict[str, Any]) -> None:
+        self.level = level
+        self.sink = sink
+        self.context = context
+        self.logger = structlog.wrap_logger(
+            sink,
+            processors=[
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                structlog.processors.format_exc_info,
+                _to_sink,
+            ],
+            wrapper_class=structlog.make_filtering_bound_logger(level),
+            context_class=dict,
+        ).bind(**context)
+
+
+_config: _Config | None = None
+_config_lock = threading.Lock()
+
+
+def _parse_level(raw: str | int | None) -> int:
+    if raw is None:
+        raw = os.environ.get(LEVEL_ENV) or "info"
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    key = str(raw).strip().lower()
+    if key not in _LEVELS:
+        raise ValueError(f"log level must be one of {sorted(_LEVELS)}, got {raw!r} (from {LEVEL_ENV} or level=)")
+    return _LEVELS[key]
+
+
+def _rank() -> int | None:
+    from torchcomms.tracing.flight_recorder import global_rank_from_env
+
+    return global_rank_from_env()
+
+
+def configure_logging(
+    *,
+    level: str | int | None = None,
+    fmt: str | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
+    stream: IO[str] | None = None,
+    force: bool = False,
+) -> None:
+    """Set torchcomms' log pipeline up (once; ``force=True`` replaces it).
+
+    Arguments default to ``TORCHCOMM_LOG_LEVEL`` / ``TORCHCOMM_LOG_FORMAT`` /
+    ``TORCHCOMM_LOG_DIR``; ``stream`` defaults to stderr.
+    """
+    global _config
+    with _config_lock:
+        if _config is not None and not force:
+            return
+        lvl = _parse_level(level)
+        fmt = (fmt or os.environ.get(FORMAT_ENV) or "auto").strip().lower()
+        if fmt not in _FORMATS:
+            raise ValueError(f"log format must be one of {_FORMATS}, got {fmt!r} (from {FORMAT_ENV} or fmt=)")
+        out = stream if stream is not None else sys.stderr
+        console = fmt == "console" or (fmt == "auto" and hasattr(out, "isatty") and out.isatty())
+        rank = _rank()
+        if log_dir is None:
+            log_dir = os.environ.get(LOG_DIR_ENV) or None
+        file_path = Path(log_dir) / f"torchcomms-rank{rank if rank is not None else 'x'}.jsonl" if log_dir else None
+        from torchcomms.tracing.flight_recorder import run_id_from_env
+
+        context = {"run_id": run_id_from_env(), "host": socket.gethostname(), "pid": os.getpid(), "rank": rank}
+        if _config is not None:
+            _config.sink.close()
+        _config = _Config(lvl, _Sink(out, console, file_path), context)
+
+
+def get_logger(**bind: Any) -> Any:
+    """torchcomms' bound structlog logger (configured from the environment on first use)."""
+    if _config is None:
+        configure_logging()
+    assert _config is not None
+    return _config.logger.bind(**bind) if bind else _config.logger
+
+
+def is_debug_enabled() -> bool:
+    if _config is None:
+        configure_logging()
+    assert _config is not None
+    return _config.level <= _stdlib_logging.DEBUG
+
+
+class LogHook:
+    """Pre/post/abort hooks that turn a communicator's ops into log events."""
+
+    def __init__(self, comm_name: str) -> None:
+        self.comm_name = comm_name
+        self._log = get_logger(comm=comm_name)
+        self._debug = is_debug_enabled()
+
+    def pre(self, name: Any, op_id: int, rec: Any) -> None:
+        op = getattr(name, "value", name)
+        if op in _LIFECYCLE_OPS:
+            self._log.info(f"comm_{op}", op=op, seq=rec.seq, op_id=op_id)
+        elif self._debug:
+            self._log.debug(
+                "op_start", op=op, seq=rec.seq, op_id=op_id, input_sizes=rec.input_sizes,
+                input_dtypes=rec.input_dtypes, peer=rec.peer, root=rec.root, timeout_s=rec.timeout_s,
+            )
+
+    def post(self, op_id: int, rec: Any) -> None:
+        state = rec.state
+        if state == "completed":
+            if self._debug:
+                self._log.debug("op_done", op=str(rec.name), seq=rec.seq, op_id=op_id, duration_ms=rec.duration_ms)
+        elif state == "timed_out":
+            self._log.error("op_timeout", op=str(rec.name), seq=rec.seq, op_id=op_id, timeout_s=rec.timeout_s, error=rec.error)
+        elif state == "failed":
+            self._log.error("op_failed", op=str(rec.name), seq=rec.seq, op_id=op_id, error=rec.error)
+        elif state == "aborted" and self._debug:
+            self._log.debug("op_aborted", op=str(rec.name), seq=rec.seq, op_id=op_id, error=rec.error)
+
+    def abort(self) -> None:
+        self._log.warning("comm_abort")
+
+
+_attached: dict[int, weakref.ref[Any]] = {}
+
+
+def attach_logging(comm: Any, *, parent: str | None = None) -> LogHook | None:
+    """Log ``comm``'s lifecycle (and ops at debug level); returns None if already attached."""
+    ref = _attached.get(id(comm))
+    if ref is not None and ref() is comm:
+        return None
+    _attached[id(comm)] = weakref.ref(comm)
+    name = str(comm.get_name())
+    hook = LogHook(name)
+    comm.register_pre_hook(hook.pre)
+    comm.register_post_hook(hook.post)
+    comm.register_abort_hook(hook.abort)
+    fields: dict[str, Any] = {}
+    for key, getter in (("comm_rank", "get_rank"), ("comm_size", "get_size"), ("backend", "get_backend")):
+        try:
+            fields[key] = getattr(comm, getter)()
+        except Exception:  # noqa: BLE001
+            pass
+    hook._log.info("comm_init", ts_ns=time.time_ns(), **fields)
+    return hook
