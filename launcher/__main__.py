@@ -1,0 +1,7 @@
+"""``python -m launcher`` is ``torchcomms-run``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,423 @@
+"""Command-line parsing: torchrun's flags in both spellings, plus torchcomms-run's own.
+
+:func:`parse_args` returns a validated :class:`LaunchConfig`; every bad input raises
+:class:`~launcher.exceptions.UsageError` with a message naming what was wrong (an unknown
+flag names the closest known one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import shutil
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .exceptions import UsageError
+from .scheduler_env import SchedulerInfo, detect_scheduler
+
+__all__ = ["LaunchConfig", "RendezvousConf", "build_parser", "parse_args", "parse_std_spec"]
+
+FAILURE_POLICIES = ("restart", "shrink", "fail")
+RDZV_BACKENDS = ("static", "c10d", "torchcomms")
+START_METHODS = ("spawn", "fork", "forkserver")
+DEFAULT_RDZV_PORT = 29400
+
+
+@dataclass(frozen=True)
+class RendezvousConf:
+    """``--rdzv-conf`` settings, in seconds."""
+
+    join_timeout: float = 600.0
+    last_call_timeout: float = 30.0
+    heartbeat_interval: float = 0.5
+    heartbeat_timeout: float = 3.0
+    is_host: bool | None = None
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Everything the agent needs to run a job, validated."""
+
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    node_rank: int | None
+    rdzv_backend: str
+    rdzv_host: str
+    rdzv_port: int
+    rdzv_id: str
+    rdzv_conf: RendezvousConf
+    standalone: bool
+    master_addr: str
+    max_restarts: int
+    monitor_interval: float
+    log_dir: str | None
+    redirects: dict[int, int]
+    tee: dict[int, int]
+    local_ranks_filter: frozenset[int] | None
+    role: str
+    local_addr: str | None
+    module: bool
+    no_python: bool
+    run_path: bool
+    signals_to_handle: tuple[int, ...]
+    start_method: str
+    on_failure: str
+    job_secret_file: str | None
+    json_logs: bool
+    grace_period: float
+    line_prefix: str
+    summary: bool
+    entrypoint: str
+    entrypoint_args: tuple[str, ...]
+    scheduler: SchedulerInfo | None = field(default=None)
+
+    @property
+    def rdzv_endpoint(self) -> str:
+        return f"{self.rdzv_host}:{self.rdzv_port}"
+
+    @property
+    def is_multinode(self) -> bool:
+        return self.max_nodes > 1
+
+    def worker_argv(self, python: str) -> list[str]:
+        """The command line each worker process runs."""
+        if self.no_python:
+            return [self.entrypoint, *self.entrypoint_args]
+        if self.module:
+            return [python, "-m", self.entrypoint, *self.entrypoint_args]
+        if self.run_path:
+            runner = ("import runpy, sys; sys.argv = sys.argv[1:]; "
+                      "runpy.run_path(sys.argv[0], run_name='__main__')")
+            return [python, "-c", runner, self.entrypoint, *self.entrypoint_args]
+        return [python, self.entrypoint, *self.entrypoint_args]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def _flag(parser: argparse.ArgumentParser, name: str, *extra: str, **kwargs: object) -> None:
+    """Add ``--name-with-dashes`` and its ``--name_with_underscores`` twin."""
+    spellings = [f"--{name}"]
+    if "-" in name:
+        spellings.append(f"--{name.replace('-', '_')}")
+    parser.add_argument(*extra, *spellings, **kwargs)  # type: ignore[arg-type]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for ``--help`` and for tests)."""
+    p = _Parser(
+        prog="torchcomms-run",
+        description="Launch and supervise a distributed PyTorch job (torchrun-compatible).",
+        allow_abbrev=False,
+    )
+    _flag(p, "nnodes", default=None, help="number of nodes, N or MIN:MAX (default 1)")
+    _flag(p, "nproc-per-node", default=None, help="workers per node: N, cpu, gpu or auto (default 1)")
+    _flag(p, "node-rank", default=None, help="this node's rank (default: order of arrival)")
+    _flag(p, "rdzv-backend", default="static", help="accepted: static, c10d, torchcomms")
+    _flag(p, "rdzv-endpoint", default=None, help="HOST[:PORT] of the rendezvous agent")
+    _flag(p, "rdzv-id", default=None, help="job id shared by all nodes (default: a fresh one)")
+    _flag(p, "rdzv-conf", default="", help="KEY=VALUE,...: join_timeout, last_call_timeout, "
+          "heartbeat_interval, heartbeat_timeout, is_host")
+    p.add_argument("--standalone", action="store_true", help="single node, local rendezvous")
+    _flag(p, "master-addr", default=None, help="rendezvous host when no --rdzv-endpoint")
+    _flag(p, "master-port", default=None, help="rendezvous port when no --rdzv-endpoint")
+    _flag(p, "max-restarts", default="0", help="restarts of the worker group (default 0)")
+    _flag(p, "monitor-interval", default="0.1", help="seconds between health checks")
+    _flag(p, "log-dir", default=None, help="directory for per-rank logs and error files")
+    _flag(p, "redirects", "-r", default="0", help="0-3 or LOCAL_RANK:0-3,...: streams to files only")
+    _flag(p, "tee", "-t", default="0", help="0-3 or LOCAL_RANK:0-3,...: streams to files too")
+    _flag(p, "local-ranks-filter", default="", help="show only these local ranks on the console")
+    p.add_argument("--role", default="default", help="worker role name (ROLE_NAME)")
+    _flag(p, "local-addr", default=None, help="address other nodes reach this node at")
+    p.add_argument("-m", "--module", action="store_true", help="run the entry point as a module")
+    _flag(p, "no-python", action="store_true", help="run the entry point as an executable")
+    _flag(p, "run-path", action="store_true", help="run the entry point with runpy.run_path")
+    _flag(p, "signals-to-handle", default="SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+          help="signals forwarded to the workers")
+    _flag(p, "start-method", default="spawn", help="accepted for compatibility; workers are exec'd")
+    _flag(p, "on-failure", default=None, help="restart, shrink or fail "
+          "(default: restart when --max-restarts > 0, else fail)")
+    _flag(p, "job-secret-file", default=None, help="file with the job's hex secret")
+    _flag(p, "json-logs", action="store_true", help="print worker output and events as JSON lines")
+    _flag(p, "grace-period", default="10", help="seconds between SIGTERM and SIGKILL")
+    _flag(p, "line-prefix", default="[{host}:{rank}]",
+          help="console prefix template: {host} {rank} {local_rank} {node_rank} {role}; '' for none")
+    _flag(p, "no-summary", action="store_true", help="do not print the end-of-job table")
+    p.add_argument("entrypoint", help="the training script (or module / executable)")
+    p.add_argument("entrypoint_args", nargs=argparse.REMAINDER)
+    return p
+
+
+def _check_unknown_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """Reject unknown options before the entry point, suggesting the closest known one."""
+    known = parser._option_string_actions  # noqa: SLF001 - argparse has no public accessor
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--" or not tok.startswith("-") or tok == "-":
+            return
+        name, has_value = (tok.split("=", 1)[0], True) if "=" in tok else (tok, False)
+        action = known.get(name)
+        if action is None:
+            close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise UsageError(f"unknown option {name}{hint}")
+        i += 1 if (has_value or action.nargs == 0) else 2
+
+
+def _int(value: str, flag: str, minimum: int | None = None) -> int:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{flag} must be an integer, got {value!r}") from None
+    if minimum is not None and n < minimum:
+        raise UsageError(f"{flag} must be >= {minimum}, got {n}")
+    return n
+
+
+def _float(value: str, flag: str, minimum: float = 0.0) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{flag} must be a number, got {value!r}") from None
+    if not x > minimum and not (minimum == 0.0 and x == 0.0):
+        raise UsageError(f"{flag} must be > {minimum:g}, got {value}")
+    return x
+
+
+def _nnodes(value: str) -> tuple[int, int]:
+    if ":" in value:
+        lo, _, hi = value.partition(":")
+        mn, mx = _int(lo, "--nnodes MIN", 1), _int(hi, "--nnodes MAX", 1)
+        if mn > mx:
+            raise UsageError(f"--nnodes {value}: MIN ({mn}) is larger than MAX ({mx})")
+        return mn, mx
+    n = _int(value, "--nnodes", 1)
+    return n, n
+
+
+def count_gpus(environ: Mapping[str, str]) -> int:
+    """Count visible NVIDIA GPUs without importing torch."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+            return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+        except (OSError, subprocess.SubprocessError):
+            return 0
+    return 0
+
+
+def _nproc(value: str, environ: Mapping[str, str]) -> int:
+    if value == "cpu":
+        return os.cpu_count() or 1
+    if value in ("gpu", "auto"):
+        gpus = count_gpus(environ)
+        if gpus:
+            return gpus
+        if value == "gpu":
+            raise UsageError("--nproc-per-node gpu: no GPU is visible on this node")
+        return os.cpu_count() or 1
+    return _int(value, "--nproc-per-node", 1)
+
+
+def parse_std_spec(value: str, flag: str, nproc: int) -> dict[int, int]:
+    """Parse torchrun's ``--redirects``/``--tee`` value into {local_rank: 0-3}."""
+    value = value.strip()
+    if value.isdigit():
+        mode = int(value)
+        if mode > 3:
+            raise UsageError(f"{flag} must be 0-3 (1 stdout, 2 stderr, 3 both), got {value}")
+        return {lr: mode for lr in range(nproc)}
+    out = {lr: 0 for lr in range(nproc)}
+    for item in filter(None, (s.strip() for s in value.split(","))):
+        lr, sep, mode = item.partition(":")
+        if not sep:
+            raise UsageError(f"{flag}: expected LOCAL_RANK:MODE, got {item!r}")
+        r, m = _int(lr, flag, 0), _int(mode, flag, 0)
+        if m > 3:
+            raise UsageError(f"{flag}: mode must be 0-3, got {m} for local rank {r}")
+        out[r] = m
+    return out
+
+
+def _rdzv_conf(value: str) -> RendezvousConf:
+    fields: dict[str, object] = {}
+    aliases = {"timeout": "join_timeout", "join_timeout": "join_timeout",
+               "last_call_timeout": "last_call_timeout",
+               "heartbeat_interval": "heartbeat_interval",
+               "heartbeat_timeout": "heartbeat_timeout", "is_host": "is_host",
+               "close_timeout": None, "read_timeout": None, "keep_alive_interval": None,
+               "keep_alive_max_attempt": None, "use_libuv": None}
+    for item in filter(None, (s.strip() for s in value.split(","))):
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise UsageError(f"--rdzv-conf: expected KEY=VALUE, got {item!r}")
+        key = key.strip()
+        if key not in aliases:
+            close = difflib.get_close_matches(key, list(aliases), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise UsageError(f"--rdzv-conf: unknown key {key!r}{hint}")
+        target = aliases[key]
+        if target is None:
+            continue  # torchrun's c10d-store tuning knobs have no meaning here
+        if target == "is_host":
+            low = val.strip().lower()
+            if low not in ("1", "0", "true", "false", "yes", "no"):
+                raise UsageError(f"--rdzv-conf is_host must be true or false, got {val!r}")
+            fields[target] = low in ("1", "true", "yes")
+        else:
+            fields[target] = _float(val, f"--rdzv-conf {key}")
+    return RendezvousConf(**fields)  # type: ignore[arg-type]
+
+
+def _signals(value: str) -> tuple[int, ...]:
+    out = []
+    for name in filter(None, (s.strip() for s in value.split(","))):
+        sig = getattr(signal, name if name.startswith("SIG") else f"SIG{name}", None)
+        if not isinstance(sig, signal.Signals) or sig in (signal.SIGKILL, signal.SIGSTOP):
+            raise UsageError(f"--signals-to-handle: {name!r} is not a signal that can be handled")
+        out.append(int(sig))
+    return tuple(out)
+
+
+def _split_endpoint(value: str, default_port: int) -> tuple[str, int]:
+    value = value.strip()
+    if value.startswith("["):  # [v6]:port
+        host, _, rest = value[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    elif value.count(":") == 1:
+        host, _, port = value.partition(":")
+    else:
+        host, port = value, ""
+    if not host:
+        raise UsageError(f"--rdzv-endpoint {value!r} has no host")
+    return host, (_int(port, "--rdzv-endpoint port", 0) if port else default_port)
+
+
+def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> LaunchConfig:
+    """Parse and validate a command line (``argv`` without the program name)."""
+    environ = os.environ if environ is None else environ
+    parser = build_parser()
+    _check_unknown_flags(parser, argv)
+    ns = parser.parse_args(list(argv))
+    if ns.entrypoint_args and ns.entrypoint_args[0] == "--":
+        ns.entrypoint_args = ns.entrypoint_args[1:]
+
+    sched = None if ns.standalone else detect_scheduler(environ)
+    if ns.nnodes is not None:
+        min_nodes, max_nodes = _nnodes(ns.nnodes)
+    elif sched is not None and sched.nnodes is not None:
+        min_nodes = max_nodes = sched.nnodes
+    else:
+        min_nodes = max_nodes = 1
+    nproc = _nproc(ns.nproc_per_node or "1", environ)
+    node_rank = _int(ns.node_rank, "--node-rank", 0) if ns.node_rank is not None else None
+    if node_rank is None and sched is not None and ns.nnodes is None:
+        node_rank = sched.node_rank
+    if node_rank is not None and node_rank >= max_nodes:
+        raise UsageError(f"--node-rank {node_rank} is out of range for --nnodes {ns.nnodes or max_nodes}")
+    if ns.rdzv_backend not in RDZV_BACKENDS:
+        raise UsageError(
+            f"--rdzv-backend {ns.rdzv_backend!r} is not supported; use one of "
+            f"{', '.join(RDZV_BACKENDS)} (the agent hosts its own store)"
+        )
+
+    if ns.standalone:
+        if max_nodes != 1:
+            raise UsageError("--standalone runs a single node; drop --nnodes or --standalone")
+        rdzv_host, rdzv_port = "127.0.0.1", 0
+    elif ns.rdzv_endpoint:
+        rdzv_host, rdzv_port = _split_endpoint(ns.rdzv_endpoint, DEFAULT_RDZV_PORT)
+    elif ns.master_addr or ns.master_port:
+        rdzv_host = ns.master_addr or "127.0.0.1"
+        rdzv_port = _int(ns.master_port or "29500", "--master-port", 0)
+    elif sched is not None and sched.endpoint_host:
+        rdzv_host, rdzv_port = sched.endpoint_host, DEFAULT_RDZV_PORT
+    elif max_nodes == 1:
+        rdzv_host, rdzv_port = "127.0.0.1", 0
+    else:
+        raise UsageError("multi-node jobs need --rdzv-endpoint HOST:PORT (or --master-addr)")
+    if rdzv_port > 65535:
+        raise UsageError(f"rendezvous port {rdzv_port} is out of range")
+
+    run_id = ns.rdzv_id if ns.rdzv_id not in (None, "none") else None
+    if run_id is None and sched is not None and sched.job_id:
+        run_id = re.sub(r"[^A-Za-z0-9_.-]", "-", f"{sched.name}-{sched.job_id}")
+    if run_id is None:
+        if max_nodes > 1:
+            raise UsageError("multi-node jobs need --rdzv-id (the same on every node)")
+        run_id = os.urandom(6).hex()
+    if not run_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise UsageError(f"--rdzv-id {run_id!r} may contain only letters, digits, '-', '_', '.'")
+
+    max_restarts = _int(ns.max_restarts, "--max-restarts", 0)
+    on_failure = ns.on_failure or ("restart" if max_restarts > 0 else "fail")
+    if on_failure not in FAILURE_POLICIES:
+        close = difflib.get_close_matches(on_failure, FAILURE_POLICIES, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise UsageError(f"--on-failure must be restart, shrink or fail, got {on_failure!r}{hint}")
+    if ns.start_method not in START_METHODS:
+        raise UsageError(f"--start-method must be one of {', '.join(START_METHODS)}")
+    if sum((ns.module, ns.no_python)) > 1:
+        raise UsageError("--module and --no-python cannot be combined")
+    if ns.run_path and (ns.module or ns.no_python):
+        raise UsageError("--run-path cannot be combined with --module or --no-python")
+
+    filt: frozenset[int] | None = None
+    if ns.local_ranks_filter.strip():
+        filt = frozenset(_int(x, "--local-ranks-filter", 0)
+                         for x in ns.local_ranks_filter.split(",") if x.strip())
+    try:
+        ns.line_prefix.format(host="h", rank=0, local_rank=0, node_rank=0, role="r")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise UsageError(f"--line-prefix {ns.line_prefix!r} is not a valid template ({exc})") from None
+    secret_file = ns.job_secret_file
+    if secret_file is not None and not os.path.isfile(secret_file):
+        raise UsageError(f"--job-secret-file {secret_file!r} does not exist")
+
+    return LaunchConfig(
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        nproc_per_node=nproc,
+        node_rank=node_rank,
+        rdzv_backend=ns.rdzv_backend,
+        rdzv_host=rdzv_host,
+        rdzv_port=rdzv_port,
+        rdzv_id=run_id,
+        rdzv_conf=_rdzv_conf(ns.rdzv_conf),
+        standalone=ns.standalone,
+        master_addr=ns.master_addr or rdzv_host,
+        max_restarts=max_restarts,
+        monitor_interval=_float(ns.monitor_interval, "--monitor-interval"),
+        log_dir=ns.log_dir,
+        redirects=parse_std_spec(ns.redirects, "--redirects", nproc),
+        tee=parse_std_spec(ns.tee, "--tee", nproc),
+        local_ranks_filter=filt,
+        role=ns.role,
+        local_addr=ns.local_addr,
+        module=ns.module,
+        no_python=ns.no_python,
+        run_path=ns.run_path,
+        signals_to_handle=_signals(ns.signals_to_handle),
+        start_method=ns.start_method,
+        on_failure=on_failure,
+        job_secret_file=secret_file,
+        json_logs=ns.json_logs,
+        grace_period=_float(ns.grace_period, "--grace-period"),
+        line_prefix=ns.line_prefix,
+        summary=not ns.no_summary,
+        entrypoint=ns.entrypoint,
+        entrypoint_args=tuple(ns.entrypoint_args),
+        scheduler=sched,
+    )

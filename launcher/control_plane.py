@@ -1,0 +1,126 @@
+"""The agent's handle on the job's control plane: hosted in-process, or joined remotely.
+
+The rendezvous agent runs :class:`torchcomms.control.server.StoreServer` in its own process
+(so the store outlives every worker) and talks to it through a local client like everyone
+else; other agents join with a :class:`~torchcomms.control.client.ControlClient`
+authenticated by the job secret.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from torchcomms.control.client import ControlClient
+from torchcomms.control.errors import (
+    ControlAuthError,
+    ControlError,
+    ControlTimeoutError,
+    ControlUnavailableError,
+)
+from torchcomms.control.server import StoreServer
+
+from .exceptions import AuthenticationError, ControlPlaneLostError, RendezvousTimeoutError
+from .rendezvous import KEY_ROOT
+
+__all__ = ["ControlPlane"]
+
+_PROBE_KEY = f"{KEY_ROOT}/probe"
+
+
+class ControlPlane:
+    """A connected control plane: ``kv`` for store operations, ``publish`` for events."""
+
+    def __init__(self, client: ControlClient, address: str,
+                 server: StoreServer | None = None) -> None:
+        self.kv = client
+        self.address = address
+        self.server = server
+        self._subs: list[Any] = []
+
+    @property
+    def is_host(self) -> bool:
+        return self.server is not None
+
+    @classmethod
+    def host(cls, *, bind_host: str, port: int, advertise_host: str, secret: bytes,
+             run_id: str) -> ControlPlane:
+        """Start the job's store server here (raises ``ControlUnavailableError`` if the
+        port is taken) and connect a local client to it."""
+        server = StoreServer(bind_host, port, secret, run_id=run_id).start()
+        address = f"tcp://{advertise_host}:{server.port}"
+        local = f"tcp://127.0.0.1:{server.port}" if bind_host in ("0.0.0.0", "127.0.0.1") \
+            else address
+        try:
+            client = ControlClient(local, secret, timeout=30.0)
+        except BaseException:
+            server.stop()
+            raise
+        return cls(client, address, server)
+
+    @classmethod
+    def join(cls, *, address: str, secret: bytes, timeout: float, secret_source: str,
+             request_timeout: float = 10.0) -> ControlPlane:
+        """Connect to the rendezvous host's store, retrying until ``timeout``; a refused
+        secret fails at once with :class:`AuthenticationError`."""
+        deadline = time.monotonic() + timeout
+        client = ControlClient(address, secret, timeout=request_timeout)
+        while True:
+            try:
+                client.check([_PROBE_KEY])
+                return cls(client, address)
+            except ControlAuthError as exc:
+                client.close()
+                raise AuthenticationError(
+                    f"the rendezvous host at {address} refused this agent's job secret "
+                    f"(from {secret_source}): every node of a job must use the same secret "
+                    f"({exc})"
+                ) from None
+            except (ControlTimeoutError, ControlUnavailableError) as exc:
+                if time.monotonic() >= deadline:
+                    client.close()
+                    raise RendezvousTimeoutError(
+                        address, [], 1, timeout,
+                        message=f"rendezvous host at {address} did not answer within "
+                                f"{timeout:g} s (is the agent of the rendezvous node running "
+                                f"and reachable?): {exc}") from exc
+                time.sleep(0.2)
+
+    def publish(self, topic: str, payload: dict[str, Any]) -> None:
+        """Publish an event (in-process on the host, over the network elsewhere)."""
+        if self.server is not None:
+            self.server.publish(topic, payload)
+        else:
+            self.kv.publish(topic, payload)
+
+    def subscribe(self, topics: list[str], callback: Callable[[str, dict[str, Any]], None]) -> None:
+        """Deliver events of ``topics`` (replaying earlier ones) to ``callback``."""
+        wanted = frozenset(topics)
+
+        def deliver(topic: str, payload: dict[str, Any]) -> None:
+            if topic in wanted:
+                callback(topic, payload)
+
+        # Subscribe to every topic and filter here: the client's topic check validates the
+        # topic against an empty payload, which refuses the project's own topics.
+        self._subs.append(self.kv.subscribe(None, deliver))
+
+    def close(self) -> None:
+        for sub in self._subs:
+            try:
+                sub.close()
+            except ControlError:
+                pass
+        self._subs.clear()
+        try:
+            self.kv.close()
+        except ControlError:
+            pass
+        if self.server is not None:
+            self.server.stop()
+
+
+def lost(exc: BaseException, address: str) -> ControlPlaneLostError:
+    """The error an agent raises when the rendezvous host stops answering."""
+    return ControlPlaneLostError(f"lost the rendezvous host at {address}: {exc}")

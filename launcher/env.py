@@ -1,0 +1,83 @@
+"""The environment of each worker: torchrun's variables plus the control plane's.
+
+torchrun's set is reproduced exactly, so scripts written for torchrun run unchanged;
+``TORCHCOMM_*`` variables tell ``torchcomms.new_comm`` where the job's control plane is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["WorkerPlacement", "JobEndpoints", "worker_env"]
+
+
+@dataclass(frozen=True)
+class WorkerPlacement:
+    """Where one worker sits in the job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    role: str = "default"
+
+
+@dataclass(frozen=True)
+class JobEndpoints:
+    """Job-wide addresses and ids handed to every worker."""
+
+    run_id: str
+    master_addr: str
+    master_port: int
+    control_addr: str
+    secret_file: str
+    restart_count: int
+    max_restarts: int
+
+
+def worker_env(
+    base: Mapping[str, str],
+    placement: WorkerPlacement,
+    job: JobEndpoints,
+    *,
+    error_file: str,
+) -> dict[str, str]:
+    """Return the full environment of one worker, built on top of ``base``."""
+    env = dict(base)
+    # A secret given to the agent inline must not leak into every worker's environment:
+    # workers read it from the 0600 file instead (the file wins anyway).
+    env.pop("TORCHCOMM_CONTROL_SECRET", None)
+    env.update(
+        {
+            "RANK": str(placement.rank),
+            "LOCAL_RANK": str(placement.local_rank),
+            "WORLD_SIZE": str(placement.world_size),
+            "LOCAL_WORLD_SIZE": str(placement.local_world_size),
+            "GROUP_RANK": str(placement.node_rank),
+            "GROUP_WORLD_SIZE": str(placement.num_nodes),
+            "ROLE_NAME": placement.role,
+            "ROLE_RANK": str(placement.rank),
+            "ROLE_WORLD_SIZE": str(placement.world_size),
+            "MASTER_ADDR": job.master_addr,
+            "MASTER_PORT": str(job.master_port),
+            "TORCHELASTIC_RUN_ID": job.run_id,
+            "TORCHELASTIC_RESTART_COUNT": str(job.restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(job.max_restarts),
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "TORCHELASTIC_ERROR_FILE": error_file,
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+            "TORCHCOMM_RANK": str(placement.rank),
+            "TORCHCOMM_SIZE": str(placement.world_size),
+            "TORCHCOMM_RUN_ID": job.run_id,
+            "TORCHCOMM_CONTROL_ADDR": job.control_addr,
+            "TORCHCOMM_CONTROL_SECRET_FILE": job.secret_file,
+        }
+    )
+    if "OMP_NUM_THREADS" not in base and placement.local_world_size > 1:
+        env["OMP_NUM_THREADS"] = "1"  # torchrun's rule: one thread each when sharing a node
+    # Output goes through the agent's pipes; without this Python would buffer it in blocks.
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env

@@ -1,0 +1,212 @@
+"""Worker processes: start, watch, signal and stop them.
+
+Each worker runs in its own process group with ``PR_SET_PDEATHSIG = SIGKILL``, so neither
+it nor anything it forks outlives the agent, even when the agent is SIGKILLed. Exits are
+seen at once (one waiter thread per worker) and reported through ``on_exit`` and a queue.
+
+Workers must be started from the agent's main thread: the kernel delivers the death signal
+when the *thread* that forked the child ends, and the main thread lives as long as the agent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .env import WorkerPlacement
+from .output import STDERR, STDOUT, OutputPump
+
+__all__ = ["WorkerSpec", "WorkerResult", "Worker", "WorkerGroup", "exit_code_of"]
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+_prctl = _libc.prctl
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_prctl.restype = ctypes.c_int
+
+
+def _child_setup(parent_pid: int) -> Callable[[], None]:
+    def setup() -> None:  # runs in the forked child, before exec
+        os.setpgid(0, 0)
+        _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent_pid:  # the agent died between fork and prctl
+            os._exit(128 + int(signal.SIGKILL))
+
+    return setup
+
+
+def exit_code_of(returncode: int) -> int:
+    """Shell convention: a signal N becomes 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclass
+class WorkerResult:
+    """How one worker ended (``exit_code`` or ``signal``; ``lost`` when its node vanished)."""
+
+    rank: int
+    local_rank: int
+    node_rank: int
+    host: str
+    pid: int | None
+    started: float
+    ended: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    error_file: str | None = None
+    lost: bool = False
+    error_message: str | None = None
+    error_traceback: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.lost or self.signal is not None or bool(self.exit_code)
+
+    @property
+    def code(self) -> int:
+        """The process-style code: exit code, 128 + signal, or 1 for a lost node."""
+        if self.signal is not None:
+            return 128 + self.signal
+        if self.exit_code is not None:
+            return self.exit_code
+        return 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WorkerResult:
+        names = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class WorkerSpec:
+    """Everything needed to start one worker."""
+
+    placement: WorkerPlacement
+    argv: Sequence[str]
+    env: dict[str, str]
+    host: str
+    error_file: str | None = None
+    output: OutputPump | None = None
+    cwd: str | None = None
+
+
+@dataclass
+class Worker:
+    """A running (or finished) worker."""
+
+    spec: WorkerSpec
+    proc: subprocess.Popen[bytes]
+    result: WorkerResult
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return not self.done.is_set()
+
+    def signal_group(self, sig: int) -> bool:
+        """Send ``sig`` to the worker's process group; False when nothing is left in it."""
+        try:
+            os.killpg(self.proc.pid, sig)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+
+class WorkerGroup:
+    """The workers of one node for one attempt."""
+
+    def __init__(self, on_exit: Callable[[Worker], None] | None = None) -> None:
+        self.workers: list[Worker] = []
+        self.exits: queue.Queue[Worker] = queue.Queue()
+        self._on_exit = on_exit
+
+    def start(self, specs: Iterable[WorkerSpec]) -> list[Worker]:
+        """Start every worker (call from the main thread, see the module docstring)."""
+        setup = _child_setup(os.getpid())
+        for spec in specs:
+            pipe = subprocess.PIPE if spec.output is not None else None
+            proc = subprocess.Popen(  # noqa: S603 - the user's own command line
+                list(spec.argv), env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL,
+                stdout=pipe, stderr=pipe, preexec_fn=setup, close_fds=True,
+            )
+            p = spec.placement
+            result = WorkerResult(rank=p.rank, local_rank=p.local_rank, node_rank=p.node_rank,
+                                  host=spec.host, pid=proc.pid, started=time.time(),
+                                  error_file=spec.error_file)
+            worker = Worker(spec=spec, proc=proc, result=result)
+            if spec.output is not None:
+                assert proc.stdout is not None and proc.stderr is not None
+                spec.output.start({STDOUT: proc.stdout, STDERR: proc.stderr})
+            threading.Thread(target=self._wait, args=(worker,), daemon=True,
+                             name=f"wait-rank-{p.rank}").start()
+            self.workers.append(worker)
+        return self.workers
+
+    def _wait(self, worker: Worker) -> None:
+        rc = worker.proc.wait()
+        worker.result.ended = time.time()
+        if rc < 0:
+            worker.result.signal = -rc
+        else:
+            worker.result.exit_code = rc
+        worker.done.set()
+        if self._on_exit is not None:
+            try:
+                self._on_exit(worker)
+            except Exception:  # noqa: BLE001 - a reporting failure must not lose the exit
+                pass
+        self.exits.put(worker)
+
+    def alive(self) -> list[Worker]:
+        return [w for w in self.workers if w.alive]
+
+    def signal_all(self, sig: int) -> None:
+        for w in self.alive():
+            w.signal_group(sig)
+
+    def stop(self, grace: float, first: int = signal.SIGTERM,
+             dump: int | None = signal.SIGUSR1) -> None:
+        """Stop every worker: ``first`` now, ``dump`` to those still alive shortly before
+        the grace period ends (a flight-recorder dump), SIGKILL when it ends. Returns when
+        every worker has exited and its process group is emptied."""
+        self.signal_all(first)
+        deadline = time.monotonic() + grace
+        dump_at = deadline - min(2.0, grace / 4)
+        dumped = dump is None
+        while self.alive():
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            if not dumped and now >= dump_at:
+                self.signal_all(dump)  # type: ignore[arg-type]
+                dumped = True
+            for w in self.alive():
+                w.done.wait(min(0.02, max(0.0, deadline - now)))
+                break
+        self.kill_all()
+
+    def kill_all(self) -> None:
+        """SIGKILL every worker's process group (including stray grandchildren)."""
+        for w in self.workers:
+            w.signal_group(signal.SIGKILL)
+        for w in self.workers:
+            w.done.wait()
+        for w in self.workers:
+            w.signal_group(signal.SIGKILL)  # children forked just before the leader died
+            if w.spec.output is not None:
+                w.spec.output.join(timeout=2.0)
