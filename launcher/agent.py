@@ -395,6 +395,7 @@ class Agent:
         self._stopping_local = False
         self._stop_action = None
         self._stop_reason = ""
+        self._exits_seen = 0
         specs = self._worker_specs(plan, slot)
         self.group = WorkerGroup(on_exit=self._on_worker_exit)
         self._phase = "running"
@@ -511,8 +512,7 @@ class Agent:
                         signal.Signals(item["signal"]).name
                     self.console.event(f"rank {rank} on {item.get('host')} failed ({how})")
                     self._apply_policy(f"rank {rank} failed")
-            drained = self._drain_exits()
-            for w in drained:
+            for w in self._drain_exits():
                 if w.result.failed and not self._stopping_local:
                     self._apply_policy(f"rank {w.result.rank} failed")
             now = time.monotonic()
@@ -541,14 +541,14 @@ class Agent:
                                 self._apply_policy(f"rank {rank} failed")
                 except ControlError as exc:
                     self.console.event(f"control plane error while monitoring: {exc}")
-            if not local_reported and not self.group.alive():
-                self._drain_exits()
+            if not local_reported and self._all_exits_seen():
                 self._report_local()
                 local_reported = True
             if local_reported and all(nr in reported or nr in lost_at for nr in remote):
                 return self._finish(plan, lost_at)
 
     def _drain_exits(self) -> list[Worker]:
+        """Exits not handled yet (each worker is returned exactly once)."""
         assert self.group is not None
         out = []
         while True:
@@ -556,8 +556,13 @@ class Agent:
                 w = self.group.exits.get_nowait()
             except queue.Empty:
                 return out
+            self._exits_seen += 1
             self._log_exit(w)
             out.append(w)
+
+    def _all_exits_seen(self) -> bool:
+        assert self.group is not None
+        return self._exits_seen == len(self.group.workers)
 
     @staticmethod
     def _node_of(plan: Plan, rank: int) -> int | None:
@@ -664,8 +669,7 @@ class Agent:
                 self._drain_exits()
                 if not self._stopping_local and kv.check([stop_key]):
                     self._stop_local()
-                if not local_reported and not self.group.alive():
-                    self._drain_exits()
+                if not local_reported and self._all_exits_seen():
                     self._report_local()
                     local_reported = True
                     if leaving is not None:

@@ -73,6 +73,8 @@ class WorkerResult:
     @property
     def code(self) -> int:
         """The process-style code: exit code, 128 + signal, or 1 for a lost node."""
+        if self.lost:
+            return 1
         if self.signal is not None:
             return 128 + self.signal
         if self.exit_code is not None:

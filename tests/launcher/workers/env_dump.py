@@ -1,0 +1,6 @@
+"""Writes its environment as JSON to $OUT_DIR/<RANK>.json."""
+import json
+import os
+from pathlib import Path
+
+Path(os.environ["OUT_DIR"], os.environ["RANK"] + ".json").write_text(json.dumps(dict(os.environ)))
