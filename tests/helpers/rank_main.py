@@ -1,0 +1,36 @@
+"""Entry point of one test rank: ``python -m tests.helpers.rank_main module:fn kwargs_json out``."""
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+import traceback
+
+
+def main() -> int:
+    target, kwargs_json, out_path = sys.argv[1:4]
+    module, _, fn_name = target.partition(":")
+    t0 = time.monotonic()
+    payload: dict = {}
+    code = 0
+    try:
+        fn = getattr(importlib.import_module(module), fn_name)
+        payload["value"] = fn(**json.loads(kwargs_json))
+    except BaseException as e:  # noqa: BLE001 - report everything to the parent
+        payload["error"] = {"type": type(e).__name__, "mro": [c.__name__ for c in type(e).__mro__],
+                            "message": str(e), "traceback": traceback.format_exc()}
+        code = 1
+    payload["elapsed"] = time.monotonic() - t0
+    with open(out_path + ".tmp", "w") as f:
+        json.dump(payload, f)
+    import os
+
+    os.replace(out_path + ".tmp", out_path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip interpreter teardown: engines of broken comms may still be blocked
+
+
+if __name__ == "__main__":
+    sys.exit(main())

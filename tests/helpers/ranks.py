@@ -1,0 +1,137 @@
+"""Start real rank processes for multi-process tests and collect what each returned.
+
+Each rank is a fresh ``python -m tests.helpers.rank_main`` process with TORCHCOMM_RANK /
+TORCHCOMM_SIZE / MASTER_ADDR / MASTER_PORT set, running ``module:function(**kwargs)``; its
+return value (JSON) or its exception comes back as a :class:`RankResult`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RankResult:
+    rank: int
+    returncode: int | None
+    value: Any = None
+    error: dict[str, Any] | None = None
+    stderr: str = ""
+    elapsed: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def ok(self) -> bool:
+        return self.returncode == 0 and self.error is None
+
+
+class RankGroup:
+    """N rank processes; use as a context manager so none is ever left behind."""
+
+    def __init__(self, n: int, target: str, kwargs: dict[str, Any] | None = None,
+                 env: dict[str, str] | None = None, per_rank_env: dict[int, dict[str, str]] | None = None) -> None:
+        self.n = n
+        self.dir = Path(tempfile.mkdtemp(prefix="tc-ranks-"))
+        port = free_port()
+        self.procs: list[subprocess.Popen] = []
+        self.started = time.monotonic()
+        for r in range(n):
+            e = dict(os.environ)
+            e.update(
+                TORCHCOMM_RANK=str(r), TORCHCOMM_SIZE=str(n), RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r),
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(REPO),
+                TORCHCOMM_FR_DUMP_TEMP_FILE=str(self.dir / "fr_rank_"),
+            )
+            e.pop("TORCHCOMM_CONTROL_ADDR", None)
+            e.update(env or {})
+            e.update((per_rank_env or {}).get(r, {}))
+            args = [sys.executable, "-m", "tests.helpers.rank_main", target, json.dumps(kwargs or {}),
+                    str(self.dir / f"rank{r}.json")]
+            with open(self.dir / f"rank{r}.log", "wb") as log:
+                self.procs.append(
+                    subprocess.Popen(args, cwd=REPO, env=e, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+                )
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def signal(self, rank: int, sig: int) -> None:
+        os.kill(self.procs[rank].pid, sig)
+
+    def wait(self, timeout: float = 120.0, ranks: list[int] | None = None) -> list[RankResult]:
+        deadline = time.monotonic() + timeout
+        which = range(self.n) if ranks is None else ranks
+        results = []
+        for r in which:
+            p = self.procs[r]
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill_all()
+                raise AssertionError(f"rank {r} did not finish within {timeout} s") from None
+            results.append(self._result(r))
+        return results
+
+    def _result(self, r: int) -> RankResult:
+        p = self.procs[r]
+        log = self.dir / f"rank{r}.log"
+        err = log.read_text(errors="replace") if log.exists() else ""
+        out = self.dir / f"rank{r}.json"
+        res = RankResult(rank=r, returncode=p.returncode, stderr=err)
+        if out.exists():
+            data = json.loads(out.read_text())
+            res.value = data.get("value")
+            res.error = data.get("error")
+            res.elapsed = data.get("elapsed", 0.0)
+        return res
+
+    def kill_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def __enter__(self) -> RankGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill_all()
+
+
+def run_ranks(n: int, target: str, kwargs: dict[str, Any] | None = None, timeout: float = 120.0,
+              env: dict[str, str] | None = None) -> list[RankResult]:
+    """Run ``target`` on ``n`` ranks and return every rank's result; asserts all succeeded."""
+    with RankGroup(n, target, kwargs, env) as g:
+        results = g.wait(timeout)
+    bad = [r for r in results if not r.ok()]
+    assert not bad, "\n".join(f"rank {r.rank}: rc={r.returncode} error={r.error}\n{r.stderr[-3000:]}" for r in bad)
+    return results

@@ -1,0 +1,38 @@
+"""Every collective on real gloo ranks, against a locally computed reference."""
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.ranks import run_ranks
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_collective_matrix(world: int, async_op: bool) -> None:
+    results = run_ranks(world, "tests.torchcomms.workers:collective_matrix", {"async_op": async_op}, timeout=240)
+    for res in results:
+        assert res.value["failures"] == [], f"rank {res.rank}: {res.value['failures'][:5]}"
+        assert res.value["checks"] > 100
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_split(world: int) -> None:
+    results = run_ranks(world, "tests.torchcomms.workers:split_behaviour", timeout=120)
+    for res in results:
+        v = res.value
+        r = res.rank
+        mine = [q for q in range(world) if q % 2 == r % 2]
+        assert v["sub_rank"] == mine.index(r)
+        assert v["sub_size"] == len(mine)
+        assert v["sub_sum"] == float(sum(mine))
+        assert v["global_ranks"] == mine
+        assert v["only0_is_none"] == (r != 0)
+        if r == 0:
+            assert v["only0_sum"] == 5.0
+        assert v["rev_rank"] == world - 1 - r
+        assert v["rev_root_value"] == float(world - 1)
+        assert v["mismatch"] is not None and "CollectiveMismatch" not in v["mismatch"]
+        assert "passed ranks" in v["mismatch"]
+        # split is an op of the parent: it takes sequence numbers like any collective
+        assert v["parent_ops"].count("split") == 4
+        assert v["parent_seqs"] == sorted(v["parent_seqs"])

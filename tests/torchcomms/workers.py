@@ -1,0 +1,253 @@
+"""Code that runs inside rank processes for the communicator tests (see tests/helpers/ranks.py)."""
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+import torchcomms
+from torchcomms import ReduceOp
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64}
+
+
+def data(rank: int, numel: int, dtype: torch.dtype, salt: int) -> torch.Tensor:
+    """Rank ``rank``'s deterministic input: small integers 1..3, exact in every dtype."""
+    base = (torch.arange(numel, dtype=torch.int64) * (rank + 2) + salt * 7 + rank) % 3 + 1
+    return base.to(dtype)
+
+
+def ops_for(dtype: torch.dtype) -> list[tuple[str, ReduceOp]]:
+    ops = [("SUM", ReduceOp.SUM), ("PRODUCT", ReduceOp.PRODUCT), ("MIN", ReduceOp.MIN), ("MAX", ReduceOp.MAX)]
+    if dtype.is_floating_point:
+        ops += [("AVG", ReduceOp.AVG), ("PREMUL_SUM", ReduceOp.PREMUL_SUM(0.5))]
+    else:
+        ops += [("BAND", ReduceOp.BAND), ("BOR", ReduceOp.BOR), ("BXOR", ReduceOp.BXOR)]
+    return ops
+
+
+def reduce_ref(name: str, xs: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    if name in ("BAND", "BOR", "BXOR"):
+        out = xs[0].clone()
+        for x in xs[1:]:
+            out = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[name](out, x)
+        return out
+    st = torch.stack([x.double() for x in xs])
+    out = {
+        "SUM": lambda: st.sum(0), "PRODUCT": lambda: st.prod(0), "MIN": lambda: st.min(0).values,
+        "MAX": lambda: st.max(0).values, "AVG": lambda: st.mean(0), "PREMUL_SUM": lambda: (st * 0.5).sum(0),
+    }[name]()
+    return out.to(dtype)
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype.is_floating_point:
+        tol = 1e-2 if a.dtype == torch.bfloat16 else 1e-6
+        return torch.allclose(a.double(), b.double(), rtol=tol, atol=tol)
+    return torch.equal(a, b)
+
+
+def collective_matrix(async_op: bool = False) -> dict[str, Any]:
+    """Every collective × dtype × reduce op on the gloo backend, against a local reference."""
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "matrix")
+    r, n = comm.get_rank(), comm.get_size()
+    failures: list[str] = []
+    count = 0
+    salt = 0
+
+    def check(label: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        nonlocal count
+        count += 1
+        if got.shape != want.shape or not close(got, want):
+            failures.append(f"{label}: got {got.tolist()} want {want.tolist()}")
+
+    def run(work: torchcomms.TorchWork) -> None:
+        if async_op:
+            assert work.wait() is True
+        assert work.is_completed()
+
+    for dname, dt in DTYPES.items():
+        numel = 5
+        for opname, op in ops_for(dt):
+            salt += 1
+            allin = [data(q, numel, dt, salt) for q in range(n)]
+            lab = f"{dname}/{opname}"
+            # all_reduce
+            t = allin[r].clone()
+            run(comm.all_reduce(t, op, async_op))
+            check(f"all_reduce {lab}", t, reduce_ref(opname, allin, dt))
+            # reduce
+            for root in range(n):
+                t = allin[r].clone()
+                run(comm.reduce(t, root, op, async_op))
+                if r == root:
+                    check(f"reduce root={root} {lab}", t, reduce_ref(opname, allin, dt))
+            # reduce_scatter (list), reduce_scatter_single, reduce_scatter_v
+            ins = [[data(q, numel, dt, salt + 100 + k) for k in range(n)] for q in range(n)]
+            out = torch.empty(numel, dtype=dt)
+            run(comm.reduce_scatter(out, [x.clone() for x in ins[r]], op, async_op))
+            check(f"reduce_scatter {lab}", out, reduce_ref(opname, [ins[q][r] for q in range(n)], dt))
+            out = torch.empty(numel, dtype=dt)
+            run(comm.reduce_scatter_single(out, torch.cat(ins[r]), op, async_op))
+            check(f"reduce_scatter_single {lab}", out, reduce_ref(opname, [ins[q][r] for q in range(n)], dt))
+            vs = [k + 1 for k in range(n)]
+            vins = [[data(q, vs[k], dt, salt + 200 + k) for k in range(n)] for q in range(n)]
+            out = torch.empty(vs[r], dtype=dt)
+            run(comm.reduce_scatter_v(out, [x.clone() for x in vins[r]], op, async_op))
+            check(f"reduce_scatter_v {lab}", out, reduce_ref(opname, [vins[q][r] for q in range(n)], dt))
+        # non-reducing collectives, once per dtype
+        salt += 1
+        allin = [data(q, 4, dt, salt) for q in range(n)]
+        for root in range(n):
+            t = allin[r].clone()
+            run(comm.broadcast(t, root, async_op))
+            check(f"broadcast root={root} {dname}", t, allin[root])
+        outs = [torch.empty(4, dtype=dt) for _ in range(n)]
+        run(comm.all_gather(outs, allin[r], async_op))
+        for q in range(n):
+            check(f"all_gather[{q}] {dname}", outs[q], allin[q])
+        out = torch.empty(4 * n, dtype=dt)
+        run(comm.all_gather_single(out, allin[r], async_op))
+        check(f"all_gather_single {dname}", out, torch.cat(allin))
+        vin = [data(q, q + 2, dt, salt) for q in range(n)]
+        outs = [torch.empty(q + 2, dtype=dt) for q in range(n)]
+        run(comm.all_gather_v(outs, vin[r], async_op))
+        for q in range(n):
+            check(f"all_gather_v[{q}] {dname}", outs[q], vin[q])
+        a2a = [data(q, 3 * n, dt, salt + 1) for q in range(n)]
+        out = torch.empty(3 * n, dtype=dt)
+        run(comm.all_to_all_single(out, a2a[r], async_op))
+        check(f"all_to_all_single {dname}", out, torch.cat([a2a[q][3 * r : 3 * r + 3] for q in range(n)]))
+        # all_to_all_v_single: rank q sends (q + k + 1) rows to rank k
+        rows = lambda q, k: q + k + 1  # noqa: E731
+        ins_v = [data(q, sum(rows(q, k) for k in range(n)) * 2, dt, salt + 2).view(-1, 2) for q in range(n)]
+        insz = [rows(r, k) for k in range(n)]
+        outsz = [rows(q, r) for q in range(n)]
+        out = torch.empty(sum(outsz), 2, dtype=dt)
+        run(comm.all_to_all_v_single(out, ins_v[r], outsz, insz, async_op))
+        want = torch.cat([ins_v[q][sum(rows(q, k) for k in range(r)) : sum(rows(q, k) for k in range(r + 1))]
+                          for q in range(n)])
+        check(f"all_to_all_v_single {dname}", out, want)
+        lists = [[data(q, 2, dt, salt + 10 * k) for k in range(n)] for q in range(n)]
+        outs = [torch.empty(2, dtype=dt) for _ in range(n)]
+        run(comm.all_to_all(outs, lists[r], async_op))
+        for q in range(n):
+            check(f"all_to_all[{q}] {dname}", outs[q], lists[q][r])
+        for root in range(n):
+            out = torch.empty(2, dtype=dt)
+            run(comm.scatter(out, lists[root] if r == root else [], root, async_op))
+            check(f"scatter root={root} {dname}", out, lists[root][r])
+            outs = [torch.empty(4, dtype=dt) for _ in range(n)] if r == root else []
+            run(comm.gather(outs, allin[r], root, async_op))
+            if r == root:
+                for q in range(n):
+                    check(f"gather[{q}] root={root} {dname}", outs[q], allin[q])
+            out = torch.empty(4 * n, dtype=dt)
+            run(comm.gather_single(out, allin[r], root, async_op))
+            if r == root:
+                check(f"gather_single root={root} {dname}", out, torch.cat(allin))
+        run(comm.barrier(async_op))
+        # point to point: a ring
+        if n > 1:
+            nxt, prv = (r + 1) % n, (r - 1) % n
+            got = torch.empty(4, dtype=dt)
+            if r % 2 == 0:
+                run(comm.send(allin[r], nxt, async_op))
+                run(comm.recv(got, prv, async_op))
+            else:
+                run(comm.recv(got, prv, async_op))
+                run(comm.send(allin[r], nxt, async_op))
+            check(f"send/recv ring {dname}", got, allin[prv])
+            batch = comm.batch_op_create()
+            got = torch.empty(4, dtype=dt)
+            batch.send(allin[r], nxt)
+            batch.recv(got, prv)
+            run(batch.issue(async_op))
+            check(f"batch p2p ring {dname}", got, allin[prv])
+    comm.finalize()
+    return {"failures": failures, "checks": count}
+
+
+def split_behaviour() -> dict[str, Any]:
+    """split into odd/even subgroups, a subgroup of rank 0 only, and non-members get None."""
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "parent")
+    r, n = comm.get_rank(), comm.get_size()
+    seen: list[tuple[str, int]] = []
+    comm.register_pre_hook(lambda name, op_id, rec: seen.append((str(name), rec.seq)))
+    evens = [q for q in range(n) if q % 2 == 0]
+    odds = [q for q in range(n) if q % 2 == 1]
+    mine = evens if r % 2 == 0 else odds
+    sub = comm.split(mine, "half")
+    assert sub is not None
+    t = torch.tensor([float(r)])
+    sub.all_reduce(t, ReduceOp.SUM, False)
+    only0 = comm.split([0] if r == 0 else [], "only0")
+    out = {
+        "sub_rank": sub.get_rank(), "sub_size": sub.get_size(), "sub_sum": t.item(),
+        "global_ranks": sub.get_global_ranks(), "only0_is_none": only0 is None,
+    }
+    if only0 is not None:
+        t0 = torch.tensor([5.0])
+        only0.all_reduce(t0, ReduceOp.SUM, False)
+        out["only0_sum"] = t0.item()
+        only0.finalize()
+    # reversed order: new rank = index in the list
+    rev = comm.split(list(reversed(range(n))), "reversed")
+    out["rev_rank"] = rev.get_rank()
+    t = torch.tensor([float(r)])
+    rev.broadcast(t, 0, False)
+    out["rev_root_value"] = t.item()
+    # mismatch between members is detected
+    try:
+        bad = list(range(n)) if r != n - 1 else list(reversed(range(n)))
+        comm.split(bad, "bad")
+        out["mismatch"] = None
+    except torchcomms.CollectiveMismatchError as e:
+        out["mismatch"] = str(e)
+    out["parent_seqs"] = [s for name, s in seen]
+    out["parent_ops"] = [name for name, s in seen]
+    sub.finalize()
+    rev.finalize()
+    comm.finalize()
+    return out
+
+
+def stalled_peer(op: str, timeout_s: float, victim: int) -> dict[str, Any]:
+    """Everyone runs one warm-up all_reduce, then ``op``; the victim is stopped or killed by the
+    test in between (it sleeps forever), the others report how their op ended."""
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "stall", timeout=timedelta(seconds=timeout_s))
+    r = comm.get_rank()
+    t = torch.ones(1024)
+    comm.all_reduce(t, ReduceOp.SUM, False)
+    marker = os.environ["TC_READY_DIR"] + f"/ready{r}"
+    open(marker, "w").close()
+    if r == victim:
+        time.sleep(3600)
+    # wait until the test has stopped the victim
+    while not os.path.exists(os.environ["TC_READY_DIR"] + "/go"):
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    try:
+        if op == "all_reduce":
+            comm.all_reduce(t, ReduceOp.SUM, False)
+        elif op == "barrier":
+            comm.barrier(False)
+        elif op == "all_gather_single":
+            comm.all_gather_single(torch.empty(1024 * comm.get_size()), t, False)
+        result: dict[str, Any] = {"raised": None}
+    except torchcomms.CommError as e:
+        result = {"raised": type(e).__name__, "message": str(e), "seq": e.seq, "op": e.op,
+                  "is_comm_error": True}
+    result["elapsed"] = time.monotonic() - t0
+    # a broken communicator fails fast afterwards
+    t1 = time.monotonic()
+    try:
+        comm.all_reduce(t, ReduceOp.SUM, False)
+        result["after"] = None
+    except torchcomms.CommError as e:
+        result["after"] = type(e).__name__
+    result["after_elapsed"] = time.monotonic() - t1
+    return result

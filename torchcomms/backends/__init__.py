@@ -1,0 +1,1 @@
+"""Engines behind ``TorchComm``: one module per engine, plus the registry."""

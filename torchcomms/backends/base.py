@@ -1,0 +1,232 @@
+"""The contract between ``TorchComm`` and an engine.
+
+A backend only translates: it never validates arguments (``TorchComm`` did), never times
+(``TorchWork`` does) and never logs (hooks do). Each op method starts the engine operation
+and returns an :class:`EngineHandle` at once.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from torchcomms.types import ReduceOp
+
+DoneCallback = Callable[[BaseException | None], None]
+
+
+class EngineHandle:
+    """Completion of one engine operation.
+
+    ``futures`` are engine futures (``torch.futures.Future``) that complete when the engine is
+    done; ``finish`` is a local step run after all of them succeed (e.g. copy-out or the
+    division of AVG). With no futures the op completed (or failed) inside the call.
+    """
+
+    __slots__ = ("_futures", "_finish", "_error", "_pending", "_lock", "_callback", "_first_error")
+
+    def __init__(
+        self,
+        futures: Sequence[torch.futures.Future] | None = None,
+        finish: Callable[[], None] | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        self._futures = list(futures) if futures else []
+        self._finish = finish
+        self._error = error
+        self._pending = len(self._futures)
+        self._lock = threading.Lock()
+        self._callback: DoneCallback | None = None
+        self._first_error: BaseException | None = None
+
+    @classmethod
+    def completed(cls, finish: Callable[[], None] | None = None) -> EngineHandle:
+        return cls(None, finish)
+
+    @classmethod
+    def failed(cls, error: BaseException) -> EngineHandle:
+        return cls(None, None, error)
+
+    @property
+    def is_immediate(self) -> bool:
+        """True when the op already ended inside the backend call."""
+        return not self._futures
+
+    def on_done(self, callback: DoneCallback) -> None:
+        """Call ``callback(error_or_None)`` exactly once, when the op ends (maybe right now)."""
+        if not self._futures:
+            callback(self._run_finish(self._error))
+            return
+        self._callback = callback
+        for fut in self._futures:
+            fut.add_done_callback(self._one_done)
+
+    def _one_done(self, fut: torch.futures.Future) -> None:
+        try:
+            fut.value()
+            err = None
+        except BaseException as e:  # noqa: BLE001 - engine errors arrive as anything
+            err = e
+        with self._lock:
+            if err is not None and self._first_error is None:
+                self._first_error = err
+            self._pending -= 1
+            last = self._pending == 0
+        if last:
+            assert self._callback is not None
+            self._callback(self._run_finish(self._first_error))
+
+    def _run_finish(self, error: BaseException | None) -> BaseException | None:
+        if error is None and self._finish is not None:
+            try:
+                self._finish()
+            except BaseException as e:  # noqa: BLE001
+                return e
+        return error
+
+
+@dataclass
+class BackendContext:
+    """What a backend is created with."""
+
+    name: str
+    rank: int
+    size: int
+    device: torch.device
+    store: Any
+    store_prefix: str
+    timeout: timedelta
+    hints: dict[str, str] = field(default_factory=dict)
+    global_ranks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class BackendCapabilities:
+    """What an engine can do, so ``TorchComm`` and recovery can plan around it."""
+
+    devices: tuple[str, ...] = ("cpu",)
+    abort: bool = False
+    shrink: bool = False
+    split: bool = True
+    dtypes: frozenset[torch.dtype] | None = None  # None: every dtype
+    bitwise_ops: bool = True
+    reconfigure: bool = False
+
+
+class TorchCommBackend:
+    """Base class of Python backends; register subclasses with ``register_backend``.
+
+    Subclasses implement the op methods below. ``TorchComm`` has validated the arguments:
+    tensors are contiguous, on the right device, with consistent shapes and dtypes.
+    """
+
+    backend_name: str = "base"
+    capabilities: BackendCapabilities = BackendCapabilities()
+
+    def __init__(self, ctx: BackendContext) -> None:
+        self.ctx = ctx
+
+    # --- lifecycle -------------------------------------------------------------------------
+    @classmethod
+    def needs_store(cls, size: int) -> bool:
+        """Whether creating this backend needs a rendezvous store for a world of ``size``."""
+        return size > 1
+
+    @classmethod
+    def is_available(cls) -> bool:
+        """Whether the engine exists in this installation."""
+        return True
+
+    def init(self) -> None:
+        """Connect the engine (rendezvous through ``ctx.store`` under ``ctx.store_prefix``)."""
+
+    def version(self) -> str:
+        return torch.__version__
+
+    def engine(self) -> Any:
+        """The engine object (``get_backend_impl()``)."""
+        return None
+
+    def finalize(self) -> None:
+        """Release the engine after all work drained."""
+
+    def abort(self) -> None:
+        """Stop using the engine now; must not block or raise."""
+
+    def split(self, ctx: BackendContext) -> TorchCommBackend:
+        """A new backend over a subset of ranks (``ctx`` has the new rank/size/prefix)."""
+        child = type(self)(ctx)
+        child.init()
+        return child
+
+    def classify_error(self, error: BaseException) -> str:
+        """'timeout', 'peer' or 'other' for an engine error."""
+        return "other"
+
+    # --- operations ------------------------------------------------------------------------
+    def _unsupported(self, op: str) -> EngineHandle:
+        raise NotImplementedError(f"backend '{self.backend_name}' does not implement {op}")
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> EngineHandle:
+        return self._unsupported("send")
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> EngineHandle:
+        return self._unsupported("recv")
+
+    def batch_p2p(self, ops: list[tuple[bool, torch.Tensor, int]], tag: int) -> EngineHandle:
+        """``ops``: (is_send, tensor, peer) in the user's order."""
+        return self._unsupported("batch_p2p")
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> EngineHandle:
+        return self._unsupported("broadcast")
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> EngineHandle:
+        return self._unsupported("all_reduce")
+
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp) -> EngineHandle:
+        return self._unsupported("reduce")
+
+    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> EngineHandle:
+        return self._unsupported("all_gather")
+
+    def all_gather_v(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> EngineHandle:
+        return self._unsupported("all_gather_v")
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
+        return self._unsupported("all_gather_single")
+
+    def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp) -> EngineHandle:
+        return self._unsupported("reduce_scatter")
+
+    def reduce_scatter_v(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp) -> EngineHandle:
+        return self._unsupported("reduce_scatter_v")
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp) -> EngineHandle:
+        return self._unsupported("reduce_scatter_single")
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
+        return self._unsupported("all_to_all_single")
+
+    def all_to_all_v_single(
+        self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int]
+    ) -> EngineHandle:
+        return self._unsupported("all_to_all_v_single")
+
+    def all_to_all(self, output_list: list[torch.Tensor], input_list: list[torch.Tensor]) -> EngineHandle:
+        return self._unsupported("all_to_all")
+
+    def barrier(self) -> EngineHandle:
+        return self._unsupported("barrier")
+
+    def scatter(self, output: torch.Tensor, input_list: list[torch.Tensor] | None, root: int) -> EngineHandle:
+        return self._unsupported("scatter")
+
+    def gather(self, output_list: list[torch.Tensor] | None, input: torch.Tensor, root: int) -> EngineHandle:
+        return self._unsupported("gather")
+
+    def gather_single(self, output: torch.Tensor | None, input: torch.Tensor, root: int) -> EngineHandle:
+        return self._unsupported("gather_single")

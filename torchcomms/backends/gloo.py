@@ -1,0 +1,273 @@
+"""The CPU engine: c10d's ProcessGroupGloo used as a library.
+
+The engine object is created directly over a (prefixed) store; ``init_process_group`` and
+torch.distributed's global state are never touched. Ops gloo lacks are composed from ops it
+has (AVG = SUM then divide, PREMUL_SUM = scale then SUM, all_gather_v = one broadcast per rank).
+"""
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import threading
+from collections.abc import Callable
+from urllib.parse import urlparse
+
+import torch
+import torch.distributed as dist
+
+from torchcomms.backends.base import BackendCapabilities, EngineHandle, TorchCommBackend
+from torchcomms.types import RedOpType, ReduceOp
+
+_C10D_OPS = {
+    RedOpType.SUM: dist.ReduceOp.SUM,
+    RedOpType.AVG: dist.ReduceOp.SUM,
+    RedOpType.PREMUL_SUM: dist.ReduceOp.SUM,
+    RedOpType.PRODUCT: dist.ReduceOp.PRODUCT,
+    RedOpType.MIN: dist.ReduceOp.MIN,
+    RedOpType.MAX: dist.ReduceOp.MAX,
+    RedOpType.BAND: dist.ReduceOp.BAND,
+    RedOpType.BOR: dist.ReduceOp.BOR,
+    RedOpType.BXOR: dist.ReduceOp.BXOR,
+}
+_GLOO_DTYPES = frozenset(
+    {
+        torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+        torch.float32, torch.float64, torch.complex64, torch.complex128,
+    }
+)
+_PEER_PATTERNS = ("connection closed", "connection reset", "broken pipe", "connection refused", "pair closure",
+                  "socket closed", "eof", "peer")
+_TIMEOUT_PATTERNS = ("timed out", "timeout")
+
+
+class _BlockingWaiter:
+    """Daemon threads that turn gloo's future-less p2p works into completed futures."""
+
+    def __init__(self, max_threads: int = 8) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+        self._max = max_threads
+
+    def future_of(self, work: dist.Work) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        with self._lock:
+            spawn = self._idle == 0 and self._threads < self._max
+            if spawn:
+                self._threads += 1
+            else:
+                self._idle -= 1
+        self._queue.put((work, fut))
+        if spawn:
+            threading.Thread(target=self._loop, name="torchcomms-gloo-p2p", daemon=True).start()
+        return fut
+
+    def _loop(self) -> None:
+        while True:
+            work, fut = self._queue.get()
+            try:
+                work.wait()
+            except BaseException as e:  # noqa: BLE001
+                fut.set_exception(e)
+            else:
+                fut.set_result(None)
+            with self._lock:
+                self._idle += 1
+
+
+def _local_address_towards(host: str) -> str | None:
+    """The local IP address the kernel would use to reach ``host`` (no packet is sent)."""
+    try:
+        infos = socket.getaddrinfo(host, 1, type=socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    for family, _, _, _, addr in infos:
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect(addr)
+                return s.getsockname()[0]
+        except OSError:
+            continue
+    return None
+
+
+class GlooBackend(TorchCommBackend):
+    backend_name = "gloo"
+    capabilities = BackendCapabilities(devices=("cpu",), abort=False, shrink=True, dtypes=_GLOO_DTYPES)
+
+    def init(self) -> None:
+        ctx = self.ctx
+        store = ctx.store if ctx.store is not None else dist.HashStore()
+        self._store = dist.PrefixStore(ctx.store_prefix + "/gloo", store)
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = ctx.timeout
+        opts._devices = [self._device()]
+        threads = ctx.hints.get("gloo.threads")
+        if threads:
+            opts._threads = int(threads)
+        self._pg = dist.ProcessGroupGloo(self._store, ctx.rank, ctx.size, opts)
+        self._waiter = _BlockingWaiter()
+
+    def _device(self) -> dist.ProcessGroupGloo.Device:
+        hints = self.ctx.hints
+        iface = hints.get("gloo.interface") or os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
+        if iface:
+            return dist.ProcessGroupGloo.create_device(interface=iface)
+        host = hints.get("gloo.hostname")
+        if not host:
+            peer = os.environ.get("MASTER_ADDR")
+            ctrl = os.environ.get("TORCHCOMM_CONTROL_ADDR")
+            if ctrl:
+                peer = urlparse(ctrl).hostname or peer
+            if peer:
+                host = _local_address_towards(peer)
+        if host:
+            return dist.ProcessGroupGloo.create_device(hostname=host)
+        return dist.ProcessGroupGloo.create_default_device()
+
+    def version(self) -> str:
+        return f"gloo (torch {torch.__version__})"
+
+    def engine(self) -> dist.ProcessGroupGloo:
+        return self._pg
+
+    def finalize(self) -> None:
+        self._pg = None  # type: ignore[assignment]
+
+    def abort(self) -> None:
+        # Gloo cannot cancel in-flight work. Keep the engine alive (its threads may still be
+        # blocked on a dead peer until gloo's own timeout) and stop using it.
+        _ABANDONED.append(self._pg)
+
+    def classify_error(self, error: BaseException) -> str:
+        msg = str(error).lower()
+        if any(p in msg for p in _TIMEOUT_PATTERNS):
+            return "timeout"
+        if any(p in msg for p in _PEER_PATTERNS):
+            return "peer"
+        return "other"
+
+    # helpers ---------------------------------------------------------------------------------
+    @staticmethod
+    def _fut(work: dist.Work) -> torch.futures.Future:
+        return work.get_future()
+
+    def _handle(self, works: list[dist.Work], finish: Callable[[], None] | None = None) -> EngineHandle:
+        return EngineHandle([w.get_future() for w in works], finish)
+
+    def _prescale(self, t: torch.Tensor, op: ReduceOp) -> None:
+        if op.type is RedOpType.PREMUL_SUM:
+            t.mul_(op.factor)  # type: ignore[arg-type]
+
+    def _avg_finish(self, t: torch.Tensor, op: ReduceOp) -> Callable[[], None] | None:
+        if op.type is RedOpType.AVG:
+            n = self.ctx.size
+            return lambda: t.div_(n)
+        return None
+
+    def _scaled_copies(self, ts: list[torch.Tensor], op: ReduceOp) -> list[torch.Tensor]:
+        if op.type is RedOpType.PREMUL_SUM:
+            return [t * op.factor for t in ts]  # type: ignore[operator]
+        return ts
+
+    # point to point ----------------------------------------------------------------------------
+    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> EngineHandle:
+        return EngineHandle([self._waiter.future_of(self._pg.send([tensor], dst, tag))])
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> EngineHandle:
+        return EngineHandle([self._waiter.future_of(self._pg.recv([tensor], src, tag))])
+
+    def batch_p2p(self, ops: list[tuple[bool, torch.Tensor, int]], tag: int) -> EngineHandle:
+        futs = []
+        for is_send, t, peer in ops:
+            w = self._pg.send([t], peer, tag) if is_send else self._pg.recv([t], peer, tag)
+            futs.append(self._waiter.future_of(w))
+        return EngineHandle(futs)
+
+    # collectives -----------------------------------------------------------------------------
+    def broadcast(self, tensor: torch.Tensor, root: int) -> EngineHandle:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = root
+        return self._handle([self._pg.broadcast([tensor], opts)])
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> EngineHandle:
+        self._prescale(tensor, op)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = _C10D_OPS[op.type]
+        return self._handle([self._pg.allreduce([tensor], opts)], self._avg_finish(tensor, op))
+
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp) -> EngineHandle:
+        self._prescale(tensor, op)
+        opts = dist.ReduceOptions()
+        opts.reduceOp = _C10D_OPS[op.type]
+        opts.rootRank = root
+        finish = self._avg_finish(tensor, op) if self.ctx.rank == root else None
+        return self._handle([self._pg.reduce([tensor], opts)], finish)
+
+    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> EngineHandle:
+        return self._handle([self._pg.allgather([tensor_list], [tensor])])
+
+    def all_gather_v(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> EngineHandle:
+        tensor_list[self.ctx.rank].copy_(tensor)
+        works = []
+        for r, t in enumerate(tensor_list):
+            opts = dist.BroadcastOptions()
+            opts.rootRank = r
+            works.append(self._pg.broadcast([t], opts))
+        return self._handle(works)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
+        return self._handle([self._pg._allgather_base(output, input)])
+
+    def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp) -> EngineHandle:
+        opts = dist.ReduceScatterOptions()
+        opts.reduceOp = _C10D_OPS[op.type]
+        inputs = self._scaled_copies(input_list, op)
+        return self._handle([self._pg.reduce_scatter([output], [inputs], opts)], self._avg_finish(output, op))
+
+    reduce_scatter_v = reduce_scatter
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp) -> EngineHandle:
+        opts = dist.ReduceScatterOptions()
+        opts.reduceOp = _C10D_OPS[op.type]
+        src = input * op.factor if op.type is RedOpType.PREMUL_SUM else input  # type: ignore[operator]
+        return self._handle([self._pg._reduce_scatter_base(output, src, opts)], self._avg_finish(output, op))
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
+        return self._handle([self._pg.alltoall_base(output, input, [], [], dist.AllToAllOptions())])
+
+    def all_to_all_v_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                            input_split_sizes: list[int]) -> EngineHandle:
+        return self._handle(
+            [self._pg.alltoall_base(output, input, output_split_sizes, input_split_sizes, dist.AllToAllOptions())]
+        )
+
+    def all_to_all(self, output_list: list[torch.Tensor], input_list: list[torch.Tensor]) -> EngineHandle:
+        return self._handle([self._pg.alltoall(output_list, input_list, dist.AllToAllOptions())])
+
+    def barrier(self) -> EngineHandle:
+        return self._handle([self._pg.barrier(dist.BarrierOptions())])
+
+    def scatter(self, output: torch.Tensor, input_list: list[torch.Tensor] | None, root: int) -> EngineHandle:
+        opts = dist.ScatterOptions()
+        opts.rootRank = root
+        return self._handle([self._pg.scatter([output], [input_list] if input_list is not None else [], opts)])
+
+    def gather(self, output_list: list[torch.Tensor] | None, input: torch.Tensor, root: int) -> EngineHandle:
+        opts = dist.GatherOptions()
+        opts.rootRank = root
+        return self._handle([self._pg.gather([output_list] if output_list is not None else [], [input], opts)])
+
+    def gather_single(self, output: torch.Tensor | None, input: torch.Tensor, root: int) -> EngineHandle:
+        outs = None
+        if output is not None:
+            flat = output.view(self.ctx.size, -1)
+            outs = [flat[i].view(input.shape) for i in range(self.ctx.size)]
+        return self.gather(outs, input, root)
+
+
+# Engines of broken communicators: kept referenced so their destructors (which join threads
+# possibly blocked on a dead peer) never run on a user's thread.
+_ABANDONED: list[object] = []

@@ -1,0 +1,167 @@
+"""Discovery of rank, world size, local device and the rendezvous store."""
+from __future__ import annotations
+
+import os
+import threading
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from torchcomms.errors import CommValueError
+
+# (method, rank variable, size variable), in API.md's discovery order.
+_RANK_SIZE_SOURCES: list[tuple[str, str, str]] = [
+    ("torchcomm", "TORCHCOMM_RANK", "TORCHCOMM_SIZE"),
+    ("mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("mpi", "PMI_RANK", "PMI_SIZE"),
+    ("torchrun", "RANK", "WORLD_SIZE"),
+    ("slurm", "SLURM_PROCID", "SLURM_NTASKS"),
+]
+_METHODS = ("auto", "torchrun", "mpi", "slurm", "torchcomm")
+
+
+def _int_env(env: dict[str, str], var: str) -> int:
+    raw = env[var]
+    try:
+        return int(raw)
+    except ValueError:
+        raise CommValueError(f"environment variable {var}={raw!r} is not an integer") from None
+
+
+def discover_rank_size(env: dict[str, str] | None = None) -> tuple[int, int, str]:
+    """(rank, size, source variable) from the environment; (0, 1, 'default') when none is set.
+
+    ``TORCHCOMM_BOOTSTRAP_RANKSIZE_QUERY_METHOD`` (auto|torchrun|mpi|slurm) forces a source.
+    """
+    env = dict(os.environ) if env is None else env
+    method = env.get("TORCHCOMM_BOOTSTRAP_RANKSIZE_QUERY_METHOD", "auto").lower()
+    if method not in _METHODS:
+        raise CommValueError(
+            f"TORCHCOMM_BOOTSTRAP_RANKSIZE_QUERY_METHOD={method!r}; expected one of {', '.join(_METHODS)}"
+        )
+    for src, rvar, svar in _RANK_SIZE_SOURCES:
+        if method != "auto" and src != method:
+            continue
+        if rvar in env and svar in env:
+            rank, size = _int_env(env, rvar), _int_env(env, svar)
+            if size < 1 or not 0 <= rank < size:
+                raise CommValueError(f"{rvar}={rank} / {svar}={size} is not a valid rank/size pair")
+            return rank, size, rvar
+        if (rvar in env) != (svar in env):
+            missing = svar if rvar in env else rvar
+            raise CommValueError(f"{rvar if rvar in env else svar} is set but {missing} is not")
+    if method != "auto":
+        raise CommValueError(f"bootstrap method {method!r} forced, but its rank/size variables are not set")
+    return 0, 1, "default"
+
+
+def local_rank(env: dict[str, str] | None = None) -> int:
+    env = dict(os.environ) if env is None else env
+    for var in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"):
+        if var in env:
+            return _int_env(env, var)
+    return 0
+
+
+def resolve_device(device: Any) -> torch.device:
+    """A ``torch.device``; ``cuda`` without an index becomes ``LOCAL_RANK``'s device."""
+    if isinstance(device, str):
+        try:
+            device = torch.device(device)
+        except RuntimeError as e:
+            raise CommValueError(f"invalid device {device!r}: {e}") from None
+    if not isinstance(device, torch.device):
+        from torchcomms.errors import CommTypeError
+
+        raise CommTypeError(f"device must be a torch.device or str, got {type(device).__name__}")
+    if device.type != "cpu" and device.index is None:
+        n = torch.cuda.device_count() if device.type == "cuda" else 1
+        idx = local_rank() % max(n, 1)
+        device = torch.device(device.type, idx)
+    return device
+
+
+class _StoreRegistry:
+    """One TCPStore per (host, port) per process: several communicators share it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stores: dict[tuple[str, int], Any] = {}
+        self._control: dict[str, Any] = {}
+
+    def tcp(self, host: str, port: int, rank: int, size: int, timeout: timedelta) -> Any:
+        import torch.distributed as dist
+
+        key = (host, port)
+        with self._lock:
+            store = self._stores.get(key)
+            if store is None:
+                store = dist.TCPStore(host, port, size, rank == 0, timeout=timeout, wait_for_workers=False)
+                self._stores[key] = store
+            return store
+
+    def control(self, addr: str, secret: bytes, timeout: timedelta) -> Any:
+        with self._lock:
+            store = self._control.get(addr)
+            if store is None:
+                from torchcomms.control.store import ControlStore
+
+                store = ControlStore.connect(addr, secret, timeout=timeout.total_seconds())
+                self._control[addr] = store
+            return store
+
+
+STORES = _StoreRegistry()
+
+
+def control_plane_address(env: dict[str, str] | None = None) -> str | None:
+    env = dict(os.environ) if env is None else env
+    return env.get("TORCHCOMM_CONTROL_ADDR") or None
+
+
+def control_plane_secret(env: dict[str, str] | None = None) -> bytes:
+    env = dict(os.environ) if env is None else env
+    path = env.get("TORCHCOMM_CONTROL_SECRET_FILE")
+    if path:
+        try:
+            with open(path, encoding="ascii") as f:
+                raw = f.read().strip()
+        except OSError as e:
+            raise CommValueError(f"cannot read TORCHCOMM_CONTROL_SECRET_FILE={path!r}: {e}") from None
+    else:
+        raw = env.get("TORCHCOMM_CONTROL_SECRET", "")
+    if not raw:
+        raise CommValueError(
+            "TORCHCOMM_CONTROL_ADDR is set but no secret: set TORCHCOMM_CONTROL_SECRET_FILE or TORCHCOMM_CONTROL_SECRET"
+        )
+    try:
+        return bytes.fromhex(raw)
+    except ValueError:
+        raise CommValueError("the control-plane secret must be hex") from None
+
+
+def resolve_store(store: Any, rank: int, size: int, timeout: timedelta) -> tuple[Any, str]:
+    """(store, kind): the given store; else the control plane's; else a TCPStore at
+    MASTER_ADDR:MASTER_PORT hosted by rank 0."""
+    if store is not None:
+        return store, "given"
+    addr = control_plane_address()
+    if addr:
+        return STORES.control(addr, control_plane_secret(), timeout), "control"
+    if size == 1 and "MASTER_ADDR" not in os.environ:
+        import torch.distributed as dist
+
+        return dist.HashStore(), "local"
+    host = os.environ.get("MASTER_ADDR")
+    port_raw = os.environ.get("MASTER_PORT")
+    if not host or not port_raw:
+        raise CommValueError(
+            f"no store for a world of size {size}: pass store=, run under torchcomms-run, "
+            "or set MASTER_ADDR and MASTER_PORT"
+        )
+    try:
+        port = int(port_raw)
+    except ValueError:
+        raise CommValueError(f"MASTER_PORT={port_raw!r} is not an integer") from None
+    return STORES.tcp(host, port, rank, size, timeout), "tcp"

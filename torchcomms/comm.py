@@ -1,0 +1,893 @@
+"""``TorchComm``: the communicator and its one dispatch path; ``new_comm`` creates one."""
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import sys
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from torchcomms import bootstrap
+from torchcomms.backends.base import BackendContext, EngineHandle, TorchCommBackend
+from torchcomms.backends.registry import get_backend_class
+from torchcomms.errors import (
+    BackendError,
+    CollectiveMismatchError,
+    CommAbortedError,
+    CommArgumentError,
+    CommError,
+    CommTimeoutError,
+    CommTypeError,
+    CommValueError,
+    PeerFailureError,
+)
+from torchcomms.op import OpRecord
+from torchcomms.types import BatchP2POptions, CommOptions, OpName, P2POp, P2POpType, ReduceOp, WorkStatus
+from torchcomms.validation import Checker
+from torchcomms.work import TorchWork
+
+_DEFAULT_TIMEOUT_S = 600.0
+_OP_IDS = itertools.count(1)
+
+
+class _NameRegistry:
+    """Communicator names alive in this process, and how often each name was created (so a
+    re-created communicator rendezvous under fresh store keys)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: dict[str, weakref.ref] = {}
+        self._incarnations: dict[str, int] = {}
+
+    def claim(self, name: str) -> int:
+        with self._lock:
+            ref = self._live.get(name)
+            if ref is not None and ref() is not None:
+                raise CommValueError(
+                    f"a communicator named {name!r} already exists in this process; names must be unique "
+                    "(finalize the old one first)"
+                )
+            n = self._incarnations.get(name, 0)
+            self._incarnations[name] = n + 1
+            return n
+
+    def bind(self, name: str, comm: TorchComm) -> None:
+        with self._lock:
+            self._live[name] = weakref.ref(comm)
+
+    def release(self, name: str, comm: TorchComm) -> None:
+        with self._lock:
+            ref = self._live.get(name)
+            if ref is not None and ref() in (comm, None):
+                del self._live[name]
+
+
+NAMES = _NameRegistry()
+
+
+def _env_flag(var: str, default: bool) -> bool:
+    raw = os.environ.get(var)
+    if raw is None or raw == "":
+        return default
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _env_timeout() -> float:
+    raw = os.environ.get("TORCHCOMM_TIMEOUT_SECONDS")
+    if not raw:
+        return _DEFAULT_TIMEOUT_S
+    try:
+        val = float(raw)
+    except ValueError:
+        raise CommValueError(f"TORCHCOMM_TIMEOUT_SECONDS={raw!r} is not a number") from None
+    if val <= 0:
+        raise CommValueError(f"TORCHCOMM_TIMEOUT_SECONDS must be positive, got {val}")
+    return val
+
+
+def new_comm(
+    backend: str,
+    device: torch.device | str,
+    name: str,
+    abort_process_on_timeout_or_error: bool | None = None,
+    timeout: timedelta | None = None,
+    is_high_priority_stream: bool | None = None,
+    store: Any = None,
+    enable_reconfigure: bool = False,
+    hints: dict[str, str] | None = None,
+) -> TorchComm:
+    """Create a communicator over every rank of the job (rank/size from the environment).
+
+    ``backend`` names a registered engine (``gloo``, ``fake``, ...); ``name`` must be unique in
+    the process. See ``API.md`` for the discovery order of rank, size and store.
+    """
+    if not isinstance(backend, str) or not backend:
+        raise CommTypeError(f"backend must be a non-empty str, got {backend!r}")
+    if not isinstance(name, str) or not name:
+        raise CommValueError(f"name must be a non-empty str, got {name!r}")
+    if hints is not None and (
+        not isinstance(hints, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in hints.items())
+    ):
+        raise CommTypeError(f"hints must be a dict[str, str], got {hints!r}")
+    if timeout is not None and not isinstance(timeout, timedelta):
+        raise CommTypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+    if timeout is not None and timeout.total_seconds() <= 0:
+        raise CommValueError(f"timeout must be positive, got {timeout}")
+    cls = get_backend_class(backend)
+    dev = bootstrap.resolve_device(device)
+    caps = cls.capabilities
+    if dev.type not in caps.devices:
+        raise CommValueError(
+            f"backend {backend!r} runs on {', '.join(caps.devices)} devices, not {dev.type} (comm {name!r})"
+        )
+    hints = dict(hints or {})
+    rank, size, _src = bootstrap.discover_rank_size()
+    if "rank" in hints or "size" in hints:  # fake backend / tests may pin their own world
+        rank, size = int(hints.get("rank", rank)), int(hints.get("size", size))
+    timeout_td = timeout if timeout is not None else timedelta(seconds=_env_timeout())
+    options = CommOptions(
+        abort_process_on_timeout_or_error=(
+            abort_process_on_timeout_or_error
+            if abort_process_on_timeout_or_error is not None
+            else _env_flag("TORCHCOMM_ABORT_ON_ERROR", False)
+        ),
+        timeout=timeout_td,
+        high_priority_stream=bool(is_high_priority_stream),
+        store=store,
+        hints=hints,
+        enable_reconfigure=enable_reconfigure,
+    )
+    incarnation = NAMES.claim(name)
+    try:
+        if cls.needs_store(size):
+            the_store, _kind = bootstrap.resolve_store(store, rank, size, timeout_td)
+        else:
+            the_store = store
+        prefix = f"torchcomms/{name}/{incarnation}"
+        ctx = BackendContext(
+            name=name,
+            rank=rank,
+            size=size,
+            device=dev,
+            store=the_store,
+            store_prefix=prefix,
+            timeout=timeout_td,
+            hints=hints,
+            global_ranks=tuple(range(size)),
+        )
+        engine = cls(ctx)
+        engine.init()
+        comm = TorchComm(engine, options, the_store)
+    except BaseException:
+        NAMES.release(name, None)  # type: ignore[arg-type]
+        raise
+    _attach_default_observers(comm)
+    return comm
+
+
+def _ranks_key(ranks: list[int]) -> str:
+    """A short, stable key of a member list, so that disjoint groups split under the same
+    name rendezvous under different store keys."""
+    import hashlib
+
+    return hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:12]
+
+
+def _attach_default_observers(comm: TorchComm) -> None:
+    """Default-on tracing (flight recorder, logs, spans) when the tracing package is present."""
+    if _env_flag("TORCHCOMM_TRACING_DISABLE", False):
+        return
+    try:
+        from torchcomms.tracing import attach_default_tracing
+    except ImportError:
+        return
+    attach_default_tracing(comm)
+
+
+class BatchSendRecv:
+    """A batch of sends and receives issued together (``comm.batch_op_create()``)."""
+
+    def __init__(self, comm: TorchComm) -> None:
+        self._comm = comm
+        self.ops: list[P2POp] = []
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        self._comm._checker.tensor("send", "tensor", tensor)
+        self._comm._checker.rank_arg("send", "dst", dst, allow_self=False)
+        self.ops.append(P2POp(P2POpType.SEND, tensor, dst))
+
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
+        self._comm._checker.tensor("recv", "tensor", tensor)
+        self._comm._checker.rank_arg("recv", "src", src, allow_self=False)
+        self.ops.append(P2POp(P2POpType.RECV, tensor, src))
+
+    def issue(self, async_op: bool, options: BatchP2POptions | None = None) -> TorchWork:
+        """Start every op of the batch; one ``TorchWork`` covers them all."""
+        opts = options or BatchP2POptions()
+        return self._comm._batch_p2p(self.ops, async_op, opts.hints, opts.timeout)
+
+
+class TorchComm:
+    """A communicator: every operation goes through :meth:`_run`, the one dispatch path."""
+
+    def __init__(self, backend: TorchCommBackend, options: CommOptions, store: Any) -> None:
+        ctx = backend.ctx
+        self._backend = backend
+        self._ctx = ctx
+        self._options = options
+        self._store = store
+        self._name = ctx.name
+        self._rank = ctx.rank
+        self._size = ctx.size
+        self._device = ctx.device
+        self._global_ranks = ctx.global_ranks or tuple(range(ctx.size))
+        self._backend_name = backend.backend_name
+        self._timeout_s = options.timeout.total_seconds()
+        self._hints = dict(options.hints)
+        caps = backend.capabilities
+        self._checker = Checker(self._name, self._rank, self._size, self._device, caps.dtypes, caps.bitwise_ops)
+        self._seq = itertools.count(1)
+        self._p2p_seq = itertools.count(1)
+        self._last_seq = 0
+        self._pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._abort_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._observers: list[Any] = []
+        self._lock = threading.Lock()
+        self._inflight: dict[int, TorchWork] = {}
+        self._deadlines: list[tuple[float, int]] = []
+        self._watchdog: threading.Thread | None = None
+        self._wake = threading.Condition(self._lock)
+        self._broken: CommError | None = None
+        self._state = "active"  # active | broken | aborted | finalized
+        self._children: list[weakref.ref] = []
+        NAMES.bind(self._name, self)
+
+    # ----------------------------------------------------------------------------------------
+    # getters and settings
+    def get_rank(self) -> int:
+        return self._rank
+
+    def get_size(self) -> int:
+        return self._size
+
+    def get_name(self) -> str:
+        return self._name
+
+    def get_device(self) -> torch.device:
+        return self._device
+
+    def get_options(self) -> CommOptions:
+        return self._options
+
+    def get_backend(self) -> str:
+        return self._backend_name
+
+    def get_backend_version(self) -> str:
+        return self._backend.version()
+
+    def get_backend_impl(self) -> Any:
+        return self._backend.engine()
+
+    def get_global_ranks(self) -> list[int]:
+        """Global (job) rank of each rank of this communicator."""
+        return list(self._global_ranks)
+
+    def is_abort_supported(self) -> bool:
+        return True
+
+    def is_aborted(self) -> bool:
+        return self._state == "aborted"
+
+    def is_broken(self) -> bool:
+        """True after a timeout or peer failure (until recovered with ``shrink``)."""
+        return self._broken is not None
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        secs = self._checker.timeout("set_timeout", timeout)
+        if secs is None:
+            raise self._checker.type_error("set_timeout", "timeout must not be None")
+        self._timeout_s = secs
+        self._options.timeout = timedelta(seconds=secs)
+
+    def set_hints(self, hints: dict[str, str]) -> None:
+        self._checker.hints("set_hints", hints)
+        self._hints.update(hints)
+
+    def get_hints(self) -> dict[str, str]:
+        return dict(self._hints)
+
+    # ----------------------------------------------------------------------------------------
+    # hooks and observers
+    def register_pre_hook(self, cb: Callable[[OpName, int, OpRecord], Any]) -> RemovableHandle:
+        """``cb(name, op_id, record)`` before each op reaches the engine."""
+        return self._add_hook(self._pre_hooks, cb)
+
+    def register_post_hook(self, cb: Callable[[int, OpRecord], Any]) -> RemovableHandle:
+        """``cb(op_id, record)`` when each op ends (``record.state`` says how)."""
+        return self._add_hook(self._post_hooks, cb)
+
+    def register_abort_hook(self, cb: Callable[[], Any]) -> RemovableHandle:
+        """``cb()`` when the communicator aborts or breaks."""
+        return self._add_hook(self._abort_hooks, cb)
+
+    def _add_hook(self, table: OrderedDict[int, Callable[..., Any]], cb: Callable[..., Any]) -> RemovableHandle:
+        if not callable(cb):
+            raise CommTypeError(f"hook must be callable, got {type(cb).__name__}", comm=self._name)
+        handle = RemovableHandle(table)
+        table[handle.id] = cb
+        return handle
+
+    def add_observer(self, observer: Any) -> None:
+        """Follow this communicator and every one split or shrunk from it later
+        (``observer.on_new_comm(child)`` is called for each)."""
+        self._observers.append(observer)
+
+    def remove_observer(self, observer: Any) -> None:
+        if observer in self._observers:
+            self._observers.remove(observer)
+
+    # ----------------------------------------------------------------------------------------
+    # the dispatch path
+    def _usable(self, name: Any) -> None:
+        if self._state != "active":
+            if self._broken is not None and self._state == "broken":
+                raise CommAbortedError(
+                    f"communicator is broken by an earlier failure ({self._broken}); "
+                    "recover it with shrink() or create a new one",
+                    comm=self._name,
+                    op=str(name),
+                )
+            raise CommAbortedError(f"communicator is {self._state}", comm=self._name, op=str(name))
+
+    def _run(
+        self,
+        name: OpName,
+        async_op: bool,
+        hints: dict[str, str] | None,
+        timeout: Any,
+        inputs: list[torch.Tensor],
+        outputs: list[torch.Tensor],
+        launch: Callable[..., EngineHandle],
+        args: tuple[Any, ...],
+        peer: int | None = None,
+        root: int | None = None,
+        reduce_op: ReduceOp | None = None,
+        is_p2p: bool = False,
+    ) -> TorchWork:
+        """Steps 2–6 of the dispatch path (step 1, validation, is done by the caller)."""
+        if async_op is not True and async_op is not False:
+            raise self._checker.type_error(str(name), f"async_op must be a bool, got {type(async_op).__name__}")
+        timeout_s = self._checker.timeout(str(name), timeout) if timeout is not None else self._timeout_s
+        if hints is not None:
+            self._checker.hints(str(name), hints)
+        self._usable(name)
+        if is_p2p:
+            seq = next(self._p2p_seq)
+        else:
+            seq = next(self._seq)
+            self._last_seq = seq
+        op_id = next(_OP_IDS)
+        rec = OpRecord(
+            self._name, self._global_ranks, self._rank, self._size, self._backend_name, name, seq, op_id,
+            timeout_s, async_op, time.time_ns(),
+        )
+        rec.is_p2p = is_p2p
+        rec.peer = peer
+        rec.root = root
+        if reduce_op is not None:
+            rec.reduce_op = repr(reduce_op)[9:]
+        rec.input_sizes = [list(t.shape) for t in inputs]
+        rec.input_dtypes = [str(t.dtype)[6:] for t in inputs]
+        rec.output_sizes = [list(t.shape) for t in outputs]
+        rec.output_dtypes = [str(t.dtype)[6:] for t in outputs]
+        rec.hints = hints
+        for hook in list(self._pre_hooks.values()):
+            hook(name, op_id, rec)
+        work = TorchWork(self, rec, time.monotonic() + timeout_s)
+        rec.state = "started"
+        rec.time_started_ns = time.time_ns()
+        try:
+            handle = launch(*args)
+        except CommError as e:
+            handle = EngineHandle.failed(e)
+        except Exception as e:  # noqa: BLE001 - the engine may throw anything
+            handle = EngineHandle.failed(e)
+        if not handle.is_immediate:
+            self._track(work)
+        handle.on_done(work._engine_done)
+        if not async_op:
+            work.wait()
+        return work
+
+    def _track(self, work: TorchWork) -> None:
+        with self._lock:
+            self._inflight[work.record.op_id] = work
+            heapq.heappush(self._deadlines, (work.deadline, work.record.op_id))
+            if self._watchdog is None:
+                self._watchdog = threading.Thread(
+                    target=self._watch, name=f"torchcomms-watchdog-{self._name}", daemon=True
+                )
+                self._watchdog.start()
+            elif self._deadlines[0][1] == work.record.op_id:
+                self._wake.notify()
+
+    def _watch(self) -> None:
+        """Fail works whose deadline passed, even when nobody waits on them."""
+        with self._lock:
+            while self._state not in ("finalized",):
+                now = time.monotonic()
+                expired: list[TorchWork] = []
+                while self._deadlines and (
+                    self._deadlines[0][0] <= now or self._deadlines[0][1] not in self._inflight
+                ):
+                    _, op_id = heapq.heappop(self._deadlines)
+                    w = self._inflight.get(op_id)
+                    if w is not None:
+                        expired.append(w)
+                if expired:
+                    self._lock.release()
+                    try:
+                        for w in expired:
+                            self._expire(w)
+                    finally:
+                        self._lock.acquire()
+                    continue
+                wait = self._deadlines[0][0] - now if self._deadlines else None
+                self._wake.wait(wait)
+
+    def _work_ended(self, work: TorchWork, exc: CommError | None) -> None:
+        """Called once per op from ``TorchWork`` when it reaches a terminal status."""
+        with self._lock:
+            self._inflight.pop(work.record.op_id, None)
+        for hook in list(self._post_hooks.values()):
+            try:
+                hook(work.record.op_id, work.record)
+            except Exception as e:  # noqa: BLE001 - a faulty hook must not kill the engine thread
+                print(f"torchcomms: post-hook {hook!r} raised {e!r}", file=sys.stderr)
+        if exc is not None and not isinstance(exc, CommArgumentError):
+            self._break(exc)
+
+    def _expire(self, work: TorchWork) -> None:
+        """The op's deadline passed: fail it with a ``CommTimeoutError``."""
+        if work.status is not WorkStatus.INPROGRESS:
+            return
+        rec = work.record
+        missing = self._missing_ranks(rec)
+        exc = CommTimeoutError(
+            f"did not complete within {rec.timeout_s:g} s",
+            timeout_s=rec.timeout_s,
+            missing_ranks=missing,
+            comm=self._name,
+            op=str(rec.name),
+            seq=rec.seq,
+            ranks=[rec.peer] if rec.peer is not None else None,
+        )
+        work._finish(WorkStatus.TIMEDOUT, exc)
+
+    def _missing_ranks(self, rec: OpRecord) -> list[int] | None:
+        """Ranks known not to have entered this op (none known without a control plane)."""
+        return None
+
+    def _translate_engine_error(self, error: BaseException, rec: OpRecord) -> CommError:
+        if isinstance(error, CommError):
+            return error
+        kind = self._backend.classify_error(error)
+        ctx = dict(comm=self._name, op=str(rec.name), seq=rec.seq)
+        msg = f"engine error: {error}".strip()
+        if kind == "timeout":
+            return CommTimeoutError(msg, timeout_s=rec.timeout_s, **ctx)  # type: ignore[arg-type]
+        if kind == "peer":
+            return PeerFailureError(msg, detected_by="engine", **ctx)  # type: ignore[arg-type]
+        return BackendError(msg, **ctx)  # type: ignore[arg-type]
+
+    def _break(self, cause: CommError) -> None:
+        """A timeout or failure broke the communicator: fail every other in-flight op fast."""
+        with self._lock:
+            if self._broken is not None or self._state in ("aborted", "finalized"):
+                return
+            self._broken = cause
+            self._state = "broken"
+            others = list(self._inflight.values())
+        for w in others:
+            rec = w.record
+            if isinstance(cause, PeerFailureError):
+                exc: CommError = PeerFailureError(
+                    "a peer failed while this op was in flight",
+                    failed_ranks=cause.failed_ranks, detected_by=cause.detected_by,
+                    comm=self._name, op=str(rec.name), seq=rec.seq,
+                )
+            else:
+                exc = CommAbortedError(
+                    f"communicator broken by {cause.op} #{cause.seq}: {type(cause).__name__}",
+                    comm=self._name, op=str(rec.name), seq=rec.seq,
+                )
+            w._finish(WorkStatus.ERROR, exc)
+        self._run_abort_hooks()
+        if self._options.abort_process_on_timeout_or_error:
+            print(f"torchcomms: {cause}; abort_process_on_timeout_or_error is set, exiting", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(1)
+
+    def _run_abort_hooks(self) -> None:
+        for hook in list(self._abort_hooks.values()):
+            try:
+                hook()
+            except Exception as e:  # noqa: BLE001
+                print(f"torchcomms: abort hook {hook!r} raised {e!r}", file=sys.stderr)
+
+    def notify_peer_failure(self, failed_global_ranks: list[int], detected_by: str) -> None:
+        """Tell the communicator that job ranks failed (from the event bus or the launcher).
+
+        If any is a member, every in-flight op ends with ``PeerFailureError`` at once and the
+        communicator is broken."""
+        members = [self._global_ranks.index(g) for g in failed_global_ranks if g in self._global_ranks]
+        if not members or self._state in ("aborted", "finalized"):
+            return
+        self._break(
+            PeerFailureError(
+                "peer failure reported", failed_ranks=members, detected_by=detected_by, comm=self._name
+            )
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # lifecycle
+    def finalize(self) -> None:
+        """Drain outstanding work and release the engine. Idempotent."""
+        if self._state in ("finalized", "aborted"):
+            self._state = "finalized" if self._state == "finalized" else self._state
+            self._release()
+            return
+        if self._state == "active":
+            with self._lock:
+                pending = list(self._inflight.values())
+            for w in pending:
+                try:
+                    w.wait()
+                except CommError:
+                    pass
+        if self._state == "active":
+            self._backend.finalize()
+        else:
+            self._backend.abort()
+        self._state = "finalized"
+        self._release()
+
+    def _release(self) -> None:
+        NAMES.release(self._name, self)
+        with self._lock:
+            self._wake.notify_all()
+
+    def abort(self) -> None:
+        """Fail every in-flight and later op with ``CommAbortedError``. Never raises."""
+        try:
+            with self._lock:
+                if self._state in ("aborted", "finalized"):
+                    return
+                self._state = "aborted"
+                pending = list(self._inflight.values())
+            for w in pending:
+                rec = w.record
+                w._finish(
+                    WorkStatus.ERROR,
+                    CommAbortedError("communicator aborted", comm=self._name, op=str(rec.name), seq=rec.seq),
+                    state="aborted",
+                )
+            self._run_abort_hooks()
+            try:
+                self._backend.abort()
+            except Exception:  # noqa: BLE001 - abort never raises
+                pass
+            self._release()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def __del__(self) -> None:
+        try:
+            NAMES.release(self._name, self)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def __repr__(self) -> str:
+        return f"TorchComm({self._name!r}, backend={self._backend_name}, rank={self._rank}/{self._size}, {self._state})"
+
+    # ----------------------------------------------------------------------------------------
+    # point to point
+    def send(self, tensor: torch.Tensor, dst: int, async_op: bool, hints: dict[str, str] | None = None,
+             timeout: timedelta | None = None) -> TorchWork:
+        c = self._checker
+        c.tensor("send", "tensor", tensor)
+        c.rank_arg("send", "dst", dst, allow_self=False)
+        return self._run(OpName.send, async_op, hints, timeout, [tensor], [], self._backend.send,
+                         (tensor, dst, 0), peer=dst, is_p2p=True)
+
+    def recv(self, tensor: torch.Tensor, src: int, async_op: bool, hints: dict[str, str] | None = None,
+             timeout: timedelta | None = None) -> TorchWork:
+        c = self._checker
+        c.tensor("recv", "tensor", tensor)
+        c.rank_arg("recv", "src", src, allow_self=False)
+        return self._run(OpName.recv, async_op, hints, timeout, [], [tensor], self._backend.recv,
+                         (tensor, src, 0), peer=src, is_p2p=True)
+
+    def batch_op_create(self) -> BatchSendRecv:
+        """A new batch of point-to-point ops."""
+        return BatchSendRecv(self)
+
+    def _batch_p2p(self, ops: list[P2POp], async_op: bool, hints: dict[str, str] | None,
+                   timeout: timedelta | None) -> TorchWork:
+        if not ops:
+            raise self._checker.value_error("batch_p2p", "the batch is empty; add send()/recv() ops before issue()")
+        sends = [o.tensor for o in ops if o.type is P2POpType.SEND]
+        recvs = [o.tensor for o in ops if o.type is P2POpType.RECV]
+        triples = [(o.type is P2POpType.SEND, o.tensor, o.peer) for o in ops]
+        return self._run(OpName.batch_p2p, async_op, hints, timeout, sends, recvs, self._backend.batch_p2p,
+                         (triples, 0), is_p2p=True)
+
+    # ----------------------------------------------------------------------------------------
+    # collectives
+    def broadcast(self, tensor: torch.Tensor, root: int, async_op: bool, hints: dict[str, str] | None = None,
+                  timeout: timedelta | None = None) -> TorchWork:
+        c = self._checker
+        c.tensor("broadcast", "tensor", tensor)
+        c.rank_arg("broadcast", "root", root)
+        return self._run(OpName.broadcast, async_op, hints, timeout, [tensor], [tensor], self._backend.broadcast,
+                         (tensor, root), root=root)
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, hints: dict[str, str] | None = None,
+                   timeout: timedelta | None = None) -> TorchWork:
+        c = self._checker
+        c.tensor("all_reduce", "tensor", tensor)
+        c.reduce_op("all_reduce", op, tensor.dtype)
+        return self._run(OpName.all_reduce, async_op, hints, timeout, [tensor], [tensor], self._backend.all_reduce,
+                         (tensor, op), reduce_op=op)
+
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool,
+               hints: dict[str, str] | None = None, timeout: timedelta | None = None) -> TorchWork:
+        c = self._checker
+        c.tensor("reduce", "tensor", tensor)
+        c.rank_arg("reduce", "root", root)
+        c.reduce_op("reduce", op, tensor.dtype)
+        return self._run(OpName.reduce, async_op, hints, timeout, [tensor], [tensor], self._backend.reduce,
+                         (tensor, root, op), root=root, reduce_op=op)
+
+    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, async_op: bool,
+                   hints: dict[str, str] | None = None, timeout: timedelta | None = None) -> TorchWork:
+        c = self._checker
+        c.tensor("all_gather", "tensor", tensor)
+        c.tensor_list("all_gather", "tensor_list", tensor_list, self._size)
+        for i, t in enumerate(tensor_list):
+            c.same_dtype("all_gather", f"tensor_list[{i}]", t, "tensor", tensor)
+            c.same_shape("all_gather", f"tensor_list[{i}]", t, "tensor", tensor)
+        return self._run(OpName.all_gather, async_op, hints, timeout, [tensor], list(tensor_list),
+                         self._backend.all_gather, (list(tensor_list), tensor))
+
+    def all_gather_v(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, async_op: bool,
+                     hints: dict[str, str] | None = None, timeout: timedelta | None = None) -> TorchWork:
+        c = self._checker
+        c.tensor("all_gather_v", "tensor", tensor)
+        c.tensor_list("all_gather_v", "tensor_list", tensor_list, self._size)
+        for i, t in enumerate(tensor_list):
+            c.same_dtype("all_gather_v", f"tensor_list[{i}]", t, "tensor", tensor)
+        c.same_shape("all_gather_v", f"tensor_list[{self._rank}]", tensor_list[self._rank], "tensor", tensor)
+        return self._run(OpName.all_gather_v, async_op, hints, timeout, [tensor], list(tensor_list),
+                         self._backend.all_gather_v, (list(tensor_list), tensor))
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool,
+                          hints: dict[str, str] | None = None, timeout: timedelta | None = None) -> TorchWork:
+        c = self._checker
+        c.tensor("all_gather_single", "input", input)
+        c.tensor("all_gather_single", "output", output)
+        c.same_dtype("all_gather_single", "output", output, "input", input)
+        c.numel_ratio("all_gather_single", "output", output, "input", input)
+        return self._run(OpName.all_gather_single, async_op, hints, timeout, [input], [output],
+                         self._backend.all_gather_single, (output, input))
+
+    def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp, async_op: bool,
+                       hints: dict[str, str] | None = None, timeout: timedelta | None = None) -> TorchWork:
+        c = self._checker
+        c.tensor("reduce_scatter", "output", output)
+        c.tensor_list("reduce_scatter", "input_list", input_list, self._size)
+        for i, t in enumerate(input_list):
+            c.same_dtype("reduce_scatter", f"input_list[{i}]", t, "output", output)
+            c.same_shape("reduce_scatter", f"input_list[{i}]", t, "output", output)
+        c.reduce_op("reduce_scatter", op, output.dtype)
+        return self._run(OpName.reduce_scatter, async_op, hints, timeout, list(input_list), [output],
+                         self._backend.reduce_scatter, (output, list(input_list), op), reduce_op=op)
+
+    def reduce_scatter_v(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp, async_op: bool,
+                         hints: dict[str, str] | None = None, timeout: timedelta | None = None) -> TorchWork:
+        c = self._checker
+        c.tensor("reduce_scatter_v", "output", output)
+        c.tensor_list("reduce_scatter_v", "input_list", input_list, self._size)
+        for i, t in enumerate(input_list):
+            c.same_dtype("reduce_scatter_v", f"input_list[{i}]", t, "output", output)
+        c.same_shape("reduce_scatter_v", f"input_list[{self._rank}]", input_list[self._rank], "output", output)
+        c.reduce_op("reduce_scatter_v", op, output.dtype)
+        return self._run(OpName.reduce_scatter_v, async_op, hints, timeout, list(input_list), [output],
+                         self._backend.reduce_scatter_v, (output, list(input_list), op), reduce_op=op)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, async_op: bool,
+                              hints: dict[str, str] | None = None, timeout: timedelta | None = None) -> TorchWork:
+        c = self._checker
+        c.tensor("reduce_scatter_single", "input", input)
+        c.tensor("reduce_scatter_single", "output", output)
+        c.same_dtype("reduce_scatter_single", "output", output, "input", input)
+        c.numel_ratio("reduce_scatter_single", "input", input, "output", output)
+        c.reduce_op("reduce_scatter_single", op, output.dtype)
+        return self._run(OpName.reduce_scatter_single, async_op, hints, timeout, [input], [output],
+                         self._backend.reduce_scatter_single, (output, input, op), reduce_op=op)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool,
+                          hints: dict[str, str] | None = None, timeout: timedelta | None = None) -> TorchWork:
+        c = self._checker
+        op = "all_to_all_single"
+        c.tensor(op, "input", input)
+        c.tensor(op, "output", output)
+        c.same_dtype(op, "output", output, "input", input)
+        if output.numel() != input.numel():
+            raise c.value_error(op, f"output has {output.numel()} elements but input has {input.numel()}")
+        if input.numel() % self._size:
+            raise c.value_error(op, f"input's {input.numel()} elements do not split evenly over {self._size} ranks")
+        return self._run(OpName.all_to_all_single, async_op, hints, timeout, [input], [output],
+                         self._backend.all_to_all_single, (output, input))
+
+    def all_to_all_v_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                            input_split_sizes: list[int], async_op: bool, hints: dict[str, str] | None = None,
+                            timeout: timedelta | None = None) -> TorchWork:
+        c = self._checker
+        op = "all_to_all_v_single"
+        c.tensor(op, "input", input)
+        c.tensor(op, "output", output)
+        c.same_dtype(op, "output", output, "input", input)
+        if input.dim() == 0 or output.dim() == 0:
+            raise c.value_error(op, "input and output must have at least one dimension to split along")
+        if input.shape[1:] != output.shape[1:]:
+            raise c.value_error(op, f"input and output must agree beyond dim 0: {tuple(input.shape)} vs {tuple(output.shape)}")
+        outs = c.split_sizes(op, "output_split_sizes", output_split_sizes, output)
+        ins = c.split_sizes(op, "input_split_sizes", input_split_sizes, input)
+        return self._run(OpName.all_to_all_v_single, async_op, hints, timeout, [input], [output],
+                         self._backend.all_to_all_v_single, (output, input, outs, ins))
+
+    def all_to_all(self, output_tensor_list: list[torch.Tensor], input_tensor_list: list[torch.Tensor],
+                   async_op: bool, hints: dict[str, str] | None = None, timeout: timedelta | None = None) -> TorchWork:
+        c = self._checker
+        op = "all_to_all"
+        c.tensor_list(op, "output_tensor_list", output_tensor_list, self._size)
+        c.tensor_list(op, "input_tensor_list", input_tensor_list, self._size)
+        dt = input_tensor_list[0].dtype if input_tensor_list else None
+        for i, t in enumerate(list(input_tensor_list) + list(output_tensor_list)):
+            if t.dtype != dt:
+                raise c.type_error(op, f"all tensors must share one dtype; found {dt} and {t.dtype}")
+        return self._run(OpName.all_to_all, async_op, hints, timeout, list(input_tensor_list),
+                         list(output_tensor_list), self._backend.all_to_all,
+                         (list(output_tensor_list), list(input_tensor_list)))
+
+    def barrier(self, async_op: bool, hints: dict[str, str] | None = None,
+                timeout: timedelta | None = None) -> TorchWork:
+        return self._run(OpName.barrier, async_op, hints, timeout, [], [], self._backend.barrier, ())
+
+    def scatter(self, output_tensor: torch.Tensor, input_tensor_list: list[torch.Tensor], root: int,
+                async_op: bool, hints: dict[str, str] | None = None, timeout: timedelta | None = None) -> TorchWork:
+        c = self._checker
+        op = "scatter"
+        c.tensor(op, "output_tensor", output_tensor)
+        c.rank_arg(op, "root", root)
+        inputs: list[torch.Tensor] = []
+        if self._rank == root:
+            c.tensor_list(op, "input_tensor_list", input_tensor_list, self._size)
+            for i, t in enumerate(input_tensor_list):
+                c.same_dtype(op, f"input_tensor_list[{i}]", t, "output_tensor", output_tensor)
+                c.same_shape(op, f"input_tensor_list[{i}]", t, "output_tensor", output_tensor)
+            inputs = list(input_tensor_list)
+        return self._run(OpName.scatter, async_op, hints, timeout, inputs, [output_tensor], self._backend.scatter,
+                         (output_tensor, inputs if self._rank == root else None, root), root=root)
+
+    def gather(self, output_tensor_list: list[torch.Tensor], input_tensor: torch.Tensor, root: int, async_op: bool,
+               hints: dict[str, str] | None = None, timeout: timedelta | None = None) -> TorchWork:
+        c = self._checker
+        op = "gather"
+        c.tensor(op, "input_tensor", input_tensor)
+        c.rank_arg(op, "root", root)
+        outputs: list[torch.Tensor] = []
+        if self._rank == root:
+            c.tensor_list(op, "output_tensor_list", output_tensor_list, self._size)
+            for i, t in enumerate(output_tensor_list):
+                c.same_dtype(op, f"output_tensor_list[{i}]", t, "input_tensor", input_tensor)
+                c.same_shape(op, f"output_tensor_list[{i}]", t, "input_tensor", input_tensor)
+            outputs = list(output_tensor_list)
+        return self._run(OpName.gather, async_op, hints, timeout, [input_tensor], outputs, self._backend.gather,
+                         (outputs if self._rank == root else None, input_tensor, root), root=root)
+
+    def gather_single(self, output: torch.Tensor, input: torch.Tensor, root: int, async_op: bool,
+                      hints: dict[str, str] | None = None, timeout: timedelta | None = None) -> TorchWork:
+        c = self._checker
+        op = "gather_single"
+        c.tensor(op, "input", input)
+        c.rank_arg(op, "root", root)
+        outputs: list[torch.Tensor] = []
+        if self._rank == root:
+            c.tensor(op, "output", output)
+            c.same_dtype(op, "output", output, "input", input)
+            c.numel_ratio(op, "output", output, "input", input)
+            outputs = [output]
+        return self._run(OpName.gather_single, async_op, hints, timeout, [input], outputs,
+                         self._backend.gather_single, (output if self._rank == root else None, input, root), root=root)
+
+    # ----------------------------------------------------------------------------------------
+    # management
+    def split(self, ranks: list[int], name: str, hints: dict[str, str] | None = None,
+              timeout: timedelta | None = None) -> TorchComm | None:
+        """Collective over every rank of this communicator. Members pass the same ``ranks``
+        (new rank = index in it) and get the new communicator; non-members pass ``[]`` and get
+        ``None``."""
+        c = self._checker
+        members = c.split_ranks(ranks)
+        if not isinstance(name, str) or not name:
+            raise c.value_error("split", f"name must be a non-empty str, got {name!r}")
+        c.hints("split", hints)
+        width = self._size + 1
+        mine = torch.full((width,), -1, dtype=torch.int64, device=self._device)
+        mine[0] = len(members)
+        if members:
+            mine[1 : 1 + len(members)] = torch.tensor(members, dtype=torch.int64)
+        table = torch.empty(self._size * width, dtype=torch.int64, device=self._device)
+        work = self._run(OpName.split, False, hints, timeout, [mine], [table], self._backend.all_gather_single,
+                         (table, mine))
+        seq = work.record.seq
+        rows = table.view(self._size, width).cpu().tolist()
+        for r in members:
+            row = rows[r]
+            theirs = row[1 : 1 + row[0]]
+            if theirs != members:
+                raise CollectiveMismatchError(
+                    f"split: rank {self._rank} passed ranks {members} but member rank {r} passed {theirs}",
+                    comm=self._name, op="split", seq=seq, ranks=[self._rank, r],
+                )
+        if not members:
+            return None
+        incarnation = NAMES.claim(name)
+        try:
+            child_ctx = BackendContext(
+                name=name,
+                rank=members.index(self._rank),
+                size=len(members),
+                device=self._device,
+                store=self._ctx.store,
+                store_prefix=f"{self._ctx.store_prefix}/split{seq}/{name}/{incarnation}/{_ranks_key(members)}",
+                timeout=timedelta(seconds=self._timeout_s),
+                hints={**self._hints, **(hints or {})},
+                global_ranks=tuple(self._global_ranks[r] for r in members),
+            )
+            child_backend = self._backend.split(child_ctx)
+            opts = CommOptions(
+                abort_process_on_timeout_or_error=self._options.abort_process_on_timeout_or_error,
+                timeout=timedelta(seconds=self._timeout_s),
+                high_priority_stream=self._options.high_priority_stream,
+                store=self._options.store,
+                hints=dict(child_ctx.hints),
+                enable_reconfigure=self._options.enable_reconfigure,
+            )
+            child = TorchComm(child_backend, opts, self._store)
+        except BaseException:
+            NAMES.release(name, None)  # type: ignore[arg-type]
+            raise
+        self._adopt(child)
+        return child
+
+    def _adopt(self, child: TorchComm) -> None:
+        """Hand this communicator's observers to a communicator derived from it."""
+        self._children.append(weakref.ref(child))
+        for obs in list(self._observers):
+            child.add_observer(obs)
+            on_new = getattr(obs, "on_new_comm", None)
+            if on_new is not None:
+                on_new(child)

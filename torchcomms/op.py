@@ -1,0 +1,101 @@
+"""The record of one operation on the dispatch path, shared by hooks, tracing and recovery."""
+from __future__ import annotations
+
+from typing import Any
+
+
+class OpRecord:
+    """What an operation was, where it stands, and how it ended.
+
+    Built once per op by ``TorchComm`` before dispatch; updated in place as the op starts and
+    completes. Hooks receive it (``pre_hook(name, op_id, record)``, ``post_hook(op_id,
+    record)``); tracing keeps references to it, so fields are only ever filled in, never reused.
+    """
+
+    __slots__ = (
+        "comm_name",
+        "comm_ranks",
+        "rank",
+        "size",
+        "backend",
+        "name",
+        "seq",
+        "op_id",
+        "is_p2p",
+        "peer",
+        "root",
+        "reduce_op",
+        "input_sizes",
+        "input_dtypes",
+        "output_sizes",
+        "output_dtypes",
+        "timeout_s",
+        "async_op",
+        "time_created_ns",
+        "time_started_ns",
+        "time_completed_ns",
+        "state",
+        "error",
+        "hints",
+        "extra",
+    )
+
+    def __init__(
+        self,
+        comm_name: str,
+        comm_ranks: tuple[int, ...],
+        rank: int,
+        size: int,
+        backend: str,
+        name: Any,
+        seq: int,
+        op_id: int,
+        timeout_s: float,
+        async_op: bool,
+        time_created_ns: int,
+    ) -> None:
+        self.comm_name = comm_name
+        self.comm_ranks = comm_ranks
+        self.rank = rank
+        self.size = size
+        self.backend = backend
+        self.name = name
+        self.seq = seq
+        self.op_id = op_id
+        self.is_p2p = False
+        self.peer: int | None = None
+        self.root: int | None = None
+        self.reduce_op: str | None = None
+        self.input_sizes: list[list[int]] = []
+        self.input_dtypes: list[str] = []
+        self.output_sizes: list[list[int]] = []
+        self.output_dtypes: list[str] = []
+        self.timeout_s = timeout_s
+        self.async_op = async_op
+        self.time_created_ns = time_created_ns
+        self.time_started_ns: int | None = None
+        self.time_completed_ns: int | None = None
+        self.state = "scheduled"
+        self.error: str | None = None
+        self.hints: dict[str, str] | None = None
+        self.extra: dict[str, Any] | None = None
+
+    @property
+    def duration_ms(self) -> float | None:
+        """Start-to-completion time, once completed."""
+        if self.time_completed_ns is None or self.time_started_ns is None:
+            return None
+        return (self.time_completed_ns - self.time_started_ns) / 1e6
+
+    def as_dict(self) -> dict[str, Any]:
+        """A plain-dict view (JSON-friendly)."""
+        d = {k: getattr(self, k) for k in self.__slots__}
+        d["name"] = str(self.name)
+        d["comm_ranks"] = list(self.comm_ranks)
+        return d
+
+    def __repr__(self) -> str:
+        return (
+            f"OpRecord({self.comm_name!r} {self.name} #{self.seq} rank {self.rank}/{self.size} "
+            f"state={self.state})"
+        )

@@ -1,0 +1,171 @@
+"""Local argument checks, run before an op gets a sequence number or reaches a backend.
+
+Each check raises ``CommTypeError`` (also a ``TypeError``) or ``CommValueError`` (also a
+``ValueError``) with a message naming the communicator, the op and the argument at fault.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from torchcomms.errors import CommTypeError, CommValueError
+from torchcomms.types import RedOpType, ReduceOp
+
+_Tensor = torch.Tensor
+_BITWISE = (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR)
+
+
+class Checker:
+    """Argument checks bound to one communicator's identity, rank, size and device."""
+
+    __slots__ = ("comm", "rank", "size", "device_type", "device", "dtypes", "bitwise_ops")
+
+    def __init__(
+        self,
+        comm: str,
+        rank: int,
+        size: int,
+        device: torch.device,
+        dtypes: frozenset[torch.dtype] | None,
+        bitwise_ops: bool = True,
+    ) -> None:
+        self.comm = comm
+        self.rank = rank
+        self.size = size
+        self.device = device
+        self.device_type = device.type
+        self.dtypes = dtypes
+        self.bitwise_ops = bitwise_ops
+
+    # --- errors ----------------------------------------------------------------------------
+    def type_error(self, op: str, msg: str) -> CommTypeError:
+        return CommTypeError(msg, comm=self.comm, op=op)
+
+    def value_error(self, op: str, msg: str) -> CommValueError:
+        return CommValueError(msg, comm=self.comm, op=op)
+
+    # --- scalars ---------------------------------------------------------------------------
+    def flag(self, op: str, name: str, value: Any) -> None:
+        if value is not True and value is not False:
+            raise self.type_error(op, f"{name} must be a bool, got {type(value).__name__}")
+
+    def rank_arg(self, op: str, name: str, value: Any, allow_self: bool = True) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.type_error(op, f"{name} must be an int rank, got {type(value).__name__}")
+        if not 0 <= value < self.size:
+            raise self.value_error(op, f"{name}={value} is out of range for a communicator of size {self.size}")
+        if not allow_self and value == self.rank:
+            raise self.value_error(op, f"{name}={value} is this rank itself; a rank cannot {op} to itself")
+
+    def timeout(self, op: str, value: Any) -> float | None:
+        if value is None:
+            return None
+        if isinstance(value, timedelta):
+            secs = value.total_seconds()
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            secs = float(value)
+        else:
+            raise self.type_error(op, f"timeout must be a timedelta or seconds, got {type(value).__name__}")
+        if not secs > 0:
+            raise self.value_error(op, f"timeout must be positive, got {secs} s")
+        return secs
+
+    def hints(self, op: str, value: Any) -> None:
+        if value is None:
+            return
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise self.type_error(op, f"hints must be a dict[str, str], got {value!r}")
+
+    def reduce_op(self, op: str, red: Any, dtype: torch.dtype) -> None:
+        if not isinstance(red, ReduceOp):
+            raise self.type_error(op, f"op must be a torchcomms.ReduceOp, got {red!r}")
+        t = red.type
+        if t in _BITWISE:
+            if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+                raise self.type_error(op, f"{red!r} needs an integer tensor, got {dtype}")
+            if not self.bitwise_ops:
+                raise self.type_error(op, f"{red!r} is not supported by this backend")
+        elif t is RedOpType.AVG and not (dtype.is_floating_point or dtype.is_complex):
+            raise self.type_error(op, f"ReduceOp.AVG needs a floating-point tensor, got {dtype}")
+        elif t is RedOpType.PREMUL_SUM and not (dtype.is_floating_point or dtype.is_complex):
+            raise self.type_error(op, f"ReduceOp.PREMUL_SUM needs a floating-point tensor, got {dtype}")
+
+    # --- tensors ---------------------------------------------------------------------------
+    def tensor(self, op: str, name: str, t: Any) -> None:
+        if not isinstance(t, _Tensor):
+            raise self.type_error(op, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.layout is not torch.strided:
+            raise self.type_error(op, f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+        dev = t.device
+        if dev.type != self.device_type or (self.device.index is not None and dev.index != self.device.index):
+            raise self.value_error(op, f"{name} is on {dev}, but this communicator's device is {self.device}")
+        if not t.is_contiguous():
+            raise self.value_error(op, f"{name} must be contiguous (call .contiguous()); got strides {t.stride()}")
+        if self.dtypes is not None and t.dtype not in self.dtypes:
+            raise self.type_error(op, f"{name} has dtype {t.dtype}, which this backend does not support")
+
+    def tensor_list(self, op: str, name: str, ts: Any, length: int | None) -> None:
+        if not isinstance(ts, (list, tuple)):
+            raise self.type_error(op, f"{name} must be a list of tensors, got {type(ts).__name__}")
+        if length is not None and len(ts) != length:
+            raise self.value_error(op, f"{name} must have {length} tensors (one per rank), got {len(ts)}")
+        for i, t in enumerate(ts):
+            self.tensor(op, f"{name}[{i}]", t)
+
+    def same_dtype(self, op: str, a_name: str, a: _Tensor, b_name: str, b: _Tensor) -> None:
+        if a.dtype != b.dtype:
+            raise self.type_error(op, f"{a_name} has dtype {a.dtype} but {b_name} has {b.dtype}")
+
+    def same_shape(self, op: str, a_name: str, a: _Tensor, b_name: str, b: _Tensor) -> None:
+        if a.shape != b.shape:
+            raise self.value_error(op, f"{a_name} has shape {tuple(a.shape)} but {b_name} has {tuple(b.shape)}")
+
+    def numel_ratio(self, op: str, big_name: str, big: _Tensor, small_name: str, small: _Tensor) -> None:
+        if big.numel() != small.numel() * self.size:
+            raise self.value_error(
+                op,
+                f"{big_name} must hold world_size ({self.size}) × {small_name}'s {small.numel()} elements "
+                f"= {small.numel() * self.size}, got {big.numel()}",
+            )
+
+    def split_sizes(self, op: str, name: str, sizes: Any, t: _Tensor) -> list[int]:
+        if not isinstance(sizes, (list, tuple)) or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in sizes
+        ):
+            raise self.type_error(op, f"{name} must be a list of ints, got {sizes!r}")
+        if len(sizes) != self.size:
+            raise self.value_error(op, f"{name} must have {self.size} entries (one per rank), got {len(sizes)}")
+        if any(s < 0 for s in sizes):
+            raise self.value_error(op, f"{name} has a negative size: {list(sizes)}")
+        dim0 = t.shape[0] if t.dim() > 0 else 1
+        if sum(sizes) != dim0:
+            raise self.value_error(op, f"{name} {list(sizes)} add up to {sum(sizes)}, but the tensor's dim 0 is {dim0}")
+        return list(sizes)
+
+    def split_ranks(self, ranks: Any) -> list[int]:
+        op = "split"
+        if not isinstance(ranks, (list, tuple)):
+            raise self.type_error(op, f"ranks must be a list of ints, got {type(ranks).__name__}")
+        out: list[int] = []
+        for r in ranks:
+            self.rank_arg(op, "ranks[]", r)
+            out.append(int(r))
+        if len(set(out)) != len(out):
+            dups = sorted({r for r in out if out.count(r) > 1})
+            raise self.value_error(op, f"ranks has duplicates: {dups}")
+        if out and self.rank not in out:
+            raise self.value_error(
+                op, f"ranks {out} does not contain this rank ({self.rank}); non-members must pass []"
+            )
+        return out
+
+
+def shapes(ts: Sequence[_Tensor]) -> list[list[int]]:
+    return [list(t.shape) for t in ts]
+
+
+def dtypes(ts: Sequence[_Tensor]) -> list[str]:
+    return [str(t.dtype).replace("torch.", "") for t in ts]

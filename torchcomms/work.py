@@ -1,0 +1,130 @@
+"""``TorchWork``: owns an op's completion, its deadline and its error."""
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from torchcomms.errors import CommError
+from torchcomms.types import WorkStatus
+
+if TYPE_CHECKING:
+    from torchcomms.comm import TorchComm
+    from torchcomms.op import OpRecord
+
+_TERMINAL_STATE = {
+    WorkStatus.COMPLETED: "completed",
+    WorkStatus.TIMEDOUT: "timed_out",
+    WorkStatus.ERROR: "failed",
+}
+
+
+class TorchWork:
+    """The handle of one operation.
+
+    ``wait()`` returns ``True`` once the op completed, and raises its typed error when it failed.
+    It never blocks past the op's deadline (plus a few ms): at the deadline the op fails with
+    ``CommTimeoutError`` and its communicator is marked broken.
+    """
+
+    __slots__ = ("_comm", "record", "deadline", "_event", "_status", "_exc", "_lock", "__weakref__")
+
+    def __init__(self, comm: TorchComm, record: OpRecord, deadline: float) -> None:
+        self._comm = comm
+        self.record = record
+        self.deadline = deadline  # time.monotonic() seconds
+        self._event = threading.Event()
+        self._status = WorkStatus.INPROGRESS
+        self._exc: CommError | None = None
+        self._lock = threading.Lock()
+
+    # --- completion (called by the engine's callback, the watchdog or the communicator) -----
+    def _engine_done(self, error: BaseException | None) -> None:
+        if error is None:
+            self._finish(WorkStatus.COMPLETED, None)
+        else:
+            exc = self._comm._translate_engine_error(error, self.record)
+            self._finish(WorkStatus.TIMEDOUT if exc.__class__.__name__ == "CommTimeoutError" else WorkStatus.ERROR, exc)
+
+    def _finish(self, status: WorkStatus, exc: CommError | None, state: str | None = None) -> bool:
+        """Move to a terminal status once; the first caller wins. Returns True if it won."""
+        with self._lock:
+            if self._status is not WorkStatus.INPROGRESS:
+                return False
+            self._status = status
+            self._exc = exc
+        rec = self.record
+        rec.time_completed_ns = time.time_ns()
+        rec.state = state or _TERMINAL_STATE[status]
+        if exc is not None:
+            rec.error = str(exc)
+        self._comm._work_ended(self, exc)
+        self._event.set()
+        return True
+
+    # --- public API ------------------------------------------------------------------------
+    def wait(self, timeout: timedelta | float | None = None) -> bool:
+        """Block until the op completes (CPU semantics; stream-ordered engines make the current
+        stream wait instead). Raises the op's error. With ``timeout`` shorter than the op's own
+        deadline, returns ``False`` if the op is still running then (the op goes on)."""
+        now = time.monotonic()
+        limit = self.deadline
+        user_limit = None
+        if timeout is not None:
+            secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+            user_limit = now + max(0.0, secs)
+            if user_limit < limit:
+                limit = user_limit
+        if not self._event.wait(max(0.0, limit - now)):
+            if user_limit is not None and limit == user_limit and user_limit < self.deadline:
+                return False
+            self._comm._expire(self)
+            self._event.wait()
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def wait_blocking(self, timeout: timedelta | float | None = None) -> bool:
+        """Block the calling thread until completion (same as ``wait`` on CPU)."""
+        return self.wait(timeout)
+
+    def is_completed(self) -> bool:
+        """True once the op ended, successfully or not (an expired deadline counts as ended)."""
+        if not self._event.is_set() and time.monotonic() >= self.deadline:
+            self._comm._expire(self)
+        return self._event.is_set()
+
+    def is_success(self) -> bool:
+        return self._status is WorkStatus.COMPLETED
+
+    @property
+    def status(self) -> WorkStatus:
+        return self._status
+
+    def exception(self) -> CommError | None:
+        """The op's error once it failed, else ``None``."""
+        return self._exc
+
+    def get_future(self):  # type: ignore[no-untyped-def]
+        """A ``torch.futures.Future`` completed with ``None`` (or the error) when the op ends."""
+        import torch
+
+        fut: torch.futures.Future = torch.futures.Future()
+
+        def _complete() -> None:
+            self._event.wait()
+            if self._exc is not None:
+                fut.set_exception(self._exc)
+            else:
+                fut.set_result(None)
+
+        if self._event.is_set():
+            _complete()
+        else:
+            threading.Thread(target=_complete, daemon=True, name="torchcomms-future").start()
+        return fut
+
+    def __repr__(self) -> str:
+        r = self.record
+        return f"TorchWork({r.comm_name!r} {r.name} #{r.seq}, {self._status.name})"
