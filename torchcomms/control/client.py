@@ -33,7 +33,7 @@ from .errors import (
     ControlProtocolError,
     ControlUnavailableError,
 )
-from .events import Event, EventSchemaError, validate_event
+from .events import Event, EventSchemaError, validate_event, validate_topic
 from .protocol import Limits, ProtocolViolation
 from .secrets import derive_keys
 
@@ -598,7 +598,7 @@ class ControlClient:
             if not isinstance(topic, str):
                 raise ControlArgumentTypeError(f"topic must be a str, got {type(topic).__name__}")
             try:
-                validate_event(topic, {})
+                validate_topic(topic)
             except EventSchemaError as exc:
                 raise ControlArgumentError(str(exc)) from None
             out.append(topic)

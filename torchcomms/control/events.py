@@ -23,6 +23,7 @@ __all__ = [
     "EVENT_KEY_PREFIX",
     "event_key",
     "validate_event",
+    "validate_topic",
     "EventSchemaError",
 ]
 
@@ -89,12 +90,17 @@ def event_key(seq: int) -> str:
     return f"{EVENT_KEY_PREFIX}{seq:08d}"
 
 
-def validate_event(topic: str, payload: dict[str, Any]) -> None:
-    """Check a topic name and, for the topics the project defines, the payload's fields."""
+def validate_topic(topic: str) -> None:
+    """Check a topic name: 1-128 characters of letters, digits and ``_ . - /``."""
     if not isinstance(topic, str) or not _TOPIC_RE.match(topic):
         raise EventSchemaError(
             f"topic {topic!r} must be 1-128 characters of letters, digits and _ . - /"
         )
+
+
+def validate_event(topic: str, payload: dict[str, Any]) -> None:
+    """Check a topic name and, for the topics the project defines, the payload's fields."""
+    validate_topic(topic)
     if not isinstance(payload, dict):
         raise EventSchemaError(f"payload of {topic!r} must be a dict, got {type(payload).__name__}")
     for key in payload:

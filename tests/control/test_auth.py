@@ -1,0 +1,89 @@
+"""Authentication: only clients holding the job secret are served."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import zmq
+
+from torchcomms.control.client import ControlClient
+from torchcomms.control.errors import ControlAuthError
+from torchcomms.control.protocol import decode_reply, encode
+from torchcomms.control.secrets import derive_keys, new_secret
+from torchcomms.control.server import StoreServer
+
+
+def test_wrong_secret_raises_auth_error_promptly(server: StoreServer) -> None:
+    with ControlClient(server.address, new_secret(), timeout=20) as intruder:
+        start = time.monotonic()
+        with pytest.raises(ControlAuthError, match="secret does not match"):
+            intruder.set("k", b"v")
+        assert time.monotonic() - start < 10  # detected from the handshake, not the timeout
+
+
+def test_right_server_key_wrong_client_key_is_refused_by_zap(server: StoreServer,
+                                                             secret: bytes,
+                                                             client: ControlClient) -> None:
+    """A peer that knows the server's public key but not the job secret."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        mine = derive_keys(new_secret())
+        sock.curve_secretkey, sock.curve_publickey = mine.client_secret, mine.client_public
+        sock.curve_serverkey = derive_keys(secret).server_public
+        sock.linger = 0
+        sock.connect(server.address)
+        sock.send(encode({"id": 1, "op": "set", "key": "stolen", "value": b"x"}))
+        assert sock.poll(1000) == 0  # never answered
+    finally:
+        sock.close(0)
+        ctx.term()
+    assert server.refused_handshakes >= 1
+    assert not client.check(["stolen"])
+
+
+def test_client_without_curve_gets_no_service(server: StoreServer,
+                                              client: ControlClient) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        sock.linger = 0
+        sock.connect(server.address)
+        sock.send(encode({"id": 1, "op": "set", "key": "plain", "value": b"x"}))
+        assert sock.poll(1000) == 0
+    finally:
+        sock.close(0)
+        ctx.term()
+    assert not client.check(["plain"])
+    client.set("after", b"ok")
+    assert client.get("after") == b"ok"
+
+
+def test_plain_tcp_garbage_does_not_disturb_the_server(server: StoreServer,
+                                                       client: ControlClient) -> None:
+    import socket
+    host, port = server.address[len("tcp://"):].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as raw:
+        raw.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(range(256)) * 4)
+        time.sleep(0.1)
+    assert client.ping() >= 0
+
+
+def test_authenticated_raw_socket_is_served(server: StoreServer, secret: bytes) -> None:
+    """The wire format in the docs is all a client needs (no hidden state)."""
+    keys = derive_keys(secret)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        sock.curve_secretkey, sock.curve_publickey = keys.client_secret, keys.client_public
+        sock.curve_serverkey = keys.server_public
+        sock.linger = 0
+        sock.connect(server.address)
+        sock.send(encode({"id": 9, "op": "ping"}))
+        assert sock.poll(5000)
+        reply = decode_reply(sock.recv(), server.limits)
+        assert (reply.id, reply.ok, reply.value) == (9, True, "pong")
+    finally:
+        sock.close(0)
+        ctx.term()

@@ -1,0 +1,124 @@
+"""Heartbeats: silence beyond the limit is reported on the bus; a clean stop is not."""
+
+from __future__ import annotations
+
+import queue
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from torchcomms.control.client import ControlClient
+from torchcomms.control.errors import ControlArgumentError
+from torchcomms.control.server import StoreServer
+
+from .conftest import spawn_python, stop_process
+
+LIMIT = 0.6  # the server fixture's heartbeat_limit
+MARGIN = 3.0  # generous: CI machines are slow and shared
+
+
+def collect(client: ControlClient, topics: list[str]) -> queue.Queue[tuple[str, dict[str, Any]]]:
+    inbox: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+    client.subscribe(topics, lambda t, p: inbox.put((t, p)), since=None)
+    return inbox
+
+
+HEARTBEATER = """
+import sys, time
+from torchcomms.control.client import ControlClient
+c = ControlClient(sys.argv[1], bytes.fromhex(sys.argv[2]), timeout=10)
+c.heartbeat_start(sys.argv[3], 0.1, info={"host": "worker-host", "pid": 1})
+c.set("hb/ready", b"1")
+if sys.argv[4] == "clean":
+    c.heartbeat_stop()
+    c.set("hb/stopped", b"1")
+time.sleep(60)
+"""
+
+
+def test_killed_member_is_reported_within_the_limit(server: StoreServer, secret: bytes,
+                                                    client: ControlClient) -> None:
+    inbox = collect(client, ["rank_failed"])
+    proc = spawn_python(HEARTBEATER, server.address, secret.hex(), "rank/5", "kill")
+    try:
+        client.wait(["hb/ready"], timeout=30)
+        time.sleep(2 * LIMIT)  # alive and beating: nothing reported
+        assert inbox.empty()
+        proc.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        topic, payload = inbox.get(timeout=LIMIT + MARGIN)
+        assert time.monotonic() - killed_at < LIMIT + MARGIN
+        assert topic == "rank_failed"
+        assert payload["rank"] == 5 and payload["reason"] == "heartbeat"
+        assert payload["host"] == "worker-host" and payload["member"] == "rank/5"
+    finally:
+        stop_process(proc)
+
+
+def test_stopped_process_is_reported(server: StoreServer, secret: bytes,
+                                     client: ControlClient) -> None:
+    """SIGSTOP (a hung rank) stops heartbeats as surely as a crash."""
+    inbox = collect(client, ["rank_failed"])
+    proc = spawn_python(HEARTBEATER, server.address, secret.hex(), "rank/1", "kill")
+    try:
+        client.wait(["hb/ready"], timeout=30)
+        proc.send_signal(signal.SIGSTOP)
+        topic, payload = inbox.get(timeout=LIMIT + MARGIN)
+        assert payload["rank"] == 1
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        stop_process(proc)
+
+
+def test_clean_stop_is_not_a_failure(server: StoreServer, secret: bytes,
+                                     client: ControlClient) -> None:
+    inbox = collect(client, ["rank_failed"])
+    proc = spawn_python(HEARTBEATER, server.address, secret.hex(), "rank/2", "clean")
+    try:
+        client.wait(["hb/stopped"], timeout=30)
+        time.sleep(LIMIT + 0.6)
+        assert inbox.empty()
+    finally:
+        stop_process(proc)
+    assert inbox.empty()
+
+
+def test_node_member_reports_node_lost(server: StoreServer, secret: bytes,
+                                       client: ControlClient) -> None:
+    inbox = collect(client, ["node_lost"])
+    agent = ControlClient(server.address, secret)
+    agent.heartbeat_start("node/3", 0.1, info={"host": "n3", "ranks": [6, 7]})
+    agent._heartbeats["node/3"].stop()  # the agent "hangs": beats stop, no deregistration
+    topic, payload = inbox.get(timeout=LIMIT + MARGIN)
+    assert (payload["node_rank"], payload["ranks"], payload["host"]) == (3, [6, 7], "n3")
+    assert payload["reason"] == "heartbeat"
+    agent.close()
+
+
+def test_per_member_limit(server: StoreServer, secret: bytes, client: ControlClient) -> None:
+    inbox = collect(client, ["member_lost"])
+    other = ControlClient(server.address, secret)
+    other.heartbeat_start("launcher", 0.05, limit=0.2)
+    start = time.monotonic()
+    other._heartbeats["launcher"].stop()
+    topic, payload = inbox.get(timeout=0.2 + MARGIN)
+    assert payload["member"] == "launcher"
+    assert time.monotonic() - start >= 0.2
+    other.close()
+
+
+def test_heartbeat_argument_errors(client: ControlClient) -> None:
+    with pytest.raises(ControlArgumentError, match="member"):
+        client.heartbeat_start("", 0.1)
+    with pytest.raises(ControlArgumentError, match="longer than the interval"):
+        client.heartbeat_start("rank/0", 0.5, limit=0.2)
+    with pytest.raises(ControlArgumentError, match="> 0"):
+        client.heartbeat_start("rank/0", 0)
+    client.heartbeat_start("rank/0", 0.1)
+    with pytest.raises(ControlArgumentError, match="already running"):
+        client.heartbeat_start("rank/0", 0.1)
+    client.heartbeat_stop("rank/0")
+    with pytest.raises(ControlArgumentError, match="no heartbeats"):
+        client.heartbeat_stop("rank/0")
