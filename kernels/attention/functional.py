@@ -199,7 +199,7 @@ def attention(
         out, lse = math_attention(q, k, v, mask, scale=scale)
         return (out, lse) if return_lse else out
     mask = Full() if mask is None else mask
-    bm = (cache or default_cache).get(mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2],
+    bm = (cache if cache is not None else default_cache).get(mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2],
                                       q.device, block_size)
     opts = dict(kernel_options or {})
     if torch.are_deterministic_algorithms_enabled():

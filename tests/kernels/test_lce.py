@@ -1,0 +1,372 @@
+"""CPU tests of the fused linear + cross-entropy loss (reference and chunked implementations).
+
+Every case draws fresh random inputs (the seed is in the failure message) and compares the
+loss and the input/weight/bias gradients against a float64 reference: fp32 within 1e-5
+relative, bf16 within 1e-2. The reference itself is checked against ``F.cross_entropy``.
+"""
+from __future__ import annotations
+
+import math
+import random
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kernels.lce import (
+    BackwardTwiceError,
+    LCEDeviceError,
+    LCETypeError,
+    LCEValueError,
+    LinearCrossEntropyLoss,
+    LossConfig,
+    UnsupportedFeatureError,
+    linear_cross_entropy,
+    reference_linear_cross_entropy,
+    select_implementation,
+)
+from kernels.lce.triton_kernels import triton_usable
+
+TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 1e-2}
+FEATURES = {
+    "plain": {},
+    "smoothing": {"label_smoothing": 0.15},
+    "class_weight": {"class_weight": True},
+    "z_loss": {"z_loss": 1e-3},
+    "softcap": {"softcap": 3.0},
+    "bias": {"bias": True},
+    "smoothing+weight": {"label_smoothing": 0.3, "class_weight": True},
+    "all": {"label_smoothing": 0.2, "class_weight": True, "z_loss": 1e-2, "softcap": 2.5, "bias": True},
+}
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    if torch.isnan(b).any():
+        return 0.0 if torch.equal(torch.isnan(a), torch.isnan(b)) and torch.allclose(a[~a.isnan()], b[~b.isnan()]) else math.inf
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def _fresh_seed() -> int:
+    seed = random.SystemRandom().randrange(2**31)
+    torch.manual_seed(seed)
+    return seed
+
+
+def _draw(dtype, feats, n=None, h=None, v=None, ignore_frac=0.15):
+    n = n if n is not None else int(torch.randint(1, 150, ()))
+    h = h if h is not None else int(torch.randint(4, 40, ()))
+    v = v if v is not None else int(torch.randint(2, 300, ()))
+    x = (torch.randn(n, h, dtype=torch.float64) * 0.7).to(dtype)
+    w = (torch.randn(v, h, dtype=torch.float64) * 0.5).to(dtype)
+    b = (torch.randn(v, dtype=torch.float64) * 0.2).to(dtype) if feats.get("bias") else None
+    t = torch.randint(0, v, (n,))
+    t[torch.rand(n) < ignore_frac] = -100
+    cw = torch.rand(v, dtype=torch.float64) + 0.25 if feats.get("class_weight") else None
+    return x, w, b, t, cw
+
+
+def _kw(feats):
+    return {k: feats[k] for k in ("label_smoothing", "z_loss", "softcap") if k in feats}
+
+
+def _run(impl, x, w, b, t, cw, reduction, kw, chunk_size=None, accum_dtype=torch.float32):
+    leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()] + ([b.clone().requires_grad_()] if b is not None else [])
+    out = linear_cross_entropy(
+        leaves[0], leaves[1], t, leaves[2] if b is not None else None, reduction=reduction,
+        class_weight=cw, chunk_size=chunk_size, accum_dtype=accum_dtype, implementation=impl, **kw,
+    )
+    grad_out = torch.randn(out.shape, dtype=torch.float64)
+    grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
+    return out, grads, grad_out
+
+
+def _reference(x, w, b, t, cw, reduction, kw, grad_out):
+    leaves = [x.detach().double().requires_grad_(), w.detach().double().requires_grad_()]
+    if b is not None:
+        leaves.append(b.detach().double().requires_grad_())
+    cfg = LossConfig(reduction, -100, kw.get("label_smoothing", 0.0), kw.get("z_loss", 0.0), kw.get("softcap"))
+    ref, _ = reference_linear_cross_entropy(leaves[0], leaves[1], t, leaves[2] if b is not None else None, cfg, cw)
+    return ref, torch.autograd.grad(ref, leaves, grad_out)
+
+
+# ----------------------------------------------------------------------------- reference
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("feats", list(FEATURES.values()), ids=list(FEATURES))
+def test_reference_matches_cross_entropy_definition(reduction, feats):
+    seed = _fresh_seed()
+    x, w, b, t, cw = _draw(torch.float64, feats)
+    kw = _kw(feats)
+    logits = F.linear(x, w, b)
+    if "softcap" in kw:
+        logits = kw["softcap"] * torch.tanh(logits / kw["softcap"])
+    expected = F.cross_entropy(logits, t, weight=cw, reduction=reduction, label_smoothing=kw.get("label_smoothing", 0.0))
+    valid = t != -100
+    z_rows = kw.get("z_loss", 0.0) * torch.logsumexp(logits, 1).square() * valid
+    z = {"mean": z_rows.sum() / valid.sum(), "sum": z_rows.sum(), "none": z_rows}[reduction]
+    cfg = LossConfig(reduction, -100, kw.get("label_smoothing", 0.0), kw.get("z_loss", 0.0), kw.get("softcap"))
+    loss, z_out = reference_linear_cross_entropy(x, w, t, b, cfg, cw)
+    assert _rel(loss, expected + z) <= 1e-12, f"seed {seed}"
+    assert _rel(z_out, z) <= 1e-12 or float(z.abs().max()) == 0.0, f"seed {seed}"
+
+
+# ----------------------------------------------------------------------------- chunked
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("feats", list(FEATURES.values()), ids=list(FEATURES))
+def test_chunked_matches_float64_reference(dtype, reduction, feats):
+    seed = _fresh_seed()
+    x, w, b, t, cw = _draw(dtype, feats)
+    chunk = int(torch.randint(1, max(2, x.shape[0]), ()))  # rarely divides N
+    kw = _kw(feats)
+    out, grads, grad_out = _run("chunked", x, w, b, t, cw, reduction, kw, chunk_size=chunk)
+    ref, ref_grads = _reference(x, w, b, t, cw, reduction, kw, grad_out)
+    msg = f"seed {seed}, shapes x{tuple(x.shape)} w{tuple(w.shape)}, chunk {chunk}"
+    assert out.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    assert out.shape == ref.shape
+    assert _rel(out, ref) <= TOL[dtype], msg
+    for name, g, r, leaf in zip(("dX", "dW", "dbias"), grads, ref_grads, (x, w, b)):
+        assert g.dtype == leaf.dtype and g.shape == leaf.shape
+        assert _rel(g, r) <= TOL[dtype], f"{name}: {msg}"
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_every_token_ignored_behaves_like_cross_entropy(reduction):
+    seed = _fresh_seed()
+    feats = {"label_smoothing": 0.1, "class_weight": True, "bias": True}
+    x, w, b, t, cw = _draw(torch.float32, feats, n=37, v=53)
+    t.fill_(-100)
+    out, grads, _ = _run("chunked", x, w, b, t, cw, reduction, _kw(feats), chunk_size=8)
+    expected = F.cross_entropy(F.linear(x, w, b), t, weight=cw.float(), reduction=reduction, label_smoothing=0.1)
+    if reduction == "mean":
+        assert torch.isnan(out) and torch.isnan(expected), f"seed {seed}"
+    else:
+        assert torch.equal(out, torch.zeros_like(out)), f"seed {seed}"
+    for g in grads:
+        assert bool((g == 0).all()), f"seed {seed}"
+
+
+def test_bf16_dw_accumulation_in_input_dtype_stays_within_bf16_tolerance():
+    seed = _fresh_seed()
+    x, w, b, t, cw = _draw(torch.bfloat16, {}, n=256, h=16, v=64)
+    out, grads, grad_out = _run("chunked", x, w, b, t, cw, "sum", {}, chunk_size=32, accum_dtype=torch.bfloat16)
+    ref, ref_grads = _reference(x, w, b, t, cw, "sum", {}, grad_out)
+    assert _rel(grads[1], ref_grads[1]) <= 1e-2, f"seed {seed}"
+
+
+def test_leading_dimensions_and_none_shape():
+    _fresh_seed()
+    x = torch.randn(3, 5, 8)
+    w = torch.randn(11, 8)
+    t = torch.randint(0, 11, (3, 5))
+    out = linear_cross_entropy(x, w, t, reduction="none", chunk_size=4)
+    assert out.shape == (3, 5)
+    expected = F.cross_entropy(F.linear(x, w).reshape(15, 11), t.reshape(15), reduction="none").reshape(3, 5)
+    assert _rel(out, expected) <= 1e-5
+
+
+def test_unbatched_input():
+    x, w, t = torch.randn(8), torch.randn(11, 8), torch.tensor(4)
+    out = linear_cross_entropy(x, w, t)
+    assert out.shape == ()
+    assert _rel(out, F.cross_entropy(F.linear(x, w), t)) <= 1e-6
+
+
+def test_no_grad_returns_loss_only():
+    x = torch.randn(20, 8, requires_grad=True)
+    w = torch.randn(30, 8, requires_grad=True)
+    t = torch.randint(0, 30, (20,))
+    with torch.no_grad():
+        out = linear_cross_entropy(x, w, t, chunk_size=7, label_smoothing=0.1)
+    assert out.grad_fn is None and not out.requires_grad
+    assert _rel(out, F.cross_entropy(F.linear(x, w), t, label_smoothing=0.1)) <= 1e-5
+
+
+@pytest.mark.parametrize("which", ["input", "weight", "bias", "input+bias"])
+def test_only_some_inputs_require_grad(which):
+    _fresh_seed()
+    x, w, b, t, cw = _draw(torch.float64, {"bias": True}, n=40, h=8, v=25)
+    x.requires_grad_("input" in which)
+    w.requires_grad_(which == "weight")
+    b.requires_grad_("bias" in which)
+    out = linear_cross_entropy(x, w, t, b, chunk_size=9, z_loss=1e-3)
+    out.backward()
+    xr, wr, br = (p.detach().clone().requires_grad_(p.requires_grad) for p in (x, w, b))
+    ref = F.cross_entropy(F.linear(xr, wr, br), t) + 1e-3 * torch.logsumexp(F.linear(xr, wr, br), 1).square().mean()
+    ref.backward()
+    for p, r in ((x, xr), (w, wr), (b, br)):
+        if p.requires_grad:
+            assert _rel(p.grad, r.grad) <= 1e-10
+        else:
+            assert p.grad is None
+
+
+def test_return_z_loss_is_detached_and_included():
+    x, w = torch.randn(30, 8, dtype=torch.float64), torch.randn(40, 8, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 40, (30,))
+    t[:5] = -100
+    loss, z = linear_cross_entropy(x, w, t, z_loss=0.01, return_z_loss=True, chunk_size=7)
+    logits = F.linear(x, w)
+    expected_z = 0.01 * torch.logsumexp(logits[5:], 1).square().mean()
+    assert not z.requires_grad
+    assert _rel(z, expected_z) <= 1e-12
+    assert _rel(loss, F.cross_entropy(logits, t) + expected_z) <= 1e-12
+
+
+def test_gradient_scaled_by_upstream_and_backward_twice_raises():
+    x = torch.randn(16, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(12, 8, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 12, (16,))
+    loss = linear_cross_entropy(x, w, t)
+    (3.5 * loss).backward(retain_graph=True)
+    xr, wr = x.detach().requires_grad_(), w.detach().clone().requires_grad_()
+    (3.5 * F.cross_entropy(F.linear(xr, wr), t)).backward()
+    assert _rel(w.grad, wr.grad) <= 1e-12
+    with pytest.raises(BackwardTwiceError):
+        loss.backward()
+
+
+def test_never_materialises_more_than_one_chunk_of_logits():
+    n, h, v, chunk = 256, 16, 512, 32
+
+    class LargestTensor(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for o in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(o, torch.Tensor):
+                    LargestTensor.largest = max(LargestTensor.largest, o.numel())
+            return out
+
+    x = torch.randn(n, h, requires_grad=True)
+    w = torch.randn(v, h, requires_grad=True)
+    t = torch.randint(0, v, (n,))
+    with LargestTensor():
+        loss = linear_cross_entropy(x, w, t, chunk_size=chunk, label_smoothing=0.1, softcap=5.0, z_loss=1e-3)
+        loss.backward()
+    assert LargestTensor.largest <= max(chunk * v, v * h, n * h)
+    assert LargestTensor.largest < n * v
+
+
+# ----------------------------------------------------------------------------- module
+def test_module_is_a_drop_in_for_torch_module():
+    torch_cls = getattr(torch.nn, "LinearCrossEntropyLoss", None)
+    if torch_cls is None:
+        pytest.skip("this torch has no nn.LinearCrossEntropyLoss")
+    _fresh_seed()
+    cw = torch.rand(50) + 0.5
+    kwargs = dict(bias=True, reduction="sum", weight=cw, ignore_index=3, label_smoothing=0.2, dtype=torch.float64)
+    theirs = torch_cls(16, 50, **kwargs)
+    mine = LinearCrossEntropyLoss(16, 50, **kwargs, chunk_size=7)
+    mine.load_state_dict(theirs.state_dict())
+    x = torch.randn(33, 16, dtype=torch.float64)
+    t = torch.randint(0, 50, (33,))
+    t[::4] = 3
+    a, b = theirs(x, t), mine(x, t)
+    a.backward()
+    b.backward()
+    assert _rel(b, a) <= 1e-12
+    assert _rel(mine.linear.weight.grad, theirs.linear.weight.grad) <= 1e-10
+    assert _rel(mine.linear.bias.grad, theirs.linear.bias.grad) <= 1e-10
+
+
+def test_module_k_dimensional_routes_to_reference_and_says_so():
+    torch_cls = getattr(torch.nn, "LinearCrossEntropyLoss", None)
+    if torch_cls is None:
+        pytest.skip("this torch has no nn.LinearCrossEntropyLoss")
+    theirs = torch_cls(5, 10, out_features=(4, 3), dtype=torch.float64)
+    mine = LinearCrossEntropyLoss(5, 10, out_features=(4, 3), dtype=torch.float64)
+    mine.load_state_dict(theirs.state_dict())
+    x, t = torch.randn(2, 5, dtype=torch.float64), torch.randint(0, 10, (2, 4, 3))
+    with pytest.warns(UserWarning, match="reference"):
+        out = mine(x, t)
+    assert _rel(out, theirs(x, t)) <= 1e-12
+    with pytest.raises(UnsupportedFeatureError):
+        LinearCrossEntropyLoss(5, 10, out_features=(4, 3), implementation="chunked")(x.float(), t)
+
+
+def test_weight_tying_accumulates_into_the_embedding():
+    _fresh_seed()
+    emb = torch.nn.Embedding(40, 8, dtype=torch.float64)
+    head = LinearCrossEntropyLoss(8, 40, dtype=torch.float64, chunk_size=5, z_loss=1e-3)
+    head.linear.weight = emb.weight
+    tokens = torch.randint(0, 40, (2, 9))
+    hidden = emb(tokens[:, :-1])
+    loss = head(hidden, tokens[:, 1:])
+    loss.backward()
+    ref_w = emb.weight.detach().clone().requires_grad_()
+    h = F.embedding(tokens[:, :-1], ref_w)
+    logits = F.linear(h, ref_w).reshape(-1, 40)
+    ref = F.cross_entropy(logits, tokens[:, 1:].reshape(-1)) + 1e-3 * torch.logsumexp(logits, 1).square().mean()
+    ref.backward()
+    assert _rel(emb.weight.grad, ref_w.grad) <= 1e-10
+
+
+# ----------------------------------------------------------------------------- routing, errors
+def test_auto_routes_cpu_to_chunked_and_route_is_observable():
+    x, w = torch.randn(4, 8), torch.randn(16, 8)
+    route = select_implementation("auto", x, w)
+    assert route.implementation == "chunked" and route.reason
+    assert select_implementation("reference", x, w).implementation == "reference"
+
+
+@pytest.mark.skipif(triton_usable(torch.device("cpu")), reason="triton interpreter active")
+def test_triton_on_cpu_is_refused():
+    with pytest.raises(UnsupportedFeatureError):
+        linear_cross_entropy(torch.randn(4, 8), torch.randn(16, 8), torch.randint(0, 16, (4,)), implementation="triton")
+
+
+def _good():
+    return torch.randn(6, 8), torch.randn(10, 8), torch.randint(0, 10, (6,))
+
+
+BAD_CALLS = {
+    "weight dtype": (lambda x, w, t: linear_cross_entropy(x, w.double(), t), LCETypeError, "weight dtype"),
+    "integer input": (lambda x, w, t: linear_cross_entropy(x.long(), w.long(), t), LCETypeError, "floating-point"),
+    "float target": (lambda x, w, t: linear_cross_entropy(x, w, t.float()), LCETypeError, "class indices"),
+    "target shape": (lambda x, w, t: linear_cross_entropy(x, w, t[:-1]), LCEValueError, "target shape"),
+    "hidden size": (lambda x, w, t: linear_cross_entropy(x, w[:, :-1], t), LCEValueError, "feature size"),
+    "1-D weight": (lambda x, w, t: linear_cross_entropy(x, w[0], t), LCEValueError, "num_classes"),
+    "bias shape": (lambda x, w, t: linear_cross_entropy(x, w, t, torch.randn(9)), LCEValueError, "bias"),
+    "bias dtype": (lambda x, w, t: linear_cross_entropy(x, w, t, torch.randn(10).double()), LCETypeError, "bias dtype"),
+    "class_weight shape": (lambda x, w, t: linear_cross_entropy(x, w, t, class_weight=torch.ones(9)), LCEValueError, "class_weight"),
+    "class_weight dtype": (lambda x, w, t: linear_cross_entropy(x, w, t, class_weight=torch.ones(10, dtype=torch.long)), LCETypeError, "class_weight"),
+    "reduction": (lambda x, w, t: linear_cross_entropy(x, w, t, reduction="avg"), LCEValueError, "reduction"),
+    "label_smoothing": (lambda x, w, t: linear_cross_entropy(x, w, t, label_smoothing=1.5), LCEValueError, "label_smoothing"),
+    "z_loss": (lambda x, w, t: linear_cross_entropy(x, w, t, z_loss=-1.0), LCEValueError, "z_loss"),
+    "softcap": (lambda x, w, t: linear_cross_entropy(x, w, t, softcap=0.0), LCEValueError, "softcap"),
+    "chunk_size": (lambda x, w, t: linear_cross_entropy(x, w, t, chunk_size=0), LCEValueError, "chunk_size"),
+    "accum_dtype": (lambda x, w, t: linear_cross_entropy(x, w, t, accum_dtype=torch.float16), LCEValueError, "accum_dtype"),
+    "implementation": (lambda x, w, t: linear_cross_entropy(x, w, t, implementation="cuda"), LCEValueError, "implementation"),
+    "ignore_index type": (lambda x, w, t: linear_cross_entropy(x, w, t, ignore_index=1.5), LCETypeError, "ignore_index"),
+    "target out of range": (lambda x, w, t: linear_cross_entropy(x, w, torch.full_like(t, 10)), LCEValueError, "out of range"),
+    "device": (lambda x, w, t: linear_cross_entropy(x, w.to("meta"), t), LCEDeviceError, "meta"),
+    "K-dim weight on chunked": (
+        lambda x, w, t: linear_cross_entropy(x, w.reshape(10, 1, 8), t.reshape(6, 1), implementation="chunked"),
+        UnsupportedFeatureError, "K-dimensional",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CALLS), ids=list(BAD_CALLS))
+def test_bad_input_raises_typed_error(case):
+    call, error, words = BAD_CALLS[case]
+    with pytest.raises(error, match=words):
+        call(*_good())
+
+
+def test_module_constructor_validates():
+    with pytest.raises(LCEValueError, match="weight shape"):
+        LinearCrossEntropyLoss(4, 10, weight=torch.ones(3))
+    with pytest.raises(LCEValueError, match="label_smoothing"):
+        LinearCrossEntropyLoss(4, 10, label_smoothing=2.0)
+    with pytest.raises(LCEValueError, match="in_features"):
+        LinearCrossEntropyLoss(0, 10)
+    with pytest.raises(LCEValueError, match="implementation"):
+        LinearCrossEntropyLoss(4, 10, implementation="fast")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert "z_loss=0.5" in repr(LinearCrossEntropyLoss(4, 10, z_loss=0.5))
