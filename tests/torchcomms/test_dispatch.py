@@ -1,0 +1,192 @@
+"""The dispatch path on the fake backend: hooks, sequence numbers, TorchWork, deadlines, abort."""
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+
+import torchcomms
+from torchcomms import CommAbortedError, CommTimeoutError, OpName, PeerFailureError, ReduceOp, WorkStatus
+
+
+def fake(name: str, **hints: str) -> torchcomms.TorchComm:
+    return torchcomms.new_comm("fake", "cpu", name, hints={"rank": "0", "size": "4", **hints})
+
+
+def test_getters_and_options() -> None:
+    c = torchcomms.new_comm("fake", torch.device("cpu"), "getters", timeout=timedelta(seconds=7),
+                            hints={"rank": "2", "size": "5"})
+    assert (c.get_rank(), c.get_size(), c.get_name(), c.get_backend()) == (2, 5, "getters", "fake")
+    assert c.get_device() == torch.device("cpu")
+    assert c.get_options().timeout == timedelta(seconds=7)
+    assert c.get_backend_version() == "fake-1"
+    c.set_timeout(timedelta(seconds=3))
+    assert c.get_options().timeout == timedelta(seconds=3)
+    c.set_hints({"k": "v"})
+    assert c.get_hints()["k"] == "v"
+    assert c.is_abort_supported() and not c.is_aborted()
+    c.finalize()
+
+
+def test_hooks_see_every_op_with_sequence_numbers() -> None:
+    c = fake("hooks")
+    pre: list[tuple[str, int, int]] = []
+    post: list[tuple[int, str, int]] = []
+    h1 = c.register_pre_hook(lambda name, op_id, rec: pre.append((str(name), op_id, rec.seq)))
+    h2 = c.register_post_hook(lambda op_id, rec: post.append((op_id, rec.state, rec.seq)))
+    x = torch.ones(4)
+    c.all_reduce(x, ReduceOp.SUM, False)
+    c.broadcast(x, 0, True).wait()
+    c.all_gather_single(torch.empty(16), x, False)
+    c.send(x, 1, False)  # p2p ops have their own counter
+    c.barrier(False)
+    assert [p[0] for p in pre] == ["all_reduce", "broadcast", "all_gather_single", "send", "barrier"]
+    assert [p[2] for p in pre] == [1, 2, 3, 1, 4]
+    assert [p[1] for p in pre] == [p[0] for p in post]
+    assert all(state == "completed" for _, state, _ in post)
+    h1.remove()
+    h2.remove()
+    c.barrier(False)
+    assert len(pre) == 5 and len(post) == 5
+    c.finalize()
+
+
+def test_pre_hook_can_veto_an_op() -> None:
+    c = fake("veto")
+
+    def no_nan(name, op_id, rec):  # noqa: ANN001
+        raise ValueError("NaN found")
+
+    c.register_pre_hook(no_nan)
+    with pytest.raises(ValueError, match="NaN"):
+        c.all_reduce(torch.ones(2), ReduceOp.SUM, False)
+    c.finalize()
+
+
+def test_fake_results_and_reduce_op_semantics() -> None:
+    c = fake("semantics")
+    cases = {
+        "SUM": (ReduceOp.SUM, 8.0), "AVG": (ReduceOp.AVG, 2.0), "MAX": (ReduceOp.MAX, 2.0),
+        "PRODUCT": (ReduceOp.PRODUCT, 16.0), "PREMUL": (ReduceOp.PREMUL_SUM(0.25), 2.0),
+        "PREMUL_T": (ReduceOp.PREMUL_SUM(torch.tensor(0.5)), 4.0),
+    }
+    for label, (op, want) in cases.items():
+        x = torch.full((3,), 2.0)
+        c.all_reduce(x, op, False)
+        assert x.tolist() == [want] * 3, label
+    assert ReduceOp.SUM.type is torchcomms.RedOpType.SUM
+    assert copy.copy(ReduceOp.PREMUL_SUM(2.0)).factor == 2.0
+    assert copy.deepcopy(ReduceOp.MAX) == ReduceOp.MAX
+    c.finalize()
+
+
+def test_async_work_status_and_deadline_honoured() -> None:
+    c = fake("deadline", **{"fake.hang_ops": "all_reduce"})
+    ended: list[str] = []
+    c.register_post_hook(lambda op_id, rec: ended.append(rec.state))
+    w = c.all_reduce(torch.ones(2), ReduceOp.SUM, True, timeout=timedelta(seconds=0.5))
+    assert w.status is WorkStatus.INPROGRESS and not w.is_completed()
+    assert w.wait(timeout=0.05) is False  # a short user wait does not fail the op
+    t0 = time.monotonic()
+    with pytest.raises(CommTimeoutError) as info:
+        w.wait()
+    assert time.monotonic() - t0 < 1.0
+    assert info.value.seq == 1 and info.value.op == "all_reduce" and info.value.comm == "deadline"
+    assert w.status is WorkStatus.TIMEDOUT and isinstance(w.exception(), CommTimeoutError)
+    assert ended == ["timed_out"]
+    # broken: later ops fail at once
+    with pytest.raises(CommAbortedError, match="broken"):
+        c.barrier(False)
+    c.finalize()
+
+
+def test_watchdog_fails_work_nobody_waits_on() -> None:
+    c = fake("watchdog", **{"fake.hang_ops": "barrier"})
+    ended = threading.Event()
+    c.register_post_hook(lambda op_id, rec: ended.set())
+    w = c.barrier(True, timeout=timedelta(seconds=0.3))
+    assert ended.wait(5), "the watchdog never expired the op"
+    assert w.status is WorkStatus.TIMEDOUT
+    c.finalize()
+
+
+def test_sync_op_times_out_within_deadline() -> None:
+    c = fake("sync-timeout", **{"fake.hang_ops": "all_gather_single"})
+    c.set_timeout(timedelta(seconds=0.4))
+    t0 = time.monotonic()
+    with pytest.raises(CommTimeoutError, match=r"all_gather_single #1.*0.4 s"):
+        c.all_gather_single(torch.empty(8), torch.ones(2), False)
+    assert time.monotonic() - t0 < 1.5
+    c.finalize()
+
+
+def test_engine_peer_error_becomes_peer_failure_and_breaks() -> None:
+    c = fake("peer", **{"fake.fail_ops": "all_reduce", "fake.hang_ops": "barrier"})
+    pending = c.barrier(True)
+    with pytest.raises(PeerFailureError):
+        c.all_reduce(torch.ones(2), ReduceOp.SUM, False)
+    # the other in-flight op is failed at once, not left to its deadline
+    with pytest.raises(PeerFailureError):
+        pending.wait()
+    c.finalize()
+
+
+def test_notify_peer_failure_unblocks_inflight_ops() -> None:
+    c = fake("notify", **{"fake.hang_ops": "all_reduce"})
+    w = c.all_reduce(torch.ones(2), ReduceOp.SUM, True)
+    threading.Timer(0.1, lambda: c.notify_peer_failure([3], "exited")).start()
+    t0 = time.monotonic()
+    with pytest.raises(PeerFailureError) as info:
+        w.wait()
+    assert time.monotonic() - t0 < 2.0
+    assert info.value.failed_ranks == [3] and info.value.detected_by == "exited"
+    c.notify_peer_failure([9], "exited")  # not a member: ignored
+    c.finalize()
+
+
+def test_abort_fails_inflight_and_later_ops_and_runs_hooks() -> None:
+    c = fake("aborting", **{"fake.hang_ops": "all_reduce"})
+    called: list[int] = []
+    c.register_abort_hook(lambda: called.append(1))
+    w = c.all_reduce(torch.ones(2), ReduceOp.SUM, True)
+    c.abort()
+    with pytest.raises(CommAbortedError):
+        w.wait()
+    assert w.record.state == "aborted"
+    assert c.is_aborted() and called == [1]
+    with pytest.raises(CommAbortedError):
+        c.barrier(False)
+    c.abort()  # never raises
+    c.finalize()
+
+
+def test_finalize_drains_outstanding_work() -> None:
+    c = fake("drain")
+    works = [c.all_reduce(torch.ones(2), ReduceOp.SUM, True) for _ in range(3)]
+    c.finalize()
+    c.finalize()
+    assert all(w.is_completed() for w in works)
+
+
+def test_op_names_and_timeout_type() -> None:
+    assert OpName.all_reduce.value == "all_reduce" and str(OpName.barrier) == "barrier"
+    assert isinstance(torchcomms.Timeout(seconds=3), timedelta)
+    assert torchcomms.Timeout(timedelta(seconds=2)).total_seconds() == 2
+
+
+def test_registry() -> None:
+    assert torchcomms.is_backend_built("gloo") and torchcomms.is_backend_built("fake")
+    assert not torchcomms.is_backend_built("nope")
+    assert {"fake", "gloo"} <= set(torchcomms.built_backends())
+
+    class Mine(torchcomms.TorchCommBackend):
+        backend_name = "mine"
+
+    torchcomms.register_backend("mine", Mine)
+    assert "mine" in torchcomms.built_backends()
+    with pytest.raises(TypeError):
+        torchcomms.register_backend("bad", object)

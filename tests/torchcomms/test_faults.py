@@ -1,0 +1,64 @@
+"""A stopped or killed rank: every other rank raises a typed error within timeout + 2 s, and the
+broken communicator fails fast afterwards. No process is left behind."""
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.ranks import RankGroup
+
+TIMEOUT_S = 3.0
+
+
+def _run_stall(world: int, victim: int, sig: int, op: str) -> list:
+    ready = Path(tempfile.mkdtemp(prefix="tc-ready-"))
+    with RankGroup(world, "tests.torchcomms.workers:stalled_peer",
+                   {"op": op, "timeout_s": TIMEOUT_S, "victim": victim},
+                   env={"TC_READY_DIR": str(ready)}) as g:
+        deadline = time.monotonic() + 120
+        while len(list(ready.glob("ready*"))) < world:
+            assert time.monotonic() < deadline, "ranks never got ready"
+            assert all(p.poll() is None for p in g.procs), "a rank died early"
+            time.sleep(0.05)
+        g.signal(victim, sig)
+        time.sleep(0.2)
+        (ready / "go").touch()
+        survivors = [r for r in range(world) if r != victim]
+        results = g.wait(timeout=TIMEOUT_S + 60, ranks=survivors)
+        pids = g.pids
+    for pid in pids:  # none left behind
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    return results
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "barrier", "all_gather_single"])
+def test_sigstop_peer_times_out_everyone(op: str) -> None:
+    results = _run_stall(3, victim=2, sig=signal.SIGSTOP, op=op)
+    for res in results:
+        v = res.value
+        assert v is not None, res.stderr[-2000:]
+        assert v["raised"] == "CommTimeoutError", v
+        assert v["op"] == op and v["seq"] == 2, v
+        assert f"{op} #2" in v["message"] and "comm 'stall'" in v["message"]
+        assert v["elapsed"] <= TIMEOUT_S + 2.0, v
+        assert v["elapsed"] >= TIMEOUT_S - 0.5, v
+        assert v["after"] == "CommAbortedError"
+        assert v["after_elapsed"] < 1.0
+
+
+def test_sigkill_peer_raises_within_timeout() -> None:
+    results = _run_stall(3, victim=1, sig=signal.SIGKILL, op="all_reduce")
+    for res in results:
+        v = res.value
+        assert v is not None, res.stderr[-2000:]
+        assert v["raised"] in ("PeerFailureError", "CommTimeoutError"), v
+        assert v["elapsed"] <= TIMEOUT_S + 2.0, v
+        assert v["after"] == "CommAbortedError"
+    # the killed rank's ring neighbours see the closed connection: a PeerFailureError
+    assert any(res.value["raised"] == "PeerFailureError" for res in results)
