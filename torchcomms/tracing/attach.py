@@ -29,7 +29,7 @@ _lock = threading.RLock()
 _attached: dict[int, weakref.ref[Any]] = {}
 _process_hooks_installed = False
 _previous_sigusr1: Any = None
-_last_failure: dict[str, Any] = {}
+_last_failure: dict[Any, tuple[str, float]] = {}  # comm name -> (dump reason, monotonic time)
 _FAILURE_ABORT_WINDOW_S = 5.0
 
 
@@ -75,9 +75,10 @@ def attach_default_tracing(comm: Any) -> None:
         from torchcomms.tracing.logging import attach_logging
 
         attach_logging(comm)
-    from torchcomms.tracing.spans import attach_spans_from_env
+    if os.environ.get("TORCHCOMM_OTEL", "").strip():  # keep OpenTelemetry unimported when off
+        from torchcomms.tracing.spans import attach_spans_from_env
 
-    attach_spans_from_env(comm)
+        attach_spans_from_env(comm)
     add_observer = getattr(comm, "add_observer", None)
     if add_observer is not None:
         add_observer(_FOLLOWER)
@@ -95,8 +96,8 @@ def _make_abort_dump(recorder: FlightRecorder, comm: Any) -> Any:
             except Exception:  # noqa: BLE001
                 name = None
         reason = f"abort:{name}" if name else "abort"
-        recent = _last_failure.get("reason")
-        if recent and time.monotonic() - _last_failure.get("at", 0.0) < _FAILURE_ABORT_WINDOW_S:
+        recent, at = _last_failure.get(name, ("", 0.0))
+        if recent and time.monotonic() - at < _FAILURE_ABORT_WINDOW_S:
             reason = f"{recent} (then {reason})"  # the abort follows that failure: keep the cause
         safe_dump(recorder, reason)
 
@@ -125,7 +126,7 @@ def _install_process_hooks(recorder: FlightRecorder) -> None:
         return
     def _on_failure(state: str, rec: Any) -> None:
         reason = f"{state}:{rec.comm_name}:{rec.name}#{rec.seq}"
-        _last_failure.update(reason=reason, at=time.monotonic())
+        _last_failure[rec.comm_name] = (reason, time.monotonic())
         safe_dump(recorder, reason)
 
     recorder.add_failure_listener(_on_failure)

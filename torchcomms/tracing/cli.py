@@ -41,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _render_report(report: Any, out: Any) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from torchcomms.tracing.analyze import fmt_ranks
@@ -51,17 +52,17 @@ def _render_report(report: Any, out: Any) -> None:
         head += f", run {report.run_id}"
     con.print(head)
     for note in report.notes:
-        con.print(f"[dim]note: {note}[/]")
+        con.print(f"[dim]note: {escape(note)}[/]")
     if not report.findings:
         con.print("[bold green]No problems found.[/]")
     for f in report.findings:
-        con.print(f"[bold red]PROBLEM[/] [{f.kind}] {f.message}", markup=True, soft_wrap=True)
+        con.print(f"[bold red]PROBLEM[/] ({f.kind}) {escape(f.message)}", soft_wrap=True)
         if f.calls:
             t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
             t.add_column("rank", justify="right")
             t.add_column("call")
             for r, call in sorted(f.calls.items()):
-                t.add_row(str(r), call)
+                t.add_row(str(r), escape(call))
             con.print(t)
     if report.stragglers:
         t = Table(title="Arrival lag per rank (ms behind the first rank to arrive)", title_justify="left")
@@ -75,7 +76,7 @@ def _render_report(report: Any, out: Any) -> None:
         for col in ("comm", "op", "seq", "ms", "bytes/rank"):
             t.add_column(col, justify="right")
         for s in report.slowest:
-            t.add_row(s["comm"], s["op"], str(s["seq"]), f"{s['duration_ms']:.3f}", str(s["bytes"]))
+            t.add_row(escape(s["comm"]), s["op"], str(s["seq"]), f"{s['duration_ms']:.3f}", str(s["bytes"]))
         con.print(t)
     if report.bandwidth:
         t = Table(title="Bandwidth", title_justify="left")
@@ -83,7 +84,7 @@ def _render_report(report: Any, out: Any) -> None:
             t.add_column(col, justify="right")
         for b in report.bandwidth:
             t.add_row(
-                b["comm"], b["op"], str(b["bytes"]), str(b["count"]), f"{b['mean_ms']:.3f}",
+                escape(b["comm"]), b["op"], str(b["bytes"]), str(b["count"]), f"{b['mean_ms']:.3f}",
                 f"{b['algbw_gbps']:.3f}" if b["algbw_gbps"] is not None else "-",
                 f"{b['busbw_gbps']:.3f}" if b["busbw_gbps"] is not None else "-",
             )

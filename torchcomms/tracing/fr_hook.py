@@ -42,7 +42,7 @@ class FlightRecorderHook:
             raise TypeError("FlightRecorderHook.register_with_comm needs a communicator, got None")
         for attr in ("register_pre_hook", "register_post_hook", "get_name"):
             if not callable(getattr(comm, attr, None)):
-                raise TypeError(f"FlightRecorderHook.register_with_comm: {type(comm).__name__} has no {attr}()")
+                raise TypeError(f"FlightRecorderHook.register_with_comm: {type(comm).__name__} is not a communicator (no {attr}())")
         if self._enabled:
             self._recorder.attach(comm)
 

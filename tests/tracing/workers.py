@@ -1,0 +1,75 @@
+"""Rank programs for the tracing end-to-end tests: ``python -m tests.tracing.workers SCENARIO``.
+
+Each runs a real gloo communicator from TORCHCOMM_RANK/TORCHCOMM_SIZE and MASTER_ADDR/PORT;
+dumps go to TORCHCOMM_FR_DUMP_TEMP_FILE (default tracing does it, nothing here dumps by hand).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+
+import torchcomms
+from torchcomms import ReduceOp
+
+TIMEOUT_S = float(os.environ.get("TRACE_TEST_TIMEOUT_S", "2"))
+
+
+def _comm() -> torchcomms.TorchComm:
+    return torchcomms.new_comm("gloo", torch.device("cpu"), "dp", timeout=timedelta(seconds=TIMEOUT_S))
+
+
+def skip_collective() -> int:
+    """Three all_reduces everywhere; the last rank skips the third. The others time out."""
+    comm = _comm()
+    rank, size = comm.get_rank(), comm.get_size()
+    t = torch.ones(256)
+    comm.all_reduce(t, ReduceOp.SUM, async_op=False)
+    comm.barrier(async_op=False)
+    if rank == size - 1:
+        time.sleep(TIMEOUT_S + 3)  # stay connected while the others time out, then exit (atexit dump)
+        return 0
+    try:
+        comm.all_reduce(t, ReduceOp.SUM, async_op=False)
+    except torchcomms.CommError as exc:
+        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 3
+    return 0
+
+
+def size_mismatch() -> int:
+    """Rank 0 all_reduces 64 floats, rank 1 all_reduces 32."""
+    comm = _comm()
+    rank = comm.get_rank()
+    comm.barrier(async_op=False)
+    t = torch.ones(64 if rank == 0 else 32)
+    try:
+        comm.all_reduce(t, ReduceOp.SUM, async_op=False)
+    except torchcomms.CommError as exc:
+        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 3
+    return 0
+
+
+def clean() -> int:
+    """A few correct collectives, then exit (atexit dump)."""
+    comm = _comm()
+    t = torch.ones(1024)
+    for _ in range(3):
+        comm.all_reduce(t, ReduceOp.SUM, async_op=False)
+    comm.all_gather_single(torch.empty(1024 * comm.get_size()), t, async_op=False)
+    comm.barrier(async_op=False)
+    comm.finalize()
+    return 0
+
+
+if __name__ == "__main__":
+    code = globals()[sys.argv[1]]()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == 3:
+        os._exit(code)  # a broken gloo comm may block interpreter teardown; the dump is written
+    sys.exit(code)
