@@ -396,6 +396,7 @@ class Agent:
         self._stop_action = None
         self._stop_reason = ""
         self._exits_seen = 0
+        self._round_started = time.time()
         specs = self._worker_specs(plan, slot)
         self.group = WorkerGroup(on_exit=self._on_worker_exit)
         self._phase = "running"
@@ -506,11 +507,11 @@ class Agent:
             elif kind == "remote_failed":
                 rank = item.get("rank")
                 if item.get("round") == self._round and item.get("node_rank") != me \
+                        and item.get("reason") in ("exited", "killed") \
                         and rank not in known_failed:
                     known_failed.add(rank)
-                    how = f"exit {item['exit_code']}" if item.get("signal") is None else \
-                        signal.Signals(item["signal"]).name
-                    self.console.event(f"rank {rank} on {item.get('host')} failed ({how})")
+                    self.console.event(f"rank {rank} on {item.get('host')} failed "
+                                       f"({self._describe_event(item)})")
                     self._apply_policy(f"rank {rank} failed")
             for w in self._drain_exits():
                 if w.result.failed and not self._stopping_local:
@@ -565,6 +566,16 @@ class Agent:
         return self._exits_seen == len(self.group.workers)
 
     @staticmethod
+    def _describe_event(payload: dict[str, Any]) -> str:
+        sig = payload.get("signal")
+        if isinstance(sig, int):
+            try:
+                return signal.Signals(sig).name
+            except ValueError:
+                return f"signal {sig}"
+        return f"exit {payload.get('exit_code')}"
+
+    @staticmethod
     def _node_of(plan: Plan, rank: int) -> int | None:
         for n in plan.nodes:
             if n.rank_offset <= rank < n.rank_offset + n.nproc:
@@ -596,7 +607,7 @@ class Agent:
                 for lr in range(node.nproc):
                     results.append(WorkerResult(
                         rank=node.rank_offset + lr, local_rank=lr, node_rank=node.node_rank,
-                        host=node.host, pid=None, started=lost_at[node.node_rank],
+                        host=node.host, pid=None, started=self._round_started,
                         ended=lost_at[node.node_rank], lost=True))
                 continue
             raw = self.control.kv.get(_job_key(self._round, "result", str(node.node_rank)),
@@ -676,6 +687,8 @@ class Agent:
                         return Decision("exit", 128 + leaving, "signal")
                 if local_reported and kv.check([decision_key]):
                     decision = Decision.from_json(kv.get(decision_key))
+                    if decision.action == "exit":
+                        self.control.close_subscriptions()
                     kv.set(_job_key(self._round, "ack", str(self._slot.node_rank)), b"1")
                     if decision.action == "exit":
                         self.console.event(f"job finished with exit code {decision.exit_code} "

@@ -106,6 +106,15 @@ class ControlPlane:
         # topic against an empty payload, which refuses the project's own topics.
         self._subs.append(self.kv.subscribe(None, deliver))
 
+    def close_subscriptions(self) -> None:
+        """Stop event delivery (before the host goes away, to end quietly)."""
+        for sub in self._subs:
+            try:
+                sub.close()
+            except ControlError:
+                pass
+        self._subs.clear()
+
     def close(self) -> None:
         for sub in self._subs:
             try:

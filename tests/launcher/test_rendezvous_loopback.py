@@ -1,0 +1,76 @@
+"""Two agents on one machine (loopback): authentication and rendezvous timeouts."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import subprocess
+
+from conftest import REPO, base_env, free_port, launcher_cmd, run_launcher, worker
+
+
+def test_wrong_secret_is_refused_clearly(tmp_path, secret_file):
+    port = free_port()
+    other = tmp_path / "other.secret"
+    other.write_text(secrets.token_hex(32))
+    common = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}",
+              "--rdzv-id", "authjob", "--rdzv-conf", "join_timeout=60"]
+    host = subprocess.Popen(launcher_cmd(*common, "--node-rank", "0", "--job-secret-file",
+                                         str(secret_file), worker("ticker.py")),
+                            env=base_env(), cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        proc = run_launcher(*common, "--node-rank", "1", "--job-secret-file", str(other),
+                            worker("ticker.py"), timeout=60)
+        assert proc.returncode == 1
+        assert f"the rendezvous host at tcp://127.0.0.1:{port} refused this agent's job secret" \
+            in proc.stderr
+        assert f"--job-secret-file {other}" in proc.stderr
+    finally:
+        host.kill()
+        host.wait(timeout=10)
+
+
+def test_rendezvous_timeout_names_endpoint_joined_and_missing(secret_file):
+    port = free_port()
+    proc = run_launcher("--nnodes", "3", "--nproc-per-node", "1", "--rdzv-endpoint",
+                        f"127.0.0.1:{port}", "--rdzv-id", "lonely", "--node-rank", "0",
+                        "--job-secret-file", str(secret_file), "--rdzv-conf",
+                        "join_timeout=1", worker("ticker.py"), timeout=60)
+    assert proc.returncode == 1
+    host = socket.gethostname()
+    assert (f"rendezvous at 127.0.0.1:{port} timed out after 1 s: 1 node(s) joined ({host}); "
+            "2 more needed") in proc.stderr
+
+
+def test_joiner_without_host_times_out_naming_endpoint(secret_file):
+    port = free_port()
+    proc = run_launcher("--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
+                        "nohost", "--node-rank", "1", "--job-secret-file", str(secret_file),
+                        "--rdzv-conf", "join_timeout=1", worker("ticker.py"), timeout=60)
+    assert proc.returncode == 1
+    assert f"rendezvous host at tcp://127.0.0.1:{port} did not answer within 1 s" in proc.stderr
+
+
+def test_multinode_needs_a_shared_secret():
+    proc = run_launcher("--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-id", "x",
+                        worker("ticker.py"))
+    assert proc.returncode == 2
+    assert "needs the same secret on every node: pass --job-secret-file" in proc.stderr
+
+
+def test_two_agents_on_loopback(tmp_path, secret_file):
+    port = free_port()
+    common = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint", f"127.0.0.1:{port}",
+              "--rdzv-id", "loop", "--job-secret-file", str(secret_file)]
+    env = base_env(DURATION="0")
+    a = subprocess.Popen(launcher_cmd(*common, worker("ticker.py")), env=env, cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    b = subprocess.Popen(launcher_cmd(*common, worker("ticker.py")), env=env, cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    outs = [p.communicate(timeout=120) for p in (a, b)]
+    assert (a.returncode, b.returncode) == (0, 0), outs
+    text = outs[0][0] + outs[1][0]
+    for rank in range(4):
+        assert f"rank {rank} of 4 up" in text
+    assert sum("finished with exit code 0" in o[1] for o in outs) == 2
