@@ -107,7 +107,7 @@ class _StoreRegistry:
             if store is None:
                 from torchcomms.control.store import ControlStore
 
-                store = ControlStore.connect(addr, secret, timeout=timeout.total_seconds())
+                store = ControlStore.connect(addr, secret, timeout=timeout)
                 self._control[addr] = store
             return store
 
