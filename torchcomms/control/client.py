@@ -103,7 +103,7 @@ class _Channel:
         self.poller.register(self.monitor, zmq.POLLIN)
 
     def drain_monitor(self) -> None:
-        while True:
+        while self.monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             try:
                 frames = self.monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
