@@ -17,6 +17,7 @@ Under ``torch.use_deterministic_algorithms(True)`` only deterministic backward k
 from __future__ import annotations
 
 import math
+import types
 from typing import Any, Literal
 
 import torch
@@ -32,7 +33,7 @@ __all__ = ["attention", "select_backend", "Backend"]
 
 Backend = Literal["auto", "flex", "sdpa", "math"]
 _BACKENDS = ("auto", "flex", "sdpa", "math")
-_COMPILED: dict[str, Any] = {}  # registry of compiled callables, built on first use
+_COMPILED: dict[tuple, Any] = {}  # registry: kernel options -> compiled flex call
 
 
 def _flex_guarded(q: Tensor, k: Tensor, v: Tensor, block_mask: Any, scale: float,
@@ -52,12 +53,27 @@ def _flex_guarded(q: Tensor, k: Tensor, v: Tensor, block_mask: Any, scale: float
                           return_lse=return_lse, kernel_options=kernel_options)
 
 
-def _compiled_flex():
-    fn = _COMPILED.get("flex")
+def _compiled_flex(kernel_options: dict | None):
+    """The compiled flex call for one set of kernel options.
+
+    Each options set gets its own copy of the function's code object, so that dynamo's
+    per-code recompile limit counts shapes per options set rather than across all of them.
+    """
+    key = tuple(sorted((kernel_options or {}).items(), key=lambda kv: kv[0]))
+    fn = _COMPILED.get(key)
     if fn is None:
-        fn = torch.compile(_flex_guarded, dynamic=False, fullgraph=True)
-        _COMPILED["flex"] = fn
+        code = _flex_guarded.__code__.replace(co_name=f"_flex_guarded_{len(_COMPILED)}")
+        clone = types.FunctionType(code, _flex_guarded.__globals__, code.co_name)
+        fn = torch.compile(clone, dynamic=False, fullgraph=True)
+        _COMPILED[key] = fn
     return fn
+
+
+def _flex_has_backend_option() -> bool:
+    """Whether this torch's flex takes kernel_options['BACKEND'] (it has a FLASH backend)."""
+    from torch.nn.attention import flex_attention as fa
+
+    return hasattr(fa, "_Backend")
 
 
 def _flex_support(device: torch.device, needs_grad: bool, return_lse: bool) -> str | None:
@@ -202,9 +218,9 @@ def attention(
     bm = (cache if cache is not None else default_cache).get(mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2],
                                       q.device, block_size)
     opts = dict(kernel_options or {})
-    if torch.are_deterministic_algorithms_enabled():
+    if torch.are_deterministic_algorithms_enabled() and _flex_has_backend_option():
         opts.setdefault("BACKEND", "TRITON")  # its backward has no atomics without score_mod grads
-    result = _compiled_flex()(q, k, v, bm, scale, k.shape[1] != q.shape[1], return_lse,
+    result = _compiled_flex(opts or None)(q, k, v, bm, scale, k.shape[1] != q.shape[1], return_lse,
                               opts or None)
     if return_lse:
         out, lse = result
