@@ -41,16 +41,21 @@ def skip_collective() -> int:
 
 
 def size_mismatch() -> int:
-    """Rank 0 all_reduces 64 floats, rank 1 all_reduces 32."""
+    """Rank 0 all_reduces a [64] tensor, rank 1 an [8, 8] one (a reshape bug).
+
+    The byte counts agree on purpose: when they differ, gloo's receiving rank dies in C++
+    (``EnforceNotMet`` → ``std::terminate``) before any Python runs, so it leaves no dump.
+    """
     comm = _comm()
     rank = comm.get_rank()
     comm.barrier(async_op=False)
-    t = torch.ones(64 if rank == 0 else 32)
+    t = torch.ones(64) if rank == 0 else torch.ones(8, 8)
     try:
         comm.all_reduce(t, ReduceOp.SUM, async_op=False)
     except torchcomms.CommError as exc:
         print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3
+    comm.finalize()
     return 0
 
 

@@ -364,7 +364,7 @@ def _p2p(report: Report, name: str, meta: CommMeta, p2p: dict[int, list[Op]]) ->
             if rv is None and dst not in p2p:
                 continue
             lacking, role = (dst, "recv from") if rv is None else (src, "send to")
-            other = dst if rv is None else src
+            other = src if rv is None else dst
             report.findings.append(Finding(
                 kind="p2p_unmatched", comm=name, op=have.op, seq=None, ranks=[lacking],
                 calls={have.rank: describe_call(have)}, since_ns=have.created_ns,

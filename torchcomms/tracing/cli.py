@@ -17,8 +17,7 @@ EXIT_CLEAN, EXIT_PROBLEMS, EXIT_UNUSABLE = 0, 1, 2
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.print_usage(sys.stderr)
-        print(f"torchcomms-trace: error: {message}", file=sys.stderr)
+        print(f"torchcomms-trace: error: {message} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(EXIT_UNUSABLE)
 
 

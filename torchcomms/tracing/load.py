@@ -124,8 +124,11 @@ class TraceSet:
     def comms(self) -> dict[str, CommMeta]:
         """Communicators across dumps; PyTorch dumps without ``pg_config`` get the dump ranks."""
         out: dict[str, CommMeta] = {}
+        used = {o.comm for d in self.dumps.values() for o in d.ops}
         for d in self.dumps.values():
             for name, meta in d.comms.items():
+                if not name and name not in used:
+                    continue  # PyTorch gloo dumps carry an empty, unreferenced pg_config entry
                 cur = out.get(name)
                 if cur is None:
                     out[name] = CommMeta(name, meta.desc, list(meta.ranks), meta.backend)
