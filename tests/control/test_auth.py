@@ -87,3 +87,15 @@ def test_authenticated_raw_socket_is_served(server: StoreServer, secret: bytes) 
     finally:
         sock.close(0)
         ctx.term()
+
+
+def test_silent_peer_is_reported_as_a_failed_handshake() -> None:
+    """A listener that accepts TCP but never speaks ZMTP/CURVE: auth error at the timeout."""
+    import socket
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)  # the kernel completes connections; nobody ever answers
+        port = listener.getsockname()[1]
+        with ControlClient(f"tcp://127.0.0.1:{port}", new_secret(), timeout=0.5) as c:
+            with pytest.raises(ControlAuthError, match="handshake did not complete"):
+                c.ping()

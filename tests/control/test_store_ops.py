@@ -283,3 +283,13 @@ def test_server_enforces_its_limits_on_a_lenient_client(small_server: StoreServe
         with pytest.raises(ControlLimitError, match="value limit"):
             c.append("k", b"x" * 100)
         assert len(c.get("k")) == 1000
+
+
+def test_lone_surrogate_key_is_refused(client: ControlClient) -> None:
+    with pytest.raises(ControlArgumentError, match="not valid Unicode"):
+        client.set("bad\udcff", b"")
+
+
+def test_oversized_event_payload_is_refused(client: ControlClient) -> None:
+    with pytest.raises(ControlArgumentError, match="payload limit"):
+        client.publish("custom", {"blob": b"x" * (client.limits.max_payload_bytes + 1)})

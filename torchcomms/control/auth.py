@@ -110,6 +110,11 @@ class HandshakeWatch:
         self.auth_failure: ControlAuthError | None = None
         self._connected = False
 
+    @property
+    def connected(self) -> bool:
+        """Whether a TCP connection is up (its handshake may still be pending)."""
+        return self._connected
+
     def _refused(self, detail: str) -> ControlAuthError:
         return ControlAuthError(
             f"control server at {self.address} refused the CURVE handshake ({detail}): "

@@ -82,9 +82,10 @@ def _check_address(addr: Any) -> str:
 class _Channel:
     """One DEALER socket with its monitor; used by one thread at a time."""
 
-    def __init__(self, ctx: zmq.Context, addr: str, keys: Any) -> None:
+    def __init__(self, ctx: zmq.Context, addr: str, keys: Any, handshake_s: float) -> None:
         sock = ctx.socket(zmq.DEALER)
         sock.linger = 0
+        sock.setsockopt(zmq.HANDSHAKE_IVL, max(100, int(handshake_s * 1000)))
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
@@ -295,7 +296,7 @@ class ControlClient:
         with self._lock:
             if self._closed:
                 raise ControlClosedError(f"control client for {self.address} is closed")
-            channel = _Channel(self._ctx, self.address, self._keys)
+            channel = _Channel(self._ctx, self.address, self._keys, min(self.timeout, 10.0))
             self._channels.add(channel)
         return channel
 
@@ -373,6 +374,12 @@ class ControlClient:
                 raise ControlClosedError(f"{op}: control client for {self.address} was closed")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                chan.drain_monitor()
+                if chan.watch.connected and not chan.watch.established:
+                    raise ControlAuthError(
+                        f"{op}: connected to {self.address}, but the CURVE handshake did not "
+                        f"complete within {budget:.1f} s: the peer is not a torchcomms control "
+                        "server, or it refuses this job secret")
                 if not chan.watch.ever_established:
                     raise ControlUnavailableError(
                         f"{op}: could not reach the control server at {self.address} "
@@ -673,9 +680,13 @@ class ControlClient:
             self._heartbeats[member] = heartbeat
         heartbeat.start()
 
-    def heartbeat_stop(self, member: str | None = None) -> None:
+    def heartbeat_stop(self, member: str | None = None, *,
+                       timeout: float | timedelta | None = None) -> None:
         """Stop heartbeats (of ``member``, or all) and deregister them from the server, so
-        that a clean exit is not reported as a failure."""
+        that a clean exit is not reported as a failure (``timeout``: for the deregistration,
+        default the client's, at most 5 s)."""
+        budget = _seconds(timeout, "timeout")
+        budget = min(self.timeout, 5.0) if budget is None else budget
         with self._lock:
             names = list(self._heartbeats) if member is None else [member]
             stopping = [self._heartbeats.pop(n) for n in names if n in self._heartbeats]
@@ -683,8 +694,7 @@ class ControlClient:
             raise ControlArgumentError(f"no heartbeats are running for {member!r}")
         for heartbeat in stopping:
             heartbeat.stop()
-            self._call("heartbeat_stop", {"member": heartbeat.member},
-                       budget=min(self.timeout, 5.0))
+            self._call("heartbeat_stop", {"member": heartbeat.member}, budget=budget)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -694,7 +704,7 @@ class ControlClient:
         if self._closed:
             return
         try:
-            self.heartbeat_stop()
+            self.heartbeat_stop(timeout=1.0)
         except ControlError as exc:
             _log.debug("could not deregister heartbeats on close: %s", exc)
         with self._lock:

@@ -132,7 +132,10 @@ def check_key(name: str, value: Any, limits: Limits, *, allow_empty: bool = Fals
         raise _fail("protocol", f"field {name!r} must be a str, got {_type_name(value)}")
     if not value and not allow_empty:
         raise _fail("protocol", f"field {name!r} must not be empty")
-    size = len(value.encode("utf-8", "surrogatepass"))
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise _fail("protocol", f"field {name!r} is not valid Unicode (lone surrogate)") from None
     if size > limits.max_key_bytes:
         raise _fail("limit", f"field {name!r} is {size} bytes; the key limit is "
                              f"{limits.max_key_bytes} bytes")
@@ -242,13 +245,26 @@ def check_payload(value: Any, limits: Limits, *, name: str = "payload") -> dict[
     if not isinstance(value, dict):
         raise _fail("protocol", f"field {name!r} must be a map, got {_type_name(value)}")
     _check_plain(value, name, 0)
+    try:
+        size = len(encode(value))
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise _fail("protocol", f"field {name!r} cannot be encoded: {exc}") from None
+    if size > limits.max_payload_bytes:
+        raise _fail("limit", f"field {name!r} is {size} bytes; the payload limit is "
+                             f"{limits.max_payload_bytes} bytes")
     return value
 
 
 def _check_plain(value: Any, where: str, depth: int) -> None:
     if depth > MAX_PAYLOAD_DEPTH:
         raise _fail("protocol", f"{where} nests deeper than {MAX_PAYLOAD_DEPTH} levels")
-    if value is None or isinstance(value, (bool, str, bytes)):
+    if value is None or isinstance(value, (bool, bytes)):
+        return
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _fail("protocol", f"{where} is not valid Unicode (lone surrogate)") from None
         return
     if isinstance(value, int):
         if not INT64_MIN <= value <= 2**64 - 1:
