@@ -16,7 +16,10 @@ from .config import LossConfig
 from .rowwise import RowPass
 
 #: default memory budget of the chunk's logits buffer on CUDA and on the CPU
-CUDA_CHUNK_BYTES = 224 * 2**20
+CUDA_CHUNK_BYTES = 256 * 2**20
+#: on CUDA when a weight-sized float32 dW accumulator is held anyway (bf16/fp16 weights with
+#: accum_dtype=float32): larger chunks mean fewer passes over that accumulator
+CUDA_WIDE_ACCUM_CHUNK_BYTES = 512 * 2**20
 CPU_CHUNK_BYTES = 16 * 2**20
 
 
@@ -32,9 +35,18 @@ class ChunkedResult:
     grad_bias: torch.Tensor | None = None
 
 
-def default_chunk_size(num_rows: int, num_classes: int, dtype: torch.dtype, device: torch.device) -> int:
+def default_chunk_size(
+    num_rows: int,
+    num_classes: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    wide_accumulator: bool = False,
+) -> int:
     """Rows per chunk: the largest multiple of 64 (at least 64) whose logits fit the budget."""
-    budget = CUDA_CHUNK_BYTES if device.type == "cuda" else CPU_CHUNK_BYTES
+    if device.type == "cuda":
+        budget = CUDA_WIDE_ACCUM_CHUNK_BYTES if wide_accumulator else CUDA_CHUNK_BYTES
+    else:
+        budget = CPU_CHUNK_BYTES
     elem = torch.empty((), dtype=dtype).element_size()
     if device.type != "cuda":
         elem = max(elem, 4)  # the CPU row pass works on a float32 copy

@@ -289,8 +289,9 @@ def linear_cross_entropy(
         bias: optional ``(C,)`` bias.
         class_weight: optional ``(C,)`` per-class rescaling (``F.cross_entropy``'s ``weight``).
         return_z_loss: also return the z-loss term (detached; it is already in ``loss``).
-        chunk_size: rows per chunk (default: the logits buffer stays within a fixed budget,
-            224 MiB on CUDA, 16 MiB elsewhere).
+        chunk_size: rows per chunk (default: the logits buffer stays within a fixed budget:
+            on CUDA 256 MiB, or 512 MiB when a float32 weight-gradient accumulator is held
+            anyway; 16 MiB elsewhere).
         accum_dtype: dtype of the weight/bias-gradient accumulator across chunks: float32
             (default), float64, or the input dtype to accumulate in the gradient itself (saves
             a weight-sized float32 buffer, at one rounding per chunk).
@@ -299,8 +300,9 @@ def linear_cross_entropy(
             ``select_implementation`` tells which one ``"auto"`` takes.
 
     Returns:
-        The loss (a scalar, or ``target.shape`` for ``"none"``) in ``input.dtype``, and with
-        ``return_z_loss`` a ``(loss, z_loss)`` pair.
+        The loss (a scalar, or ``target.shape`` for ``"none"``) in float32 for bf16/fp16/fp32
+        inputs (float64 for float64: a bf16 scalar loss would keep only 3 significant digits),
+        and with ``return_z_loss`` a ``(loss, z_loss)`` pair.
     """
     cfg = LossConfig(reduction, ignore_index, float(label_smoothing), float(z_loss), None if softcap is None else float(softcap))
     if not isinstance(implementation, str):
@@ -322,14 +324,15 @@ def linear_cross_entropy(
     if flat_target.dtype != torch.int64:
         flat_target = flat_target.long()
     n, num_classes = x2d.shape[0], w2d.shape[0]
-    rows = chunk_size or default_chunk_size(n, num_classes, input.dtype, input.device)
+    wide = weight.requires_grad and torch.promote_types(accum_dtype, weight.dtype) != weight.dtype
+    rows = chunk_size or default_chunk_size(n, num_classes, input.dtype, input.device, wide_accumulator=wide)
     plan = _Plan(
         cfg=cfg,
         row_pass=triton_row_pass if route.implementation == "triton" else torch_row_pass,
         chunk_size=rows,
         accum_dtype=accum_dtype,
         target_shape=tuple(target.shape),
-        return_dtype=input.dtype,
+        return_dtype=compute_dtype_for(input.dtype),
     )
     cw = class_weight.to(compute_dtype_for(input.dtype)) if class_weight is not None else None
     needs_grad = torch.is_grad_enabled() and (
@@ -341,5 +344,5 @@ def linear_cross_entropy(
         coefs = reduction_coefficients(cfg, flat_target, cw, num_classes, compute_dtype_for(input.dtype))
         loss, z = _combine(cfg, coefs, _run(x2d, w2d, flat_target, bias, cw, plan, coefs))
         shape = plan.target_shape if cfg.reduction == "none" else ()
-        loss, z = loss.to(input.dtype).reshape(shape), z.to(input.dtype).reshape(shape)
+        loss, z = loss.reshape(shape), z.reshape(shape)
     return (loss, z) if return_z_loss else loss

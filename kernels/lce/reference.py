@@ -19,7 +19,7 @@ def reference_linear_cross_entropy(
 
     Differentiable through ordinary autograd. ``weight`` is ``(C, H)``, or ``(C, *K, H)`` for a
     K-dimensional loss (then ``input`` is ``(N, H)`` or ``(H,)`` and ``target`` ``(N, *K)``/``K``).
-    The math runs in float32 (float64 for float64 inputs); results come back in ``input.dtype``.
+    The math runs, and results come back, in float32 (float64 for float64 inputs).
     ``z_loss`` is detached (it is already part of ``loss``).
     """
     ct = compute_dtype_for(input.dtype)
@@ -59,4 +59,4 @@ def reference_linear_cross_entropy(
         loss = loss + z
     if cfg.reduction == "none":
         loss, z = loss.reshape(target.shape), z.reshape(target.shape)
-    return loss.to(input.dtype), z.detach().to(input.dtype)
+    return loss, z.detach()

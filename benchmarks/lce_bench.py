@@ -1,0 +1,348 @@
+"""Fused linear + cross-entropy: fwd+bwd time and peak memory, ours vs the anchors, one run.
+
+    python3 benchmarks/lce_bench.py --device cpu   # N=4096 H=1024 V=32768 fp32
+    python3 benchmarks/lce_bench.py --device cuda  # N=4096,16384 H=4096 V=128256 bf16
+
+Peak memory is "above the inputs and their gradients": the allocator's (CUDA) or the
+process's (CPU, resident set in a fresh subprocess per contender) peak during one fwd+bwd,
+minus what was held before it, minus the bytes of the gradients it produced. Time is the
+median of timed fwd+bwd steps after warm-up. TFLOP/s count 6*N*H*V (three matrix products).
+Prints a table (ratios against our default variant) and writes JSON (``--json``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels.lce import linear_cross_entropy  # noqa: E402
+
+StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+# --------------------------------------------------------------------------- contenders
+def unfused(x: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """What a model does without fusion: full logits, float32 softmax."""
+    return F.cross_entropy(F.linear(x, w).float(), t)
+
+
+def ours(**kwargs) -> StepFn:
+    return lambda x, w, t: linear_cross_entropy(x, w, t, **kwargs)
+
+
+def torch_chunked(**kwargs) -> StepFn:
+    from torch.nn import LinearCrossEntropyOptions
+
+    options = LinearCrossEntropyOptions(**kwargs)
+    return lambda x, w, t: F.linear_cross_entropy(x, w, t, options=options)
+
+
+def liger() -> StepFn:
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+    loss = LigerFusedLinearCrossEntropyLoss()
+    return lambda x, w, t: loss(w, x, t)
+
+
+def cut_cross_entropy() -> StepFn:
+    from cut_cross_entropy import linear_cross_entropy as cce
+
+    return lambda x, w, t: cce(x, w, t)
+
+
+def compiled_unfused() -> StepFn:
+    return torch.compile(unfused)
+
+
+CPU_CONTENDERS: dict[str, Callable[[], StepFn]] = {
+    "unfused eager": lambda: unfused,
+    "torch 2.13 chunked (auto)": lambda: torch_chunked(),
+    "torch 2.13 chunked (accurate, aspect_ratio)": lambda: torch_chunked(acc_policy="accurate", chunking_method="aspect_ratio"),
+    "torch 2.13 chunked (accurate, 512 rows)": lambda: torch_chunked(acc_policy="accurate", chunking_method=None, batch_chunk_size=512),
+    "ours (chunked, default)": lambda: ours(implementation="chunked"),
+    "ours (chunked, 512 rows)": lambda: ours(implementation="chunked", chunk_size=512),
+}
+
+GPU_CONTENDERS: dict[str, Callable[[], StepFn]] = {
+    "unfused eager": lambda: unfused,
+    "unfused torch.compile": compiled_unfused,
+    "Liger fused": liger,
+    "Cut Cross-Entropy": cut_cross_entropy,
+    "ours (triton, fp32 dW accum)": lambda: ours(implementation="triton"),
+    "ours (triton, bf16 dW accum)": lambda: ours(implementation="triton", accum_dtype=torch.bfloat16),
+    "ours (chunked torch ops)": lambda: ours(implementation="chunked", accum_dtype=torch.bfloat16),
+}
+
+
+# --------------------------------------------------------------------------- measuring
+def make_inputs(n: int, h: int, v: int, dtype: torch.dtype, device: str, seed: int = 0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = (torch.randn(n, h, generator=g, device=device, dtype=torch.float32) * 0.5).to(dtype).requires_grad_()
+    w = (torch.randn(v, h, generator=g, device=device, dtype=torch.float32) * h**-0.5).to(dtype).requires_grad_()
+    t = torch.randint(0, v, (n,), generator=g, device=device)
+    t[::17] = -100
+    return x, w, t
+
+
+def step(fn: StepFn, x, w, t) -> float:
+    x.grad = w.grad = None
+    loss = fn(x, w, t)
+    loss.backward()
+    return float(loss.detach().float())
+
+
+def time_cuda(fn: StepFn, x, w, t, reps: int) -> list[float]:
+    times = []
+    for _ in range(reps):
+        x.grad = w.grad = None
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(x, w, t).backward()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def peak_cuda(fn: StepFn, x, w, t) -> float:
+    x.grad = w.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn(x, w, t).backward()
+    torch.cuda.synchronize()
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in (x, w) if p.grad is not None)
+    return (torch.cuda.max_memory_allocated() - base - grads) / 2**20
+
+
+def matmul_ceiling_tflops(reps: int = 20) -> float:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        a @ b
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    return 2 * 8192**3 / (statistics.median(times) * 1e-3) / 1e12
+
+
+def run_cuda(args) -> dict:
+    h, v = 4096, 128256
+    ceiling = matmul_ceiling_tflops()
+    print(f"bf16 matmul ceiling (8192^3, median of 20): {ceiling:.0f} TFLOP/s", flush=True)
+    rows = []
+    for n in args.n:
+        x, w, t = make_inputs(n, h, v, torch.bfloat16, "cuda")
+        ref_loss = None
+        for name, make in GPU_CONTENDERS.items():
+            if args.only and not any(o in name for o in args.only):
+                continue
+            try:
+                fn = make()
+                for _ in range(args.warmup):
+                    loss = step(fn, x, w, t)
+                torch.cuda.synchronize()
+                peak = peak_cuda(fn, x, w, t)
+                times = time_cuda(fn, x, w, t, args.reps)
+            except Exception as exc:  # a contender that cannot run is reported, not fatal
+                print(f"  {name} @N={n}: FAILED {type(exc).__name__}: {exc}", flush=True)
+                rows.append({"n": n, "name": name, "error": f"{type(exc).__name__}: {exc}"})
+                torch.cuda.empty_cache()
+                continue
+            if ref_loss is None:
+                ref_loss = loss
+            ms = statistics.median(times)
+            tflops = 6 * n * h * v / (ms * 1e-3) / 1e12
+            row = {
+                "n": n, "h": h, "v": v, "name": name, "ms": ms, "ms_all": times, "peak_mib": peak,
+                "tflops": tflops, "loss": loss, "loss_rel_diff_vs_unfused": abs(loss - ref_loss) / abs(ref_loss),
+            }
+            rows.append(row)
+            print(f"  N={n:6d} {name:32s} {ms:8.2f} ms {peak:10.1f} MiB {tflops:6.0f} TFLOP/s  loss={loss:.6f}", flush=True)
+            del fn
+            x.grad = w.grad = None
+            torch.cuda.empty_cache()
+    return {"ceiling_tflops": ceiling, "rows": rows, "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    fn()
+    e.record()
+    torch.cuda.synchronize()
+    return s.elapsed_time(e)
+
+
+def run_sweep(args) -> dict:
+    """Our Triton route across chunk sizes, and one chunk's phases timed one by one."""
+    from kernels.lce.config import LossConfig, reduction_coefficients
+    from kernels.lce.triton_kernels import triton_row_pass
+
+    h, v = 4096, 128256
+    rows = []
+    for n in args.n:
+        x, w, t = make_inputs(n, h, v, torch.bfloat16, "cuda")
+        for acc in (torch.bfloat16, torch.float32):
+            for chunk in args.chunks:
+                fn = ours(implementation="triton", accum_dtype=acc, chunk_size=chunk)
+                step(fn, x, w, t)
+                peak = peak_cuda(fn, x, w, t)
+                ms = statistics.median(time_cuda(fn, x, w, t, args.reps))
+                rows.append({"n": n, "chunk": chunk, "accum": str(acc), "ms": ms, "peak_mib": peak})
+                print(f"  sweep N={n} chunk={chunk:5d} accum={str(acc):15s} {ms:8.2f} ms {peak:8.1f} MiB "
+                      f"{6 * n * h * v / ms / 1e9:5.0f} TFLOP/s", flush=True)
+                x.grad = w.grad = None
+                torch.cuda.empty_cache()
+        del x, w, t
+    x, w, t = make_inputs(max(args.chunks), h, v, torch.bfloat16, "cuda")
+    x, w = x.detach(), w.detach()
+    cfg = LossConfig()
+    for chunk in args.chunks:
+        xc, tc = x[:chunk], t[:chunk]
+        coefs = reduction_coefficients(cfg, tc, None, v, torch.float32)
+        buf = torch.empty(chunk, v, dtype=torch.bfloat16, device="cuda")
+        dx = torch.empty_like(xc)
+        dw16 = torch.empty_like(w)
+        dw32 = torch.zeros(w.shape, dtype=torch.float32, device="cuda")
+        phases = {
+            "logits mm": lambda: torch.mm(xc, w.t(), out=buf),
+            "row kernel": lambda: triton_row_pass(buf, tc, cfg, None, coefs, None, True),
+            "dX mm": lambda: torch.mm(buf, w, out=dx),
+            "dW addmm bf16": lambda: dw16.addmm_(buf.t(), xc),
+        }
+        try:
+            torch.addmm(dw32, buf.t(), xc, out_dtype=torch.float32, out=dw32)
+            phases["dW addmm fp32 out"] = lambda: torch.addmm(dw32, buf.t(), xc, out_dtype=torch.float32, out=dw32)
+        except (RuntimeError, TypeError) as exc:
+            print(f"  mixed addmm unavailable: {exc}")
+        for name, fn in phases.items():
+            fn()
+            torch.cuda.synchronize()
+            ms = statistics.median(_timed(fn) for _ in range(max(5, args.reps)))
+            flops = 0 if name == "row kernel" else 2 * chunk * h * v
+            rows.append({"chunk": chunk, "phase": name, "ms": ms})
+            print(f"  phase chunk={chunk:5d} {name:20s} {ms:7.3f} ms" + (f" {flops / ms / 1e9:5.0f} TFLOP/s" if flops else
+                  f" {3 * chunk * v * 2 / ms / 1e9:6.0f} GB/s (3 passes)"), flush=True)
+    return {"rows": rows}
+
+
+# --------------------------------------------------------------------------- CPU
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def cpu_worker(name: str, n: int, h: int, v: int, reps: int) -> dict:
+    """One contender in this (fresh) process: peak RSS of the first step, then timings."""
+    torch.manual_seed(0)
+    x, w, t = make_inputs(n, h, v, torch.float32, "cpu")
+    fn = CPU_CONTENDERS[name]()
+    base = _rss_bytes()
+    loss = step(fn, x, w, t)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in (x, w))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        step(fn, x, w, t)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {"name": name, "n": n, "h": h, "v": v, "ms": statistics.median(times), "ms_all": times,
+            "peak_mib": (peak - base - grads) / 2**20, "loss": loss}
+
+
+def run_cpu(args) -> dict:
+    n, h, v = 4096, 1024, 32768
+    rows = []
+    for name in CPU_CONTENDERS:
+        if args.only and not any(o in name for o in args.only):
+            continue
+        out = subprocess.run(
+            [sys.executable, __file__, "--cpu-worker", name, "--reps", str(args.reps)],
+            capture_output=True, text=True, check=False,
+        )
+        if out.returncode != 0:
+            print(f"  {name}: FAILED\n{out.stderr[-2000:]}", flush=True)
+            rows.append({"name": name, "error": out.stderr[-2000:]})
+            continue
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        print(f"  {name:45s} {row['ms']:9.1f} ms {row['peak_mib']:9.1f} MiB  loss={row['loss']:.6f}", flush=True)
+    return {"rows": rows, "threads": torch.get_num_threads(), "torch": torch.__version__, "cpu": platform.processor() or platform.machine()}
+
+
+# --------------------------------------------------------------------------- report
+def print_table(result: dict, anchor: str) -> None:
+    rows = [r for r in result["rows"] if "error" not in r]
+    print()
+    ceiling = result.get("ceiling_tflops")
+    for n in sorted({r["n"] for r in rows}):
+        group = [r for r in rows if r["n"] == n]
+        base = next((r for r in group if r["name"] == anchor), None)
+        print(f"N={n}" + (f"  (bf16 matmul ceiling {ceiling:.0f} TFLOP/s, floor {6 * n * 4096 * 128256 / ceiling / 1e9:.1f} ms)" if ceiling else ""))
+        head = f"| {'implementation':45s} | {'fwd+bwd ms':>10s} | {'peak MiB':>9s} | {'ours/this time':>14s} | {'ours/this mem':>13s} |"
+        if ceiling:
+            head += " TFLOP/s | % ceiling |"
+        print(head)
+        for r in group:
+            t_ratio = base["ms"] / r["ms"] if base else float("nan")
+            m_ratio = base["peak_mib"] / r["peak_mib"] if base and r["peak_mib"] > 0 else float("nan")
+            line = f"| {r['name']:45s} | {r['ms']:10.2f} | {r['peak_mib']:9.1f} | {t_ratio:14.2f} | {m_ratio:13.3f} |"
+            if ceiling:
+                line += f" {r['tflops']:7.0f} | {100 * r['tflops'] / ceiling:8.1f}% |"
+            print(line)
+        print()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--n", type=int, nargs="+", default=[4096, 16384], help="token counts (CUDA)")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--only", nargs="*", help="substrings of contender names to run")
+    p.add_argument("--json", type=Path, help="where to write the results")
+    p.add_argument("--sweep", action="store_true", help="CUDA: our route over --chunks, and per-phase times")
+    p.add_argument("--chunks", type=int, nargs="+", default=[512, 896, 1024, 2048])
+    p.add_argument("--cpu-worker", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.cpu_worker:
+        print(json.dumps(cpu_worker(args.cpu_worker, 4096, 1024, 32768, args.reps)))
+        return
+    if args.sweep:
+        result = run_sweep(args)
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2))
+        return
+    result = run_cuda(args) if args.device == "cuda" else run_cpu(args)
+    result.update(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), argv=sys.argv, host=platform.node())
+    anchor = "ours (triton, fp32 dW accum)" if args.device == "cuda" else "ours (chunked, default)"
+    print_table(result, anchor)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
