@@ -357,7 +357,8 @@ class ControlClient:
 
     def _exchange(self, chan: _Channel, op: str, request_id: int, frame: bytes, budget: float,
                   stop: threading.Event | None) -> proto.Reply:
-        chan.drain_monitor()
+        # Monitor events that arrived while the channel was idle are seen by the poll below;
+        # here only what earlier calls already learnt is checked (no extra socket call).
         if chan.watch.auth_failure is not None:
             raise chan.watch.auth_failure
         if chan.watch.lost:

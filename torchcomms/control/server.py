@@ -321,9 +321,10 @@ class StoreServer:
     def _drain_requests(self) -> None:
         assert self._router is not None
         router = self._router
-        for _ in range(1000):  # bounded, so timers and commands still get their turn
-            # checking EVENTS first is much cheaper than a recv that raises zmq.Again
-            if not router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        for index in range(1000):  # bounded, so timers and commands still get their turn
+            # the poll said the first one is there; after it, checking EVENTS is much
+            # cheaper than a recv that raises zmq.Again
+            if index and not router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 return
             try:
                 frames = router.recv_multipart(zmq.NOBLOCK)
@@ -352,8 +353,8 @@ class StoreServer:
     def _send(self, identity: bytes, payload: bytes) -> None:
         assert self._router is not None
         try:
-            self._router.send_multipart([identity, payload], zmq.NOBLOCK,
-                                        copy=len(payload) < 65536)
+            self._router.send(identity, zmq.NOBLOCK | zmq.SNDMORE)
+            self._router.send(payload, zmq.NOBLOCK, copy=len(payload) < 65536)
         except zmq.ZMQError:
             pass  # the peer is gone or not draining; drop the reply
 
