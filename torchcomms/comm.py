@@ -19,6 +19,8 @@ from torch.utils.hooks import RemovableHandle
 from torchcomms import bootstrap
 from torchcomms.backends.base import BackendContext, EngineHandle, TorchCommBackend
 from torchcomms.backends.registry import get_backend_class
+from torchcomms.agreement import agree_on_survivors
+from torchcomms.failure_monitor import MONITORS
 from torchcomms.errors import (
     BackendError,
     CollectiveMismatchError,
@@ -170,6 +172,9 @@ def new_comm(
     except BaseException:
         NAMES.release(name, None)  # type: ignore[arg-type]
         raise
+    monitor = MONITORS.for_store(the_store, rank) if size > 1 else None
+    if monitor is not None:
+        monitor.watch(comm)
     _attach_default_observers(comm)
     return comm
 
@@ -250,6 +255,9 @@ class TorchComm:
         self._broken: CommError | None = None
         self._state = "active"  # active | broken | aborted | finalized
         self._children: list[weakref.ref] = []
+        self._monitor: Any = None  # FailureMonitor, when the store is the control plane's
+        self._epoch = 0
+        self._failed_global: dict[int, str] = {}
         NAMES.bind(self._name, self)
 
     # ----------------------------------------------------------------------------------------
@@ -346,6 +354,15 @@ class TorchComm:
                     "recover it with shrink() or create a new one",
                     comm=self._name,
                     op=str(name),
+                )
+            if self._state == "shrunk":
+                raise CommAbortedError(
+                    "communicator was shrunk; use the communicator shrink() returned", comm=self._name, op=str(name)
+                )
+            if self._state == "expelled":
+                raise CommAbortedError(
+                    "this rank was declared failed and excluded from the job's communicators; it cannot rejoin",
+                    comm=self._name, op=str(name),
                 )
             raise CommAbortedError(f"communicator is {self._state}", comm=self._name, op=str(name))
 
@@ -531,20 +548,151 @@ class TorchComm:
         If any is a member, every in-flight op ends with ``PeerFailureError`` at once and the
         communicator is broken."""
         members = [self._global_ranks.index(g) for g in failed_global_ranks if g in self._global_ranks]
-        if not members or self._state in ("aborted", "finalized"):
+        if not members or self._state in ("aborted", "finalized", "shrunk", "expelled"):
             return
+        for g in failed_global_ranks:
+            self._failed_global.setdefault(g, detected_by)
         self._break(
             PeerFailureError(
                 "peer failure reported", failed_ranks=members, detected_by=detected_by, comm=self._name
             )
         )
 
+    def _expel(self, how: str) -> None:
+        """This rank was declared failed (``how``): fail everything, refuse every later op."""
+        with self._lock:
+            if self._state in ("finalized", "expelled"):
+                return
+            self._state = "expelled"
+            pending = list(self._inflight.values())
+        for w in pending:
+            rec = w.record
+            w._finish(WorkStatus.ERROR, CommAbortedError(
+                f"this rank was declared failed ({how}) and excluded", comm=self._name, op=str(rec.name), seq=rec.seq,
+            ), state="aborted")
+        self._run_abort_hooks()
+        self._backend.abort()
+
+    # ----------------------------------------------------------------------------------------
+    # recovery
+    def shrink(self, timeout: timedelta | None = None) -> TorchComm:
+        """Survivors agree on who is left and carry on in a new communicator (this project's
+        addition to the API). Collective over the surviving ranks; returns the new communicator
+        (same name, ranks renumbered in the order of the old ranks). This communicator refuses
+        every later op. Raises ``CommAbortedError`` on a rank that was declared failed.
+
+        Communicators split from this one are independent: each breaks only when one of its own
+        members fails, and is shrunk by its own ``shrink()``.
+        """
+        secs = self._checker.timeout("shrink", timeout) or self._timeout_s
+        deadline = time.monotonic() + secs
+        if self._state not in ("active", "broken"):
+            self._usable(OpName.shrink)
+        # nothing may run on the old engine any more
+        with self._lock:
+            if self._state == "active":
+                self._state = "broken"
+                self._broken = CommAbortedError("communicator is being shrunk", comm=self._name, op="shrink")
+            pending = list(self._inflight.values())
+        for w in pending:
+            rec = w.record
+            w._finish(WorkStatus.ERROR, CommAbortedError("communicator is being shrunk", comm=self._name,
+                                                         op=str(rec.name), seq=rec.seq))
+        me = self._global_ranks[self._rank]
+        epoch = self._epoch
+        while True:
+            epoch += 1
+            survivors = agree_on_survivors(
+                self._ctx.store, f"{self._ctx.store_prefix}/shrink{epoch}", me, list(self._global_ranks),
+                self._known_failed, deadline,
+            )
+            if me not in survivors:
+                self._expel("excluded from the survivor set")
+                raise CommAbortedError(
+                    f"this rank ({me}) is not in the survivor set {survivors} agreed at epoch {epoch}",
+                    comm=self._name, op="shrink",
+                )
+            backend = self._build_engine(survivors, epoch, deadline)
+            if backend is not None:
+                break
+            if time.monotonic() >= deadline:
+                raise CommTimeoutError(f"could not rebuild the engine over the survivors within {secs:g} s",
+                                       timeout_s=secs, comm=self._name, op="shrink")
+        return self._become(backend, survivors, epoch)
+
+    def _known_failed(self) -> set[int]:
+        failed = set(self._failed_global)
+        if self._monitor is not None:
+            failed |= self._monitor.known_failed()
+        return failed
+
+    def _build_engine(self, survivors: list[int], epoch: int, deadline: float) -> TorchCommBackend | None:
+        """A fresh engine over ``survivors`` under the epoch's store prefix; ``None`` when a
+        survivor failed meanwhile (the caller agrees again at the next epoch)."""
+        me = self._global_ranks[self._rank]
+        ctx = BackendContext(
+            name=self._name, rank=survivors.index(me), size=len(survivors), device=self._device,
+            store=self._ctx.store, store_prefix=f"{self._ctx.store_prefix}/e{epoch}",
+            timeout=timedelta(seconds=max(1.0, deadline - time.monotonic())),
+            hints=dict(self._hints), global_ranks=tuple(survivors),
+        )
+        box: dict[str, Any] = {}
+
+        def build() -> None:
+            try:
+                box["backend"] = self._backend.split(ctx)
+            except BaseException as e:  # noqa: BLE001
+                box["error"] = e
+
+        t = threading.Thread(target=build, name=f"torchcomms-shrink-{self._name}", daemon=True)
+        t.start()
+        while t.is_alive():
+            t.join(0.005)
+            if self._known_failed() & set(survivors):
+                return None  # abandon the build: its rendezvous waits on a dead rank
+            if time.monotonic() >= deadline:
+                return None
+        if "error" in box:
+            if self._known_failed() & set(survivors):
+                return None
+            raise self._translate_engine_error(box["error"], OpRecord(
+                self._name, self._global_ranks, self._rank, self._size, self._backend_name, OpName.shrink, 0, 0,
+                0.0, False, 0))
+        return box["backend"]
+
+    def _become(self, backend: TorchCommBackend, survivors: list[int], epoch: int) -> TorchComm:
+        """Retire this communicator in favour of one over ``survivors``."""
+        self._backend.abort()
+        with self._lock:
+            self._state = "shrunk"
+        NAMES.release(self._name, self)
+        opts = CommOptions(
+            abort_process_on_timeout_or_error=self._options.abort_process_on_timeout_or_error,
+            timeout=timedelta(seconds=self._timeout_s), high_priority_stream=self._options.high_priority_stream,
+            store=self._options.store, hints=dict(self._hints), enable_reconfigure=self._options.enable_reconfigure,
+        )
+        new = TorchComm(backend, opts, self._store)
+        new._epoch = epoch
+        new._failed_global = dict(self._failed_global)
+        for table, new_table in ((self._pre_hooks, new._pre_hooks), (self._post_hooks, new._post_hooks),
+                                 (self._abort_hooks, new._abort_hooks)):
+            new_table.update(table)
+        if self._monitor is not None:
+            self._monitor.watch(new)
+            if new._rank == 0:
+                try:
+                    self._monitor._client.publish(
+                        "membership", {"comm": self._name, "epoch": epoch, "ranks": survivors})
+                except Exception:  # noqa: BLE001 - the event is informative only
+                    pass
+        self._adopt(new)
+        return new
+
     # ----------------------------------------------------------------------------------------
     # lifecycle
     def finalize(self) -> None:
         """Drain outstanding work and release the engine. Idempotent."""
-        if self._state in ("finalized", "aborted"):
-            self._state = "finalized" if self._state == "finalized" else self._state
+        if self._state in ("finalized", "aborted", "shrunk", "expelled"):
             self._release()
             return
         if self._state == "active":
@@ -886,6 +1034,8 @@ class TorchComm:
     def _adopt(self, child: TorchComm) -> None:
         """Hand this communicator's observers to a communicator derived from it."""
         self._children.append(weakref.ref(child))
+        if self._monitor is not None and child._monitor is None:
+            self._monitor.watch(child)
         for obs in list(self._observers):
             child.add_observer(obs)
             on_new = getattr(obs, "on_new_comm", None)

@@ -150,12 +150,15 @@ class GlooBackend(TorchCommBackend):
         return "other"
 
     # helpers ---------------------------------------------------------------------------------
-    @staticmethod
-    def _fut(work: dist.Work) -> torch.futures.Future:
-        return work.get_future()
-
     def _handle(self, works: list[dist.Work], finish: Callable[[], None] | None = None) -> EngineHandle:
-        return EngineHandle([w.get_future() for w in works], finish)
+        return EngineHandle([self._future(w) for w in works], finish)
+
+    def _future(self, work: dist.Work) -> torch.futures.Future:
+        """The work's future; gloo works without one are waited on by a helper thread."""
+        try:
+            return work.get_future()
+        except RuntimeError:
+            return self._waiter.future_of(work)
 
     def _prescale(self, t: torch.Tensor, op: ReduceOp) -> None:
         if op.type is RedOpType.PREMUL_SUM:

@@ -1,0 +1,121 @@
+"""Chaos: a rank is killed, stopped or terminated (between ops, inside a collective, or while
+the others shrink); every survivor raises promptly, all agree on the same survivors and
+numbering, the shrunk communicator computes correctly, and nothing is left running.
+
+CI runs a small matrix once. ``TC_CHAOS_FULL=1`` runs every signal × timing × op × world size
+(3–8); ``TC_CHAOS_REPEAT=20`` repeats each case (the repeat mode).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.ranks import REPO
+
+WORKER = REPO / "tests" / "recovery" / "chaos_worker.py"
+DETECT_BOUND_S = 5.0  # generous for a loaded 2-core CI box; the benchmark measures the real latency
+
+CI_CASES = [
+    # (signal, when, op, world, second_victim)
+    ("KILL", "between", "all_reduce", 3, False),
+    ("KILL", "inside", "all_reduce", 4, False),
+    ("TERM", "inside", "reduce_scatter_single", 3, False),
+    ("STOP", "inside", "all_gather_single", 3, False),
+    ("KILL", "inside", "barrier", 5, True),
+]
+if os.environ.get("TC_CHAOS_FULL"):
+    CASES = [
+        (sig, when, op, world, second)
+        for sig, when, op, world, second in itertools.product(
+            ["KILL", "STOP", "TERM"], ["between", "inside"],
+            ["all_reduce", "all_gather_single", "reduce_scatter_single", "barrier"], [3, 4, 8], [False],
+        )
+    ] + [("KILL", "inside", "all_reduce", w, True) for w in (4, 8)]
+else:
+    CASES = CI_CASES
+REPEAT = int(os.environ.get("TC_CHAOS_REPEAT", "1"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is not alive for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def run_chaos(sig: str, when: str, op: str, world: int, second: bool) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="tc-chaos-"))
+    victim = world - 2 if world > 2 else 1
+    second_victim = 1 if second else -1
+    cfg = {"op": op, "victim": victim, "signal": sig, "when": when, "step": 2, "dir": str(out),
+           "timeout_s": 30, "second_victim": second_victim}
+    env = dict(os.environ, TC_CHAOS_CFG=json.dumps(cfg), TORCHCOMM_TRACING_DISABLE="1", PYTHONPATH=str(REPO))
+    cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", str(world), "--on-failure", "shrink",
+           "--no-summary", str(WORKER)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    victims = {victim} | ({second_victim} if second else set())
+    survivors = [r for r in range(world) if r not in victims]
+    deadline = time.monotonic() + 180
+    try:
+        while not all((out / f"result{r}.json").exists() for r in survivors):
+            if proc.poll() is not None:
+                break
+            assert time.monotonic() < deadline, "survivors never finished"
+            time.sleep(0.1)
+        pids = [json.loads((out / f"pid{r}.json").read_text())["pid"] for r in range(world)
+                if (out / f"pid{r}.json").exists()]
+        if sig == "STOP":  # a stopped rank is excluded, then reaped by the test
+            for v in victims:
+                pid = json.loads((out / f"failed{v}.json").read_text())["pid"]
+                os.kill(pid, signal.SIGKILL)
+        rc = proc.wait(60)
+        log = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    results = {r: json.loads((out / f"result{r}.json").read_text()) for r in survivors
+               if (out / f"result{r}.json").exists()}
+    failed_at = {v: json.loads((out / f"failed{v}.json").read_text())["t"] for v in victims
+                 if (out / f"failed{v}.json").exists()}
+    time.sleep(0.2)
+    return {"rc": rc, "log": log, "results": results, "survivors": survivors, "failed_at": failed_at,
+            "leftover": [p for p in pids if _alive(p)], "victim": victim}
+
+
+@pytest.mark.parametrize("rep", range(REPEAT))
+@pytest.mark.parametrize("sig,when,op,world,second", CASES,
+                         ids=[f"{c[0]}-{c[1]}-{c[2]}-w{c[3]}{'-during-shrink' if c[4] else ''}" for c in CASES])
+def test_survivors_shrink_and_continue(sig: str, when: str, op: str, world: int, second: bool, rep: int) -> None:
+    run = run_chaos(sig, when, op, world, second)
+    ctx = f"\n--- launcher log ---\n{run['log'][-4000:]}"
+    res = run["results"]
+    assert sorted(res) == run["survivors"], f"missing survivor results {sorted(res)}" + ctx
+    expected = run["survivors"]
+    first_failure = min(run["failed_at"].values())
+    for r, v in res.items():
+        assert "shrink_error" not in v, v["shrink_error"] + ctx
+        assert v["raised"] in ("PeerFailureError", "CommAbortedError"), f"rank {r}: {v}" + ctx
+        assert v["t_detect"] - first_failure <= DETECT_BOUND_S, f"rank {r} detected late: {v}" + ctx
+        assert v["survivors"] == expected, f"rank {r} disagrees: {v['survivors']} vs {expected}" + ctx
+        assert v["new_rank"] == expected.index(r) and v["new_size"] == len(expected)
+        assert v["first_ok"] and v["op_ok"], v
+        assert v["old_after"] == "CommAbortedError" and v["old_after_s"] < 1.0
+    assert run["rc"] == 0, f"launcher exit {run['rc']}" + ctx
+    assert run["leftover"] == [], f"processes left behind: {run['leftover']}"

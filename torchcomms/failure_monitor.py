@@ -1,0 +1,109 @@
+"""Failure detection for communicators: the control plane's event bus and this rank's heartbeat.
+
+One monitor per process and control-plane address. It subscribes to ``rank_failed`` and
+``node_lost`` and tells every communicator it watches; it sends this rank's heartbeats so that
+a hung (stopped, deadlocked) rank is reported by the server. A rank that learns it was itself
+declared failed expels itself: its communicators abort and it cannot rejoin silently.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torchcomms.comm import TorchComm
+
+_TOPICS = ["rank_failed", "node_lost"]
+
+
+class FailureMonitor:
+    """Routes failure events to the communicators of this process."""
+
+    def __init__(self, client: Any, global_rank: int) -> None:
+        self.global_rank = global_rank
+        self._client = client
+        self._lock = threading.Lock()
+        self._comms: weakref.WeakSet[TorchComm] = weakref.WeakSet()
+        self.failed: dict[int, str] = {}
+        self.expelled: str | None = None
+        self._sub = client.subscribe(_TOPICS, self._on_event, since=None)
+        self._heartbeat = False
+        interval = float(os.environ.get("TORCHCOMM_HEARTBEAT_S", "0.25") or 0)
+        if interval > 0:
+            client.heartbeat_start(
+                f"rank/{global_rank}", interval, info={"host": socket.gethostname(), "pid": os.getpid()}
+            )
+            self._heartbeat = True
+            atexit.register(self.stop)
+
+    def watch(self, comm: TorchComm) -> None:
+        with self._lock:
+            self._comms.add(comm)
+        comm._monitor = self
+
+    def known_failed(self) -> set[int]:
+        with self._lock:
+            return set(self.failed)
+
+    def _on_event(self, topic: str, payload: dict[str, Any]) -> None:
+        if topic == "node_lost":
+            ranks = [int(r) for r in payload.get("ranks", []) if isinstance(r, int)]
+            how = "node_lost"
+        else:
+            rank = payload.get("rank")
+            if not isinstance(rank, int):
+                return
+            ranks = [rank]
+            how = str(payload.get("reason") or "exited")
+        if not ranks:
+            return
+        with self._lock:
+            for r in ranks:
+                self.failed.setdefault(r, how)
+            comms = list(self._comms)
+            me = self.global_rank in ranks
+            if me:
+                self.expelled = how
+        for comm in comms:
+            if me:
+                comm._expel(how)
+            else:
+                comm.notify_peer_failure(ranks, how)
+
+    def stop(self) -> None:
+        """Stop heartbeats (deregistered: a clean exit is not a failure) and the subscription."""
+        try:
+            if self._heartbeat:
+                self._heartbeat = False
+                self._client.heartbeat_stop(f"rank/{self.global_rank}")
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+        try:
+            self._sub.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class _MonitorRegistry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._monitors: dict[int, FailureMonitor] = {}
+
+    def for_store(self, store: Any, global_rank: int) -> FailureMonitor | None:
+        """The monitor of a control-plane store (``None`` for other stores: no event bus)."""
+        client = getattr(store, "client", None)
+        if client is None or not hasattr(client, "subscribe"):
+            return None
+        with self._lock:
+            mon = self._monitors.get(id(client))
+            if mon is None:
+                mon = FailureMonitor(client, global_rank)
+                self._monitors[id(client)] = mon
+            return mon
+
+
+MONITORS = _MonitorRegistry()
