@@ -279,7 +279,7 @@ def launch(args: argparse.Namespace, result_path: Path) -> None:
             env.update(
                 TORCHCOMM_RANK=str(r), TORCHCOMM_SIZE=str(args.nproc), RANK=str(r), WORLD_SIZE=str(args.nproc),
                 LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(server.port),
-                GLOO_SOCKET_IFNAME=args.iface, TORCHCOMM_LOG_EVENTS=env.get("TORCHCOMM_LOG_EVENTS", "1"),
+                GLOO_SOCKET_IFNAME=args.iface,
                 PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
             )
             cmd = [sys.executable, str(Path(__file__).resolve()), "--_rank-result", str(result_path), *args.argv]

@@ -1,0 +1,118 @@
+"""The communication benchmarks run end to end at tiny sizes and write complete JSON.
+
+No timing thresholds: these check that every op and size was measured (positive times, ratios
+present) and that bad command lines are refused with a message naming the culprit.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "benchmarks"
+OPS = ("all_reduce", "all_gather_single", "reduce_scatter_single", "all_to_all_single", "broadcast")
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_script(name: str, *args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO), TORCHCOMM_LOG_EVENTS="0")
+    env.pop("TORCHCOMM_TRACING_DISABLE", None)
+    proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.mark.timeout(200)
+def test_comm_bench_measures_every_op_and_size(tmp_path: Path) -> None:
+    out = tmp_path / "comm.json"
+    proc = run_script("comm_bench", "--min-bytes", "4K", "--max-bytes", "8K", "--step-factor", "2",
+                      "--iters", "2", "--warmup", "1", "--tracing", "both", "--json", str(out))
+    data = json.loads(out.read_text())
+    assert data["meta"]["nproc"] == 2 and data["meta"]["tracing"] == "both"
+    failed = [f"{r['op']} {r['bytes']}: {r['error']}" for r in data["results"] if "error" in r]
+    assert not failed, f"ops failed in the benchmark: {failed}"
+    seen = {(r["op"], r["bytes"]) for r in data["results"]}
+    assert seen == {(op, b) for op in OPS for b in (4096, 8192)}
+    for r in data["results"]:
+        assert set(r["contenders"]) == {"torchcomms", "torchcomms-notrace", "c10d"}
+        for name, c in r["contenders"].items():
+            assert c["time_us"] > 0 and len(c["samples_us"]) == 2, (r["op"], name)
+            assert c["algbw_GBps"] == pytest.approx(r["bytes"] / c["time_us"] / 1e3)
+            if name != "c10d":
+                assert c["ratio"] == pytest.approx(c["time_us"] / r["contenders"]["c10d"]["time_us"])
+    assert "| all_reduce | 4 KiB |" in proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_dispatch_bench_measures_every_variant(tmp_path: Path) -> None:
+    out = tmp_path / "dispatch.json"
+    run_script("dispatch_bench", "--rounds", "2", "--ops", "20", "--profile", "5", "--json", str(out))
+    data = json.loads(out.read_text())
+    names = {r["contender"] for r in data["results"]}
+    assert {"floor", "sync, no tracing", "sync, tracing", "async+wait, no tracing", "async+wait, tracing"} <= names
+    for r in data["results"]:
+        assert r["us_per_op"] > 0 and len(data["samples_us"][r["contender"]]) == 2
+    assert set(data["profiles"]) == {"sync, no tracing", "sync, tracing", "async+wait, tracing"}
+    assert all(0 < len(rows) <= 5 for rows in data["profiles"].values())
+
+
+def test_busbw_factors_follow_nccl_tests() -> None:
+    cb = load("comm_bench")
+    assert cb.busbw_factor("all_reduce", 2) == 1.0
+    assert cb.busbw_factor("all_reduce", 4) == 1.5
+    for op in ("all_gather_single", "reduce_scatter_single", "all_to_all_single"):
+        assert cb.busbw_factor(op, 4) == 0.75
+    assert cb.busbw_factor("broadcast", 8) == 1.0
+
+
+def test_sizes_and_buffers() -> None:
+    cb = load("comm_bench")
+    assert cb.parse_bytes("4K") == 4096 and cb.parse_bytes("64MiB") == 64 << 20 and cb.parse_bytes("123") == 123
+    assert cb.size_sweep(4096, 64 << 20, 4) == [4096 << (2 * k) for k in range(8)]
+    import torch
+
+    b, nbytes = cb.make_buffers("all_gather_single", 4096, 3, 0, torch.float32)
+    assert b.out.numel() == 3 * b.inp.numel() and nbytes == b.out.numel() * 4 <= 4096
+    b, _ = cb.make_buffers("reduce_scatter_single", 4096, 2, 0, torch.float32)
+    assert b.inp.numel() == 1024 and b.out.numel() == 512
+
+
+@pytest.mark.parametrize(
+    ("argv", "culprit"),
+    [
+        (["--ops", "all_reduce,nope"], "nope"),
+        (["--min-bytes", "1M", "--max-bytes", "4K"], "--min-bytes"),
+        (["--max-bytes", "lots"], "lots"),
+        (["--nproc", "1"], "--nproc"),
+        (["--iters", "0"], "--iters"),
+    ],
+)
+def test_comm_bench_refuses_bad_arguments(argv: list[str], culprit: str, capsys: pytest.CaptureFixture[str]) -> None:
+    cb = load("comm_bench")
+    with pytest.raises(SystemExit) as exc:
+        cb.main(argv)
+    assert exc.value.code == 2
+    assert culprit in capsys.readouterr().err
+
+
+def test_dispatch_bench_refuses_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    db = load("dispatch_bench")
+    with pytest.raises(SystemExit) as exc:
+        db.main(["--rounds", "0"])
+    assert exc.value.code == 2
+    assert "--rounds" in capsys.readouterr().err
