@@ -111,7 +111,14 @@ t = torch.arange(4, dtype=torch.float32) * (rank + 1)
 pg.allreduce([t]).wait()
 out = [torch.zeros(2), torch.zeros(2)]
 pg.allgather([out], [torch.full((2,), float(rank))]).wait()
-print(t.tolist(), [o.tolist() for o in out])
+# the common user path too: the default group rendezvoused over our store
+dist.init_process_group("gloo", store=dist.PrefixStore("default-pg", store), rank=rank,
+                        world_size=2, timeout=timedelta(seconds=60))
+u = torch.tensor([float(rank + 10)])
+dist.all_reduce(u)
+dist.barrier()
+dist.destroy_process_group()
+print(t.tolist(), [o.tolist() for o in out], u.item())
 store.close()
 """
 
@@ -126,4 +133,4 @@ def test_gloo_process_group_over_control_store(server: StoreServer, secret: byte
             stop_process(p)
     for p, (out, err) in zip(procs, results):
         assert p.returncode == 0, err
-        assert out.strip() == "[0.0, 3.0, 6.0, 9.0] [[0.0, 0.0], [1.0, 1.0]]"
+        assert out.strip() == "[0.0, 3.0, 6.0, 9.0] [[0.0, 0.0], [1.0, 1.0]] 21.0"
