@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", choices=["1b", "tiny"], default="1b")
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU, seq 96, 2 steps")
     ap.add_argument("--json", default="step_bench.json")
+    ap.add_argument("--budget-s", type=float, default=None, help="start no new configuration after this")
     ap.add_argument("--ceiling", type=float, default=None, help="skip measuring; use this TFLOP/s")
     args = ap.parse_args(argv)
 
@@ -172,8 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     if ceiling is None and device.type == "cuda":
         ceiling = matmul_ceiling_tflops(device)
     results = []
+    t_start = time.time()
     for seq in args.seq:
         for name in args.configs:
+            if args.budget_s is not None and time.time() - t_start > args.budget_s:
+                results.append({"config": name, "seq": seq, "error": f"skipped: over the {args.budget_s:.0f} s budget"})
+                continue
             cfg = model_config(name, base, args.window)
             try:
                 r = run_config(name, cfg, seq, args.batch, args.steps, args.warmup, device)

@@ -108,13 +108,18 @@ class Mask:
         return self
 
     def as_mask_mod(self) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
-        """A plain function of (b, h, q_idx, kv_idx), the form FlexAttention requires."""
+        """A plain function of (b, h, q_idx, kv_idx), the form FlexAttention requires
+        (one per mask object, so that compiled callers see the same function each time)."""
+        cached = self.__dict__.get("_mask_mod_fn")
+        if cached is not None:
+            return cached
         impl = self.mask_mod
 
         def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             return impl(b, h, q_idx, kv_idx)
 
         mask_mod.__name__ = f"{type(self).__name__.lower()}_mask_mod"
+        self.__dict__["_mask_mod_fn"] = mask_mod
         return mask_mod
 
     def check_shape(self, batch: int, q_len: int, kv_len: int) -> None:
