@@ -97,5 +97,5 @@ def test_silent_peer_is_reported_as_a_failed_handshake() -> None:
         listener.listen(8)  # the kernel completes connections; nobody ever answers
         port = listener.getsockname()[1]
         with ControlClient(f"tcp://127.0.0.1:{port}", new_secret(), timeout=0.5) as c:
-            with pytest.raises(ControlAuthError, match="handshake did not complete"):
+            with pytest.raises(ControlAuthError, match="handshake"):
                 c.ping()

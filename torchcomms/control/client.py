@@ -302,6 +302,8 @@ class ControlClient:
 
     def _acquire(self) -> _Channel:
         with self._lock:
+            if self._closed:
+                raise ControlClosedError(f"control client for {self.address} is closed")
             if self._idle:
                 return self._idle.pop()
         return self._new_channel()
@@ -334,19 +336,29 @@ class ControlClient:
             raise ControlArgumentError(
                 f"{op}: request is {len(frame)} bytes; the message limit is "
                 f"{self.limits.max_message_bytes} bytes")
-        owned = channel is None
-        chan = self._acquire() if owned else channel
-        assert chan is not None
-        with self._lock:
+        with self._lock:  # counted under the lock, so close() waits for this call
+            if self._closed:
+                raise ControlClosedError(f"control client for {self.address} is closed")
             self._active_calls += 1
+        owned = channel is None
+        chan: _Channel | None = channel
         healthy = False
         try:
+            if chan is None:
+                chan = self._acquire()
             reply = self._exchange(chan, op, request_id, frame, budget, stop)
             healthy = True
+        except zmq.ZMQError as exc:
+            if self._closed:
+                raise ControlClosedError(
+                    f"{op}: control client for {self.address} was closed") from None
+            raise ControlUnavailableError(
+                f"{op}: socket error talking to the control server at {self.address}: {exc}"
+            ) from exc
         finally:
             with self._lock:
                 self._active_calls -= 1
-            if owned:
+            if owned and chan is not None:
                 if healthy:
                     self._release(chan)
                 else:
@@ -376,6 +388,8 @@ class ControlClient:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 chan.drain_monitor()
+                if chan.watch.auth_failure is not None:
+                    raise chan.watch.auth_failure
                 if chan.watch.connected and not chan.watch.established:
                     raise ControlAuthError(
                         f"{op}: connected to {self.address}, but the CURVE handshake did not "
