@@ -1,0 +1,292 @@
+"""What tracing costs per op: flight recorder, structured logs and spans, each on vs off.
+
+Part 1, per-op µs on the fake backend (the dispatch path alone, a 1-element all_reduce):
+no tracing (anchor), flight recorder, logs (default info level), spans (OTLP file), and the
+default-on set (flight recorder + logs). Part 2, a 1 MiB all_reduce on gloo with 2 real ranks:
+no tracing (anchor) vs the default-on set, as % overhead. Everything is measured in one run;
+prints a table and writes JSON.
+
+    python benchmarks/trace_overhead.py [--ops 20000] [--repeats 7] [--gloo-iters 200] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ["TORCHCOMM_TRACING_DISABLE"] = "1"  # attach each part by hand below
+
+
+def _fake_comm(name: str):  # type: ignore[no-untyped-def]
+    import torchcomms
+
+    return torchcomms.new_comm("fake", "cpu", name, hints={"rank": "0", "size": "2"})
+
+
+def _per_op_us(comm, n: int, repeats: int) -> float:  # type: ignore[no-untyped-def]
+    import torch
+
+    import torchcomms
+
+    t = torch.ones(1)
+    op = torchcomms.ReduceOp.SUM
+    for _ in range(min(n, 2000)):
+        comm.all_reduce(t, op, False)
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            comm.all_reduce(t, op, False)
+        samples.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(samples)
+
+
+def _hook_loop(pre, post, recs, n: int) -> float:  # type: ignore[no-untyped-def]
+    """Call a pre/post hook pair the way the dispatch path does, from two frames deep."""
+
+    def dispatch(rec, i):  # type: ignore[no-untyped-def]
+        pre(rec.name, i, rec)
+        rec.state = "completed"
+        post(i, rec)
+
+    def user_call(rec, i):  # type: ignore[no-untyped-def]
+        dispatch(rec, i)
+
+    t0 = time.perf_counter()
+    for i in range(n):
+        user_call(recs[i], i)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def part_hooks(n: int, repeats: int, tmp: Path) -> list[dict]:
+    """The hooks alone on real OpRecords (no dispatch path around them): the cleanest per-op
+    cost of each part; the anchor is an empty pre/post pair."""
+    from torchcomms.op import OpRecord
+    from torchcomms.tracing import logging as tlog
+    from torchcomms.tracing.flight_recorder import FlightRecorder
+    from torchcomms.tracing.spans import OTLPJsonLinesExporter, SpanRecorder
+    from torchcomms.types import OpName
+
+    tlog.configure_logging(level="info", fmt="json", stream=open(os.devnull, "w"), force=True)  # noqa: SIM115
+
+    def records() -> list:
+        out = []
+        for i in range(n):
+            r = OpRecord("dp", (0, 1), 0, 2, "gloo", OpName.all_reduce, i + 1, i + 1, 600.0, False, time.time_ns())
+            r.input_sizes = r.output_sizes = [[262144]]
+            r.input_dtypes = r.output_dtypes = ["float32"]
+            r.state = "started"
+            r.time_started_ns = r.time_created_ns
+            r.time_completed_ns = r.time_created_ns + 1000
+            out.append(r)
+        return out
+
+    fr = FlightRecorder(2048)
+    log = tlog.LogHook("dp")
+    spans = SpanRecorder(OTLPJsonLinesExporter(tmp / "hook-spans.jsonl"), run_id="bench", rank=0)
+
+    def nop_pre(name, i, rec):  # type: ignore[no-untyped-def]
+        return None
+
+    def nop_post(i, rec):  # type: ignore[no-untyped-def]
+        return None
+
+    def both_pre(name, i, rec):  # type: ignore[no-untyped-def]
+        fr.pre_hook(name, i, rec)
+        log.pre(name, i, rec)
+
+    def both_post(i, rec):  # type: ignore[no-untyped-def]
+        fr.post_hook(i, rec)
+        log.post(i, rec)
+
+    configs = {
+        "none (anchor)": (nop_pre, nop_post),
+        "flight recorder": (fr.pre_hook, fr.post_hook),
+        "logs (info)": (log.pre, log.post),
+        "spans (post-hook enqueue)": (nop_pre, spans.post_hook),
+        "default (fr + logs)": (both_pre, both_post),
+    }
+    samples: dict[str, list[float]] = {k: [] for k in configs}
+    for _ in range(repeats):
+        for name, (pre, post) in configs.items():
+            samples[name].append(_hook_loop(pre, post, records(), n))
+            spans.flush(120)
+    spans.shutdown()
+    anchor = statistics.median(samples["none (anchor)"])
+    rows = []
+    for name, vals in samples.items():
+        us = statistics.median(vals)
+        rows.append({"config": name, "us_per_op": us, "added_us": us - anchor, "ratio_vs_anchor": us / anchor})
+    rows.append({"config": "spans dropped", "value": spans.dropped})
+    return rows
+
+
+def part_fake(n: int, repeats: int, tmp: Path) -> list[dict]:
+    from torchcomms.tracing import logging as tlog
+    from torchcomms.tracing.flight_recorder import FlightRecorder
+    from torchcomms.tracing.spans import OTLPJsonLinesExporter, SpanRecorder, attach_spans
+
+    tlog.configure_logging(level="info", fmt="json", stream=open(os.devnull, "w"), force=True)  # noqa: SIM115
+    configs = {}
+
+    base = _fake_comm("b-none")
+    configs["none (anchor)"] = base
+
+    c = _fake_comm("b-fr")
+    FlightRecorder(2048).attach(c)
+    configs["flight recorder"] = c
+
+    c = _fake_comm("b-logs")
+    tlog.attach_logging(c)
+    configs["logs (info)"] = c
+
+    c = _fake_comm("b-spans")
+    spans = SpanRecorder(OTLPJsonLinesExporter(tmp / "spans.jsonl"), run_id="bench", rank=0)
+    attach_spans(c, spans)
+    configs["spans (OTLP file)"] = c
+
+    c = _fake_comm("b-default")
+    FlightRecorder(2048).attach(c)
+    tlog.attach_logging(c)
+    configs["default (fr + logs)"] = c
+
+    results = {name: [] for name in configs}
+    for _ in range(3):  # interleave rounds so drift hits every config alike
+        for name, comm in configs.items():
+            results[name].append(_per_op_us(comm, n, max(1, repeats // 3)))
+            if name.startswith("spans"):
+                spans.flush(60)
+    spans.shutdown()
+    anchor = statistics.median(results["none (anchor)"])
+    rows = []
+    for name, vals in results.items():
+        us = statistics.median(vals)
+        rows.append({"config": name, "us_per_op": us, "added_us": us - anchor, "ratio_vs_anchor": us / anchor})
+    rows.append({"config": "spans dropped", "value": spans.dropped})
+    return rows
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gloo_rank(iters: int, out: str) -> None:
+    """One rank of part 2 (run by the parent through ``--gloo-rank``)."""
+    import torch
+
+    import torchcomms
+    from torchcomms.tracing import logging as tlog
+    from torchcomms.tracing.flight_recorder import FlightRecorder
+
+    tlog.configure_logging(level="info", fmt="json", stream=open(os.devnull, "w"), force=True)  # noqa: SIM115
+    base = torchcomms.new_comm("gloo", torch.device("cpu"), "g-none")
+    traced = torchcomms.new_comm("gloo", torch.device("cpu"), "g-traced")
+    FlightRecorder(2048).attach(traced)
+    tlog.attach_logging(traced)
+    t = torch.ones(262144)  # 1 MiB of float32
+    op = torchcomms.ReduceOp.SUM
+    samples: dict[str, list[float]] = {"none": [], "traced": []}
+    for comm in (base, traced):
+        for _ in range(20):
+            comm.all_reduce(t, op, False)
+    for _ in range(10):
+        for key, comm in (("none", base), ("traced", traced)):
+            comm.barrier(False)
+            t0 = time.perf_counter()
+            for _ in range(iters // 10):
+                comm.all_reduce(t, op, False)
+            samples[key].append((time.perf_counter() - t0) / (iters // 10) * 1e6)
+    Path(out).write_text(json.dumps(samples))
+    base.finalize()
+    traced.finalize()
+
+
+def part_gloo(iters: int, tmp: Path) -> list[dict]:
+    port = _free_port()
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, TORCHCOMM_RANK=str(r), TORCHCOMM_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(REPO))
+        env.pop("TORCHCOMM_CONTROL_ADDR", None)
+        procs.append(subprocess.Popen([sys.executable, __file__, "--gloo-rank", str(tmp / f"g{r}.json"), "--gloo-iters", str(iters)], env=env))
+    for p in procs:
+        if p.wait(timeout=600) != 0:
+            raise SystemExit(f"gloo rank exited with {p.returncode}")
+    data = json.loads((tmp / "g0.json").read_text())
+    # paired rounds: overhead of each round against its own anchor, median across rounds
+    pct = [(t - n) / n * 100 for n, t in zip(data["none"], data["traced"])]
+    none, traced = statistics.median(data["none"]), statistics.median(data["traced"])
+    return [
+        {"config": "none (anchor)", "us_per_op": none, "ratio_vs_anchor": 1.0},
+        {"config": "default (fr + logs)", "us_per_op": traced, "ratio_vs_anchor": traced / none, "overhead_pct_median_of_rounds": statistics.median(pct)},
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ops", type=int, default=20000)
+    ap.add_argument("--repeats", type=int, default=6)
+    ap.add_argument("--gloo-iters", type=int, default=200)
+    ap.add_argument("--json", default="trace_overhead.json")
+    ap.add_argument("--gloo-rank", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.gloo_rank:
+        gloo_rank(a.gloo_iters, a.gloo_rank)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        hooks = part_hooks(a.ops, a.repeats, tmp)
+        fake = part_fake(a.ops, a.repeats, tmp)
+        gloo = part_gloo(a.gloo_iters, tmp)
+    con = Console()
+    t = Table(title=f"Hooks alone on real OpRecords (median of {a.repeats} rounds of {a.ops} ops)")
+    for col in ("config", "µs/op", "added µs/op", "ratio vs none"):
+        t.add_column(col, justify="right")
+    for r in hooks:
+        if "us_per_op" in r:
+            t.add_row(r["config"], f"{r['us_per_op']:.3f}", f"{r['added_us']:+.3f}", f"{r['ratio_vs_anchor']:.2f}")
+    con.print(t)
+    t = Table(title=f"Per-op cost on the fake backend (1-element all_reduce, median of rounds, {a.ops} ops/round)")
+    for col in ("config", "µs/op", "added µs/op", "ratio vs none"):
+        t.add_column(col, justify="right")
+    for r in fake:
+        if "us_per_op" in r:
+            t.add_row(r["config"], f"{r['us_per_op']:.2f}", f"{r['added_us']:+.2f}", f"{r['ratio_vs_anchor']:.3f}")
+    con.print(t)
+    dropped = next(r["value"] for r in fake if r["config"] == "spans dropped")
+    con.print(f"spans dropped: {dropped}")
+    t = Table(title=f"1 MiB float32 all_reduce, gloo, 2 ranks on this host ({a.gloo_iters} ops per config)")
+    for col in ("config", "µs/op (rank 0)", "ratio vs none", "overhead % (median of paired rounds)"):
+        t.add_column(col, justify="right")
+    for r in gloo:
+        t.add_row(r["config"], f"{r['us_per_op']:.1f}", f"{r['ratio_vs_anchor']:.4f}", f"{r.get('overhead_pct_median_of_rounds', 0.0):+.2f}")
+    con.print(t)
+    out = {
+        "benchmark": "trace_overhead",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"host": platform.node(), "cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "hooks_alone": hooks,
+        "fake_backend": fake,
+        "gloo_1mib_all_reduce": gloo,
+    }
+    Path(a.json).write_text(json.dumps(out, indent=2))
+    con.print(f"wrote {a.json}")
+
+
+if __name__ == "__main__":
+    main()
