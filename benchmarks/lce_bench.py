@@ -229,6 +229,11 @@ def run_sweep(args) -> dict:
         phases = {
             "logits mm": lambda: torch.mm(xc, w.t(), out=buf),
             "row kernel": lambda: triton_row_pass(buf, tc, cfg, None, coefs, None, True),
+            **{
+                f"row kernel b{blk} w{wrp}": (lambda blk=blk, wrp=wrp: triton_row_pass(
+                    buf, tc, cfg, None, coefs, None, True, block=blk, num_warps=wrp))
+                for blk, wrp in ((2048, 4), (4096, 8), (4096, 16), (8192, 8), (8192, 32), (16384, 32))
+            },
             "dX mm": lambda: torch.mm(buf, w, out=dx),
             "dW addmm bf16": lambda: dw16.addmm_(buf.t(), xc),
         }
@@ -241,10 +246,10 @@ def run_sweep(args) -> dict:
             fn()
             torch.cuda.synchronize()
             ms = statistics.median(_timed(fn) for _ in range(max(5, args.reps)))
-            flops = 0 if name == "row kernel" else 2 * chunk * h * v
+            flops = 0 if name.startswith("row kernel") else 2 * chunk * h * v
             rows.append({"chunk": chunk, "phase": name, "ms": ms})
             print(f"  phase chunk={chunk:5d} {name:20s} {ms:7.3f} ms" + (f" {flops / ms / 1e9:5.0f} TFLOP/s" if flops else
-                  f" {3 * chunk * v * 2 / ms / 1e9:6.0f} GB/s (3 passes)"), flush=True)
+                  f" {3 * chunk * v * 2 / ms / 1e6:6.0f} GB/s (3 passes)"), flush=True)
     return {"rows": rows}
 
 
