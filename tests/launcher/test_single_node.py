@@ -192,7 +192,8 @@ def test_module_and_run_path_modes(tmp_path):
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "hello.py").write_text("import os, sys\nprint('module', os.environ['RANK'], sys.argv[1:])\n")
-    env = base_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")
+    env = base_env()
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
     proc = run_launcher("--no-summary", "-m", "mypkg.hello", "a", "--b", env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("module 0 ['a', '--b']")
