@@ -151,6 +151,25 @@ def _check_targets_on_cpu(target: torch.Tensor, num_classes: int, ignore_index: 
         raise LCEValueError(f"target value {value} is out of range [0, {num_classes}) and not ignore_index={ignore_index}")
 
 
+def _apply_autocast(
+    input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Inside an autocast region, run the projection in the autocast dtype (as ``F.linear`` would)."""
+    if not isinstance(input, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        return input, weight, bias
+    device_type = input.device.type
+    if device_type not in ("cuda", "cpu") or not torch.is_autocast_enabled(device_type):
+        return input, weight, bias
+    dtype = torch.get_autocast_dtype(device_type)
+
+    def cast(t: torch.Tensor | None) -> torch.Tensor | None:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dtype:
+            return t.to(dtype)
+        return t
+
+    return cast(input), cast(weight), cast(bias)
+
+
 @dataclass(frozen=True)
 class _Plan:
     cfg: LossConfig
@@ -305,6 +324,7 @@ def linear_cross_entropy(
         and with ``return_z_loss`` a ``(loss, z_loss)`` pair.
     """
     cfg = LossConfig(reduction, ignore_index, float(label_smoothing), float(z_loss), None if softcap is None else float(softcap))
+    input, weight, bias = _apply_autocast(input, weight, bias)
     if not isinstance(implementation, str):
         raise LCETypeError(f"implementation must be a str, got {type(implementation).__name__}")
     _validate(input, weight, target, bias, class_weight, chunk_size, accum_dtype)

@@ -251,6 +251,23 @@ def test_never_materialises_more_than_one_chunk_of_logits():
     assert LargestTensor.largest < n * v
 
 
+def test_autocast_runs_the_projection_in_the_autocast_dtype():
+    x = torch.randn(24, 16, requires_grad=True)
+    w = torch.randn(40, 16, requires_grad=True)
+    t = torch.randint(0, 40, (24,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = linear_cross_entropy(x, w, t, chunk_size=5)
+        expected = F.cross_entropy(F.linear(x, w).float(), t)
+    loss.backward()
+    assert loss.dtype == torch.float32
+    assert w.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
+    assert _rel(loss, expected) <= 1e-2
+    wr = w.detach().clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        F.cross_entropy(F.linear(x.detach(), wr).float(), t).backward()
+    assert _rel(w.grad, wr.grad) <= 1e-2
+
+
 # ----------------------------------------------------------------------------- module
 def test_module_is_a_drop_in_for_torch_module():
     torch_cls = getattr(torch.nn, "LinearCrossEntropyLoss", None)
