@@ -6,7 +6,7 @@ import secrets
 import socket
 import subprocess
 
-from conftest import REPO, base_env, free_port, launcher_cmd, run_launcher, worker
+from conftest import REPO, base_env, free_port, launcher_cmd, read_pids, run_launcher, worker
 
 
 def test_wrong_secret_is_refused_clearly(tmp_path, secret_file):
@@ -74,3 +74,46 @@ def test_two_agents_on_loopback(tmp_path, secret_file):
     for rank in range(4):
         assert f"rank {rank} of 4 up" in text
     assert sum("finished with exit code 0" in o[1] for o in outs) == 2
+
+
+def _pair(secret_file, *extra, env):
+    port = free_port()
+    common = ["--nproc-per-node", "2", "--rdzv-endpoint", f"127.0.0.1:{port}",
+              "--rdzv-id", "pair", "--job-secret-file", str(secret_file), *extra]
+    return [subprocess.Popen(launcher_cmd(*common, "--node-rank", str(i)), env=env, cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for i in range(2)]
+
+
+def test_restart_across_nodes(secret_file):
+    a, b = _pair(secret_file, "--nnodes", "2", "--max-restarts", "1",
+                 worker("restart_once.py"), env=base_env())
+    (out_a, err_a), (out_b, err_b) = a.communicate(timeout=120), b.communicate(timeout=120)
+    assert (a.returncode, b.returncode) == (0, 0), err_a + err_b
+    assert "rank 1 failed; restarting all workers (restart 1 of 1)" in err_a
+    for rank in range(4):  # every rank of both nodes ran a second attempt
+        assert f"rank {rank} attempt 1" in out_a + out_b
+    assert "round 1: 2 node(s), world size 4" in err_b
+
+
+def test_elastic_restart_after_node_lost(secret_file, tmp_path):
+    env = base_env(PID_DIR=str(tmp_path), SLEEP="3")
+    a, b = _pair(secret_file, "--nnodes", "1:2", "--max-restarts", "1", "--rdzv-conf",
+                 "heartbeat_interval=0.2,heartbeat_timeout=1.5,last_call_timeout=1",
+                 worker("sleeper.py"), env=env)
+    try:
+        read_pids(tmp_path, 4)
+        for p in tmp_path.glob("*.pid"):
+            p.unlink()
+        b.kill()  # node 1's agent dies; its workers die with it
+        b.wait(timeout=10)
+        out_a, err_a = a.communicate(timeout=120)
+    finally:
+        for p in (a, b):
+            if p.poll() is None:
+                p.kill()
+    # node 0 restarted alone after the last call, with world size 2, and finished cleanly
+    assert a.returncode == 0, err_a
+    assert "node 1 lost; restarting all workers (restart 1 of 1)" in err_a
+    assert "round 1: 1 node(s), world size 2" in err_a
+    assert sorted(int(p.stem) for p in tmp_path.glob("*.pid")) == [0, 1]
