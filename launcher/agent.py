@@ -164,6 +164,11 @@ class Agent:
         first = self._signal is None
         self._signal = signum
         if self._phase == "running":
+            if not first and self.group is not None:
+                # A second signal cuts the grace period short, even while the main thread
+                # is busy waiting for the workers to stop.
+                for w in self.group.workers:
+                    w.signal_group(signal.SIGKILL)
             self.events.put(("signal", signum if first else -signum))
         elif first:
             raise _Interrupted(signum)

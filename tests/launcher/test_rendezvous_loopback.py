@@ -79,10 +79,11 @@ def test_two_agents_on_loopback(tmp_path, secret_file):
 def _pair(secret_file, *extra, env):
     port = free_port()
     common = ["--nproc-per-node", "2", "--rdzv-endpoint", f"127.0.0.1:{port}",
-              "--rdzv-id", "pair", "--job-secret-file", str(secret_file), *extra]
-    return [subprocess.Popen(launcher_cmd(*common, "--node-rank", str(i)), env=env, cwd=REPO,
+              "--rdzv-id", "pair", "--job-secret-file", str(secret_file)]
+    return [subprocess.Popen(launcher_cmd(*common, "--node-rank", str(i), *extra), env=env,
+                             cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for i in range(2)]
+            for i in range(2)]  # extra ends with the script (and its arguments)
 
 
 def test_restart_across_nodes(secret_file):

@@ -208,3 +208,23 @@ def test_torchrun_script_runs_unchanged():
     assert proc.returncode == 0, proc.stderr
     assert "all_reduce ok rank=0 local_rank=0 world=2 sum=3" in proc.stdout
     assert "all_reduce ok rank=1 local_rank=1 world=2 sum=3" in proc.stdout
+
+
+def test_second_sigint_skips_the_grace_period(tmp_path):
+    env = base_env(PID_DIR=str(tmp_path), IGNORE_TERM_RANKS="0,1")
+    agent = subprocess.Popen(
+        launcher_cmd("--nproc-per-node", "2", "--grace-period", "60", worker("sleeper.py")),
+        env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        pids = read_pids(tmp_path, 2)
+        agent.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert all(pid_alive(p) for p in pids)  # hung: they ignore the forwarded SIGINT
+        agent.send_signal(signal.SIGINT)
+        _, err = agent.communicate(timeout=30)  # far less than the 60 s grace period
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    assert agent.returncode == 128 + signal.SIGINT
+    assert not any(pid_alive(p) for p in pids)
+    assert "received SIGINT" in err

@@ -1,4 +1,4 @@
-"""Writes its pid, then sleeps. IGNORE_TERM_RANKS=1,2 ignore SIGTERM (a hung worker);
+"""Writes its pid, then sleeps. IGNORE_TERM_RANKS=1,2 ignore SIGTERM and SIGINT (hung);
 SIGUSR1 writes <rank>.usr1 (stands in for a flight-recorder dump). EXIT_RANK/EXIT_CODE
 make one rank exit with that code after EXIT_AFTER seconds. SLEEP bounds the sleep."""
 import os
@@ -11,6 +11,7 @@ rank = int(os.environ["RANK"])
 out = Path(os.environ["PID_DIR"])
 if str(rank) in os.environ.get("IGNORE_TERM_RANKS", "").split(","):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def on_usr1(signum, frame):
