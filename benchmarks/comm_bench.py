@@ -2,6 +2,7 @@
 
     python3 benchmarks/comm_bench.py                       # 2 ranks, 4 KiB .. 64 MiB, x4 steps
     python3 benchmarks/comm_bench.py --tracing both        # also torchcomms without tracing
+    python3 benchmarks/comm_bench.py --control             # plus an A/A control (c10d vs c10d)
     python3 benchmarks/comm_bench.py --ops all_reduce --min-bytes 16M --max-bytes 64M --json out.json
 
 The parent process hosts a TCPStore (port 0, so no fixed port) and starts ``--nproc`` rank
@@ -20,7 +21,9 @@ runs the op once on the same input and the outputs must agree exactly.
 reduce_scatter: the input). algbw = size / time; busbw = algbw x 2(n-1)/n for all_reduce,
 x (n-1)/n for all_gather, reduce_scatter and all_to_all, x 1 for broadcast.
 ``ratio`` = torchcomms median / c10d median (< 1: torchcomms is faster); ``pair`` is the
-median of the per-iteration ratios, which cancels slow phases of a noisy machine.
+median of the per-iteration ratios, which cancels slow phases of a noisy machine. With
+``--control`` a second c10d group runs the same calls: its "A/A" ratio is the spread that
+identical engines show on this machine in this run, the yardstick for the other ratios.
 """
 from __future__ import annotations
 
@@ -47,8 +50,10 @@ import torch.distributed as dist  # noqa: E402
 
 OPS = ("all_reduce", "all_gather_single", "reduce_scatter_single", "all_to_all_single", "broadcast")
 ANCHOR = "c10d"
+CONTROL = "c10d-again"  # A/A control: the same c10d calls on a second gloo group
 TRACED = "torchcomms"
 UNTRACED = "torchcomms-notrace"
+RATIO_LABELS = {TRACED: "", UNTRACED: " (notrace)", CONTROL: " (A/A)"}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "int64": torch.int64}
 
 
@@ -137,16 +142,16 @@ _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def c10d_call(op: str, b: Buffers) -> Callable[[], object]:
+def c10d_call(op: str, b: Buffers, group: Any = None) -> Callable[[], object]:
     if op == "all_reduce":
-        return lambda: dist.all_reduce(b.inp)
+        return lambda: dist.all_reduce(b.inp, group=group)
     if op == "all_gather_single":
-        return lambda: _ALL_GATHER(b.out, b.inp)
+        return lambda: _ALL_GATHER(b.out, b.inp, group=group)
     if op == "reduce_scatter_single":
-        return lambda: _REDUCE_SCATTER(b.out, b.inp)
+        return lambda: _REDUCE_SCATTER(b.out, b.inp, group=group)
     if op == "all_to_all_single":
-        return lambda: dist.all_to_all_single(b.out, b.inp)
-    return lambda: dist.broadcast(b.inp, src=0)
+        return lambda: dist.all_to_all_single(b.out, b.inp, group=group)
+    return lambda: dist.broadcast(b.inp, src=0, group=group)
 
 
 def new_torchcomm(name: str, store: Any, tracing: bool) -> Any:
@@ -197,17 +202,23 @@ def run_rank(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo", store=dist.PrefixStore("c10d", store), rank=rank, world_size=n,
                             timeout=timedelta(seconds=args.op_timeout))
     bar = dist.new_group(backend="gloo")
+    control = dist.new_group(backend="gloo") if args.control else None
     ours = Contenders(args.tracing, store)
     dtype = DTYPES[args.dtype]
     rows: list[dict[str, Any]] = []
     for op in args.ops:
         for size in args.sizes:
-            names = [*ours.comms, ANCHOR]
+            names = [*ours.comms, *([CONTROL] if control is not None else []), ANCHOR]
             bufs: dict[str, Buffers] = {}
             calls: dict[str, Callable[[], object]] = {}
             for name in names:
                 bufs[name], nbytes = make_buffers(op, size, n, rank, dtype)
-                calls[name] = c10d_call(op, bufs[name]) if name == ANCHOR else torchcomms_call(ours.comms[name], op, bufs[name])
+                if name == ANCHOR:
+                    calls[name] = c10d_call(op, bufs[name])
+                elif name == CONTROL:
+                    calls[name] = c10d_call(op, bufs[name], control)
+                else:
+                    calls[name] = torchcomms_call(ours.comms[name], op, bufs[name])
             error = agreed_error(check_agreement(op, names, bufs, calls, bar), bar)
             if error is not None:  # record it, skip this op's larger sizes, carry on with the next op
                 rows.append({"op": op, "bytes": nbytes, "requested_bytes": size, "error": error})
@@ -344,7 +355,7 @@ def print_table(results: list[dict[str, Any]], goal_bytes: tuple[int, ...]) -> N
     for nm in names:
         cols += [f"{nm} µs", "algbw", "busbw"]
     for nm in ours:
-        suffix = "" if nm == TRACED else " (notrace)"
+        suffix = RATIO_LABELS[nm]
         cols += [f"ratio{suffix}", f"pair{suffix}"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "|".join(["---"] * 2 + ["---:"] * (len(cols) - 2)) + "|")
@@ -359,7 +370,7 @@ def print_table(results: list[dict[str, Any]], goal_bytes: tuple[int, ...]) -> N
             cells += [f"{c['time_us']:.0f}", f"{c['algbw_GBps']:.3g}", f"{c['busbw_GBps']:.3g}"]
         for nm in ours:
             c = res["contenders"][nm]
-            mark = " ✗" if res["bytes"] in goal_bytes and c["ratio"] > 1.05 else ""
+            mark = " ✗" if nm != CONTROL and res["bytes"] in goal_bytes and c["ratio"] > 1.05 else ""
             cells += [f"{c['ratio']:.3f}{mark}", f"{c['pair_ratio']:.3f}"]
         print("| " + " | ".join(cells) + " |")
     print("\ntime: median over iterations of the slowest rank; GB/s = 1e9 B/s; "
@@ -393,6 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracing", default=None, choices=("on", "off", "both"),
                    help="torchcomms contenders: default tracing (on), TORCHCOMM_TRACING_DISABLE=1 (off), or "
                         "both in the same run (default: on, or off when TORCHCOMM_TRACING_DISABLE=1)")
+    p.add_argument("--control", action="store_true",
+                   help=f"add an A/A control: c10d on a second gloo group ({CONTROL}), timed like the others; "
+                        "its ratio to c10d shows how far apart identical engines measure on this machine")
     p.add_argument("--iface", default="lo", help="network interface for every gloo context (default lo)")
     p.add_argument("--op-timeout", type=float, default=300.0, help="collective timeout in seconds")
     p.add_argument("--deadline", type=float, default=3600.0, help="give up (and kill the ranks) after this many s")
@@ -449,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         "iters": args.iters,
         "warmup": args.warmup,
         "tracing": args.tracing,
+        "control": args.control,
         "iface": args.iface,
         "anchor": ANCHOR,
         "note": "time = median over interleaved iterations of the slowest rank; ratio = torchcomms / c10d",
@@ -458,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
           f"load {load_before[0]:.1f} -> {meta['loadavg_after'][0]:.1f}")
     print_table(results, goal)
     goal_rows = [(r["op"], nm, c["ratio"]) for r in results if r["bytes"] in goal
-                 for nm, c in r.get("contenders", {}).items() if nm != ANCHOR]
+                 for nm, c in r.get("contenders", {}).items() if nm not in (ANCHOR, CONTROL)]
     failed = [f"{r['op']} {fmt_bytes(r['bytes'])}" for r in results if "error" in r]
     if failed:
         print(f"FAILED (larger sizes of these ops skipped): {', '.join(failed)}")

@@ -41,7 +41,7 @@ def run_script(name: str, *args: str, timeout: float = 150) -> subprocess.Comple
 def test_comm_bench_measures_every_op_and_size(tmp_path: Path) -> None:
     out = tmp_path / "comm.json"
     proc = run_script("comm_bench", "--min-bytes", "4K", "--max-bytes", "8K", "--step-factor", "2",
-                      "--iters", "2", "--warmup", "1", "--tracing", "both", "--json", str(out))
+                      "--iters", "2", "--warmup", "1", "--tracing", "both", "--control", "--json", str(out))
     data = json.loads(out.read_text())
     assert data["meta"]["nproc"] == 2 and data["meta"]["tracing"] == "both"
     failed = [f"{r['op']} {r['bytes']}: {r['error']}" for r in data["results"] if "error" in r]
@@ -49,7 +49,7 @@ def test_comm_bench_measures_every_op_and_size(tmp_path: Path) -> None:
     seen = {(r["op"], r["bytes"]) for r in data["results"]}
     assert seen == {(op, b) for op in OPS for b in (4096, 8192)}
     for r in data["results"]:
-        assert set(r["contenders"]) == {"torchcomms", "torchcomms-notrace", "c10d"}
+        assert set(r["contenders"]) == {"torchcomms", "torchcomms-notrace", "c10d-again", "c10d"}
         for name, c in r["contenders"].items():
             assert c["time_us"] > 0 and len(c["samples_us"]) == 2, (r["op"], name)
             assert c["algbw_GBps"] == pytest.approx(r["bytes"] / c["time_us"] / 1e3)
