@@ -74,7 +74,7 @@ CPU_CONTENDERS: dict[str, Callable[[], StepFn]] = {
     "torch 2.13 chunked (accurate, aspect_ratio)": lambda: torch_chunked(acc_policy="accurate", chunking_method="aspect_ratio"),
     "torch 2.13 chunked (accurate, 512 rows)": lambda: torch_chunked(acc_policy="accurate", chunking_method=None, batch_chunk_size=512),
     "ours (chunked, default)": lambda: ours(implementation="chunked"),
-    "ours (chunked, 512 rows)": lambda: ours(implementation="chunked", chunk_size=512),
+    "ours (chunked, 1024 rows)": lambda: ours(implementation="chunked", chunk_size=1024),
 }
 
 GPU_CONTENDERS: dict[str, Callable[[], StepFn]] = {

@@ -20,7 +20,7 @@ CUDA_CHUNK_BYTES = 256 * 2**20
 #: on CUDA when a weight-sized float32 dW accumulator is held anyway (bf16/fp16 weights with
 #: accum_dtype=float32): larger chunks mean fewer passes over that accumulator
 CUDA_WIDE_ACCUM_CHUNK_BYTES = 512 * 2**20
-CPU_CHUNK_BYTES = 16 * 2**20
+CPU_CHUNK_BYTES = 64 * 2**20  # 512 rows at V=32768 fp32: 4x faster than 128 rows on 2 cores, measured
 
 
 @dataclass

@@ -310,7 +310,7 @@ def linear_cross_entropy(
         return_z_loss: also return the z-loss term (detached; it is already in ``loss``).
         chunk_size: rows per chunk (default: the logits buffer stays within a fixed budget:
             on CUDA 256 MiB, or 512 MiB when a float32 weight-gradient accumulator is held
-            anyway; 16 MiB elsewhere).
+            anyway; 64 MiB elsewhere).
         accum_dtype: dtype of the weight/bias-gradient accumulator across chunks: float32
             (default), float64, or the input dtype to accumulate in the gradient itself (saves
             a weight-sized float32 buffer, at one rounding per chunk).

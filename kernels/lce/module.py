@@ -21,6 +21,8 @@ class LinearCrossEntropyLoss(nn.Module):
     package's extras: ``z_loss``, ``softcap``, ``return_z_loss``, ``chunk_size``,
     ``accum_dtype`` and ``implementation``. ``ignore_index=None`` means -100, as in PyTorch.
     For weight tying, assign the embedding's parameter: ``loss.linear.weight = emb.weight``.
+    The loss comes back in float32 for bf16/fp16 inputs (PyTorch's module returns the input
+    dtype); with ``return_z_loss=True`` the module returns ``(loss, z_loss)``.
     """
 
     def __init__(
