@@ -11,7 +11,9 @@ of a synchronous call and the ratio against TCPStore (< 1: ours is faster). Cont
 
 - ``ControlClient``  — our client, called directly (what the launcher and comms use);
 - ``ControlStore``   — the same through the ``torch.distributed.Store`` subclass;
-- ``TCPStore``       — torch's own store (libuv server), the anchor.
+- ``TCPStore``       — torch's own store (libuv server), the anchor;
+- ``zmq-echo``       — a bare pyzmq CURVE ROUTER that echoes each frame (no store logic): the
+  floor that ZeroMQ + CURVE + one Python server thread set for any design like ours.
 """
 
 from __future__ import annotations
@@ -49,8 +51,56 @@ sys.stdin.read()
 """
 
 
-def start_servers(tmp: Path) -> tuple[subprocess.Popen[str], str, bytes,
-                                      subprocess.Popen[str], int]:
+ECHO_SERVER = """
+import sys, zmq
+from torchcomms.control.secrets import derive_keys
+keys = derive_keys(bytes.fromhex(sys.argv[1]))
+sock = zmq.Context().socket(zmq.ROUTER)
+sock.curve_secretkey, sock.curve_publickey = keys.server_secret, keys.server_public
+sock.curve_server = True
+print(sock.bind_to_random_port("tcp://127.0.0.1"), flush=True)
+while True:
+    sock.send_multipart(sock.recv_multipart())
+"""
+
+
+class EchoClient:
+    """Round-trips one frame of the request's size through the bare echo server."""
+
+    def __init__(self, port: int, secret: bytes) -> None:
+        import zmq
+
+        from torchcomms.control.secrets import derive_keys
+        keys = derive_keys(secret)
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.curve_secretkey = keys.client_secret
+        self.sock.curve_publickey = keys.client_public
+        self.sock.curve_serverkey = keys.server_public
+        self.sock.linger = 0
+        self.sock.connect(f"tcp://127.0.0.1:{port}")
+        self._values: dict[str, bytes] = {}
+
+    def set(self, key: str, value: bytes) -> None:
+        self._values[key] = value
+        self.sock.send(value, copy=len(value) < 65536)
+        self.sock.recv(copy=False)
+
+    def get(self, key: str) -> bytes:
+        # the echo returns what it gets: send the value's size to receive it back (both ways
+        # carry the value, so this over-counts get by one transfer of the value)
+        value = self._values.get(key, b"")
+        self.sock.send(value, copy=len(value) < 65536)
+        self.sock.recv(copy=False)
+        return value
+
+    def add(self, key: str, delta: int) -> int:
+        self.sock.send(b"a")
+        self.sock.recv()
+        return delta
+
+
+def start_servers(tmp: Path) -> tuple[subprocess.Popen[str], str, bytes, subprocess.Popen[str],
+                                      int, subprocess.Popen[str], int]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + \
         env.get("PYTHONPATH", "")
@@ -65,7 +115,11 @@ def start_servers(tmp: Path) -> tuple[subprocess.Popen[str], str, bytes,
                            stdout=subprocess.PIPE, text=True, env=env)
     assert tcp.stdout is not None
     port = int(tcp.stdout.readline().strip())
-    return ours, address, secret, tcp, port
+    echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, secret.hex()],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    assert echo.stdout is not None
+    echo_port = int(echo.stdout.readline().strip())
+    return ours, address, secret, tcp, port, echo, echo_port
 
 
 def main() -> int:
@@ -79,7 +133,8 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
 
     with tempfile.TemporaryDirectory() as tmp:
-        ours_proc, address, secret, tcp_proc, port = start_servers(Path(tmp))
+        ours_proc, address, secret, tcp_proc, port, echo_proc, echo_port = \
+            start_servers(Path(tmp))
         try:
             client = ControlClient(address, secret, timeout=30)
             store = ControlStore(client, timeout=timedelta(seconds=30))
@@ -90,6 +145,8 @@ def main() -> int:
                 "ControlStore": {"set": store.set, "get": store.get, "add": store.add},
                 "TCPStore": {"set": tcp.set, "get": tcp.get, "add": tcp.add},
             }
+            echo = EchoClient(echo_port, secret)
+            contenders["zmq-echo"] = {"set": echo.set, "get": echo.get, "add": echo.add}
             cases: list[tuple[str, int]] = [("add", 8)]
             for size in sizes:
                 cases += [("set", size), ("get", size)]
@@ -117,13 +174,13 @@ def main() -> int:
                     values.sort()
                     row[f"{name}_us"] = statistics.median(values) * 1e6
                     row[f"{name}_p90_us"] = values[int(0.9 * (len(values) - 1))] * 1e6
-                for name in ("ControlClient", "ControlStore"):
+                for name in ("ControlClient", "ControlStore", "zmq-echo"):
                     row[f"{name}_ratio"] = row[f"{name}_us"] / row["TCPStore_us"]
                 results.append(row)
                 print_row(row, header=len(results) == 1)
             client.close()
         finally:
-            for proc in (ours_proc, tcp_proc):
+            for proc in (ours_proc, tcp_proc, echo_proc):
                 proc.terminate()
                 try:
                     proc.wait(10)
@@ -159,11 +216,13 @@ def call(fns: dict[str, Callable[..., object]], op: str, size: int, value: bytes
 def print_row(row: dict[str, float], header: bool) -> None:
     if header:
         print(f"{'op':<5}{'bytes':>9} | {'ControlClient us':>17}{'ControlStore us':>16}"
-              f"{'TCPStore us':>13} | {'Client/TCP':>11}{'Store/TCP':>10}")
-        print("-" * 86)
+              f"{'TCPStore us':>13}{'zmq-echo us':>13} | {'Client/TCP':>11}{'Store/TCP':>10}"
+              f"{'echo/TCP':>10}")
+        print("-" * 110)
     print(f"{row['op']:<5}{int(row['bytes']):>9} | {row['ControlClient_us']:>17.1f}"
-          f"{row['ControlStore_us']:>16.1f}{row['TCPStore_us']:>13.1f} | "
-          f"{row['ControlClient_ratio']:>10.2f}x{row['ControlStore_ratio']:>9.2f}x")
+          f"{row['ControlStore_us']:>16.1f}{row['TCPStore_us']:>13.1f}{row['zmq-echo_us']:>13.1f}"
+          f" | {row['ControlClient_ratio']:>10.2f}x{row['ControlStore_ratio']:>9.2f}x"
+          f"{row['zmq-echo_ratio']:>9.2f}x")
 
 
 if __name__ == "__main__":
