@@ -244,7 +244,7 @@ class Agent:
         if self.control.is_host:
             self.control.subscribe(["rank_failed"], self._on_remote_event)
         else:
-            self.control.subscribe(["job_stopping"], self._on_remote_event)
+            self.control.subscribe(["rank_failed", "job_stopping"], self._on_remote_event)
 
     def _teardown(self) -> None:
         if self.group is not None:
@@ -291,7 +291,10 @@ class Agent:
     # ------------------------------------------------------------------ events from others
 
     def _on_remote_event(self, topic: str, payload: dict[str, Any]) -> None:
-        if topic == "rank_failed":
+        if topic == "rank_failed" and payload.get("reason") == "heartbeat" \
+                and "member" in payload:
+            self.events.put(("hung", payload))  # the server saw a rank's heartbeats stop
+        elif topic == "rank_failed" and self.control is not None and self.control.is_host:
             self.events.put(("remote_failed", payload))
         elif topic == "job_stopping":
             self.events.put(("stop", payload))
@@ -299,6 +302,11 @@ class Agent:
     def _on_worker_exit(self, worker: Worker) -> None:
         """Runs on the worker's waiter thread, right after it exited."""
         r = worker.result
+        assert self.control is not None
+        try:  # its heartbeats (if any) stopped for a reason we already know
+            self.control.forget_member(f"rank/{r.rank}")
+        except ControlError:
+            pass
         if not r.failed or self._stopping_local:
             return
         payload: dict[str, Any] = {
@@ -402,6 +410,12 @@ class Agent:
         self._stop_reason = ""
         self._exits_seen = 0
         self._round_started = time.time()
+        self._hung: dict[int, float] = {}
+        for rank in range(slot.rank_offset, slot.rank_offset + slot.nproc):
+            try:  # a predecessor's stale heartbeat member must not outlive it
+                self.control.forget_member(f"rank/{rank}")
+            except ControlError:
+                pass
         specs = self._worker_specs(plan, slot)
         self.group = WorkerGroup(on_exit=self._on_worker_exit)
         self._phase = "running"
@@ -454,6 +468,32 @@ class Agent:
         name = signal.Signals(signum).name
         self.console.event(f"received {name}: stopping the workers "
                            f"(grace {self.cfg.grace_period:g} s)")
+
+    def _handle_hung(self, payload: dict[str, Any]) -> None:
+        """A local rank stopped sending heartbeats: ask it for a flight-recorder dump
+        (SIGUSR1) now and SIGKILL it when the dump window ends (see :meth:`_reap_hung`)."""
+        assert self.group is not None
+        if self._stopping_local:
+            return
+        rank = payload.get("rank")
+        for w in self.group.workers:
+            if w.result.rank == rank and w.alive and rank not in self._hung:
+                silent = payload.get("silent_s")
+                if isinstance(silent, (int, float)) and time.time() - w.result.started < silent:
+                    continue  # the silence is older than this worker: a predecessor's
+                self.console.event(
+                    f"rank {rank} on {w.result.host} is hung (no heartbeat for {silent} s): "
+                    f"asking for a flight-recorder dump (SIGUSR1), then stopping it")
+                w.signal_group(signal.SIGUSR1)
+                self._hung[rank] = time.monotonic() + min(2.0, self.cfg.grace_period)
+
+    def _reap_hung(self) -> None:
+        assert self.group is not None
+        now = time.monotonic()
+        for w in self.group.workers:
+            deadline = self._hung.get(w.result.rank)
+            if deadline is not None and now >= deadline and w.alive:
+                w.signal_group(signal.SIGKILL)
 
     # ------------------------------------------------------------------ decider (host)
 
@@ -509,6 +549,8 @@ class Agent:
                 if item > 0:
                     self._broadcast_stop("exit", f"agent received {signal.Signals(item).name}",
                                          first=item)
+            elif kind == "hung":
+                self._handle_hung(item)
             elif kind == "remote_failed":
                 rank = item.get("rank")
                 if item.get("round") == self._round and item.get("node_rank") != me \
@@ -518,6 +560,7 @@ class Agent:
                     self.console.event(f"rank {rank} on {item.get('host')} failed "
                                        f"({self._describe_event(item)})")
                     self._apply_policy(f"rank {rank} failed")
+            self._reap_hung()
             for w in self._drain_exits():
                 if w.result.failed and not self._stopping_local:
                     self._apply_policy(f"rank {w.result.rank} failed")
@@ -682,6 +725,9 @@ class Agent:
                     raise lost(item, self.control.address)
                 elif kind == "stop" and item.get("round") == self._round:
                     self._stop_local()
+                elif kind == "hung":
+                    self._handle_hung(item)
+                self._reap_hung()
                 self._drain_exits()
                 if not self._stopping_local and kv.check([stop_key]):
                     self._stop_local()

@@ -94,6 +94,14 @@ class ControlPlane:
         else:
             self.kv.publish(topic, payload)
 
+    def forget_member(self, member: str) -> None:
+        """Deregister another process's heartbeat member (a worker that has exited), so the
+        server does not report it lost later (e.g. while its restarted successor runs).
+
+        The client has no public call for someone else's member yet; this sends the same
+        ``heartbeat_stop`` request that ``ControlClient.heartbeat_stop`` sends for its own."""
+        self.kv._call("heartbeat_stop", {"member": member}, budget=5.0)  # noqa: SLF001
+
     def subscribe(self, topics: list[str], callback: Callable[[str, dict[str, Any]], None]) -> None:
         """Deliver events of ``topics`` (replaying earlier ones) to ``callback``."""
         wanted = frozenset(topics)

@@ -228,3 +228,13 @@ def test_second_sigint_skips_the_grace_period(tmp_path):
     assert agent.returncode == 128 + signal.SIGINT
     assert not any(pid_alive(p) for p in pids)
     assert "received SIGINT" in err
+
+
+def test_hung_rank_gets_sigusr1_then_sigkill(tmp_path):
+    env = base_env(PID_DIR=str(tmp_path))
+    proc = run_launcher("--nproc-per-node", "2", "--grace-period", "4", worker("hung.py"),
+                        env=env)
+    assert "rank 1 on" in proc.stderr and "is hung (no heartbeat for" in proc.stderr
+    assert (tmp_path / "1.usr1").exists()  # asked for a dump before being killed
+    assert proc.returncode == 128 + signal.SIGKILL, proc.stderr  # root cause: rank 1, SIGKILL
+    assert "SIGKILL  <- root cause" in proc.stderr
