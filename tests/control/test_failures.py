@@ -154,3 +154,24 @@ def test_client_address_validation(secret: bytes) -> None:
         ControlClient("tcp://localhost:notaport", secret)
     with pytest.raises(ControlArgumentTypeError):
         ControlClient(1234, secret)  # type: ignore[arg-type]
+
+
+def test_too_many_blocked_requests_is_a_limit_error(secret: bytes) -> None:
+    from torchcomms.control.errors import ControlLimitError
+    with StoreServer("127.0.0.1", 0, secret, max_pending=2) as srv, \
+            ControlClient(srv.address, secret, timeout=10) as c:
+        threads = [threading.Thread(target=lambda: _swallow(c, f"p/{i}")) for i in range(2)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)  # both parked
+        with pytest.raises(ControlLimitError, match="blocked requests"):
+            c.get("p/third", timeout=5)
+        c.set("p/0", b"")
+        c.set("p/1", b"")
+        for t in threads:
+            t.join(10)
+        assert c.get("p/0", timeout=1) == b""  # room again
+
+
+def _swallow(c: ControlClient, key: str) -> None:
+    c.get(key, timeout=8)

@@ -70,3 +70,22 @@ def test_lazy_exports() -> None:
         raise AssertionError("missing attribute did not raise")
 
 
+
+
+def test_python_dash_m_can_draw_the_secret(tmp_path) -> None:
+    from torchcomms.control.secrets import load_secret
+    path = tmp_path / "new-secret"
+    proc = subprocess.Popen([sys.executable, "-m", "torchcomms.control",
+                             "--new-secret-file", str(path)],
+                            env=python_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        address = proc.stdout.readline().strip()
+        secret = load_secret({"TORCHCOMM_CONTROL_SECRET_FILE": str(path)})
+        assert secret is not None
+        with ControlClient(address, secret, timeout=10) as c:
+            assert c.hello()["version"] == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        stop_process(proc)
