@@ -238,3 +238,18 @@ def test_hung_rank_gets_sigusr1_then_sigkill(tmp_path):
     assert (tmp_path / "1.usr1").exists()  # asked for a dump before being killed
     assert proc.returncode == 128 + signal.SIGKILL, proc.stderr  # root cause: rank 1, SIGKILL
     assert "SIGKILL  <- root cause" in proc.stderr
+
+
+def test_console_script_is_the_same_cli():
+    import shutil
+
+    exe = shutil.which("torchcomms-run")
+    if exe is None:
+        pytest.skip("torchcomms-run is not installed on PATH (pip install -e .)")
+    proc = subprocess.run([exe, "--nproc-per-node", "1", "--no-summary", worker("ticker.py")],
+                          capture_output=True, text=True, env=base_env(DURATION="0"), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1].endswith("rank 0 done")
+    proc = subprocess.run([exe, "--standalon", "x.py"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "did you mean --standalone?" in proc.stderr
