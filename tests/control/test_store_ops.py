@@ -293,3 +293,14 @@ def test_lone_surrogate_key_is_refused(client: ControlClient) -> None:
 def test_oversized_event_payload_is_refused(client: ControlClient) -> None:
     with pytest.raises(ControlArgumentError, match="payload limit"):
         client.publish("custom", {"blob": b"x" * (client.limits.max_payload_bytes + 1)})
+
+
+def test_expired_waits_leave_no_bookkeeping(client: ControlClient, server: StoreServer) -> None:
+    for i in range(20):
+        with pytest.raises(ControlTimeoutError):
+            client.wait([f"never/{i}", "never/shared"], timeout=0.01)
+    with pytest.raises(ControlTimeoutError):
+        client.queue_pop("never/q", timeout=0.01)
+    client.ping()  # one more loop turn
+    assert server._pending == 0
+    assert server._waiters_by_key == {} and server._queue_waiters == {}

@@ -634,8 +634,8 @@ class ControlClient:
         """Call ``callback(topic, payload)`` on a background thread for every event of
         ``topics`` (``None``: all). ``since=0`` first replays every earlier event;
         ``since=None`` delivers only events published from now on. The payload carries the
-        event's ``seq``. ``on_error`` hears about lost connections (delivery resumes, without
-        gaps, when the server is back)."""
+        event's ``seq``. ``on_error`` hears about lost connections; delivery resumes, without
+        gaps, once the same server answers again (a restarted server starts a new history)."""
         if not callable(callback):
             raise ControlArgumentTypeError("callback must be callable")
         if since is None:

@@ -606,6 +606,7 @@ class StoreServer:
             if waiter.done:
                 continue
             self._finish(waiter)
+            self._unlist(waiter)
             waited = now - waiter.started
             if waiter.op == "events":
                 self._send_ok(waiter.identity, waiter.request_id, [])
@@ -617,14 +618,34 @@ class StoreServer:
                 f"{'queue' if waiter.op == 'queue_pop' else 'keys'} {missing[:8]}"
                 + (f" (and {len(missing) - 8} more)" if len(missing) > 8 else ""),
                 missing[:64])
-        # forget finished waiters still listed under keys nobody set
-        if self._pending == 0 and self._waiters_by_key:
-            self._waiters_by_key.clear()
         if self._pending == 0:
             self._event_waiters.clear()
             self._queue_waiters.clear()
         elif len(self._event_waiters) > 2 * self._pending + 64:
             self._event_waiters = [w for w in self._event_waiters if not w.done]
+
+    def _unlist(self, waiter: _Waiter) -> None:
+        """Forget an expired waiter under the keys it was waiting for (nobody set them)."""
+        if waiter.op == "queue_pop":
+            line = self._queue_waiters.get(waiter.keys[0])
+            if line is not None:
+                try:
+                    line.remove(waiter)
+                except ValueError:
+                    pass
+                if not line:
+                    del self._queue_waiters[waiter.keys[0]]
+            return
+        for key in waiter.keys:
+            bucket = self._waiters_by_key.get(key)
+            if bucket is None:
+                continue
+            try:
+                bucket.remove(waiter)
+            except ValueError:
+                continue
+            if not bucket:
+                del self._waiters_by_key[key]
 
     def _fail_all_waiters(self, message: str) -> None:
         for _, _, waiter in self._deadlines:
