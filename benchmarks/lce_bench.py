@@ -71,7 +71,6 @@ def compiled_unfused() -> StepFn:
 CPU_CONTENDERS: dict[str, Callable[[], StepFn]] = {
     "unfused eager": lambda: unfused,
     "torch 2.13 chunked (auto)": lambda: torch_chunked(),
-    "torch 2.13 chunked (accurate, aspect_ratio)": lambda: torch_chunked(acc_policy="accurate", chunking_method="aspect_ratio"),
     "torch 2.13 chunked (accurate, 512 rows)": lambda: torch_chunked(acc_policy="accurate", chunking_method=None, batch_chunk_size=512),
     "ours (chunked, default)": lambda: ours(implementation="chunked"),
     "ours (chunked, 1024 rows)": lambda: ours(implementation="chunked", chunk_size=1024),
@@ -259,8 +258,8 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def cpu_worker(name: str, n: int, h: int, v: int, reps: int) -> dict:
-    """One contender in this (fresh) process: peak RSS of the first step, then timings."""
+def cpu_worker(name: str, n: int, h: int, v: int) -> dict:
+    """Peak resident memory of one contender's first fwd+bwd, in this (fresh) process."""
     torch.manual_seed(0)
     x, w, t = make_inputs(n, h, v, torch.float32, "cpu")
     fn = CPU_CONTENDERS[name]()
@@ -268,33 +267,34 @@ def cpu_worker(name: str, n: int, h: int, v: int, reps: int) -> dict:
     loss = step(fn, x, w, t)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     grads = sum(p.grad.numel() * p.grad.element_size() for p in (x, w))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        step(fn, x, w, t)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return {"name": name, "n": n, "h": h, "v": v, "ms": statistics.median(times), "ms_all": times,
-            "peak_mib": (peak - base - grads) / 2**20, "loss": loss}
+    return {"name": name, "peak_mib": (peak - base - grads) / 2**20, "loss": loss}
 
 
 def run_cpu(args) -> dict:
+    """Memory: one fresh process per contender. Time: all contenders in one process,
+    round-robin (one step of each per round), so that a loaded machine's drift hits all alike."""
     n, h, v = 4096, 1024, 32768
-    rows = []
-    for name in CPU_CONTENDERS:
-        if args.only and not any(o in name for o in args.only):
-            continue
-        out = subprocess.run(
-            [sys.executable, __file__, "--cpu-worker", name, "--reps", str(args.reps)],
-            capture_output=True, text=True, check=False,
-        )
+    names = [name for name in CPU_CONTENDERS if not args.only or any(o in name for o in args.only)]
+    rows = {}
+    for name in names:
+        out = subprocess.run([sys.executable, __file__, "--cpu-worker", name], capture_output=True, text=True, check=False)
         if out.returncode != 0:
             print(f"  {name}: FAILED\n{out.stderr[-2000:]}", flush=True)
-            rows.append({"name": name, "error": out.stderr[-2000:]})
             continue
-        row = json.loads(out.stdout.strip().splitlines()[-1])
-        rows.append(row)
-        print(f"  {name:45s} {row['ms']:9.1f} ms {row['peak_mib']:9.1f} MiB  loss={row['loss']:.6f}", flush=True)
-    return {"rows": rows, "threads": torch.get_num_threads(), "torch": torch.__version__, "cpu": platform.processor() or platform.machine()}
+        rows[name] = json.loads(out.stdout.strip().splitlines()[-1]) | {"n": n, "h": h, "v": v, "ms_all": []}
+        print(f"  memory {name:45s} {rows[name]['peak_mib']:9.1f} MiB  loss={rows[name]['loss']:.6f}", flush=True)
+    x, w, t = make_inputs(n, h, v, torch.float32, "cpu")
+    fns = {name: CPU_CONTENDERS[name]() for name in rows}
+    for round_ in range(args.reps):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            step(fn, x, w, t)
+            rows[name]["ms_all"].append((time.perf_counter() - t0) * 1e3)
+            print(f"  round {round_} {name:45s} {rows[name]['ms_all'][-1]:9.1f} ms", flush=True)
+    for row in rows.values():
+        row["ms"] = statistics.median(row["ms_all"])
+    return {"rows": list(rows.values()), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "cpu": platform.processor() or platform.machine(), "load_avg_at_end": os.getloadavg()}
 
 
 # --------------------------------------------------------------------------- report
@@ -333,7 +333,7 @@ def main() -> None:
     p.add_argument("--cpu-worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.cpu_worker:
-        print(json.dumps(cpu_worker(args.cpu_worker, 4096, 1024, 32768, args.reps)))
+        print(json.dumps(cpu_worker(args.cpu_worker, 4096, 1024, 32768)))
         return
     if args.sweep:
         result = run_sweep(args)

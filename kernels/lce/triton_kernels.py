@@ -157,7 +157,7 @@ if triton is not None:
 
 def _launch_config(n_cols: int) -> tuple[int, int]:
     block = min(triton.next_power_of_2(max(n_cols, 16)), 8192)
-    warps = 32 if block >= 8192 else 8 if block >= 2048 else 4  # b8192 w32 measured best on H200
+    warps = 16 if block >= 8192 else 8 if block >= 2048 else 4
     return block, warps
 
 
