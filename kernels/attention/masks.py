@@ -147,7 +147,7 @@ class Mask:
         h = torch.arange(nh, device=device).view(1, nh, 1, 1)
         q = torch.arange(q_len, device=device).view(1, 1, q_len, 1)
         kv = torch.arange(kv_len, device=device).view(1, 1, 1, kv_len)
-        out = self.mask_mod(b, h, q, kv)
+        out = self.to(b.device).mask_mod(b, h, q, kv)  # tensors the mask holds go along
         return out.expand(nb, nh, q_len, kv_len).to(torch.bool)
 
     def count_pairs(
@@ -167,9 +167,10 @@ class Mask:
         b = torch.arange(nb, device=device).view(nb, 1, 1, 1)
         h = torch.arange(nh, device=device).view(1, nh, 1, 1)
         kv = torch.arange(kv_len, device=device).view(1, 1, 1, kv_len)
+        moved = self.to(kv.device)
         for start in range(0, q_len, chunk):
             q = torch.arange(start, min(q_len, start + chunk), device=device).view(1, 1, -1, 1)
-            m = self.mask_mod(b, h, q, kv).expand(nb, nh, q.shape[2], kv_len)
+            m = moved.mask_mod(b, h, q, kv).expand(nb, nh, q.shape[2], kv_len)
             total += int(m.sum().item())
         return total * (batch // nb) * (heads // nh)
 
