@@ -134,3 +134,9 @@ def test_gloo_process_group_over_control_store(server: StoreServer, secret: byte
     for p, (out, err) in zip(procs, results):
         assert p.returncode == 0, err
         assert out.strip() == "[0.0, 3.0, 6.0, 9.0] [[0.0, 0.0], [1.0, 1.0]] 21.0"
+
+
+def test_store_cannot_be_pickled(store: ControlStore) -> None:
+    import pickle
+    with pytest.raises(TypeError, match="from_env"):
+        pickle.dumps(store)

@@ -187,3 +187,7 @@ class ControlStore(dist.Store):
 
     def __repr__(self) -> str:
         return f"ControlStore({self._client.address!r}, timeout={self.timeout})"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("ControlStore cannot be pickled (it holds live sockets): in the child "
+                        "process use ControlStore.from_env() or ControlStore.connect(addr, secret)")
