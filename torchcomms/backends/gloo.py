@@ -6,6 +6,7 @@ has (AVG = SUM then divide, PREMUL_SUM = scale then SUM, all_gather_v = one broa
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import queue
 import socket
@@ -137,9 +138,17 @@ class GlooBackend(TorchCommBackend):
         self._pg = None  # type: ignore[assignment]
 
     def abort(self) -> None:
-        # Gloo cannot cancel in-flight work. Keep the engine alive (its threads may still be
-        # blocked on a dead peer until gloo's own timeout) and stop using it.
-        _ABANDONED.append(self._pg)
+        # Gloo cannot cancel in-flight work. Stop using the engine and never destroy it: its
+        # destructor waits for work blocked on a dead or stopped peer, and throws (terminating
+        # the process) when that peer's connection later resets, e.g. at interpreter exit.
+        pg = getattr(self, "_pg", None)
+        if pg is not None and not any(p is pg for p in _ABANDONED):
+            _ABANDONED.append(pg)
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))  # outlives module teardown
+            try:
+                pg.shutdown()
+            except Exception:  # noqa: BLE001 - best effort; abort never raises
+                pass
 
     def classify_error(self, error: BaseException) -> str:
         msg = str(error).lower()
