@@ -65,10 +65,12 @@ class ControlPlane:
         """Connect to the rendezvous host's store, retrying until ``timeout``; a refused
         secret fails at once with :class:`AuthenticationError`."""
         deadline = time.monotonic() + timeout
-        client = ControlClient(address, secret, timeout=request_timeout)
+        # Probe with short requests so a missing host is noticed at the join timeout.
+        client = ControlClient(address, secret, timeout=max(0.2, min(request_timeout, timeout)))
         while True:
             try:
                 client.check([_PROBE_KEY])
+                client.timeout = request_timeout
                 return cls(client, address)
             except ControlAuthError as exc:
                 client.close()
