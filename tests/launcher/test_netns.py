@@ -34,13 +34,15 @@ def _finish(proc, timeout=120) -> str:
 def test_two_nodes_two_workers_all_reduce(netns_hosts, secret_file):
     h0, h1 = netns_hosts
     env = base_env(GLOO_SOCKET_IFNAME="eth0")  # node names do not resolve inside namespaces
-    a = _agent(h0, h0, secret_file, env=env, script="torchrun_style.py")
-    b = _agent(h1, h0, secret_file, env=env, script="torchrun_style.py")
+    # torch.distributed (rank 0's TCPStore at MASTER_ADDR/PORT) and torchcomms.new_comm
+    # (the agent's control plane, reached across the bridge) in the same workers
+    a = _agent(h0, h0, secret_file, env=env, script="two_stacks.py")
+    b = _agent(h1, h0, secret_file, env=env, script="two_stacks.py")
     out_a, out_b = _finish(a, 300), _finish(b, 300)
     assert (a.returncode, b.returncode) == (0, 0), out_a + out_b
     for rank, (host, out) in enumerate([("node0", out_a)] * 2 + [("node1", out_b)] * 2):
-        assert f"[{host}:{rank}] all_reduce ok rank={rank} local_rank={rank % 2} world=4 sum=10" \
-            in out, out
+        assert (f"[{host}:{rank}] both stacks ok rank={rank} local_rank={rank % 2} world=4 "
+                "sum=10/10") in out, out
     assert "this is node 1 (ranks 2-3)" in out_b
 
 
