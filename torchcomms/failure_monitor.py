@@ -33,9 +33,11 @@ class FailureMonitor:
         self._sub = client.subscribe(_TOPICS, self._on_event, since=None)
         self._heartbeat = False
         interval = float(os.environ.get("TORCHCOMM_HEARTBEAT_S", "0.25") or 0)
+        limit = float(os.environ.get("TORCHCOMM_HEARTBEAT_LIMIT_S", "2.0"))
         if interval > 0:
             client.heartbeat_start(
-                f"rank/{global_rank}", interval, info={"host": socket.gethostname(), "pid": os.getpid()}
+                f"rank/{global_rank}", interval, limit=limit,
+                info={"host": socket.gethostname(), "pid": os.getpid()},
             )
             self._heartbeat = True
             atexit.register(self.stop)

@@ -1,0 +1,84 @@
+"""Data-parallel training that survives the loss of a rank: shrink and carry on.
+
+    torchcomms-run --nproc-per-node 4 --on-failure shrink examples/elastic_train.py \
+        --steps 60 --fail-rank 2 --fail-step 20
+
+Every rank trains on its own data; gradients are averaged over the *current* world size.
+``--fail-rank`` SIGKILLs itself at ``--fail-step`` (a stand-in for a crashed node). The others
+see ``PeerFailureError`` at once, agree on the survivors with ``comm.shrink()``, print the
+membership change, resynchronise the weights from the new rank 0, and keep training.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+
+import torch
+import torch.nn as nn
+
+import torchcomms
+from torchcomms import ReduceOp
+
+
+def batch(gen: torch.Generator, dim: int = 16, n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(n, dim, generator=gen)
+    w = torch.linspace(-1, 1, dim).unsqueeze(1)
+    return x, x @ w + 0.01 * torch.randn(n, 1, generator=gen)
+
+
+def sync_weights(comm: torchcomms.TorchComm, model: nn.Module) -> None:
+    for p in model.parameters():
+        comm.broadcast(p.data, 0, async_op=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--fail-rank", type=int, default=-1)
+    parser.add_argument("--fail-step", type=int, default=20)
+    parser.add_argument("--lr", type=float, default=0.05)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), name="dp")
+    me = comm.get_rank()  # the job rank; comm ranks change after a shrink
+    torch.manual_seed(0)
+    model = nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    gen = torch.Generator().manual_seed(100 + me)
+    step = 0
+    while step < args.steps:
+        if me == args.fail_rank and step == args.fail_step:
+            print(f"[job rank {me}] failing now (SIGKILL) at step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        x, y = batch(gen)
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        try:
+            for p in model.parameters():
+                comm.all_reduce(p.grad, ReduceOp.AVG, async_op=False)
+            report = loss.detach().reshape(1)
+            comm.all_reduce(report, ReduceOp.AVG, async_op=False)
+        except torchcomms.CommError as err:
+            t0 = time.perf_counter()
+            old = comm.get_global_ranks()
+            comm = comm.shrink()
+            if comm.get_rank() == 0:
+                print(f"[step {step}] {type(err).__name__}: {err}", flush=True)
+                print(f"[step {step}] membership {old} -> {comm.get_global_ranks()} "
+                      f"(world {len(old)} -> {comm.get_size()}), shrink took "
+                      f"{(time.perf_counter() - t0) * 1e3:.1f} ms; redoing the step", flush=True)
+            sync_weights(comm, model)
+            continue  # redo this step on the survivors (its gradients were never applied)
+        opt.step()
+        if comm.get_rank() == 0 and (step % 10 == 0 or step == args.steps - 1):
+            print(f"step {step:3d}  loss {report.item():.4f}  world {comm.get_size()}", flush=True)
+        step += 1
+    comm.finalize()
+
+
+if __name__ == "__main__":
+    main()
