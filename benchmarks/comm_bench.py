@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -312,6 +313,17 @@ def launch(args: argparse.Namespace, result_path: Path) -> None:
             p.wait()
 
 
+def bootstrap_median_ci(values: list[float], resamples: int = 2000, level: float = 0.95,
+                        seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap confidence interval of the median of ``values``."""
+    rng = random.Random(seed)
+    k = len(values)
+    meds = sorted(statistics.median(rng.choices(values, k=k)) for _ in range(resamples))
+    lo = meds[int((1 - level) / 2 * (resamples - 1))]
+    hi = meds[int((1 + level) / 2 * (resamples - 1))]
+    return lo, hi
+
+
 def summarize(raw: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
     out = []
     for row in raw:
@@ -336,7 +348,9 @@ def summarize(raw: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
             if name == ANCHOR:
                 continue
             res["contenders"][name]["ratio"] = statistics.median(s) / statistics.median(anchor)
-            res["contenders"][name]["pair_ratio"] = statistics.median(a / b for a, b in zip(s, anchor))
+            pairs = [a / b for a, b in zip(s, anchor)]
+            res["contenders"][name]["pair_ratio"] = statistics.median(pairs)
+            res["contenders"][name]["pair_ratio_ci95"] = bootstrap_median_ci(pairs)
         out.append(res)
     return out
 
@@ -356,7 +370,7 @@ def print_table(results: list[dict[str, Any]], goal_bytes: tuple[int, ...]) -> N
         cols += [f"{nm} µs", "algbw", "busbw"]
     for nm in ours:
         suffix = RATIO_LABELS[nm]
-        cols += [f"ratio{suffix}", f"pair{suffix}"]
+        cols += [f"ratio{suffix}", f"pair{suffix} [95% CI]"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "|".join(["---"] * 2 + ["---:"] * (len(cols) - 2)) + "|")
     for res in results:
@@ -371,10 +385,12 @@ def print_table(results: list[dict[str, Any]], goal_bytes: tuple[int, ...]) -> N
         for nm in ours:
             c = res["contenders"][nm]
             mark = " ✗" if nm != CONTROL and res["bytes"] in goal_bytes and c["ratio"] > 1.05 else ""
-            cells += [f"{c['ratio']:.3f}{mark}", f"{c['pair_ratio']:.3f}"]
+            lo, hi = c["pair_ratio_ci95"]
+            cells += [f"{c['ratio']:.3f}{mark}", f"{c['pair_ratio']:.3f} [{lo:.2f}–{hi:.2f}]"]
         print("| " + " | ".join(cells) + " |")
     print("\ntime: median over iterations of the slowest rank; GB/s = 1e9 B/s; "
-          "ratio = torchcomms median / c10d median; pair = median of per-iteration ratios; "
+          "ratio = torchcomms median / c10d median; pair = median of per-iteration ratios "
+          "with its bootstrap 95% CI; "
           "✗ = above the 1.05 goal")
 
 
