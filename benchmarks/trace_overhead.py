@@ -1,10 +1,13 @@
 """What tracing costs per op: flight recorder, structured logs and spans, each on vs off.
 
-Part 1, per-op µs on the fake backend (the dispatch path alone, a 1-element all_reduce):
-no tracing (anchor), flight recorder, logs (default info level), spans (OTLP file), and the
-default-on set (flight recorder + logs). Part 2, a 1 MiB all_reduce on gloo with 2 real ranks:
-no tracing (anchor) vs the default-on set, as % overhead. Everything is measured in one run;
-prints a table and writes JSON.
+Part 1, the hooks alone on real ``OpRecord``s, called the way the dispatch path calls them
+(thread CPU µs per op; anchor: an empty pre/post pair). Part 2, per-op CPU µs on the fake
+backend (the whole dispatch path, a 1-element all_reduce): no tracing (anchor), flight
+recorder, logs (default info level), spans (OTLP file; the export thread's CPU counts), and
+the default-on set (flight recorder + logs). Part 3, a 1 MiB all_reduce on gloo with 2 real
+ranks: no tracing (anchor) vs the default-on set, wall time in paired rounds, as % overhead.
+CPU time keeps parts 1-2 meaningful on a shared machine. Everything is measured in one run;
+prints tables and writes JSON.
 
     python benchmarks/trace_overhead.py [--ops 20000] [--repeats 7] [--gloo-iters 200] [--json out.json]
 """
@@ -45,10 +48,10 @@ def _per_op_us(comm, n: int, repeats: int) -> float:  # type: ignore[no-untyped-
         comm.all_reduce(t, op, False)
     samples = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = time.process_time_ns()  # CPU time of the process (all threads), robust to load
         for _ in range(n):
             comm.all_reduce(t, op, False)
-        samples.append((time.perf_counter() - t0) / n * 1e6)
+        samples.append((time.process_time_ns() - t0) / n / 1e3)
     return statistics.median(samples)
 
 
@@ -63,10 +66,10 @@ def _hook_loop(pre, post, recs, n: int) -> float:  # type: ignore[no-untyped-def
     def user_call(rec, i):  # type: ignore[no-untyped-def]
         dispatch(rec, i)
 
-    t0 = time.perf_counter()
+    t0 = time.thread_time_ns()  # CPU time of this thread: what the hooks cost, not the machine's load
     for i in range(n):
         user_call(recs[i], i)
-    return (time.perf_counter() - t0) / n * 1e6
+    return (time.thread_time_ns() - t0) / n / 1e3
 
 
 def part_hooks(n: int, repeats: int, tmp: Path) -> list[dict]:
@@ -161,18 +164,27 @@ def part_fake(n: int, repeats: int, tmp: Path) -> list[dict]:
     tlog.attach_logging(c)
     configs["default (fr + logs)"] = c
 
-    results = {name: [] for name in configs}
-    for _ in range(3):  # interleave rounds so drift hits every config alike
-        for name, comm in configs.items():
-            results[name].append(_per_op_us(comm, n, max(1, repeats // 3)))
+    results: dict[str, list[float]] = {name: [] for name in configs}
+    rounds = max(10, repeats * 5)
+    per_round = max(200, n // rounds)
+    for i in range(rounds):  # many short interleaved rounds, order reversed every other one
+        order = list(configs.items()) if i % 2 == 0 else list(reversed(configs.items()))
+        for name, comm in order:
+            results[name].append(_per_op_us(comm, per_round, 1))
             if name.startswith("spans"):
                 spans.flush(60)
     spans.shutdown()
     anchor = statistics.median(results["none (anchor)"])
+    anchor_min = min(results["none (anchor)"])
     rows = []
     for name, vals in results.items():
-        us = statistics.median(vals)
-        rows.append({"config": name, "us_per_op": us, "added_us": us - anchor, "ratio_vs_anchor": us / anchor})
+        us, lo = statistics.median(vals), min(vals)
+        q = statistics.quantiles(vals, n=4)
+        rows.append({
+            "config": name, "us_per_op": us, "added_us": us - anchor, "ratio_vs_anchor": us / anchor,
+            "min_us_per_op": lo, "added_us_min": lo - anchor_min, "ratio_vs_anchor_min": lo / anchor_min,
+            "iqr_us": q[2] - q[0], "rounds": len(vals),
+        })
     rows.append({"config": "spans dropped", "value": spans.dropped})
     return rows
 
@@ -202,13 +214,16 @@ def gloo_rank(iters: int, out: str) -> None:
     for comm in (base, traced):
         for _ in range(20):
             comm.all_reduce(t, op, False)
-    for _ in range(10):
-        for key, comm in (("none", base), ("traced", traced)):
+    rounds = max(4, iters // 10)
+    per_round = max(1, iters // rounds)
+    for i in range(rounds):  # paired rounds, ABBA order so drift cancels
+        pairs = (("none", base), ("traced", traced)) if i % 2 == 0 else (("traced", traced), ("none", base))
+        for key, comm in pairs:
             comm.barrier(False)
             t0 = time.perf_counter()
-            for _ in range(iters // 10):
+            for _ in range(per_round):
                 comm.all_reduce(t, op, False)
-            samples[key].append((time.perf_counter() - t0) / (iters // 10) * 1e6)
+            samples[key].append((time.perf_counter() - t0) / per_round * 1e6)
     Path(out).write_text(json.dumps(samples))
     base.finalize()
     traced.finalize()
@@ -228,9 +243,11 @@ def part_gloo(iters: int, tmp: Path) -> list[dict]:
     # paired rounds: overhead of each round against its own anchor, median across rounds
     pct = [(t - n) / n * 100 for n, t in zip(data["none"], data["traced"])]
     none, traced = statistics.median(data["none"]), statistics.median(data["traced"])
+    q = statistics.quantiles(pct, n=4)
     return [
-        {"config": "none (anchor)", "us_per_op": none, "ratio_vs_anchor": 1.0},
-        {"config": "default (fr + logs)", "us_per_op": traced, "ratio_vs_anchor": traced / none, "overhead_pct_median_of_rounds": statistics.median(pct)},
+        {"config": "none (anchor)", "us_per_op": none, "min_us_per_op": min(data["none"]), "ratio_vs_anchor": 1.0},
+        {"config": "default (fr + logs)", "us_per_op": traced, "min_us_per_op": min(data["traced"]), "ratio_vs_anchor": traced / none,
+         "overhead_pct_median_of_rounds": statistics.median(pct), "overhead_pct_iqr": [q[0], q[2]], "rounds": len(pct)},
     ]
 
 
@@ -238,7 +255,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", type=int, default=20000)
     ap.add_argument("--repeats", type=int, default=6)
-    ap.add_argument("--gloo-iters", type=int, default=200)
+    ap.add_argument("--gloo-iters", type=int, default=600)
     ap.add_argument("--json", default="trace_overhead.json")
     ap.add_argument("--gloo-rank", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -253,31 +270,40 @@ def main() -> None:
         hooks = part_hooks(a.ops, a.repeats, tmp)
         fake = part_fake(a.ops, a.repeats, tmp)
         gloo = part_gloo(a.gloo_iters, tmp)
-    con = Console()
+    con = Console(width=170)
     t = Table(title=f"Hooks alone on real OpRecords (median of {a.repeats} rounds of {a.ops} ops)")
-    for col in ("config", "µs/op", "added µs/op", "ratio vs none"):
+    for col in ("config", "CPU µs/op", "added µs/op", "ratio vs none"):
         t.add_column(col, justify="right")
     for r in hooks:
         if "us_per_op" in r:
             t.add_row(r["config"], f"{r['us_per_op']:.3f}", f"{r['added_us']:+.3f}", f"{r['ratio_vs_anchor']:.2f}")
     con.print(t)
-    t = Table(title=f"Per-op cost on the fake backend (1-element all_reduce, median of rounds, {a.ops} ops/round)")
-    for col in ("config", "µs/op", "added µs/op", "ratio vs none"):
+    t = Table(title=f"Whole dispatch path on the fake backend (1-element all_reduce, {a.ops} ops in interleaved rounds)")
+    for col in ("config", "CPU µs/op median", "IQR", "added (median)", "ratio (median)", "CPU µs/op min", "ratio (min)"):
         t.add_column(col, justify="right")
     for r in fake:
         if "us_per_op" in r:
-            t.add_row(r["config"], f"{r['us_per_op']:.2f}", f"{r['added_us']:+.2f}", f"{r['ratio_vs_anchor']:.3f}")
+            t.add_row(r["config"], f"{r['us_per_op']:.2f}", f"{r['iqr_us']:.2f}", f"{r['added_us']:+.2f}", f"{r['ratio_vs_anchor']:.3f}",
+                      f"{r['min_us_per_op']:.2f}", f"{r['ratio_vs_anchor_min']:.3f}")
     con.print(t)
     dropped = next(r["value"] for r in fake if r["config"] == "spans dropped")
     con.print(f"spans dropped: {dropped}")
     t = Table(title=f"1 MiB float32 all_reduce, gloo, 2 ranks on this host ({a.gloo_iters} ops per config)")
-    for col in ("config", "µs/op (rank 0)", "ratio vs none", "overhead % (median of paired rounds)"):
+    for col in ("config", "µs/op median (rank 0)", "µs/op min", "ratio vs none", "overhead % (median of paired rounds)", "IQR of %"):
         t.add_column(col, justify="right")
     for r in gloo:
-        t.add_row(r["config"], f"{r['us_per_op']:.1f}", f"{r['ratio_vs_anchor']:.4f}", f"{r.get('overhead_pct_median_of_rounds', 0.0):+.2f}")
+        iqr = r.get("overhead_pct_iqr")
+        t.add_row(r["config"], f"{r['us_per_op']:.1f}", f"{r['min_us_per_op']:.1f}", f"{r['ratio_vs_anchor']:.4f}",
+                  f"{r.get('overhead_pct_median_of_rounds', 0.0):+.2f}", f"{iqr[0]:+.1f} .. {iqr[1]:+.1f}" if iqr else "")
     con.print(t)
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    con.print(f"load average during the run: {load}")
     out = {
         "benchmark": "trace_overhead",
+        "load_average": load,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"host": platform.node(), "cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "hooks_alone": hooks,

@@ -25,7 +25,7 @@ from torchcomms.tracing.fr_format import CommInfo, DumpContext, EntryView
 MAX_ENTRIES_ENV = "TORCHCOMM_FR_MAX_ENTRIES"
 STACK_DEPTH_ENV = "TORCHCOMM_FR_STACK_DEPTH"
 DEFAULT_MAX_ENTRIES = 2048
-DEFAULT_STACK_DEPTH = 2
+DEFAULT_STACK_DEPTH = 1
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -233,20 +233,24 @@ class FlightRecorder:
             track.p2p_seq = rec.seq
         else:
             track.coll_seq = rec.seq
-        frames: list[tuple[Any, int]] = []
+        # The call site: the first frames outside torchcomms, kept as (code object, line);
+        # strings are only built when dumping.
+        frames: tuple[tuple[Any, int], ...] = ()
         depth = self.stack_depth
         if depth:
-            # The call site: the first frames outside torchcomms (code object + line; the
-            # strings are only built when dumping).
-            f = sys._getframe(1)
+            f: Any = sys._getframe(1)
             pkg = _PACKAGE_DIR
-            while f is not None:
-                co = f.f_code
-                if not co.co_filename.startswith(pkg):
-                    frames.append((co, f.f_lineno))
-                    if len(frames) >= depth:
-                        break
+            while f is not None and f.f_code.co_filename.startswith(pkg):
                 f = f.f_back
+            if f is not None:
+                if depth == 1:
+                    frames = ((f.f_code, f.f_lineno),)
+                else:
+                    collected = []
+                    while f is not None and len(collected) < depth:
+                        collected.append((f.f_code, f.f_lineno))
+                        f = f.f_back
+                    frames = tuple(collected)
         self._ring.append((rec, next(self._ids), track, track.coll_seq, track.p2p_seq, frames, get_ident()))
 
     def post_hook(self, op_id: int, rec: Any) -> None:
