@@ -258,6 +258,8 @@ class TorchComm:
         self._monitor: Any = None  # FailureMonitor, when the store is the control plane's
         self._epoch = 0
         self._failed_global: dict[int, str] = {}
+        self._init_handle: str | None = None
+        self._base_prefix = ctx.store_prefix  # reconfigurations key off this, whatever came before
         NAMES.bind(self._name, self)
 
     # ----------------------------------------------------------------------------------------
@@ -294,7 +296,7 @@ class TorchComm:
         return True
 
     def is_aborted(self) -> bool:
-        return self._state == "aborted"
+        return self._state in ("aborted", "revoked")
 
     def is_broken(self) -> bool:
         """True after a timeout or peer failure (until recovered with ``shrink``)."""
@@ -620,6 +622,100 @@ class TorchComm:
                                        timeout_s=secs, comm=self._name, op="shrink")
         return self._become(backend, survivors, epoch)
 
+    # ----------------------------------------------------------------------------------------
+    # reconfigure (the reference API's fault-tolerance path, on the same machinery)
+    def get_init_handle(self) -> str:
+        """This rank's handle for :meth:`reconfigure` (exchange them out of band)."""
+        if not self._options.enable_reconfigure:
+            raise CommValueError("get_init_handle() needs new_comm(..., enable_reconfigure=True)", comm=self._name)
+        if self._init_handle is None:
+            import secrets
+
+            me = self._global_ranks[self._rank]
+            run = os.environ.get("TORCHCOMM_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or "local"
+            self._init_handle = f"torchcomms://{run}/{self._name}/{me}/{os.getpid()}/{secrets.token_hex(4)}"
+        return self._init_handle
+
+    def reconfigure(self, uuid: Any, init_handles: list[str], timeout: timedelta | None = None,
+                    hints: dict[str, str] | None = None) -> TorchWork:
+        """Re-form this communicator over the ranks whose handles are listed (new rank = index of
+        this rank's handle). Collective over those ranks; ``uuid`` names the configuration and
+        must be the same on all of them. Returns a work that completes when the new engine
+        context is ready; ops issued before that raise ``CommAbortedError``."""
+        c = self._checker
+        if not self._options.enable_reconfigure:
+            raise c.value_error("reconfigure", "this communicator was not created with enable_reconfigure=True")
+        if not isinstance(uuid, (str, int)) or isinstance(uuid, bool) or str(uuid) == "":
+            raise c.type_error("reconfigure", f"uuid must be a non-empty str or an int, got {uuid!r}")
+        if not isinstance(init_handles, (list, tuple)) or not all(isinstance(h, str) for h in init_handles):
+            raise c.type_error("reconfigure", "init_handles must be a list of str (from get_init_handle())")
+        if len(set(init_handles)) != len(init_handles):
+            raise c.value_error("reconfigure", "init_handles has duplicates")
+        mine = self.get_init_handle()
+        if mine not in init_handles:
+            raise c.value_error("reconfigure", "init_handles does not contain this rank's handle")
+        globals_: list[int] = []
+        for h in init_handles:
+            parts = h.split("/")
+            if not h.startswith("torchcomms://") or len(parts) != 7 or not parts[4].isdigit():
+                raise c.value_error("reconfigure", f"malformed init handle {h!r}")
+            globals_.append(int(parts[4]))
+        c.hints("reconfigure", hints)
+        secs = c.timeout("reconfigure", timeout) or self._timeout_s
+        with self._lock:
+            if self._state in ("finalized", "expelled", "shrunk"):
+                raise CommAbortedError(f"communicator is {self._state}", comm=self._name, op="reconfigure")
+            pending = list(self._inflight.values())
+            self._state = "reconfiguring"
+        for w in pending:
+            rec = w.record
+            w._finish(WorkStatus.ERROR, CommAbortedError("communicator is being reconfigured", comm=self._name,
+                                                         op=str(rec.name), seq=rec.seq), state="aborted")
+        import hashlib
+
+        key = hashlib.sha1("\n".join(init_handles).encode()).hexdigest()[:12]
+        ctx = BackendContext(
+            name=self._name, rank=init_handles.index(mine), size=len(init_handles), device=self._device,
+            store=self._ctx.store, store_prefix=f"{self._base_prefix}/reconf/{uuid}/{key}",
+            timeout=timedelta(seconds=secs), hints={**self._hints, **(hints or {})}, global_ranks=tuple(globals_),
+        )
+        rec = OpRecord(self._name, tuple(globals_), ctx.rank, ctx.size, self._backend_name, OpName.reconfigure,
+                       0, next(_OP_IDS), secs, True, time.time_ns())
+        rec.state = "started"
+        rec.time_started_ns = rec.time_created_ns
+        work = TorchWork(self, rec, time.monotonic() + secs)
+        old = self._backend
+
+        def build() -> None:
+            try:
+                backend = old.split(ctx)
+            except BaseException as e:  # noqa: BLE001
+                work._engine_done(e)
+                return
+            old.abort()
+            self._rebind(backend)
+            work._engine_done(None)
+
+        threading.Thread(target=build, name=f"torchcomms-reconfigure-{self._name}", daemon=True).start()
+        return work
+
+    def _rebind(self, backend: TorchCommBackend) -> None:
+        """Point this communicator at a new engine context (after reconfigure)."""
+        ctx = backend.ctx
+        with self._lock:
+            self._backend = backend
+            self._ctx = ctx
+            self._rank, self._size = ctx.rank, ctx.size
+            self._global_ranks = ctx.global_ranks
+            caps = backend.capabilities
+            self._checker = Checker(self._name, self._rank, self._size, self._device, caps.dtypes, caps.bitwise_ops)
+            self._seq = itertools.count(1)
+            self._p2p_seq = itertools.count(1)
+            self._last_seq = 0
+            self._broken = None
+            self._epoch += 1
+            self._state = "active"
+
     def _known_failed(self) -> set[int]:
         failed = set(self._failed_global)
         if self._monitor is not None:
@@ -718,10 +814,11 @@ class TorchComm:
     def abort(self) -> None:
         """Fail every in-flight and later op with ``CommAbortedError``. Never raises."""
         try:
+            revoke = self._options.enable_reconfigure
             with self._lock:
-                if self._state in ("aborted", "finalized"):
+                if self._state in ("aborted", "finalized", "revoked"):
                     return
-                self._state = "aborted"
+                self._state = "revoked" if revoke else "aborted"
                 pending = list(self._inflight.values())
             for w in pending:
                 rec = w.record
@@ -735,7 +832,8 @@ class TorchComm:
                 self._backend.abort()
             except Exception:  # noqa: BLE001 - abort never raises
                 pass
-            self._release()
+            if not revoke:  # a revoked communicator can still be reconfigured
+                self._release()
         except Exception:  # noqa: BLE001
             pass
 

@@ -127,6 +127,7 @@ class OpName(str, enum.Enum):
     finalize = "finalize"
     batch_p2p = "batch_p2p"
     shrink = "shrink"
+    reconfigure = "reconfigure"
 
     def __str__(self) -> str:
         return self.value

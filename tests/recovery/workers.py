@@ -1,0 +1,54 @@
+"""Code that runs inside rank processes for the recovery tests."""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import torchcomms
+from torchcomms import ReduceOp
+
+
+def reconfigure_flow() -> dict[str, Any]:
+    """Handles exchanged through a store; re-form as [2, 0] (rank 1 left out), revoke, re-form
+    with everyone in reversed order."""
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "reconf", enable_reconfigure=True,
+                               timeout=timedelta(seconds=30))
+    me = comm.get_rank()
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1, 3, me == 0)
+    store.set(f"h{me}", comm.get_init_handle())
+    handles = [store.get(f"h{r}").decode() for r in range(3)]
+    out: dict[str, Any] = {}
+    if me != 1:
+        work = comm.reconfigure("cfg-a", [handles[2], handles[0]])
+        out["work_ok"] = work.wait() is True
+        out["a_rank"], out["a_size"] = comm.get_rank(), comm.get_size()
+        t = torch.tensor([float(me)])
+        comm.all_reduce(t, ReduceOp.SUM, False)
+        out["a_sum"] = t.item()
+        comm.abort()  # reconfigurable mode: a graceful revoke
+        out["revoked"] = comm.is_aborted()
+        try:
+            comm.barrier(False)
+            out["after_revoke"] = None
+        except torchcomms.CommAbortedError:
+            out["after_revoke"] = "CommAbortedError"
+    else:
+        try:
+            comm.reconfigure("cfg-a", [handles[2], handles[0]])
+        except torchcomms.CommValueError as e:
+            out["excluded_error"] = str(e)
+    store.set(f"phase-b-{me}", b"1")
+    store.wait([f"phase-b-{r}" for r in range(3)])
+    comm.reconfigure("cfg-b", list(reversed(handles))).wait()
+    out["b_rank"], out["b_size"] = comm.get_rank(), comm.get_size()
+    t = torch.tensor([float(me + 1)])
+    comm.all_reduce(t, ReduceOp.SUM, False)
+    out["b_sum"] = t.item()
+    store.set(f"done-{me}", b"1")
+    store.wait([f"done-{r}" for r in range(3)])
+    comm.finalize()
+    return out
