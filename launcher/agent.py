@@ -682,7 +682,12 @@ class Agent:
                 self.console.event(f"attempt {self._round} ended; root cause rank {cause.rank} "
                                    f"on {cause.host} ({describe_end(cause)})")
             return decision
-        if cfg.summary:
+        if cfg.summary and self.console.json_lines:
+            self.console.event(
+                "job finished", run_id=cfg.rdzv_id, exit_code=decision.exit_code,
+                root_cause=None if cause is None else cause.to_dict(),
+                workers=[r.to_dict() for r in sorted(results, key=lambda r: r.rank)])
+        elif cfg.summary:
             title = f"torchcomms-run: job {cfg.rdzv_id} finished with exit code {decision.exit_code}"
             text = render_table(results, title=title)
             if cause is not None:

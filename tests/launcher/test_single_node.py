@@ -253,3 +253,15 @@ def test_console_script_is_the_same_cli():
     proc = subprocess.run([exe, "--standalon", "x.py"], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "did you mean --standalone?" in proc.stderr
+
+
+def test_json_logs_summary_record(tmp_path):
+    env = base_env(PID_DIR=str(tmp_path), EXIT_RANK="1", EXIT_CODE="3")
+    proc = run_launcher("--nproc-per-node", "2", "--json-logs", worker("sleeper.py"), env=env)
+    assert proc.returncode == 3
+    records = [json.loads(ln) for ln in proc.stderr.splitlines()]  # every line is JSON
+    final = records[-1]
+    assert final["message"] == "job finished" and final["exit_code"] == 3
+    assert final["root_cause"]["rank"] == 1 and final["root_cause"]["exit_code"] == 3
+    assert [w["rank"] for w in final["workers"]] == [0, 1]
+    assert final["workers"][0]["signal"] == signal.SIGTERM
