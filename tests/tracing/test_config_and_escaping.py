@@ -1,0 +1,41 @@
+"""Environment validation and hostile names in the HTML view."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from torchcomms.tracing import attach as tattach
+from torchcomms.tracing.analyze import analyze
+from torchcomms.tracing.flight_recorder import _env_int
+from torchcomms.tracing.html_view import render_html
+from torchcomms.tracing.load import load_dumps
+
+from tests.tracing._support import Rec, write_job
+
+
+def test_bad_environment_values_raise_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHCOMM_FR_MAX_ENTRIES", "lots")
+    with pytest.raises(ValueError, match="TORCHCOMM_FR_MAX_ENTRIES must be an integer, got 'lots'"):
+        _env_int("TORCHCOMM_FR_MAX_ENTRIES", 2048)
+    monkeypatch.setenv("TORCHCOMM_FR_MAX_ENTRIES", "-3")
+    with pytest.raises(ValueError, match="TORCHCOMM_FR_MAX_ENTRIES must be >= 0"):
+        _env_int("TORCHCOMM_FR_MAX_ENTRIES", 2048)
+    monkeypatch.setenv("TORCHCOMM_FR_MAX_ENTRIES", "")
+    assert _env_int("TORCHCOMM_FR_MAX_ENTRIES", 2048) == 2048
+    monkeypatch.setenv("TORCHCOMM_FR_DUMP_ON_EXIT", "maybe")
+    with pytest.raises(ValueError, match="TORCHCOMM_FR_DUMP_ON_EXIT must be 0/1/true/false"):
+        tattach._truthy("TORCHCOMM_FR_DUMP_ON_EXIT", False)
+    monkeypatch.setenv("TORCHCOMM_FR_DUMP_ON_EXIT", "yes")
+    assert tattach._truthy("TORCHCOMM_FR_DUMP_ON_EXIT", False) is True
+
+
+def test_hostile_names_cannot_break_out_of_the_page(tmp_path: Path) -> None:
+    evil = '</script><img src=x onerror=alert(1)>&"'
+    write_job(tmp_path, {r: [Rec(evil, (0, 1), r, "all_reduce", 1).complete()] for r in (0, 1)})
+    ts = load_dumps([tmp_path])
+    page = render_html(ts, analyze(ts), title=evil)
+    assert "<img" not in page and page.count("</script>") == 2  # the data script and the code script
+    data = page.split('<script id="trace-data" type="application/json">')[1].split("</script>")[0]
+    assert json.loads(data)["ops"][0]["comm"] == evil
