@@ -11,6 +11,8 @@ import os
 import queue
 import socket
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from urllib.parse import urlparse
 
@@ -40,6 +42,134 @@ _GLOO_DTYPES = frozenset(
 _PEER_PATTERNS = ("connection closed", "connection reset", "broken pipe", "connection refused", "pair closure",
                   "socket closed", "eof", "peer")
 _TIMEOUT_PATTERNS = ("timed out", "timeout")
+
+
+_LISTENER_KEY = "torchcomms/listener/{}"
+_DRAIN_LIMIT_S = 5.0  # how long abort() waits for an abandoned engine's failed ops to be delivered
+_PRUNE_MIN = 64  # pending-future bookkeeping is compacted when it reaches this many entries
+
+
+def _socket_fds() -> dict[int, int]:
+    """This process's socket descriptors: ``{fd: socket inode}`` (empty where /proc is missing)."""
+    fds: dict[int, int] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return fds
+    for name in names:
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            fds[int(name)] = int(link[8:-1])
+    return fds
+
+
+def _tcp_endpoints() -> dict[int, tuple[str, str, str]]:
+    """``{inode: (local, remote, state)}`` of the host's TCP sockets, as /proc/net/tcp{,6} writes them."""
+    table: dict[int, tuple[str, str, str]] = {}
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) > 9:
+                table[int(cols[9])] = (cols[1], cols[2], cols[3])
+    return table
+
+
+def _same_endpoint(addr: str, listener: str) -> bool:
+    """``addr`` is ``listener`` (both ``HEXIP:HEXPORT``); a wildcard listener matches on the port."""
+    ip, _, port = addr.partition(":")
+    lip, _, lport = listener.partition(":")
+    return port == lport and (ip == lip or not lip.strip("0"))
+
+
+class _EngineSockets:
+    """The TCP connections of one gloo engine, so that an abandoned engine can be torn down.
+
+    Gloo cannot cancel work: an op blocked on a stopped peer stays pending until its timeout
+    or until that peer's connection dies, and then fails on a gloo thread that must take the
+    GIL to run the op's Python callbacks. If that happens while the interpreter is finalizing,
+    the thread is forced to exit from inside C++ and the process aborts (``terminate called
+    after throwing an instance of 'gloo::IoException'``). Shutting the engine's connections
+    down makes every pending op fail at once, while the interpreter still runs.
+
+    The engine's sockets are the ones created while it was built that touch its own
+    listener (accepted) or a peer's listener (connected); peers' listener addresses are
+    exchanged through the engine's store.
+    """
+
+    def __init__(self) -> None:
+        self._before = _socket_fds()
+        self.listener: str | None = None
+        self.fds: dict[int, int] = {}
+
+    def device_created(self) -> None:
+        """Find the listener the new device opened."""
+        endpoints = _tcp_endpoints()
+        new = [ino for fd, ino in _socket_fds().items() if self._before.get(fd) != ino]
+        listening = [endpoints[i][0] for i in new if i in endpoints and endpoints[i][2] == "0A"]
+        self.listener = listening[0] if len(listening) == 1 else None
+
+    def engine_created(self, peer_listeners: list[str]) -> None:
+        """Record the connections the engine opened towards its peers."""
+        if self.listener is None:
+            return
+        endpoints = _tcp_endpoints()
+        for fd, ino in _socket_fds().items():
+            if self._before.get(fd) == ino or ino not in endpoints:
+                continue
+            local, remote, state = endpoints[ino]
+            if state == "0A":
+                continue
+            if _same_endpoint(local, self.listener) or any(_same_endpoint(remote, p) for p in peer_listeners):
+                self.fds[fd] = ino
+        self._before = {}
+
+    def shut_down(self) -> int:
+        """Shut every recorded connection down (both directions); returns how many were."""
+        done = 0
+        for fd, ino in self.fds.items():
+            try:
+                dup = os.dup(fd)
+            except OSError:
+                continue
+            try:
+                if os.fstat(dup).st_ino != ino:  # the descriptor was closed and reused
+                    continue
+                with socket.socket(fileno=dup) as s:
+                    dup = -1
+                    s.shutdown(socket.SHUT_RDWR)
+                done += 1
+            except OSError:
+                pass
+            finally:
+                if dup >= 0:
+                    os.close(dup)
+        self.fds = {}
+        return done
+
+
+class _Drained:
+    """A done-callback whose release (after every earlier callback of the future ran and
+    was released) is counted: the future's completion no longer needs the interpreter."""
+
+    def __init__(self, counter: list[int], cond: threading.Condition) -> None:
+        self._counter = counter
+        self._cond = cond
+
+    def __call__(self, fut: torch.futures.Future) -> None:
+        pass
+
+    def __del__(self) -> None:
+        with self._cond:
+            self._counter[0] -= 1
+            self._cond.notify_all()
 
 
 class _BlockingWaiter:
@@ -104,12 +234,22 @@ class GlooBackend(TorchCommBackend):
         self._store = dist.PrefixStore(ctx.store_prefix + "/gloo", store)
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = ctx.timeout
-        opts._devices = [self._device()]
         threads = ctx.hints.get("gloo.threads")
         if threads:
             opts._threads = int(threads)
+        self._sockets = _EngineSockets()
+        opts._devices = [self._device()]
+        self._sockets.device_created()
+        if ctx.size > 1:
+            self._store.set(_LISTENER_KEY.format(ctx.rank), self._sockets.listener or "")
         self._pg = dist.ProcessGroupGloo(self._store, ctx.rank, ctx.size, opts)
+        if ctx.size > 1:
+            peers = [self._store.get(_LISTENER_KEY.format(r)).decode() for r in range(ctx.size) if r != ctx.rank]
+            self._sockets.engine_created([p for p in peers if p])
         self._waiter = _BlockingWaiter()
+        self._pending: deque[torch.futures.Future] = deque()
+        self._pending_lock = threading.Lock()
+        self._prune_at = _PRUNE_MIN
 
     def _device(self) -> dist.ProcessGroupGloo.Device:
         hints = self.ctx.hints
@@ -138,17 +278,39 @@ class GlooBackend(TorchCommBackend):
         self._pg = None  # type: ignore[assignment]
 
     def abort(self) -> None:
-        # Gloo cannot cancel in-flight work. Stop using the engine and never destroy it: its
-        # destructor waits for work blocked on a dead or stopped peer, and throws (terminating
-        # the process) when that peer's connection later resets, e.g. at interpreter exit.
+        """Abandon the engine: its pending ops fail now, and it is never destroyed.
+
+        Gloo cannot cancel work, so the engine's connections are shut down: every op still
+        pending on it (one blocked on a stopped peer, say) fails at once, and its callbacks
+        run before this returns, while the interpreter can run them (see
+        :class:`_EngineSockets`). The engine itself stays referenced forever: its destructor
+        joins threads that may still be blocked."""
         pg = getattr(self, "_pg", None)
         if pg is not None and not any(p is pg for p in _ABANDONED):
+            sockets: _EngineSockets | None = getattr(self, "_sockets", None)
+            try:
+                if sockets is not None and sockets.shut_down():
+                    self._drain()
+            except Exception:  # noqa: BLE001 - abort never raises
+                pass
             _ABANDONED.append(pg)
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))  # outlives module teardown
             try:
                 pg.shutdown()
             except Exception:  # noqa: BLE001 - best effort; abort never raises
                 pass
+
+    def _drain(self) -> None:
+        """Wait (at most ``_DRAIN_LIMIT_S``) until every pending op's callbacks ran and were released."""
+        with self._pending_lock:
+            pending = [f for f in self._pending if not f.done()]
+        if not pending:
+            return
+        counter, cond = [len(pending)], threading.Condition()
+        for fut in pending:
+            fut.add_done_callback(_Drained(counter, cond))
+        with cond:
+            cond.wait_for(lambda: counter[0] <= 0, _DRAIN_LIMIT_S)
 
     def classify_error(self, error: BaseException) -> str:
         msg = str(error).lower()
@@ -165,9 +327,24 @@ class GlooBackend(TorchCommBackend):
     def _future(self, work: dist.Work) -> torch.futures.Future:
         """The work's future; gloo works without one are waited on by a helper thread."""
         try:
-            return work.get_future()
+            return self._tracked(work.get_future())
         except RuntimeError:
-            return self._waiter.future_of(work)
+            return self._p2p_future(work)
+
+    def _p2p_future(self, work: dist.Work) -> torch.futures.Future:
+        return self._tracked(self._waiter.future_of(work))
+
+    def _tracked(self, fut: torch.futures.Future) -> torch.futures.Future:
+        """Remember ``fut`` until it is done, so that :meth:`abort` can wait for its delivery."""
+        with self._pending_lock:
+            pending = self._pending
+            while pending and pending[0].done():
+                pending.popleft()
+            if len(pending) >= self._prune_at:  # an old op is still pending: drop the done ones behind it
+                pending = self._pending = deque(f for f in pending if not f.done())
+                self._prune_at = max(_PRUNE_MIN, 2 * len(pending))
+            pending.append(fut)
+        return fut
 
     def _prescale(self, t: torch.Tensor, op: ReduceOp) -> None:
         if op.type is RedOpType.PREMUL_SUM:
@@ -186,16 +363,16 @@ class GlooBackend(TorchCommBackend):
 
     # point to point ----------------------------------------------------------------------------
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> EngineHandle:
-        return EngineHandle([self._waiter.future_of(self._pg.send([tensor], dst, tag))])
+        return EngineHandle([self._p2p_future(self._pg.send([tensor], dst, tag))])
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> EngineHandle:
-        return EngineHandle([self._waiter.future_of(self._pg.recv([tensor], src, tag))])
+        return EngineHandle([self._p2p_future(self._pg.recv([tensor], src, tag))])
 
     def batch_p2p(self, ops: list[tuple[bool, torch.Tensor, int]], tag: int) -> EngineHandle:
         futs = []
         for is_send, t, peer in ops:
             w = self._pg.send([t], peer, tag) if is_send else self._pg.recv([t], peer, tag)
-            futs.append(self._waiter.future_of(w))
+            futs.append(self._p2p_future(w))
         return EngineHandle(futs)
 
     # collectives -----------------------------------------------------------------------------
