@@ -154,6 +154,12 @@ def test_html_timeline_renders_in_headless_chromium(tmp_path: Path) -> None:
         assert all(w > 20 for w in widths)
         finding = drv.find_element(By.CSS_SELECTOR, "#findings li.missing_rank").text
         assert "rank 2 never entered all_reduce #3" in finding
+        # One row per communicator inside each lane.
+        tops = {b.get_attribute("data-comm"): b.location["y"] - lanes[int(b.get_attribute("data-rank"))].location["y"] for b in bars}
+        assert tops["tp"] > tops["dp"]
+        png = tmp_path / "timeline.png"
+        assert drv.save_screenshot(str(png))
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
         # Zoom in: bars get wider.
         drv.find_element(By.ID, "zoom-in").click()
         wider = [b.size["width"] for b in bars if b.get_attribute("data-op") == "all_reduce" and b.get_attribute("data-seq") == "1"]
@@ -162,8 +168,6 @@ def test_html_timeline_renders_in_headless_chromium(tmp_path: Path) -> None:
         webdriver.ActionChains(drv).move_to_element(culprit[0]).perform()
         tip = drv.find_element(By.ID, "tip")
         assert tip.is_displayed() and "all_reduce #3" in tip.text
-        png = tmp_path / "timeline.png"
-        assert drv.save_screenshot(str(png))
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+        assert drv.save_screenshot(str(tmp_path / "timeline-zoomed.png"))
     finally:
         drv.quit()

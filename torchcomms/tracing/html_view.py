@@ -25,16 +25,19 @@ header button{background:#455a64;color:#fff;border:0;padding:3px 9px;border-radi
 #findings li{padding:4px 8px;margin:2px 0;background:#ffebee;border-left:4px solid #c62828}
 #findings li.ok{background:#e8f5e9;border-color:#2e7d32}
 #timeline{position:relative;margin:8px 12px;border:1px solid #ccc;background:#fff;overflow:hidden;user-select:none}
-.lane{display:flex;height:30px;border-bottom:1px solid #eee}
+.lane{display:flex;border-bottom:1px solid #eee}
 .lane.culprit .lane-label{background:#ffcdd2;color:#b71c1c;font-weight:700}
 .lane-label{width:110px;flex:none;padding:7px 8px;box-sizing:border-box;background:#eceff1;border-right:1px solid #ccc;white-space:nowrap;overflow:hidden}
 .track{position:relative;flex:1;overflow:hidden}
-.op{position:absolute;top:5px;height:20px;min-width:2px;border-radius:2px;opacity:.9;box-sizing:border-box;cursor:pointer}
+.op{position:absolute;height:18px;min-width:2px;border-radius:2px;opacity:.9;box-sizing:border-box;cursor:pointer}
 .op.inflight{background-image:repeating-linear-gradient(45deg,rgba(255,255,255,.35) 0 4px,transparent 4px 8px)}
 .op.culprit{outline:2px solid #d50000;outline-offset:1px;z-index:2}
 .op:hover{opacity:1;filter:brightness(1.15)}
-#axis{position:relative;height:18px;margin-left:110px;font-size:11px;color:#555}
-#axis span{position:absolute;top:2px;transform:translateX(-50%)}
+#axis{position:relative;height:18px;margin:0 12px 0 122px;font-size:11px;color:#555;overflow:hidden}
+#axis span{position:absolute;top:2px;transform:translateX(-50%);white-space:nowrap}
+#axis span.first{transform:none}
+#axis span.last{transform:translateX(-100%)}
+.comm-label{position:absolute;left:2px;font-size:10px;color:#90a4ae;pointer-events:none}
 #tip{position:fixed;display:none;pointer-events:none;background:#263238;color:#fff;padding:6px 8px;border-radius:4px;font-size:12px;max-width:520px;white-space:pre-wrap;z-index:10}
 #legend{margin:4px 12px;display:flex;gap:10px;flex-wrap:wrap}
 #legend span{display:inline-flex;align-items:center;gap:4px}
@@ -55,6 +58,7 @@ header button{background:#455a64;color:#fff;border:0;padding:3px 9px;border-radi
 "use strict";
 var D = JSON.parse(document.getElementById("trace-data").textContent);
 var PALETTE = ["#1e88e5","#43a047","#fb8c00","#8e24aa","#00acc1","#f4511e","#3949ab","#7cb342","#6d4c41","#c0ca33","#5e35b1","#00897b"];
+var ROW = 22;
 var colors = {};
 D.op_types.forEach(function(t, i){ colors[t] = PALETTE[i % PALETTE.length]; });
 var view = {t0: D.t_min, t1: D.t_max > D.t_min ? D.t_max : D.t_min + 1};
@@ -72,9 +76,12 @@ D.ranks.forEach(function(r){
   if (D.culprit_ranks.indexOf(r) >= 0) lane.classList.add("culprit");
   lane.appendChild(el("div", "lane-label", "rank " + r + (D.hosts[r] ? " · " + D.hosts[r] : "")));
   var track = el("div", "track"); lane.appendChild(track); tl.appendChild(lane);
+  lane.style.height = (D.comms.length * ROW + 8) + "px";
+  if (D.comms.length > 1) D.comms.forEach(function(c, i){ var l = el("div", "comm-label", c); l.style.top = (4 + i * ROW + 3) + "px"; track.appendChild(l); });
   D.ops.forEach(function(o){
     if (o.rank !== r) return;
     var b = el("div", "op op-" + o.op); b.style.background = colors[o.op];
+    b.style.top = (4 + D.comms.indexOf(o.comm) * ROW) + "px";
     b.dataset.op = o.op; b.dataset.seq = o.seq; b.dataset.comm = o.comm; b.dataset.rank = o.rank; b.dataset.state = o.state;
     if (o.culprit) b.classList.add("culprit");
     if (o.inflight) b.classList.add("inflight");
@@ -95,7 +102,10 @@ function layout(){
     b.style.width = (Math.max(o.end - o.start, 0) / span * 100) + "%";
   });
   var ax = document.getElementById("axis"); ax.textContent = "";
-  for (var i = 0; i <= 5; i++) { var s = el("span", null, (view.t0 + span * i / 5).toFixed(2) + " ms"); s.style.left = (i * 20) + "%"; ax.appendChild(s); }
+  for (var i = 0; i <= 5; i++) {
+    var s = el("span", i === 0 ? "first" : (i === 5 ? "last" : null), (view.t0 + span * i / 5).toFixed(2) + " ms");
+    s.style.left = (i * 20) + "%"; ax.appendChild(s);
+  }
   document.getElementById("range").textContent = span.toFixed(3) + " ms shown";
 }
 function zoom(f, center){
@@ -148,6 +158,7 @@ def view_data(ts: TraceSet, report: Report) -> dict[str, Any]:
         "hosts": {r: ts.dumps[r].host or "" for r in ts.ranks},
         "ops": rows,
         "op_types": sorted({r["op"] for r in rows}),
+        "comms": sorted({r["comm"] for r in rows}),
         "culprit_ranks": sorted(report.culprit_ranks),
         "findings": [{"kind": f.kind, "message": f.message} for f in report.findings],
         "t_min": 0.0,
