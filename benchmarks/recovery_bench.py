@@ -1,0 +1,139 @@
+"""Recovery time after a SIGKILL: torchcomms (detect → shrink → first all_reduce on the
+survivors, under ``torchcomms-run --on-failure shrink``) against torchrun's restart of the same
+job (kill → the restarted group's first all_reduce), measured in the same run; plus the time to
+detect a hung (SIGSTOPped) rank.
+
+    python3 benchmarks/recovery_bench.py --worlds 4 8 --repeats 3 --json out/recovery.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CHAOS = REPO / "tests" / "recovery" / "chaos_worker.py"
+RESTART = REPO / "benchmarks" / "restart_worker.py"
+
+
+def _wait_files(paths: list[Path], proc: subprocess.Popen, limit: float) -> bool:
+    deadline = time.monotonic() + limit
+    while not all(p.exists() for p in paths):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return all(p.exists() for p in paths)
+        time.sleep(0.05)
+    return True
+
+
+def torchcomms_run(world: int, sig: str) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="tc-rbench-"))
+    victim = world - 1
+    cfg = {"op": "all_reduce", "victim": victim, "signal": sig, "when": "inside", "step": 3, "dir": str(out),
+           "timeout_s": 60}
+    env = dict(os.environ, TC_CHAOS_CFG=json.dumps(cfg), TORCHCOMM_TRACING_DISABLE="1", PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "--nproc-per-node", str(world), "--on-failure",
+                             "shrink", "--no-summary", str(CHAOS)], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    survivors = [r for r in range(world) if r != victim]
+    ok = _wait_files([out / f"result{r}.json" for r in survivors], proc, 240)
+    try:
+        if sig == "STOP" and (out / f"failed{victim}.json").exists():
+            os.kill(json.loads((out / f"failed{victim}.json").read_text())["pid"], signal.SIGKILL)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    if not ok:
+        return {"ok": False}
+    t_fail = json.loads((out / f"failed{victim}.json").read_text())["t"]
+    res = [json.loads((out / f"result{r}.json").read_text()) for r in survivors]
+    return {
+        "ok": all(r.get("first_ok") for r in res),
+        "detect_ms": max(r["t_detect"] - t_fail for r in res) * 1e3,
+        "shrink_ms": max(r["t_shrunk"] - t_fail for r in res) * 1e3,
+        "first_op_ms": max(r["t_first_op"] - t_fail for r in res) * 1e3,
+    }
+
+
+def torchrun_restart(world: int, prefix_workaround: bool = True) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="tc-rbench-tr-"))
+    env = dict(os.environ, TC_BENCH_DIR=str(out), TC_VICTIM=str(world - 1), PYTHONPATH=str(REPO),
+               TC_ATTEMPT_PREFIX="1" if prefix_workaround else "0")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                             str(world), "--max-restarts", "1", str(RESTART)], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    ok = _wait_files([out / "t_first.json"], proc, 240)
+    try:
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    if not ok:
+        return {"ok": False}
+    first = json.loads((out / "t_first.json").read_text())
+    t_fail = json.loads((out / "t_fail.json").read_text())["t"]
+    return {"ok": bool(first["ok"]), "first_op_ms": (first["t"] - t_fail) * 1e3}
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worlds", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--no-torchrun", action="store_true")
+    args = ap.parse_args()
+    rows = []
+    for world in args.worlds:
+        ours, anchor, stock, hung = [], [], [], []
+        for _ in range(args.repeats):  # interleaved: ours, torchrun (workaround), torchrun (stock), hung
+            ours.append(torchcomms_run(world, "KILL"))
+            if not args.no_torchrun:
+                anchor.append(torchrun_restart(world, True))
+                stock.append(torchrun_restart(world, False))
+            hung.append(torchcomms_run(world, "STOP"))
+        good = [o for o in ours if o["ok"]]
+        tr = [a for a in anchor if a["ok"]]
+        hg = [h for h in hung if h["ok"]]
+        row = {
+            "world": world, "runs": args.repeats,
+            "ours_ok": len(good), "torchrun_ok": len(tr), "hung_ok": len(hg),
+            "torchrun_stock_ok": sum(1 for a in stock if a["ok"]),
+            "detect_ms": med([o["detect_ms"] for o in good]),
+            "shrink_ms": med([o["shrink_ms"] for o in good]),
+            "first_op_ms": med([o["first_op_ms"] for o in good]),
+            "torchrun_first_op_ms": med([a["first_op_ms"] for a in tr]),
+            "hung_detect_ms": med([h["detect_ms"] for h in hg]),
+            "raw": {"ours": ours, "torchrun": anchor, "torchrun_stock": stock, "hung": hung},
+        }
+        row["speedup"] = row["torchrun_first_op_ms"] / row["first_op_ms"]
+        rows.append(row)
+    print(f"\nrecovery after SIGKILL of one rank (medians of {args.repeats}, ms from the kill)")
+    hdr = (f"{'world':>5} {'(a) detect':>11} {'(b) shrunk':>11} {'(c) 1st op':>11} {'torchrun 1st op':>16} "
+           f"{'torchrun/ours':>14} {'hung detect':>12} {'ok ours/tr/hung':>16}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r['world']:>5} {r['detect_ms']:>11.1f} {r['shrink_ms']:>11.1f} {r['first_op_ms']:>11.1f} "
+              f"{r['torchrun_first_op_ms']:>16.1f} {r['speedup']:>13.1f}x {r['hung_detect_ms']:>12.1f} "
+              f"{r['ours_ok']:>6}/{r['torchrun_ok']}/{r['hung_ok']}")
+    for r in rows:
+        print(f"world {r['world']}: stock torchrun restart (no per-attempt prefix) succeeded "
+              f"{r['torchrun_stock_ok']}/{r['runs']} times")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
