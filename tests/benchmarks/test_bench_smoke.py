@@ -61,7 +61,8 @@ def test_comm_bench_measures_every_op_and_size(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_dispatch_bench_measures_every_variant(tmp_path: Path) -> None:
     out = tmp_path / "dispatch.json"
-    run_script("dispatch_bench", "--rounds", "2", "--ops", "20", "--profile", "5", "--json", str(out))
+    run_script("dispatch_bench", "--rounds", "2", "--ops", "20", "--profile", "5", "--profile-calls", "50",
+               "--json", str(out))
     data = json.loads(out.read_text())
     names = {r["contender"] for r in data["results"]}
     assert {"floor", "sync, no tracing", "sync, tracing", "async+wait, no tracing", "async+wait, tracing"} <= names
