@@ -560,6 +560,15 @@ class TorchComm:
             )
         )
 
+    def _control_plane_lost(self, message: str) -> None:
+        """Break with ``CommAbortedError`` (called by the failure monitor)."""
+        if self._state not in ("active", "broken", "reconfiguring"):
+            return
+        if self._broken is None:
+            self._break(CommAbortedError(message, comm=self._name))
+        else:
+            self._broken = CommAbortedError(message, comm=self._name)
+
     def _expel(self, how: str) -> None:
         """This rank was declared failed (``how``): fail everything, refuse every later op."""
         with self._lock:

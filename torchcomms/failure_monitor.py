@@ -30,7 +30,7 @@ class FailureMonitor:
         self._comms: weakref.WeakSet[TorchComm] = weakref.WeakSet()
         self.failed: dict[int, str] = {}
         self.expelled: str | None = None
-        self._sub = client.subscribe(_TOPICS, self._on_event, since=None)
+        self._sub = client.subscribe(_TOPICS, self._on_event, since=None, on_error=self._on_control_lost)
         self._heartbeat = False
         interval = float(os.environ.get("TORCHCOMM_HEARTBEAT_S", "0.25") or 0)
         limit = float(os.environ.get("TORCHCOMM_HEARTBEAT_LIMIT_S", "2.0"))
@@ -75,6 +75,18 @@ class FailureMonitor:
                 comm._expel(how)
             else:
                 comm.notify_peer_failure(ranks, how)
+
+    def _on_control_lost(self, error: Exception) -> None:
+        """The control plane is unreachable: failures can no longer be detected or agreed on.
+        Every watched communicator breaks with a clear error instead of hanging later."""
+        with self._lock:
+            comms = list(self._comms)
+        addr = getattr(self._client, "address", "?")
+        for comm in comms:
+            comm._control_plane_lost(
+                f"the control plane at {addr} is unreachable ({error}); it is the job's single point of "
+                "failure (its host, the rendezvous agent, is gone): exit and restart the job"
+            )
 
     def stop(self) -> None:
         """Stop heartbeats (deregistered: a clean exit is not a failure) and the subscription."""

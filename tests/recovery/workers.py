@@ -52,3 +52,21 @@ def reconfigure_flow() -> dict[str, Any]:
     store.wait([f"done-{r}" for r in range(3)])
     comm.finalize()
     return out
+
+
+def until_control_plane_lost() -> dict[str, Any]:
+    """all_reduce in a loop until the communicator breaks; report how."""
+    import time
+
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "cp", timeout=timedelta(seconds=60))
+    me = comm.get_rank()
+    open(os.path.join(os.environ["TC_READY_DIR"], f"ready{me}"), "w").close()
+    t = torch.ones(16)
+    t_lost = None
+    try:
+        while True:
+            comm.all_reduce(t, ReduceOp.SUM, False)
+            time.sleep(0.02)
+    except torchcomms.CommError as e:
+        t_lost = time.time()
+        return {"raised": type(e).__name__, "message": str(e), "t": t_lost}
