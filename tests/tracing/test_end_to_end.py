@@ -69,6 +69,9 @@ def test_pytorch_analyzer_reads_every_op_kind_we_write(tmp_path: Path) -> None:
     for r in ranks:
         per_rank[r] = [
             Rec("dp", ranks, r, "all_reduce", 1).complete(),
+            Rec("dp", ranks, r, "send" if r == 0 else "recv", 1, is_p2p=True, peer=1 - r).complete(),
+            Rec("dp", ranks, r, "recv" if r == 0 else "send", 2, is_p2p=True, peer=1 - r).complete(),
+            Rec("dp", ranks, r, "batch_p2p", 3, is_p2p=True, sizes=[]).complete(),
             Rec("dp", ranks, r, "split", 2, sizes=[[3]]).complete(),
             Rec("dp", ranks, r, "shrink", 3, sizes=[]).complete(),
             Rec("dp", ranks, r, "all_to_all_v_single", 4, sizes=[[r + 1]]).complete(),
@@ -77,9 +80,8 @@ def test_pytorch_analyzer_reads_every_op_kind_we_write(tmp_path: Path) -> None:
     write_job(tmp_path / "coll", per_rank)
     fr = _fr_trace(tmp_path / "coll")
     assert fr.returncode == 0 and "Traceback" not in fr.stderr, fr.stderr[-3000:]
-    # Point-to-point on its own comm. (PyTorch's analyzer groups a p2p entry whose
-    # p2p_seq_id equals the preceding collective's seq into a "coalesced" group and then
-    # fails; that happens with its own dumps too, so this job keeps p2p apart.)
+    assert _trace_cli("analyze", str(tmp_path / "coll")).returncode == 1  # tp all_gather still running
+    # Point-to-point alone on its own comm.
     p2p = {
         r: [
             Rec("pp", ranks, r, "send" if r == 0 else "recv", 1, is_p2p=True, peer=1 - r).complete(),

@@ -59,7 +59,8 @@ def test_dump_has_the_2_10_format_with_pg_config_and_status() -> None:
     assert e0["profiling_name"] == "gloo:all_reduce" and e0["state"] == "completed" and e0["retired"] is True
     assert e0["duration_ms"] == pytest.approx(2.0) and e0["input_sizes"] == [[4, 8]] and e0["input_dtypes"] == ["float32"]
     assert e0["timeout_ms"] == 30000 and e0["process_group"] == ["dp", "dp"]
-    assert e1["profiling_name"] == "gloo:send 1->0" and e1["is_p2p"] is True and e1["p2p_seq_id"] == 1
+    assert e1["profiling_name"] == "gloo:send 1->0" and e1["is_p2p"] is True
+    assert e1["p2p_seq_id"] == fr_format.P2P_SEQ_BASE + 1 and e0["p2p_seq_id"] == 0
     assert e1["collective_seq_id"] == 1  # a p2p entry carries the last collective seq
     assert e2["state"] == "started" and e2["time_discovered_completed_ns"] is None and e2["retired"] is False
     assert d["torchcomms"]["reason"] == "test" and d["torchcomms"]["rank"] == 2  # global rank of comm rank 1
@@ -195,3 +196,25 @@ def test_nan_check_hook_raises_before_dispatch() -> None:
     hook("all_reduce", 2, r)  # no NaN: no error
     with pytest.raises(TypeError, match="communicator"):
         hook.register_with_comm(None)
+
+
+def test_nan_check_on_a_real_comm_raises_or_says_it_cannot() -> None:
+    import io
+
+    from torchcomms.tracing import logging as tlog
+
+    buf = io.StringIO()
+    tlog.configure_logging(fmt="json", stream=buf, force=True)
+    try:
+        comm = _fake("nan-real")
+        NanCheckHook().register_with_comm(comm)
+        try:
+            comm.all_reduce(torch.tensor([1.0, float("nan")]), torchcomms.ReduceOp.SUM, async_op=False)
+        except torchcomms.CommValueError as exc:
+            assert "NaN" in str(exc)
+        else:
+            events = [json.loads(x)["event"] for x in buf.getvalue().splitlines()]
+            assert "nan_check_inactive" in events
+        comm.finalize()
+    finally:
+        tlog.configure_logging(force=True)

@@ -35,6 +35,13 @@ DUMP_PREFIX_ENV = "TORCHCOMM_FR_DUMP_TEMP_FILE"
 FR_STATES = ("scheduled", "started", "completed")
 TERMINAL_STATES = frozenset({"completed", "failed", "timed_out", "aborted"})
 
+# p2p_seq_id values are written offset by this base. PyTorch's analyzer
+# (find_coalesced_group_with_non_p2p) treats consecutive entries of one group as a coalesced
+# batch when a p2p entry's p2p_seq_id equals another entry's collective_seq_id, so a
+# `send` right after collective #1 would be mistaken for part of it and the analysis fails.
+# Disjoint number ranges keep the order and rule that out; readers subtract the base.
+P2P_SEQ_BASE = 1 << 32
+
 # Op names PyTorch's analyzer accepts after "<backend>:"; ours that it lacks are mapped.
 _FR_OP_ALIASES = {"batch_p2p": "coalesced", "shrink": "split"}
 
@@ -115,7 +122,7 @@ def entry_dict(e: EntryView) -> dict[str, Any]:
         "thread_name": e.thread_name,
         "thread_id": str(e.thread_id),
         "collective_seq_id": e.collective_seq_id,
-        "p2p_seq_id": e.p2p_seq_id,
+        "p2p_seq_id": P2P_SEQ_BASE + e.p2p_seq_id if e.p2p_seq_id else 0,
         "op_id": e.op_id,
         "profiling_name": profiling_name(e.comm.backend, e.op, e.is_p2p, e.comm.rank, e.peer),
         "time_created_ns": e.time_created_ns,

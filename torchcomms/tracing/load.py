@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchcomms.tracing.fr_format import EXTENSION_KEY
+from torchcomms.tracing.fr_format import EXTENSION_KEY, P2P_SEQ_BASE
 
 _VERSION_RE = re.compile(r"^2\.\d+$")
 _RANK_SUFFIX_RE = re.compile(r"(\d+)(?:\.[A-Za-z]+)?$")
@@ -319,6 +319,8 @@ def _parse_entry(e: dict[str, Any], rank: int, ext_ops: dict[str, Any], comms: d
     if comm_rank is None and comm in comms and rank in comms[comm].ranks:
         comm_rank = comms[comm].ranks.index(rank)
     seq = int(e.get("p2p_seq_id", 0) if is_p2p else e.get("collective_seq_id", 0))
+    if is_p2p and x is not None and seq >= P2P_SEQ_BASE:
+        seq -= P2P_SEQ_BASE  # our dumps offset p2p numbers (see fr_format.P2P_SEQ_BASE)
     return Op(
         rank=rank,
         comm=comm,

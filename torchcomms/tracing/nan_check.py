@@ -1,9 +1,10 @@
 """``NanCheckHook``: refuse to send a tensor holding NaN.
 
-The pre-hook looks for the op's input tensors in ``record.extra["inputs"]`` (the dispatch
-path puts them there for the duration of the pre-hooks) and raises
+The pre-hook looks for the op's input tensors in ``record.extra["inputs"]`` — the dispatch
+path has to put them there for the duration of the pre-hooks — and raises
 :class:`torchcomms.errors.CommValueError` naming the communicator, op, sequence number and the
-offending input before anything leaves the process.
+offending input before anything leaves the process. Where the dispatch path does not expose
+them, the hook logs ``nan_check_inactive`` once instead of pretending to check.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ class NanCheckHook:
 
     def __init__(self) -> None:
         self._handles: list[Any] = []
+        self._warned = False
 
     def register_with_comm(self, comm: Any) -> None:
         """Check the inputs of ``comm``'s ops (and of comms later split from it)."""
@@ -36,10 +38,16 @@ class NanCheckHook:
 
     def __call__(self, name: Any, op_id: int, record: Any) -> None:
         extra = getattr(record, "extra", None)
-        if not extra:
-            return
-        inputs = extra.get("inputs")
-        if not inputs:
+        inputs = extra.get("inputs") if extra else None
+        if inputs is None:
+            if not self._warned:
+                self._warned = True
+                from torchcomms.tracing.logging import get_logger
+
+                get_logger(comm=getattr(record, "comm_name", None)).warning(
+                    "nan_check_inactive",
+                    message="the dispatch path does not expose input tensors (record.extra['inputs']); NaN checks are off",
+                )
             return
         import torch
 
