@@ -429,6 +429,7 @@ class TorchComm:
         return work
 
     def _track(self, work: TorchWork) -> None:
+        work.tracked = True
         with self._lock:
             self._inflight[work.record.op_id] = work
             heapq.heappush(self._deadlines, (work.deadline, work.record.op_id))
@@ -466,8 +467,9 @@ class TorchComm:
 
     def _work_ended(self, work: TorchWork, exc: CommError | None) -> None:
         """Called once per op from ``TorchWork`` when it reaches a terminal status."""
-        with self._lock:
-            self._inflight.pop(work.record.op_id, None)
+        if work.tracked:
+            with self._lock:
+                self._inflight.pop(work.record.op_id, None)
         for hook in list(self._post_hooks.values()):
             try:
                 hook(work.record.op_id, work.record)

@@ -28,16 +28,28 @@ class TorchWork:
     ``CommTimeoutError`` and its communicator is marked broken.
     """
 
-    __slots__ = ("_comm", "record", "deadline", "_event", "_status", "_exc", "_lock", "__weakref__")
+    __slots__ = ("_comm", "record", "deadline", "_event", "_done", "_status", "_exc", "_lock", "tracked",
+                 "__weakref__")
 
     def __init__(self, comm: TorchComm, record: OpRecord, deadline: float) -> None:
         self._comm = comm
         self.record = record
         self.deadline = deadline  # time.monotonic() seconds
-        self._event = threading.Event()
+        self._event: threading.Event | None = None  # made only when someone must block
+        self._done = False
         self._status = WorkStatus.INPROGRESS
         self._exc: CommError | None = None
         self._lock = threading.Lock()
+        self.tracked = False  # registered with the communicator's in-flight table
+
+    def _waiter(self) -> threading.Event | None:
+        """The event to block on, or ``None`` when the work already ended."""
+        with self._lock:
+            if self._done:
+                return None
+            if self._event is None:
+                self._event = threading.Event()
+            return self._event
 
     # --- completion (called by the engine's callback, the watchdog or the communicator) -----
     def _engine_done(self, error: BaseException | None) -> None:
@@ -60,7 +72,11 @@ class TorchWork:
         if exc is not None:
             rec.error = str(exc)
         self._comm._work_ended(self, exc)
-        self._event.set()
+        with self._lock:
+            self._done = True
+            event = self._event
+        if event is not None:
+            event.set()
         return True
 
     # --- public API ------------------------------------------------------------------------
@@ -76,11 +92,12 @@ class TorchWork:
             user_limit = now + max(0.0, secs)
             if user_limit < limit:
                 limit = user_limit
-        if not self._event.wait(max(0.0, limit - now)):
+        event = self._waiter()
+        if event is not None and not event.wait(max(0.0, limit - now)):
             if user_limit is not None and limit == user_limit and user_limit < self.deadline:
                 return False
             self._comm._expire(self)
-            self._event.wait()
+            event.wait()
         if self._exc is not None:
             raise self._exc
         return True
@@ -91,9 +108,9 @@ class TorchWork:
 
     def is_completed(self) -> bool:
         """True once the op ended, successfully or not (an expired deadline counts as ended)."""
-        if not self._event.is_set() and time.monotonic() >= self.deadline:
+        if not self._done and time.monotonic() >= self.deadline:
             self._comm._expire(self)
-        return self._event.is_set()
+        return self._done
 
     def is_success(self) -> bool:
         return self._status is WorkStatus.COMPLETED
@@ -113,13 +130,15 @@ class TorchWork:
         fut: torch.futures.Future = torch.futures.Future()
 
         def _complete() -> None:
-            self._event.wait()
+            event = self._waiter()
+            if event is not None:
+                event.wait()
             if self._exc is not None:
                 fut.set_exception(self._exc)
             else:
                 fut.set_result(None)
 
-        if self._event.is_set():
+        if self._done:
             _complete()
         else:
             threading.Thread(target=_complete, daemon=True, name="torchcomms-future").start()
