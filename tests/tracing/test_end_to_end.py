@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.tracing._support import REPO, Rec, run_ranks, write_job
 
 FR_TRACE = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace"]

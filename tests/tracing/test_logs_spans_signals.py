@@ -1,16 +1,13 @@
 """Structured logs, OpenTelemetry spans, SIGUSR1 / at-exit dumps and the debug endpoints."""
 from __future__ import annotations
 
-import http.client
 import io
 import json
 import os
 import pickle
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
