@@ -28,3 +28,17 @@ __all__ = [
     "FlexUnavailableError",
     "FlexEagerFallbackError",
 ]
+
+
+class _CallablePackage(type(masks)):  # type: ignore[misc]
+    """Lets ``from kernels import attention; attention(q, k, v, mask)`` call the function while
+    ``kernels.attention.masks`` and friends stay importable from the package."""
+
+    def __call__(self, *args, **kwargs):
+        return attention(*args, **kwargs)
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _CallablePackage
+del _sys

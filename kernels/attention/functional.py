@@ -5,9 +5,9 @@ Dispatch (``backend="auto"``):
 * no mask / :class:`~kernels.attention.masks.Full` / :class:`~kernels.attention.masks.Causal`
   (square) → SDPA (flash where available; nothing sparse to exploit), unless the LSE is
   asked for;
-* any other mask → compiled ``flex_attention`` where it can run (CUDA; on CPU inference only,
-  without LSE), else SDPA with a dense boolean mask (or the chunked math path when the LSE is
-  asked for).
+* any other mask → compiled ``flex_attention`` on CUDA, else SDPA with a dense boolean mask
+  (or the chunked math path when the LSE is asked for). Compiled flex on CPU (inference only,
+  no LSE) is used only when asked for with ``backend="flex"``.
 
 The uncompiled flex path (which materializes S×S scores) is never taken: if compilation is
 disabled the call raises :class:`~kernels.attention.errors.FlexEagerFallbackError`.
@@ -145,7 +145,10 @@ def select_backend(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None = None, *,
         return "math"
     if _is_dense_friendly(mask, q.shape[2], k.shape[2]) and not return_lse:
         return "sdpa"
-    if why_not_flex is None:
+    if why_not_flex is None and q.device.type != "cpu":
+        # CPU flex (inductor, inference only) is opt-in: torch 2.13's compiled CPU kernel gave
+        # wrong rows / NaN for some short lengths (S = 8, 24 with a causal window of 6; seen
+        # 2026-11-29) and compiles for seconds per shape, so 'auto' does not pick it there.
         return "flex"
     return "math" if return_lse else "sdpa"
 

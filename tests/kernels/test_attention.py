@@ -98,7 +98,8 @@ def test_scale_argument():
 def test_backend_selection_cpu():
     q, k, v = rand_qkv(1, 4, 2, 32, 8)
     with torch.no_grad():
-        assert select_backend(q, k, v, M.sliding_window(4)) == "flex"
+        assert select_backend(q, k, v, M.sliding_window(4)) == "sdpa"  # CPU flex is opt-in
+        assert select_backend(q, k, v, M.sliding_window(4), backend="flex") == "flex"
         assert select_backend(q, k, v, M.causal()) == "sdpa"
         assert select_backend(q, k, v, None) == "sdpa"
     assert select_backend(q, k, v, M.sliding_window(4)) == "sdpa"  # no flex backward on CPU

@@ -89,6 +89,29 @@ def test_window_limits_what_a_position_sees():
     assert not torch.allclose(a[0, 5:8], b[0, 5:8])
 
 
+@pytest.mark.parametrize("window", [None, 6])
+def test_no_position_sees_the_future(window):
+    """Changing token t changes no logits before t, with and without autograd."""
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig.tiny(attn_window=window))
+    tok = torch.randint(0, 512, (1, 24))
+    other = tok.clone()
+    other[0, 15] = (tok[0, 15] + 3) % 512
+    with torch.no_grad():
+        a, b = model(tok), model(other)
+    assert torch.allclose(a[0, :15], b[0, :15], atol=1e-6)
+    assert not torch.allclose(a[0, 15], b[0, 15])
+    a, b = model(tok), model(other)  # grad mode
+    assert torch.allclose(a[0, :15], b[0, :15], atol=1e-6)
+
+
+def test_callable_attention_package():
+    import kernels
+
+    q = torch.randn(1, 2, 10, 4)
+    assert torch.allclose(kernels.attention(q, q, q, M.causal()), kernels.attention.attention(q, q, q, M.causal()))
+
+
 def test_document_mask_override_isolates_documents():
     torch.manual_seed(0)
     model = Llama(LlamaConfig.tiny()).eval()
