@@ -244,12 +244,20 @@ class GlooBackend(TorchCommBackend):
             self._store.set(_LISTENER_KEY.format(ctx.rank), self._sockets.listener or "")
         self._pg = dist.ProcessGroupGloo(self._store, ctx.rank, ctx.size, opts)
         if ctx.size > 1:
-            peers = [self._store.get(_LISTENER_KEY.format(r)).decode() for r in range(ctx.size) if r != ctx.rank]
-            self._sockets.engine_created([p for p in peers if p])
+            self._sockets.engine_created(self._peer_listeners())
         self._waiter = _BlockingWaiter()
         self._pending: deque[torch.futures.Future] = deque()
         self._pending_lock = threading.Lock()
         self._prune_at = _PRUNE_MIN
+
+    def _peer_listeners(self) -> list[str]:
+        """The listener addresses the peers published before building the engine (all set by now)."""
+        keys = [_LISTENER_KEY.format(r) for r in range(self.ctx.size) if r != self.ctx.rank]
+        try:
+            values = self._store.multi_get(keys)
+        except (AttributeError, NotImplementedError, RuntimeError):
+            values = [self._store.get(k) for k in keys]
+        return [v.decode() for v in values if v]
 
     def _device(self) -> dist.ProcessGroupGloo.Device:
         hints = self.ctx.hints
