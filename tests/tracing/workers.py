@@ -19,7 +19,11 @@ TIMEOUT_S = float(os.environ.get("TRACE_TEST_TIMEOUT_S", "2"))
 
 
 def _comm() -> torchcomms.TorchComm:
-    return torchcomms.new_comm("gloo", torch.device("cpu"), "dp", timeout=timedelta(seconds=TIMEOUT_S))
+    # A generous timeout for the rendezvous (ranks of a loaded CI box start seconds apart),
+    # then the short one the scenarios are about for the ops.
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "dp", timeout=timedelta(seconds=120))
+    comm.set_timeout(timedelta(seconds=TIMEOUT_S))
+    return comm
 
 
 def skip_collective() -> int:
@@ -30,7 +34,7 @@ def skip_collective() -> int:
     comm.all_reduce(t, ReduceOp.SUM, async_op=False)
     comm.barrier(async_op=False)
     if rank == size - 1:
-        time.sleep(TIMEOUT_S + 3)  # stay connected while the others time out, then exit (atexit dump)
+        time.sleep(TIMEOUT_S + 8)  # stay connected while the others time out, then exit (atexit dump)
         return 0
     try:
         comm.all_reduce(t, ReduceOp.SUM, async_op=False)
