@@ -162,6 +162,7 @@ def test_unusable_inputs_give_one_line_and_exit_2(tmp_path: Path) -> None:
     (twice / "b_0").write_bytes(good.read_bytes())
     _assert_unusable(_cli("export", str(twice), "--perfetto", str(tmp_path / "p.json")), "a second dump for rank 0")
     _assert_unusable(_cli("analyze", "--top", "-1", str(good)), "--top")
+    _assert_unusable(_cli("view", str(good), "-o", str(tmp_path / "no" / "such" / "x.html")), "cannot write output: no such folder")
     _assert_unusable(_cli("frobnicate"), "invalid choice")
 
 

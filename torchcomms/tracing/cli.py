@@ -93,7 +93,7 @@ def _render_report(report: Any, out: Any) -> None:
 def _write(path: str, text: str) -> None:
     from torchcomms.tracing.fr_format import write_atomic
 
-    write_atomic(Path(path), text.encode("utf-8"))
+    write_atomic(Path(path), text.encode("utf-8"), create_parents=False)
 
 
 def run(argv: Sequence[str] | None = None) -> int:

@@ -254,10 +254,14 @@ def dump_path(rank: int, prefix: str | None = None) -> Path:
     return Path(os.path.expanduser(f"{prefix}{int(rank)}"))
 
 
-def write_atomic(path: Path, data: bytes) -> Path:
+def write_atomic(path: Path, data: bytes, *, create_parents: bool = True) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename,
-    so a reader never sees half a dump."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    so a reader never sees half a dump. Missing parent folders are created unless
+    ``create_parents`` is False (then ``FileNotFoundError``)."""
+    if create_parents:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    elif not path.parent.is_dir():
+        raise FileNotFoundError(2, "no such folder", str(path.parent))
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
