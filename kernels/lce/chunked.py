@@ -123,8 +123,7 @@ def chunked_linear_cross_entropy(
         result.grad_input = torch.empty_like(x)
     dw_acc = db_acc = None
     if need_weight_grad:
-        wide = accum_dtype if accum_dtype != weight.dtype else weight.dtype
-        dw_acc = torch.empty(weight.shape, dtype=torch.promote_types(wide, weight.dtype), device=x.device)
+        dw_acc = torch.empty(weight.shape, dtype=torch.promote_types(accum_dtype, weight.dtype), device=x.device)
     if need_bias_grad:
         db_acc = torch.empty(num_classes, dtype=torch.promote_types(accum_dtype, bias.dtype), device=x.device)
 
