@@ -410,8 +410,13 @@ class TorchComm:
         rec.output_sizes = [list(t.shape) for t in outputs]
         rec.output_dtypes = [str(t.dtype)[6:] for t in outputs]
         rec.hints = hints
-        for hook in list(self._pre_hooks.values()):
-            hook(name, op_id, rec)
+        if self._pre_hooks:
+            rec.extra = {"inputs": inputs, "outputs": outputs}  # for hooks that inspect data
+            try:
+                for hook in list(self._pre_hooks.values()):
+                    hook(name, op_id, rec)
+            finally:
+                rec.extra = None  # tracing keeps records: never pin the tensors
         work = TorchWork(self, rec, time.monotonic() + timeout_s)
         rec.state = "started"
         rec.time_started_ns = time.time_ns()

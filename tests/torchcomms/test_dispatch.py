@@ -190,3 +190,15 @@ def test_registry() -> None:
     assert "mine" in torchcomms.built_backends()
     with pytest.raises(TypeError):
         torchcomms.register_backend("bad", object)
+
+
+def test_nan_check_hook_sees_inputs_through_the_dispatch_path() -> None:
+    from torchcomms.hooks import NanCheckHook
+
+    c = fake("nan")
+    NanCheckHook().register_with_comm(c)
+    c.all_reduce(torch.ones(3), ReduceOp.SUM, False)  # clean input passes
+    bad = torch.tensor([1.0, float("nan")])
+    with pytest.raises(Exception, match="(?i)nan"):
+        c.all_reduce(bad, ReduceOp.SUM, False)
+    c.finalize()

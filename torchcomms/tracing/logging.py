@@ -7,7 +7,7 @@ bound with run id, host, pid and rank; op events add comm, op and seq.
 * ops (start, done) at debug level; lifecycle (init, split, finalize, abort, timeout,
   failure) at info / warning / error;
 * JSON lines on stderr, or a colour console renderer when stderr is a TTY;
-* ``TORCHCOMM_LOG_LEVEL`` (default ``info``), ``TORCHCOMM_LOG_FORMAT`` (``json`` |
+* ``TORCHCOMM_LOG_LEVEL`` (default ``warning``: lifecycle info lines need ``info``), ``TORCHCOMM_LOG_FORMAT`` (``json`` |
   ``console`` | ``auto``), ``TORCHCOMM_LOG_DIR`` (also write ``<dir>/torchcomms-rank<r>.jsonl``).
 """
 from __future__ import annotations
@@ -104,7 +104,7 @@ _config_lock = threading.Lock()
 
 def _parse_level(raw: str | int | None) -> int:
     if raw is None:
-        raw = os.environ.get(LEVEL_ENV) or "info"
+        raw = os.environ.get(LEVEL_ENV) or "warning"
     if isinstance(raw, int) and not isinstance(raw, bool):
         return raw
     key = str(raw).strip().lower()
