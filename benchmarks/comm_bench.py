@@ -12,8 +12,9 @@ processes. Each rank creates, over that store, a torchcomms communicator
 the barriers, so neither contender's sockets are warmed by them.
 
 For each (op, size) the contenders run interleaved: every iteration times one op of each
-contender back to back (the order rotates each iteration, so neither always goes first), each
-op preceded by a barrier so the ranks start it together. An op's time on an iteration is the
+contender back to back, in an order shuffled every iteration (the same seeded order on every
+rank), so no contender always goes first or always follows the same one; each op is preceded
+by a barrier so the ranks start it together. An op's time on an iteration is the
 slowest rank's; the table shows the median over iterations. Before timing, every contender
 runs the op once on the same input and the outputs must agree exactly.
 
@@ -226,9 +227,12 @@ def run_rank(args: argparse.Namespace) -> None:
                 ours.rebuild()
                 break
             times: dict[str, list[float]] = {name: [] for name in names}
+            # every rank draws the same order (same seed), so the ranks issue the same ops
+            order_rng = random.Random(f"{args.seed}/{op}/{size}")
             for it in range(args.warmup + args.iters):
-                k = it % len(names)
-                for name in names[k:] + names[:k]:
+                order = list(names)
+                order_rng.shuffle(order)
+                for name in order:
                     dist.barrier(group=bar)
                     t0 = time.perf_counter()
                     calls[name]()
@@ -423,6 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--control", action="store_true",
                    help=f"add an A/A control: c10d on a second gloo group ({CONTROL}), timed like the others; "
                         "its ratio to c10d shows how far apart identical engines measure on this machine")
+    p.add_argument("--seed", type=int, default=0, help="seed of the per-iteration contender order")
     p.add_argument("--iface", default="lo", help="network interface for every gloo context (default lo)")
     p.add_argument("--op-timeout", type=float, default=300.0, help="collective timeout in seconds")
     p.add_argument("--deadline", type=float, default=3600.0, help="give up (and kill the ranks) after this many s")
@@ -480,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         "warmup": args.warmup,
         "tracing": args.tracing,
         "control": args.control,
+        "order": f"shuffled per iteration, seed {args.seed}",
         "iface": args.iface,
         "anchor": ANCHOR,
         "note": "time = median over interleaved iterations of the slowest rank; ratio = torchcomms / c10d",
