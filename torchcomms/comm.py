@@ -534,8 +534,7 @@ class TorchComm:
                 )
             else:
                 exc = CommAbortedError(
-                    f"communicator broken by {cause.op} #{cause.seq}: {type(cause).__name__}",
-                    comm=self._name, op=str(rec.name), seq=rec.seq,
+                    f"communicator broken: {cause}", comm=self._name, op=str(rec.name), seq=rec.seq,
                 )
             w._finish(WorkStatus.ERROR, exc)
         self._run_abort_hooks()

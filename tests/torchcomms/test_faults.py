@@ -23,7 +23,9 @@ def _run_stall(world: int, victim: int, sig: int, op: str) -> list:
         deadline = time.monotonic() + 120
         while len(list(ready.glob("ready*"))) < world:
             assert time.monotonic() < deadline, "ranks never got ready"
-            assert all(p.poll() is None for p in g.procs), "a rank died early"
+            dead = [r for r, p in enumerate(g.procs) if p.poll() is not None]
+            assert not dead, f"rank {dead} died early:\n" + "\n".join(
+                (g.dir / f"rank{r}.log").read_text(errors="replace")[-3000:] for r in dead)
             time.sleep(0.05)
         g.signal(victim, sig)
         time.sleep(0.2)
