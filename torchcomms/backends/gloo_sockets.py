@@ -1,0 +1,112 @@
+"""Which of this process's TCP connections belong to one gloo engine, so that abandoning the
+engine can shut exactly those down (read from /proc; no-op where it is missing)."""
+from __future__ import annotations
+
+import os
+import socket
+
+
+def _socket_fds() -> dict[int, int]:
+    """This process's socket descriptors: ``{fd: socket inode}`` (empty where /proc is missing)."""
+    fds: dict[int, int] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return fds
+    for name in names:
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            fds[int(name)] = int(link[8:-1])
+    return fds
+
+
+def _tcp_endpoints() -> dict[int, tuple[str, str, str]]:
+    """``{inode: (local, remote, state)}`` of the host's TCP sockets, as /proc/net/tcp{,6} writes them."""
+    table: dict[int, tuple[str, str, str]] = {}
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) > 9:
+                table[int(cols[9])] = (cols[1], cols[2], cols[3])
+    return table
+
+
+def _same_endpoint(addr: str, listener: str) -> bool:
+    """``addr`` is ``listener`` (both ``HEXIP:HEXPORT``); a wildcard listener matches on the port."""
+    ip, _, port = addr.partition(":")
+    lip, _, lport = listener.partition(":")
+    return port == lport and (ip == lip or not lip.strip("0"))
+
+
+class EngineSockets:
+    """The TCP connections of one gloo engine, so that an abandoned engine can be torn down.
+
+    Gloo cannot cancel work: an op blocked on a stopped peer stays pending until its timeout
+    or until that peer's connection dies, and then fails on a gloo thread that must take the
+    GIL to run the op's Python callbacks. If that happens while the interpreter is finalizing,
+    the thread is forced to exit from inside C++ and the process aborts (``terminate called
+    after throwing an instance of 'gloo::IoException'``). Shutting the engine's connections
+    down makes every pending op fail at once, while the interpreter still runs.
+
+    The engine's sockets are the ones created while it was built that touch its own
+    listener (accepted) or a peer's listener (connected); peers' listener addresses are
+    exchanged through the engine's store.
+    """
+
+    def __init__(self) -> None:
+        self._before = _socket_fds()
+        self.listener: str | None = None
+        self.fds: dict[int, int] = {}
+
+    def device_created(self) -> None:
+        """Find the listener the new device opened."""
+        endpoints = _tcp_endpoints()
+        new = [ino for fd, ino in _socket_fds().items() if self._before.get(fd) != ino]
+        listening = [endpoints[i][0] for i in new if i in endpoints and endpoints[i][2] == "0A"]
+        self.listener = listening[0] if len(listening) == 1 else None
+
+    def engine_created(self, peer_listeners: list[str]) -> None:
+        """Record the connections the engine opened towards its peers."""
+        if self.listener is None:
+            return
+        endpoints = _tcp_endpoints()
+        for fd, ino in _socket_fds().items():
+            if self._before.get(fd) == ino or ino not in endpoints:
+                continue
+            local, remote, state = endpoints[ino]
+            if state == "0A":
+                continue
+            if _same_endpoint(local, self.listener) or any(_same_endpoint(remote, p) for p in peer_listeners):
+                self.fds[fd] = ino
+        self._before = {}
+
+    def shut_down(self) -> int:
+        """Shut every recorded connection down (both directions); returns how many were."""
+        done = 0
+        for fd, ino in self.fds.items():
+            try:
+                dup = os.dup(fd)
+            except OSError:
+                continue
+            try:
+                if os.fstat(dup).st_ino != ino:  # the descriptor was closed and reused
+                    continue
+                with socket.socket(fileno=dup) as s:
+                    dup = -1
+                    s.shutdown(socket.SHUT_RDWR)
+                done += 1
+            except OSError:
+                pass
+            finally:
+                if dup >= 0:
+                    os.close(dup)
+        self.fds = {}
+        return done
