@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 
-def _fmt_ranks(ranks: Iterable[int]) -> str:
+def format_ranks(ranks: Iterable[int]) -> str:
     """Render ranks compactly: [0, 1, 2, 5] -> '0-2,5'."""
     rs = sorted(set(int(r) for r in ranks))
     if not rs:
@@ -73,7 +73,7 @@ class CommTimeoutError(CommError):
         self.timeout_s = timeout_s
         self.missing_ranks = sorted(set(missing_ranks)) if missing_ranks is not None else None
         if self.missing_ranks:
-            message += f"; ranks that never arrived: {_fmt_ranks(self.missing_ranks)}"
+            message += f"; ranks that never arrived: {format_ranks(self.missing_ranks)}"
         super().__init__(message, **kw)  # type: ignore[arg-type]
 
 
@@ -92,7 +92,7 @@ class PeerFailureError(CommError):
         self.failed_ranks = sorted(set(failed_ranks)) if failed_ranks is not None else []
         self.detected_by = detected_by
         if self.failed_ranks:
-            message += f"; failed ranks: {_fmt_ranks(self.failed_ranks)} (detected by {detected_by})"
+            message += f"; failed ranks: {format_ranks(self.failed_ranks)} (detected by {detected_by})"
         super().__init__(message, **kw)  # type: ignore[arg-type]
 
 

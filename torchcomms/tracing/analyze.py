@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from torchcomms.errors import format_ranks as fmt_ranks
 from torchcomms.tracing.load import CommMeta, Op, TraceSet
 
 # Which of (inputs, outputs) must be identical on every rank, per op.
@@ -47,23 +48,6 @@ def _bus_factor(op: str, n: int) -> float:
     if op.startswith(("all_gather", "reduce_scatter", "all_to_all")):
         return (n - 1) / n
     return 1.0
-
-
-def fmt_ranks(ranks: Any) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'."""
-    rs = sorted(set(int(r) for r in ranks))
-    if not rs:
-        return "none"
-    parts: list[str] = []
-    start = prev = rs[0]
-    for r in rs[1:] + [None]:  # type: ignore[list-item]
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
-    return ",".join(parts)
 
 
 def fmt_time(ns: int | None) -> str:
