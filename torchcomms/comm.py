@@ -39,6 +39,15 @@ from torchcomms.work import TorchWork
 
 _DEFAULT_TIMEOUT_S = 600.0
 _OP_IDS = itertools.count(1)
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    """``"float32"`` for ``torch.float32``, cached (the dispatch path asks per tensor)."""
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = _DTYPE_NAMES[dt] = str(dt)[6:]
+    return name
 
 
 class _NameRegistry:
@@ -404,16 +413,16 @@ class TorchComm:
         rec.peer = peer
         rec.root = root
         if reduce_op is not None:
-            rec.reduce_op = repr(reduce_op)[9:]
+            rec.reduce_op = reduce_op.label
         rec.input_sizes = [list(t.shape) for t in inputs]
-        rec.input_dtypes = [str(t.dtype)[6:] for t in inputs]
+        rec.input_dtypes = [_dtype_name(t.dtype) for t in inputs]
         rec.output_sizes = [list(t.shape) for t in outputs]
-        rec.output_dtypes = [str(t.dtype)[6:] for t in outputs]
+        rec.output_dtypes = [_dtype_name(t.dtype) for t in outputs]
         rec.hints = hints
         if self._pre_hooks:
             rec.extra = {"inputs": inputs, "outputs": outputs}  # for hooks that inspect data
             try:
-                for hook in list(self._pre_hooks.values()):
+                for hook in tuple(self._pre_hooks.values()):
                     hook(name, op_id, rec)
             finally:
                 rec.extra = None  # tracing keeps records: never pin the tensors
@@ -426,9 +435,13 @@ class TorchComm:
             handle = EngineHandle.failed(e)
         except Exception as e:  # noqa: BLE001 - the engine may throw anything
             handle = EngineHandle.failed(e)
-        if not handle.is_immediate:
+        if handle._futures:
             self._track(work)
-        handle.on_done(work._engine_done)
+            handle.on_done(work._engine_done)
+        elif handle._error is None and handle._finish is None:
+            work._finish(WorkStatus.COMPLETED, None)  # ended inside the call: skip the callback chain
+        else:
+            handle.on_done(work._engine_done)
         if not async_op:
             work.wait()
         return work
@@ -475,7 +488,12 @@ class TorchComm:
         if work.tracked:
             with self._lock:
                 self._inflight.pop(work.record.op_id, None)
-        for hook in list(self._post_hooks.values()):
+                # Deadlines of ended ops stay in the heap until the watchdog next wakes (up to a
+                # timeout away); rebuild it when they dominate, so it stays O(ops in flight).
+                if len(self._deadlines) > 2 * len(self._inflight) + 64:
+                    self._deadlines = [(w.deadline, oid) for oid, w in self._inflight.items()]
+                    heapq.heapify(self._deadlines)
+        for hook in tuple(self._post_hooks.values()) if self._post_hooks else ():
             try:
                 hook(work.record.op_id, work.record)
             except Exception as e:  # noqa: BLE001 - a faulty hook must not kill the engine thread

@@ -31,7 +31,7 @@ class ReduceOp:
     tensor) before summing.
     """
 
-    __slots__ = ("_type", "_factor")
+    __slots__ = ("_type", "_factor", "_label")
 
     SUM: ReduceOp
     PRODUCT: ReduceOp
@@ -89,6 +89,15 @@ class ReduceOp:
         import copy
 
         return ReduceOp(self._type, copy.deepcopy(self._factor, memo))
+
+    @property
+    def label(self) -> str:
+        """``repr`` without the ``ReduceOp.`` prefix, cached (op records carry it per op)."""
+        try:
+            return self._label
+        except AttributeError:
+            self._label: str = repr(self)[9:]
+            return self._label
 
     def __repr__(self) -> str:
         if self._type is RedOpType.PREMUL_SUM:

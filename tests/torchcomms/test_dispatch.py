@@ -202,3 +202,15 @@ def test_nan_check_hook_sees_inputs_through_the_dispatch_path() -> None:
     with pytest.raises(Exception, match="(?i)nan"):
         c.all_reduce(bad, ReduceOp.SUM, False)
     c.finalize()
+
+
+def test_watchdog_deadline_heap_stays_bounded_by_ops_in_flight() -> None:
+    """Regression: every finished op used to leave its deadline in the watchdog's heap until the
+    watchdog next woke (up to a timeout away): 500 ops left 500 entries."""
+    c = torchcomms.new_comm("gloo", "cpu", "heap-bound")  # world of 1: real engine futures
+    x = torch.ones(4)
+    for _ in range(500):
+        c.all_reduce(x, ReduceOp.SUM, False)
+    assert len(c._inflight) == 0
+    assert len(c._deadlines) <= 64 + 1
+    c.finalize()

@@ -35,11 +35,11 @@ class EngineHandle:
         finish: Callable[[], None] | None = None,
         error: BaseException | None = None,
     ) -> None:
-        self._futures = list(futures) if futures else []
+        self._futures = list(futures) if futures else ()
         self._finish = finish
         self._error = error
         self._pending = len(self._futures)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock() if self._futures else None  # only _one_done needs it
         self._callback: DoneCallback | None = None
         self._first_error: BaseException | None = None
 

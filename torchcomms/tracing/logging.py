@@ -178,6 +178,8 @@ class LogHook:
         self._debug = is_debug_enabled()
 
     def pre(self, name: Any, op_id: int, rec: Any) -> None:
+        if not self._debug and name not in _LIFECYCLE_OPS:  # the common case: nothing to log
+            return
         op = getattr(name, "value", name)
         if op in _LIFECYCLE_OPS:
             self._log.info(f"comm_{op}", op=op, seq=rec.seq, op_id=op_id)
