@@ -942,10 +942,7 @@ class TorchComm:
                    hints: dict[str, str] | None = None, timeout: timedelta | None = None) -> TorchWork:
         c = self._checker
         c.tensor("all_gather", "tensor", tensor)
-        c.tensor_list("all_gather", "tensor_list", tensor_list, self._size)
-        for i, t in enumerate(tensor_list):
-            c.same_dtype("all_gather", f"tensor_list[{i}]", t, "tensor", tensor)
-            c.same_shape("all_gather", f"tensor_list[{i}]", t, "tensor", tensor)
+        c.list_like("all_gather", "tensor_list", tensor_list, "tensor", tensor)
         return self._run(OpName.all_gather, async_op, hints, timeout, [tensor], list(tensor_list),
                          self._backend.all_gather, (list(tensor_list), tensor))
 
@@ -974,10 +971,7 @@ class TorchComm:
                        hints: dict[str, str] | None = None, timeout: timedelta | None = None) -> TorchWork:
         c = self._checker
         c.tensor("reduce_scatter", "output", output)
-        c.tensor_list("reduce_scatter", "input_list", input_list, self._size)
-        for i, t in enumerate(input_list):
-            c.same_dtype("reduce_scatter", f"input_list[{i}]", t, "output", output)
-            c.same_shape("reduce_scatter", f"input_list[{i}]", t, "output", output)
+        c.list_like("reduce_scatter", "input_list", input_list, "output", output)
         c.reduce_op("reduce_scatter", op, output.dtype)
         return self._run(OpName.reduce_scatter, async_op, hints, timeout, list(input_list), [output],
                          self._backend.reduce_scatter, (output, list(input_list), op), reduce_op=op)
@@ -1062,10 +1056,7 @@ class TorchComm:
         c.rank_arg(op, "root", root)
         inputs: list[torch.Tensor] = []
         if self._rank == root:
-            c.tensor_list(op, "input_tensor_list", input_tensor_list, self._size)
-            for i, t in enumerate(input_tensor_list):
-                c.same_dtype(op, f"input_tensor_list[{i}]", t, "output_tensor", output_tensor)
-                c.same_shape(op, f"input_tensor_list[{i}]", t, "output_tensor", output_tensor)
+            c.list_like(op, "input_tensor_list", input_tensor_list, "output_tensor", output_tensor)
             inputs = list(input_tensor_list)
         return self._run(OpName.scatter, async_op, hints, timeout, inputs, [output_tensor], self._backend.scatter,
                          (output_tensor, inputs if self._rank == root else None, root), root=root)
@@ -1078,10 +1069,7 @@ class TorchComm:
         c.rank_arg(op, "root", root)
         outputs: list[torch.Tensor] = []
         if self._rank == root:
-            c.tensor_list(op, "output_tensor_list", output_tensor_list, self._size)
-            for i, t in enumerate(output_tensor_list):
-                c.same_dtype(op, f"output_tensor_list[{i}]", t, "input_tensor", input_tensor)
-                c.same_shape(op, f"output_tensor_list[{i}]", t, "input_tensor", input_tensor)
+            c.list_like(op, "output_tensor_list", output_tensor_list, "input_tensor", input_tensor)
             outputs = list(output_tensor_list)
         return self._run(OpName.gather, async_op, hints, timeout, [input_tensor], outputs, self._backend.gather,
                          (outputs if self._rank == root else None, input_tensor, root), root=root)

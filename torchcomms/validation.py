@@ -115,6 +115,13 @@ class Checker:
         for i, t in enumerate(ts):
             self.tensor(op, f"{name}[{i}]", t)
 
+    def list_like(self, op: str, name: str, ts: Any, ref_name: str, ref: _Tensor) -> None:
+        """One tensor per rank, each with ``ref``'s dtype and shape."""
+        self.tensor_list(op, name, ts, self.size)
+        for i, t in enumerate(ts):
+            self.same_dtype(op, f"{name}[{i}]", t, ref_name, ref)
+            self.same_shape(op, f"{name}[{i}]", t, ref_name, ref)
+
     def same_dtype(self, op: str, a_name: str, a: _Tensor, b_name: str, b: _Tensor) -> None:
         if a.dtype != b.dtype:
             raise self.type_error(op, f"{a_name} has dtype {a.dtype} but {b_name} has {b.dtype}")
