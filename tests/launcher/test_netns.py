@@ -101,3 +101,33 @@ def test_node_lost_link_cut_shrink_policy(netns_hosts, secret_file, tmp_path):
     assert b.returncode == 1, out_b
     assert "lost the rendezvous host" in out_b
     assert wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=10)
+
+
+@pytest.mark.slow
+def test_node_lost_survivor_communicators_shrink(netns_hosts, secret_file, tmp_path):
+    """A whole node cut off mid-job: the survivors' in-flight all_reduce ends with
+    PeerFailureError (node_lost on the event bus), they shrink to the node that is left and
+    compute correctly on the shrunk communicator."""
+    import json
+
+    h0, h1 = netns_hosts
+    conf = ("--rdzv-conf", "heartbeat_interval=0.2,heartbeat_timeout=1.5", "--on-failure",
+            "shrink", "--grace-period", "2")
+    env = base_env(PID_DIR=str(tmp_path), TORCHCOMM_TRACING_DISABLE="1", TORCHCOMM_HEARTBEAT_LIMIT_S="30")
+    a = _agent(h0, h0, secret_file, *conf, env=env, script="shrink_on_loss.py")
+    b = _agent(h1, h0, secret_file, *conf, env=env, script="shrink_on_loss.py")
+    pids = read_pids(tmp_path, 4)
+    time.sleep(1.0)  # let the all_reduce loop run
+    h1.cut()
+    out_a = _finish(a, 120)
+    _finish(b, 60)
+    results = {r: json.loads((tmp_path / f"result{r}.json").read_text()) for r in range(4)
+               if (tmp_path / f"result{r}.json").exists()}
+    survivors = sorted(results)  # the two ranks of node0 (ranks are assigned in joining order)
+    assert len(survivors) == 2, out_a
+    for r, v in results.items():
+        assert v["raised"] == "PeerFailureError" and v["detected_by"] == "node_lost", v
+        assert v["survivors"] == survivors and v["new_rank"] == survivors.index(r), v
+        assert v["sum"] == float(sum(survivors)), v
+    assert a.returncode == 0, out_a
+    assert wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=15)
