@@ -5,8 +5,7 @@ The public API is re-exported here lazily (PEP 562), so that ``import torchcomms
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from torchcomms._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -48,14 +47,4 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'torchcomms' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports('torchcomms', _EXPORTS, globals())

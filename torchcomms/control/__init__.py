@@ -7,8 +7,7 @@ Names are re-exported lazily.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from torchcomms._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "ControlClient": "torchcomms.control.client",
@@ -35,14 +34,4 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'torchcomms.control' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports('torchcomms.control', _EXPORTS, globals())
