@@ -1,6 +1,7 @@
 """``TorchComm``: the communicator and its one dispatch path; ``new_comm`` creates one."""
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import os
@@ -795,12 +796,7 @@ class TorchComm:
         with self._lock:
             self._state = "shrunk"
         NAMES.release(self._name, self)
-        opts = CommOptions(
-            abort_process_on_timeout_or_error=self._options.abort_process_on_timeout_or_error,
-            timeout=timedelta(seconds=self._timeout_s), high_priority_stream=self._options.high_priority_stream,
-            store=self._options.store, hints=dict(self._hints), enable_reconfigure=self._options.enable_reconfigure,
-        )
-        new = TorchComm(backend, opts, self._store)
+        new = TorchComm(backend, self._derived_options(self._hints), self._store)
         new._epoch = epoch
         new._failed_global = dict(self._failed_global)
         for table, new_table in ((self._pre_hooks, new._pre_hooks), (self._post_hooks, new._post_hooks),
@@ -1135,20 +1131,17 @@ class TorchComm:
                 global_ranks=tuple(self._global_ranks[r] for r in members),
             )
             child_backend = self._backend.split(child_ctx)
-            opts = CommOptions(
-                abort_process_on_timeout_or_error=self._options.abort_process_on_timeout_or_error,
-                timeout=timedelta(seconds=self._timeout_s),
-                high_priority_stream=self._options.high_priority_stream,
-                store=self._options.store,
-                hints=dict(child_ctx.hints),
-                enable_reconfigure=self._options.enable_reconfigure,
-            )
+            opts = self._derived_options(child_ctx.hints)
             child = TorchComm(child_backend, opts, self._store)
         except BaseException:
             NAMES.release(name, None)  # type: ignore[arg-type]
             raise
         self._adopt(child)
         return child
+
+    def _derived_options(self, hints: dict[str, str]) -> CommOptions:
+        """This communicator's options, with its current timeout, for one derived from it."""
+        return dataclasses.replace(self._options, timeout=timedelta(seconds=self._timeout_s), hints=dict(hints))
 
     def _adopt(self, child: TorchComm) -> None:
         """Hand this communicator's observers to a communicator derived from it."""
