@@ -532,6 +532,17 @@ class TorchComm:
         if kind == "timeout":
             return CommTimeoutError(msg, timeout_s=rec.timeout_s, **ctx)  # type: ignore[arg-type]
         if kind == "peer":
+            verdict = None
+            if self._monitor is not None:
+                verdict = self._monitor.explain_connection_loss(
+                    list(self._global_ranks), min(self._monitor.attribution_wait_s, rec.timeout_s))
+            if verdict is not None and verdict[0] == "control_lost":
+                return CommAbortedError(f"{verdict[1]} (the engine then lost a peer: {error})", **ctx)  # type: ignore[arg-type]
+            if verdict is not None:
+                failed = verdict[1]
+                return PeerFailureError(
+                    msg, failed_ranks=[self._global_ranks.index(g) for g in sorted(failed)],
+                    detected_by=",".join(sorted(set(failed.values()))), **ctx)  # type: ignore[arg-type]
             return PeerFailureError(msg, detected_by="engine", **ctx)  # type: ignore[arg-type]
         return BackendError(msg, **ctx)  # type: ignore[arg-type]
 

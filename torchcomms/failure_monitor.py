@@ -11,6 +11,7 @@ import atexit
 import os
 import socket
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -28,12 +29,16 @@ class FailureMonitor:
         self._client = client
         self._lock = threading.Lock()
         self._comms: weakref.WeakSet[TorchComm] = weakref.WeakSet()
+        self._changed = threading.Condition(self._lock)
         self.failed: dict[int, str] = {}
         self.expelled: str | None = None
+        self.control_lost: str | None = None
         self._sub = client.subscribe(_TOPICS, self._on_event, since=None, on_error=self._on_control_lost)
         self._heartbeat = False
         interval = float(os.environ.get("TORCHCOMM_HEARTBEAT_S", "0.25") or 0)
         limit = float(os.environ.get("TORCHCOMM_HEARTBEAT_LIMIT_S", "2.0"))
+        # How long an engine-reported connection loss waits for the control plane to say who failed.
+        self.attribution_wait_s = max(0.0, float(os.environ.get("TORCHCOMM_FAILURE_ATTRIBUTION_S", "1.0")))
         if interval > 0:
             client.heartbeat_start(
                 f"rank/{global_rank}", interval, limit=limit,
@@ -70,6 +75,7 @@ class FailureMonitor:
             me = self.global_rank in ranks
             if me:
                 self.expelled = how
+            self._changed.notify_all()
         for comm in comms:
             if me:
                 comm._expel(how)
@@ -79,14 +85,58 @@ class FailureMonitor:
     def _on_control_lost(self, error: Exception) -> None:
         """The control plane is unreachable: failures can no longer be detected or agreed on.
         Every watched communicator breaks with a clear error instead of hanging later."""
+        message = self._lost_message(error)
         with self._lock:
             comms = list(self._comms)
-        addr = getattr(self._client, "address", "?")
+            if self.control_lost is None:
+                self.control_lost = message
+            self._changed.notify_all()
         for comm in comms:
-            comm._control_plane_lost(
-                f"the control plane at {addr} is unreachable ({error}); it is the job's single point of "
-                "failure (its host, the rendezvous agent, is gone): exit and restart the job"
-            )
+            comm._control_plane_lost(message)
+
+    def _lost_message(self, error: Exception) -> str:
+        addr = getattr(self._client, "address", "?")
+        return (
+            f"the control plane at {addr} is unreachable ({error}); it is the job's single point of "
+            "failure (its host, the rendezvous agent, is gone): exit and restart the job"
+        )
+
+    def explain_connection_loss(self, members: list[int], wait_s: float) -> tuple[str, Any] | None:
+        """Why did the engine lose a connection to one of ``members`` (global ranks)?
+
+        An engine only sees a closed socket; the control plane knows more. Returns
+        ``("failed", {rank: how})`` once a member is reported failed, ``("control_lost", message)``
+        if the control plane itself is gone (a peer that lost it exits too, so its socket closes
+        first: the root cause is the control plane, not the peer), or ``None`` if neither is
+        known within ``wait_s`` seconds."""
+        deadline = time.monotonic() + wait_s
+        verdict = self._verdict(members)
+        if verdict is not None:
+            return verdict
+        try:
+            self._client.ping(timeout=max(0.05, wait_s))
+        except Exception as e:  # noqa: BLE001 - any failure to reach the server means it is gone
+            # This op's verdict only: the subscription decides for the whole process.
+            return ("control_lost", self._lost_message(e))
+        with self._lock:
+            while True:
+                verdict = self._verdict_locked(members)
+                remaining = deadline - time.monotonic()
+                if verdict is not None or remaining <= 0:
+                    return verdict
+                self._changed.wait(remaining)
+
+    def _verdict(self, members: list[int]) -> tuple[str, Any] | None:
+        with self._lock:
+            return self._verdict_locked(members)
+
+    def _verdict_locked(self, members: list[int]) -> tuple[str, Any] | None:
+        failed = {r: self.failed[r] for r in members if r in self.failed}
+        if failed:
+            return ("failed", failed)
+        if self.control_lost is not None:
+            return ("control_lost", self.control_lost)
+        return None
 
     def stop(self) -> None:
         """Stop heartbeats (deregistered: a clean exit is not a failure) and the subscription."""

@@ -112,6 +112,8 @@ def test_survivors_shrink_and_continue(sig: str, when: str, op: str, world: int,
     for r, v in res.items():
         assert "shrink_error" not in v, v["shrink_error"] + ctx
         assert v["raised"] in ("PeerFailureError", "CommAbortedError"), f"rank {r}: {v}" + ctx
+        if v["raised"] == "PeerFailureError":  # the error names the guilty rank, even when the engine saw it first
+            assert run["victim"] in v["failed_ranks"], f"rank {r} did not name rank {run['victim']}: {v}" + ctx
         assert v["t_detect"] - first_failure <= DETECT_BOUND_S, f"rank {r} detected late: {v}" + ctx
         assert v["survivors"] == expected, f"rank {r} disagrees: {v['survivors']} vs {expected}" + ctx
         assert v["new_rank"] == expected.index(r) and v["new_size"] == len(expected)

@@ -70,3 +70,21 @@ def until_control_plane_lost() -> dict[str, Any]:
     except torchcomms.CommError as e:
         t_lost = time.time()
         return {"raised": type(e).__name__, "message": str(e), "t": t_lost}
+
+
+def stuck_in_all_reduce() -> dict[str, Any]:
+    """Rank 1 waits in an all_reduce that rank 0 never joins (rank 0 idles until killed);
+    report how the op ends on rank 1."""
+    import time
+
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "stuck", timeout=timedelta(seconds=60))
+    me = comm.get_rank()
+    comm.barrier(False)  # the engine's connections are up before anyone is killed
+    open(os.path.join(os.environ["TC_READY_DIR"], f"ready{me}"), "w").close()
+    if me == 0:
+        time.sleep(600)
+    try:
+        comm.all_reduce(torch.ones(16), ReduceOp.SUM, False)
+    except torchcomms.CommError as e:
+        return {"raised": type(e).__name__, "message": str(e), "t": time.time()}
+    return {"raised": None, "message": "", "t": time.time()}

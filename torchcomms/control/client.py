@@ -461,10 +461,12 @@ class ControlClient:
             raise ControlProtocolError("malformed hello reply from the control server")
         return info
 
-    def ping(self) -> float:
-        """Round-trip one request; returns the latency in seconds."""
+    def ping(self, timeout: float | timedelta | None = None) -> float:
+        """Round-trip one request (within ``timeout``, default the client's); returns the
+        latency in seconds."""
+        budget = self.timeout if timeout is None else _seconds(timeout, "timeout")
         start = time.perf_counter()
-        self._call("ping", {}, budget=self.timeout)
+        self._call("ping", {}, budget=budget or 0.0)
         return time.perf_counter() - start
 
     def set(self, key: str, value: bytes) -> None:
