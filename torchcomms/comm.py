@@ -39,6 +39,7 @@ from torchcomms.validation import Checker
 from torchcomms.work import TorchWork
 
 _DEFAULT_TIMEOUT_S = 600.0
+_ENGINE_WAIT_SLICE_S = 0.02  # the synchronous fast path looks up from the engine this often
 _OP_IDS = itertools.count(1)
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
@@ -438,6 +439,9 @@ class TorchComm:
             handle = EngineHandle.failed(e)
         if handle._futures:
             self._track(work)
+            if not async_op and handle.can_wait_in_engine:
+                self._wait_in_engine(work, handle)
+                return work
             handle.on_done(work._engine_done)
         elif handle._error is None and handle._finish is None:
             work._finish(WorkStatus.COMPLETED, None)  # ended inside the call: skip the callback chain
@@ -446,6 +450,22 @@ class TorchComm:
         if not async_op:
             work.wait()
         return work
+
+    def _wait_in_engine(self, work: TorchWork, handle: EngineHandle) -> None:
+        """The synchronous fast path: block in the engine on the caller's thread, as c10d does,
+        instead of a future callback on the engine's thread waking this one. The wait runs in
+        slices so that an op ended elsewhere (deadline, peer failure, abort) is seen within one
+        slice; raises the op's error like ``wait()``."""
+        while work.status is WorkStatus.INPROGRESS:
+            remaining = work.deadline - time.monotonic()
+            if remaining <= 0:
+                self._expire(work)
+                break
+            done, error = handle.wait_engine(min(_ENGINE_WAIT_SLICE_S, remaining))
+            if done:
+                work._engine_done(error)
+                break
+        work.wait()
 
     def _track(self, work: TorchWork) -> None:
         work.tracked = True

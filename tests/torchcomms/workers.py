@@ -251,3 +251,24 @@ def stalled_peer(op: str, timeout_s: float, victim: int) -> dict[str, Any]:
         result["after"] = type(e).__name__
     result["after_elapsed"] = time.monotonic() - t1
     return result
+
+
+def sync_op_with_stopped_peer() -> dict[str, Any]:
+    """Rank 1 idles (the test stops it); rank 0 runs a synchronous all_reduce with a long
+    timeout and reports how and when it ended."""
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "sync-stop", timeout=timedelta(seconds=120))
+    r = comm.get_rank()
+    t = torch.ones(8)
+    comm.all_reduce(t, ReduceOp.SUM, False)
+    open(os.environ["TC_READY_DIR"] + f"/ready{r}", "w").close()
+    if r == 1:
+        time.sleep(3600)
+    while not os.path.exists(os.environ["TC_READY_DIR"] + "/go"):
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(t, ReduceOp.SUM, False)
+        return {"raised": None}
+    except torchcomms.CommError as e:
+        return {"raised": type(e).__name__, "failed_ranks": getattr(e, "failed_ranks", None),
+                "detected_by": getattr(e, "detected_by", None), "elapsed": time.monotonic() - t0}

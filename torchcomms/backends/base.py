@@ -7,6 +7,7 @@ and returns an :class:`EngineHandle` at once.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -17,6 +18,9 @@ import torch
 from torchcomms.types import ReduceOp
 
 DoneCallback = Callable[[BaseException | None], None]
+# Wait in the engine for at most the given seconds: True once done (raises the engine's error),
+# False if the op is still running.
+BlockingWait = Callable[[float], bool]
 
 
 class EngineHandle:
@@ -27,15 +31,19 @@ class EngineHandle:
     division of AVG). With no futures the op completed (or failed) inside the call.
     """
 
-    __slots__ = ("_futures", "_finish", "_error", "_pending", "_lock", "_callback", "_first_error")
+    __slots__ = ("_futures", "_finish", "_error", "_pending", "_lock", "_callback", "_first_error", "_blocking")
 
     def __init__(
         self,
         futures: Sequence[torch.futures.Future] | None = None,
         finish: Callable[[], None] | None = None,
         error: BaseException | None = None,
+        blocking: Sequence[BlockingWait] | None = None,
     ) -> None:
         self._futures = list(futures) if futures else ()
+        # Engine-native waits, one per future: wait_engine() blocks in the engine instead of
+        # going through future callbacks (the synchronous fast path).
+        self._blocking = list(blocking) if blocking and len(blocking) == len(self._futures) else None
         self._finish = finish
         self._error = error
         self._pending = len(self._futures)
@@ -55,6 +63,28 @@ class EngineHandle:
     def is_immediate(self) -> bool:
         """True when the op already ended inside the backend call."""
         return not self._futures
+
+    @property
+    def can_wait_in_engine(self) -> bool:
+        """True when :meth:`wait_engine` may be used instead of :meth:`on_done`."""
+        return self._blocking is not None
+
+    def wait_engine(self, timeout_s: float) -> tuple[bool, BaseException | None]:
+        """Block in the engine for at most ``timeout_s`` seconds (the GIL released).
+
+        Returns ``(False, None)`` while the op still runs, else ``(True, error_or_None)`` with
+        ``finish`` already run. Use either this or :meth:`on_done` for one handle, not both."""
+        assert self._blocking is not None
+        deadline = time.monotonic() + timeout_s
+        while self._blocking:
+            try:
+                if not self._blocking[0](max(0.0, deadline - time.monotonic())):
+                    return False, None
+            except BaseException as e:  # noqa: BLE001 - engine errors arrive as anything
+                self._blocking = []
+                return True, e
+            self._blocking.pop(0)
+        return True, self._run_finish(None)
 
     def on_done(self, callback: DoneCallback) -> None:
         """Call ``callback(error_or_None)`` exactly once, when the op ends (maybe right now)."""

@@ -13,12 +13,13 @@ import socket
 import threading
 from collections import deque
 from collections.abc import Callable
+from datetime import timedelta
 from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
 
-from torchcomms.backends.base import BackendCapabilities, EngineHandle, TorchCommBackend
+from torchcomms.backends.base import BackendCapabilities, BlockingWait, EngineHandle, TorchCommBackend
 from torchcomms.backends.gloo_sockets import EngineSockets
 from torchcomms.types import RedOpType, ReduceOp
 
@@ -100,6 +101,25 @@ class _BlockingWaiter:
                 fut.set_result(None)
             with self._lock:
                 self._idle += 1
+
+
+def _engine_wait(work: dist.Work) -> BlockingWait:
+    """Wait on a c10d work in the caller's thread, as c10d itself does (GIL released)."""
+
+    def wait(timeout_s: float) -> bool:
+        # c10d reads a 0 ms timeout as "no timeout": never pass less than 1 ms
+        try:
+            work.wait(timedelta(seconds=max(timeout_s, 0.001)))
+            return True
+        except RuntimeError:
+            if not work.is_completed():  # the slice ran out ("Operation timed out!"), the op did not
+                return False
+        # Ended, maybe just after the slice ran out: ask again (no timeout: returns at once) so
+        # that the outcome is the op's own, never the slice's "Operation timed out!".
+        work.wait()
+        return True
+
+    return wait
 
 
 def _local_address_towards(host: str) -> str | None:
@@ -224,7 +244,7 @@ class GlooBackend(TorchCommBackend):
 
     # helpers ---------------------------------------------------------------------------------
     def _handle(self, works: list[dist.Work], finish: Callable[[], None] | None = None) -> EngineHandle:
-        return EngineHandle([self._future(w) for w in works], finish)
+        return EngineHandle([self._future(w) for w in works], finish, blocking=[_engine_wait(w) for w in works])
 
     def _future(self, work: dist.Work) -> torch.futures.Future:
         """The work's future; gloo works without one are waited on by a helper thread."""

@@ -1,0 +1,93 @@
+"""The synchronous fast path: a blocking op waits in the engine on the caller's thread (as c10d
+does), in slices, and still ends as soon as something else ends it."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.ranks import REPO, RankGroup
+from torchcomms.backends.gloo import _engine_wait
+
+
+class _SliceRace:
+    """A c10d work that completes just after a timed wait gave up: ``wait(timeout)`` raises
+    c10d's "Operation timed out!" but ``is_completed()`` is already True."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.plain_waits = 0
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        if timeout is not None:
+            raise RuntimeError("Operation timed out!")
+        self.plain_waits += 1
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+class _Running:
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        assert timeout is not None and timeout.total_seconds() >= 0.001  # 0 ms would mean "forever" to c10d
+        raise RuntimeError("Operation timed out!")
+
+    def is_completed(self) -> bool:
+        return False
+
+
+def test_an_op_that_completes_as_the_slice_runs_out_succeeds() -> None:
+    # Regression: the slice's "Operation timed out!" was re-raised as the op's own error and
+    # became a CommTimeoutError (seen in comm_bench at 16 MiB).
+    work = _SliceRace()
+    assert _engine_wait(work)(0.02) is True  # type: ignore[arg-type]
+    assert work.plain_waits == 1
+
+
+def test_an_op_that_failed_as_the_slice_ran_out_raises_its_own_error() -> None:
+    work = _SliceRace(RuntimeError("Connection reset by peer"))
+    with pytest.raises(RuntimeError, match="Connection reset by peer"):
+        _engine_wait(work)(0.02)  # type: ignore[arg-type]
+
+
+def test_a_running_op_reports_not_done_and_never_waits_forever() -> None:
+    assert _engine_wait(_Running())(0.0) is False  # type: ignore[arg-type]
+
+
+def test_a_blocked_sync_op_ends_when_the_control_plane_reports_the_peer() -> None:
+    """Rank 1 is stopped: gloo sees nothing (its sockets stay open), so only the control
+    plane's heartbeat verdict can end rank 0's synchronous all_reduce before its 120 s timeout.
+    The caller is blocked in the engine, and must notice between slices."""
+    tmp = Path(tempfile.mkdtemp(prefix="tc-syncstop-"))
+    secret = tmp / "secret"
+    server = subprocess.Popen([sys.executable, "-m", "torchcomms.control", "--new-secret-file", str(secret)],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert server.stdout is not None
+        addr = server.stdout.readline().decode().strip()
+        env = {"TORCHCOMM_CONTROL_ADDR": addr, "TORCHCOMM_CONTROL_SECRET_FILE": str(secret),
+               "TC_READY_DIR": str(tmp), "TORCHCOMM_TRACING_DISABLE": "1"}
+        with RankGroup(2, "tests.torchcomms.workers:sync_op_with_stopped_peer", env=env) as g:
+            deadline = time.monotonic() + 120
+            while len(list(tmp.glob("ready*"))) < 2:
+                assert time.monotonic() < deadline, "ranks never got ready"
+                assert all(p.poll() is None for p in g.procs), "a rank died early"
+                time.sleep(0.05)
+            g.signal(1, signal.SIGSTOP)
+            (tmp / "go").touch()
+            res = g.wait(timeout=100, ranks=[0])[0]
+    finally:
+        server.kill()
+    assert res.value is not None, res.stderr[-2000:]
+    assert res.value["raised"] == "PeerFailureError", res.value
+    assert res.value["failed_ranks"] == [1] and res.value["detected_by"] == "heartbeat", res.value
+    assert res.value["elapsed"] < 60, res.value  # ended by the verdict, far from the 120 s timeout
