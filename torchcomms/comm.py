@@ -263,6 +263,7 @@ class TorchComm:
         self._deadlines: list[tuple[float, int]] = []
         self._watchdog: threading.Thread | None = None
         self._wake = threading.Condition(self._lock)
+        self._watch_until: float | None = None  # the deadline the watchdog sleeps until (None: no deadline)
         self._broken: CommError | None = None
         self._state = "active"  # active | broken | aborted | finalized
         self._children: list[weakref.ref] = []
@@ -437,7 +438,7 @@ class TorchComm:
             handle = EngineHandle.failed(e)
         except Exception as e:  # noqa: BLE001 - the engine may throw anything
             handle = EngineHandle.failed(e)
-        if handle._futures:
+        if not handle.is_immediate:
             self._track(work)
             if not async_op and handle.can_wait_in_engine:
                 self._wait_in_engine(work, handle)
@@ -477,8 +478,8 @@ class TorchComm:
                     target=self._watch, name=f"torchcomms-watchdog-{self._name}", daemon=True
                 )
                 self._watchdog.start()
-            elif self._deadlines[0][1] == work.record.op_id:
-                self._wake.notify()
+            elif self._watch_until is None or work.deadline < self._watch_until:
+                self._wake.notify()  # only when it would otherwise sleep past this deadline
 
     def _watch(self) -> None:
         """Fail works whose deadline passed, even when nobody waits on them."""
@@ -501,8 +502,8 @@ class TorchComm:
                     finally:
                         self._lock.acquire()
                     continue
-                wait = self._deadlines[0][0] - now if self._deadlines else None
-                self._wake.wait(wait)
+                self._watch_until = self._deadlines[0][0] if self._deadlines else None
+                self._wake.wait(None if self._watch_until is None else self._watch_until - now)
 
     def _work_ended(self, work: TorchWork, exc: CommError | None) -> None:
         """Called once per op from ``TorchWork`` when it reaches a terminal status."""

@@ -214,3 +214,39 @@ def test_watchdog_deadline_heap_stays_bounded_by_ops_in_flight() -> None:
     assert len(c._inflight) == 0
     assert len(c._deadlines) <= 64 + 1
     c.finalize()
+
+
+def test_watchdog_wakes_for_an_earlier_deadline_added_later() -> None:
+    """The watchdog sleeps until the earliest deadline it knows; an op with a shorter timeout
+    started later must wake it, so the op expires on time and breaks the communicator."""
+    c = fake("watchdog-earlier", **{"fake.hang_ops": "all_reduce"})
+    long = c.all_reduce(torch.ones(2), ReduceOp.SUM, True, timeout=timedelta(seconds=60))
+    time.sleep(0.05)  # the watchdog is asleep until the 60 s deadline
+    short = c.all_reduce(torch.ones(2), ReduceOp.SUM, True, timeout=timedelta(seconds=0.3))
+    with pytest.raises(CommAbortedError, match="broken"):
+        long.wait()  # ended by the short op's expiry, not by its own 60 s deadline
+    assert short.status is WorkStatus.TIMEDOUT
+    c.finalize()
+
+
+class _CountingCondition(threading.Condition):
+    notified = 0
+
+    def notify(self, n: int = 1) -> None:
+        type(self).notified += 1
+        super().notify(n)
+
+
+def test_ops_with_the_same_timeout_do_not_wake_the_watchdog_each_time() -> None:
+    """Regression: every op woke the watchdog thread (a context switch and a GIL hand-off per
+    op), because the watchdog emptied its heap of ended ops and the next op found itself first."""
+    c = torchcomms.new_comm("gloo", "cpu", "watchdog-quiet")  # world of 1: real engine works
+    c._wake = _CountingCondition(c._lock)  # before the first op starts the watchdog on it
+    x = torch.ones(4)
+    c.all_reduce(x, ReduceOp.SUM, False)
+    time.sleep(0.05)  # the watchdog is asleep until that op's deadline
+    _CountingCondition.notified = 0
+    for _ in range(1000):
+        c.all_reduce(x, ReduceOp.SUM, False)
+    assert _CountingCondition.notified <= 2, _CountingCondition.notified
+    c.finalize()

@@ -29,27 +29,28 @@ class EngineHandle:
     ``futures`` are engine futures (``torch.futures.Future``) that complete when the engine is
     done; ``finish`` is a local step run after all of them succeed (e.g. copy-out or the
     division of AVG). With no futures the op completed (or failed) inside the call.
+    :meth:`waitable` makes a handle the caller can also block on inside the engine (the
+    synchronous fast path); its futures are made only if a callback is asked for.
     """
 
-    __slots__ = ("_futures", "_finish", "_error", "_pending", "_lock", "_callback", "_first_error", "_blocking")
+    __slots__ = ("_futures", "_finish", "_error", "_pending", "_lock", "_callback", "_first_error", "_blocking",
+                 "_make_futures")
 
     def __init__(
         self,
         futures: Sequence[torch.futures.Future] | None = None,
         finish: Callable[[], None] | None = None,
         error: BaseException | None = None,
-        blocking: Sequence[BlockingWait] | None = None,
     ) -> None:
-        self._futures = list(futures) if futures else ()
-        # Engine-native waits, one per future: wait_engine() blocks in the engine instead of
-        # going through future callbacks (the synchronous fast path).
-        self._blocking = list(blocking) if blocking and len(blocking) == len(self._futures) else None
+        self._futures: Sequence[torch.futures.Future] = list(futures) if futures else ()
         self._finish = finish
         self._error = error
         self._pending = len(self._futures)
         self._lock = threading.Lock() if self._futures else None  # only _one_done needs it
         self._callback: DoneCallback | None = None
         self._first_error: BaseException | None = None
+        self._blocking: list[BlockingWait] | None = None
+        self._make_futures: Callable[[], Sequence[torch.futures.Future]] | None = None
 
     @classmethod
     def completed(cls, finish: Callable[[], None] | None = None) -> EngineHandle:
@@ -59,10 +60,26 @@ class EngineHandle:
     def failed(cls, error: BaseException) -> EngineHandle:
         return cls(None, None, error)
 
+    @classmethod
+    def waitable(
+        cls,
+        blocking: Sequence[BlockingWait],
+        make_futures: Callable[[], Sequence[torch.futures.Future]],
+        finish: Callable[[], None] | None = None,
+    ) -> EngineHandle:
+        """An op of ``len(blocking)`` engine parts: ``blocking[i](seconds)`` waits for part i in
+        the engine; ``make_futures()`` returns the parts' futures, called only by :meth:`on_done`."""
+        handle = cls(None, finish)
+        handle._blocking = list(blocking)
+        handle._make_futures = make_futures
+        handle._pending = len(handle._blocking)
+        handle._lock = threading.Lock()
+        return handle
+
     @property
     def is_immediate(self) -> bool:
         """True when the op already ended inside the backend call."""
-        return not self._futures
+        return self._pending == 0
 
     @property
     def can_wait_in_engine(self) -> bool:
@@ -88,6 +105,8 @@ class EngineHandle:
 
     def on_done(self, callback: DoneCallback) -> None:
         """Call ``callback(error_or_None)`` exactly once, when the op ends (maybe right now)."""
+        if self._make_futures is not None:
+            self._futures, self._make_futures, self._blocking = list(self._make_futures()), None, None
         if not self._futures:
             callback(self._run_finish(self._error))
             return

@@ -244,7 +244,7 @@ class GlooBackend(TorchCommBackend):
 
     # helpers ---------------------------------------------------------------------------------
     def _handle(self, works: list[dist.Work], finish: Callable[[], None] | None = None) -> EngineHandle:
-        return EngineHandle([self._future(w) for w in works], finish, blocking=[_engine_wait(w) for w in works])
+        return EngineHandle.waitable([_engine_wait(w) for w in works], lambda: [self._future(w) for w in works], finish)
 
     def _future(self, work: dist.Work) -> torch.futures.Future:
         """The work's future; gloo works without one are waited on by a helper thread."""
