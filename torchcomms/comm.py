@@ -17,9 +17,10 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from torchcomms import bootstrap
+from torchcomms import bootstrap, collective_check
 from torchcomms.backends.base import BackendContext, EngineHandle, TorchCommBackend
 from torchcomms.backends.registry import get_backend_class
+from torchcomms.collective_check import SignatureCheck
 from torchcomms.agreement import agree_on_survivors
 from torchcomms.failure_monitor import MONITORS
 from torchcomms.errors import (
@@ -272,6 +273,8 @@ class TorchComm:
         self._failed_global: dict[int, str] = {}
         self._init_handle: str | None = None
         self._base_prefix = ctx.store_prefix  # reconfigurations key off this, whatever came before
+        self._check_engines = 0
+        self._signatures = self._new_signature_check()
         NAMES.bind(self._name, self)
 
     # ----------------------------------------------------------------------------------------
@@ -432,8 +435,9 @@ class TorchComm:
         work = TorchWork(self, rec, time.monotonic() + timeout_s)
         rec.state = "started"
         rec.time_started_ns = time.time_ns()
+        mismatch = self._compare_signatures(rec, work) if self._signatures is not None and not is_p2p else None
         try:
-            handle = launch(*args)
+            handle = EngineHandle.failed(mismatch) if mismatch is not None else launch(*args)
         except CommError as e:
             handle = EngineHandle.failed(e)
         except Exception as e:  # noqa: BLE001 - the engine may throw anything
@@ -451,6 +455,47 @@ class TorchComm:
         if not async_op:
             work.wait()
         return work
+
+    def _compare_signatures(self, rec: OpRecord, work: TorchWork) -> CommError | None:
+        """The collective check (debug mode): ``None`` when every rank is making this same
+        call, else the error the op ends with on every rank (see ``collective_check``)."""
+        assert self._signatures is not None
+        try:
+            verdict = self._signatures.run(rec, work.deadline)
+        except TimeoutError:
+            return CommTimeoutError(
+                f"did not complete within {rec.timeout_s:g} s (not every rank reached this collective)",
+                timeout_s=rec.timeout_s, comm=self._name, op=str(rec.name), seq=rec.seq,
+            )
+        except BaseException as e:  # noqa: BLE001 - the engine may throw anything
+            return self._translate_engine_error(e, rec)
+        if verdict is None:
+            return None
+        message, ranks = verdict
+        return CollectiveMismatchError(message, comm=self._name, op=str(rec.name), seq=rec.seq, ranks=ranks)
+
+    def _new_signature_check(self) -> SignatureCheck | None:
+        if self._size > 1 and collective_check.enabled(self._hints):
+            return SignatureCheck(self._make_check_engine, self._size)
+        return None
+
+    def _make_check_engine(self, timeout_s: float) -> TorchCommBackend:
+        """The collective check's side engine: same members, its own rendezvous prefix."""
+        self._check_engines += 1  # every rank makes them at the same ops: the prefixes agree
+        ctx = dataclasses.replace(
+            self._ctx, name=f"{self._name}/check", store_prefix=f"{self._ctx.store_prefix}/check{self._check_engines}",
+            timeout=timedelta(seconds=timeout_s), hints=dict(self._hints),
+        )
+        return self._backend.split(ctx)
+
+    def _close_engines(self, abort: bool) -> None:
+        """Release (or abandon, after a failure) the engine and the collective check's."""
+        if self._signatures is not None:
+            self._signatures.close(abort)
+        if abort:
+            self._backend.abort()
+        else:
+            self._backend.finalize()
 
     def _wait_in_engine(self, work: TorchWork, handle: EngineHandle) -> None:
         """The synchronous fast path: block in the engine on the caller's thread, as c10d does,
@@ -639,7 +684,7 @@ class TorchComm:
                 f"this rank was declared failed ({how}) and excluded", comm=self._name, op=str(rec.name), seq=rec.seq,
             ), state="aborted")
         self._run_abort_hooks()
-        self._backend.abort()
+        self._close_engines(abort=True)
 
     # ----------------------------------------------------------------------------------------
     # recovery
@@ -781,6 +826,9 @@ class TorchComm:
             self._broken = None
             self._epoch += 1
             self._state = "active"
+            old_check, self._signatures = self._signatures, self._new_signature_check()
+        if old_check is not None:
+            old_check.close(abort=True)
 
     def _known_failed(self) -> set[int]:
         failed = set(self._failed_global)
@@ -824,7 +872,7 @@ class TorchComm:
 
     def _become(self, backend: TorchCommBackend, survivors: list[int], epoch: int) -> TorchComm:
         """Retire this communicator in favour of one over ``survivors``."""
-        self._backend.abort()
+        self._close_engines(abort=True)
         with self._lock:
             self._state = "shrunk"
         NAMES.release(self._name, self)
@@ -861,9 +909,9 @@ class TorchComm:
                 except CommError:
                     pass
         if self._state == "active":
-            self._backend.finalize()
+            self._close_engines(abort=False)
         else:
-            self._backend.abort()
+            self._close_engines(abort=True)
         self._state = "finalized"
         self._release()
 
@@ -890,7 +938,7 @@ class TorchComm:
                 )
             self._run_abort_hooks()
             try:
-                self._backend.abort()
+                self._close_engines(abort=True)
             except Exception:  # noqa: BLE001 - abort never raises
                 pass
             if not revoke:  # a revoked communicator can still be reconfigured

@@ -272,3 +272,54 @@ def sync_op_with_stopped_peer() -> dict[str, Any]:
     except torchcomms.CommError as e:
         return {"raised": type(e).__name__, "failed_ranks": getattr(e, "failed_ranks", None),
                 "detected_by": getattr(e, "detected_by", None), "elapsed": time.monotonic() - t0}
+
+
+def mismatched_calls(case: str) -> dict[str, Any]:
+    """With the collective check on, one rank makes a call that does not fit the others';
+    report what every rank raised, and how the communicator behaves afterwards."""
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), f"check-{case}", timeout=timedelta(seconds=60),
+                               hints={"torchcomms.check_collectives": "1"})
+    r, n = comm.get_rank(), comm.get_size()
+    out: dict[str, Any] = {}
+    try:
+        comm.all_reduce(torch.ones(4), ReduceOp.SUM, False)  # seq 1 agrees everywhere
+        if case == "shape":
+            comm.all_reduce(torch.ones(8 if r == n - 1 else 16), ReduceOp.SUM, False)
+        elif case == "dtype":
+            comm.all_reduce(torch.ones(16, dtype=torch.float64 if r == 0 else torch.float32), ReduceOp.SUM, False)
+        elif case == "op":
+            if r == 1:
+                comm.broadcast(torch.ones(16), 0, False)
+            else:
+                comm.all_reduce(torch.ones(16), ReduceOp.SUM, False)
+        elif case == "root":
+            comm.broadcast(torch.ones(16), 1 if r == 0 else 0, False)
+        elif case == "skipped":
+            if r != 0:
+                comm.barrier(False)
+            comm.all_reduce(torch.ones(16), ReduceOp.SUM, False)
+        elif case == "fits":
+            # calls whose tensors legitimately differ per rank must pass the check
+            t = torch.full((r + 1,), float(r))
+            outs = [torch.empty(i + 1) for i in range(n)]
+            comm.all_gather_v(outs, t, False)
+            out["all_gather_v"] = [o.tolist() for o in outs]
+            got = torch.empty(2)
+            comm.scatter(got, [torch.full((2,), float(i)) for i in range(n)] if r == 0 else [], 0, False)
+            out["scatter"] = got.tolist()
+            gathered = [torch.empty(3) for _ in range(n)] if r == 1 else []
+            comm.gather(gathered, torch.full((3,), float(r)), 1, False)
+            out["gather"] = [g.tolist() for g in gathered]
+            x = torch.full((4,), float(r + 1))
+            comm.all_reduce(x, ReduceOp.SUM, False)
+            out["all_reduce"] = x.tolist()
+        out["raised"] = None
+    except torchcomms.CommError as e:
+        out.update(raised=type(e).__name__, message=str(e), ranks=e.ranks, seq=e.seq)
+        try:
+            comm.all_reduce(torch.ones(4), ReduceOp.SUM, False)
+            out["after"] = None
+        except torchcomms.CommError as e2:
+            out["after"] = type(e2).__name__
+    comm.finalize()
+    return out

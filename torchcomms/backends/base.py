@@ -103,6 +103,29 @@ class EngineHandle:
             self._blocking.pop(0)
         return True, self._run_finish(None)
 
+    def wait_until(self, deadline: float) -> BaseException | None:
+        """Block until the op ends (returns its error, or ``None``) or ``deadline``
+        (``time.monotonic()``) passes (raises ``TimeoutError``; the op goes on)."""
+        if self._blocking is not None:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError("the engine op did not end before the deadline")
+                done, error = self.wait_engine(min(0.02, remaining))
+                if done:
+                    return error
+        ended = threading.Event()
+        box: list[BaseException | None] = []
+
+        def done(error: BaseException | None) -> None:
+            box.append(error)
+            ended.set()
+
+        self.on_done(done)
+        if not ended.wait(max(0.0, deadline - time.monotonic())):
+            raise TimeoutError("the engine op did not end before the deadline")
+        return box[0]
+
     def on_done(self, callback: DoneCallback) -> None:
         """Call ``callback(error_or_None)`` exactly once, when the op ends (maybe right now)."""
         if self._make_futures is not None:

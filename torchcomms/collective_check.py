@@ -1,0 +1,218 @@
+"""Collective signature check: a debug mode that catches mismatched collectives before the
+engine sees them.
+
+Before each collective, every rank all-gathers a fixed-size signature of the call it is about
+to make (sequence number, op, root, reduce op, dtypes, shapes) on a side engine of the same
+backend, and compares. Ranks that called different collectives, or the same one with tensors
+that cannot fit together, all raise the same ``CollectiveMismatchError`` naming who called
+what, instead of hanging or (gloo, on a size mismatch) aborting the process in C++.
+
+Switched on by ``TORCHCOMM_CHECK_COLLECTIVES=1`` or the hint
+``torchcomms.check_collectives=1``; it costs one small all_gather per collective, so it is a
+debugging aid, like c10d's ``TORCH_DISTRIBUTED_DEBUG=DETAIL``.
+"""
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from torchcomms.backends.base import TorchCommBackend
+from torchcomms.errors import format_ranks
+from torchcomms.op import OpRecord
+from torchcomms.types import OpName, RedOpType
+
+ENV = "TORCHCOMM_CHECK_COLLECTIVES"
+HINT = "torchcomms.check_collectives"
+
+SLOTS = 24
+_VERSION = 1
+_MAX_DIMS = 4
+
+# Which parts of a call must agree across ranks, per op: (inputs' dtype, outputs' dtype, shapes).
+# Rooted ops whose lists exist on the root only compare the side every rank has; the *_v ops
+# take per-rank sizes by design, so only their dtypes are compared.
+_RULES: dict[str, tuple[bool, bool, bool]] = {
+    "broadcast": (True, True, True),
+    "all_reduce": (True, True, True),
+    "reduce": (True, True, True),
+    "all_gather": (True, True, True),
+    "all_gather_single": (True, True, True),
+    "reduce_scatter": (True, True, True),
+    "reduce_scatter_single": (True, True, True),
+    "all_to_all_single": (True, True, True),
+    "all_to_all": (True, True, True),
+    "barrier": (True, True, True),
+    "split": (True, True, True),
+    "all_gather_v": (True, True, False),
+    "reduce_scatter_v": (True, True, False),
+    "all_to_all_v_single": (True, True, False),
+    "scatter": (False, True, False),
+    "gather": (True, False, False),
+    "gather_single": (True, False, False),
+}
+_ROOTED = {"broadcast", "reduce", "scatter", "gather", "gather_single"}
+_OP_CODES = {str(op): i for i, op in enumerate(OpName)}
+_OP_NAMES = {i: name for name, i in _OP_CODES.items()}
+
+
+def enabled(hints: dict[str, str]) -> bool:
+    """Whether a communicator created with ``hints`` checks its collectives."""
+    import os
+
+    raw = hints.get(HINT, os.environ.get(ENV, ""))
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _code(text: str) -> int:
+    return zlib.crc32(text.encode()) & 0x7FFFFFFF
+
+
+# Names of what other ranks send as codes: every dtype and reduce op is known up front.
+_DTYPE_BY_CODE: dict[int, str] = {
+    _code(str(v)[6:]): str(v)[6:] for v in vars(torch).values() if isinstance(v, torch.dtype)
+}
+_REDOP_BY_CODE: dict[int, str] = {_code(t.name): t.name for t in RedOpType}
+
+
+def _named_code(text: str, table: dict[int, str]) -> int:
+    code = _code(text)
+    table.setdefault(code, text)
+    return code
+
+
+def _shape_slots(sizes: Sequence[Sequence[int]]) -> list[int]:
+    first = list(sizes[0]) if sizes else []
+    dims = first[:_MAX_DIMS] + [-1] * (_MAX_DIMS - min(len(first), _MAX_DIMS))
+    return [len(first) if sizes else -1, *dims]
+
+
+def encode(rec: OpRecord) -> torch.Tensor:
+    """The fixed-size signature of the call ``rec`` describes."""
+    in_dtypes = ",".join(rec.input_dtypes or [])
+    out_dtypes = ",".join(rec.output_dtypes or [])
+    slots = [
+        _VERSION,
+        int(rec.seq),
+        _OP_CODES.get(str(rec.name), -1),
+        rec.root if rec.root is not None else -1,
+        # the reduce op's kind only: a PREMUL_SUM factor may differ per rank
+        _named_code(rec.reduce_op.split("(")[0], _REDOP_BY_CODE) if rec.reduce_op else -1,
+        _named_code(in_dtypes, _DTYPE_BY_CODE) if in_dtypes else -1,
+        _named_code(out_dtypes, _DTYPE_BY_CODE) if out_dtypes else -1,
+        len(rec.input_sizes or []),
+        len(rec.output_sizes or []),
+        *_shape_slots(rec.input_sizes or []),
+        *_shape_slots(rec.output_sizes or []),
+        _code(repr(rec.input_sizes or [])),
+        _code(repr(rec.output_sizes or [])),
+    ]
+    slots += [0] * (SLOTS - len(slots))
+    return torch.tensor(slots, dtype=torch.int64)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One rank's decoded signature."""
+
+    seq: int
+    op: str
+    root: int
+    redop: int
+    in_dtype: int
+    out_dtype: int
+    n_in: int
+    n_out: int
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    in_crc: int
+    out_crc: int
+
+    @classmethod
+    def decode(cls, row: Sequence[int]) -> _Call:
+        def shape(at: int) -> tuple[int, ...]:
+            ndim = row[at]
+            return tuple(row[at + 1: at + 1 + min(max(ndim, 0), _MAX_DIMS)]) + (("…",) if ndim > _MAX_DIMS else ())  # type: ignore[return-value]
+
+        return cls(seq=row[1], op=_OP_NAMES.get(row[2], f"op{row[2]}"), root=row[3], redop=row[4],
+                   in_dtype=row[5], out_dtype=row[6], n_in=row[7], n_out=row[8], in_shape=shape(9),
+                   out_shape=shape(14), in_crc=row[19], out_crc=row[20])
+
+    def key(self, op: str) -> tuple[object, ...]:
+        """What must be equal across ranks for ``op``."""
+        in_dtype, out_dtype, shapes = _RULES.get(op, (False, False, False))
+        return (
+            self.seq, self.op,
+            self.root if op in _ROOTED else None,
+            self.redop,
+            self.in_dtype if in_dtype else None,
+            self.out_dtype if out_dtype else None,
+            (self.n_in, self.in_crc) if shapes or (in_dtype and not out_dtype) else None,
+            (self.n_out, self.out_crc) if shapes or (out_dtype and not in_dtype) else None,
+        )
+
+    def describe(self) -> str:
+        def tensors(dtype: int, shape: tuple[int, ...], n: int) -> str:
+            if n <= 0:
+                return "-"
+            name = _DTYPE_BY_CODE.get(dtype, "?").split(",")[0]
+            more = f" +{n - 1} more" if n > 1 else ""
+            return f"{name}[{', '.join(map(str, shape))}]{more}"
+
+        parts = [f"in {tensors(self.in_dtype, self.in_shape, self.n_in)}",
+                 f"out {tensors(self.out_dtype, self.out_shape, self.n_out)}"]
+        if self.op in _ROOTED:
+            parts.append(f"root {self.root}")
+        if self.redop >= 0:
+            parts.append(_REDOP_BY_CODE.get(self.redop, "reduce op ?"))
+        return f"{self.op} #{self.seq} ({'; '.join(parts)})"
+
+
+def compare(gathered: torch.Tensor, op: str) -> tuple[str, list[int]] | None:
+    """``None`` when the ranks' signatures (rows of ``gathered``) fit together, else a message
+    saying who called what and the ranks that differ from the most common call."""
+    calls = [_Call.decode(row) for row in gathered.tolist()]
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for rank, call in enumerate(calls):
+        groups.setdefault(call.key(op), []).append(rank)
+    if len(groups) == 1:
+        return None
+    ordered = sorted(groups.values(), key=lambda ranks: (-len(ranks), ranks[0]))
+    lines = [f"rank{'s' if len(r) > 1 else ''} {format_ranks(r)}: {calls[r[0]].describe()}" for r in ordered]
+    odd = sorted(r for group in ordered[1:] for r in group)
+    return "collective mismatch: " + " | ".join(lines), odd
+
+
+class SignatureCheck:
+    """One communicator's check: a side engine (made on first use, collectively) that
+    all-gathers the signatures."""
+
+    def __init__(self, make_engine: Callable[[float], TorchCommBackend], size: int) -> None:
+        self._make_engine = make_engine
+        self._size = size
+        self._engine: TorchCommBackend | None = None
+
+    def run(self, rec: OpRecord, deadline: float) -> tuple[str, list[int]] | None:
+        """Exchange and compare ``rec``'s signature with every rank's, by ``deadline``
+        (``time.monotonic()``). Returns ``None`` or ``(message, ranks that differ)``. Raises
+        ``TimeoutError`` when not every rank arrived in time, the engine's error otherwise."""
+        if self._engine is None:
+            self._engine = self._make_engine(max(0.001, deadline - time.monotonic()))
+        out = torch.empty(self._size * SLOTS, dtype=torch.int64)
+        error = self._engine.all_gather_single(out, encode(rec)).wait_until(deadline)
+        if error is not None:
+            raise error
+        return compare(out.view(self._size, SLOTS), str(rec.name))
+
+    def close(self, abort: bool) -> None:
+        """Release (or, after a failure, abandon) the side engine."""
+        engine, self._engine = self._engine, None
+        if engine is None:
+            return
+        try:
+            engine.abort() if abort else engine.finalize()
+        except Exception:  # noqa: BLE001 - closing never raises
+            pass
