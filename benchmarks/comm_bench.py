@@ -172,20 +172,24 @@ def new_torchcomm(name: str, store: Any, tracing: bool) -> Any:
 
 
 class Contenders:
-    """The torchcomms communicators under test; rebuilt under fresh names after an op
-    failure broke them (a broken communicator fails every later op by design)."""
+    """The torchcomms communicators under test, ``engines`` per label; rebuilt under fresh
+    names after an op failure broke them (a broken communicator fails every later op by design)."""
 
-    def __init__(self, tracing: str, store: Any) -> None:
+    def __init__(self, tracing: str, store: Any, engines: int = 1) -> None:
         self._store = store
+        self._engines = engines
         self._which = [(TRACED, True)] if tracing in ("on", "both") else []
         self._which += [(UNTRACED, False)] if tracing in ("off", "both") else []
         self._generation = 0
-        self.comms: dict[str, Any] = {}
+        self.comms: dict[str, list[Any]] = {}
         self._build()
 
     def _build(self) -> None:
         g = self._generation
-        self.comms = {label: new_torchcomm(f"bench-{label}-{g}", self._store, tracing=on) for label, on in self._which}
+        self.comms = {
+            label: [new_torchcomm(f"bench-{label}-{g}-{i}", self._store, tracing=on) for i in range(self._engines)]
+            for label, on in self._which
+        }
 
     def rebuild(self) -> None:
         self.finalize()
@@ -193,8 +197,9 @@ class Contenders:
         self._build()
 
     def finalize(self) -> None:
-        for comm in self.comms.values():
-            comm.finalize()
+        for comms in self.comms.values():
+            for comm in comms:
+                comm.finalize()
 
 
 def run_rank(args: argparse.Namespace) -> None:
@@ -204,24 +209,31 @@ def run_rank(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo", store=dist.PrefixStore("c10d", store), rank=rank, world_size=n,
                             timeout=timedelta(seconds=args.op_timeout))
     bar = dist.new_group(backend="gloo")
-    control = dist.new_group(backend="gloo") if args.control else None
-    ours = Contenders(args.tracing, store)
+    # --engines K: every contender owns K engines (gloo contexts, each with its own sockets) and
+    # iteration i uses engine i % K, so that one engine's luck with its connections does not
+    # decide a contender's time.
+    anchors: list[Any] = [None] + [dist.new_group(backend="gloo") for _ in range(args.engines - 1)]
+    controls = [dist.new_group(backend="gloo") for _ in range(args.engines)] if args.control else None
+    ours = Contenders(args.tracing, store, args.engines)
     dtype = DTYPES[args.dtype]
     rows: list[dict[str, Any]] = []
     for op in args.ops:
         for size in args.sizes:
-            names = [*ours.comms, *([CONTROL] if control is not None else []), ANCHOR]
+            names = [*ours.comms, *([CONTROL] if controls is not None else []), ANCHOR]
             bufs: dict[str, Buffers] = {}
-            calls: dict[str, Callable[[], object]] = {}
+            engines: dict[str, list[Callable[[], object]]] = {}
             for name in names:
                 bufs[name], nbytes = make_buffers(op, size, n, rank, dtype)
                 if name == ANCHOR:
-                    calls[name] = c10d_call(op, bufs[name])
+                    engines[name] = [c10d_call(op, bufs[name], grp) for grp in anchors]
                 elif name == CONTROL:
-                    calls[name] = c10d_call(op, bufs[name], control)
+                    engines[name] = [c10d_call(op, bufs[name], grp) for grp in controls or []]
                 else:
-                    calls[name] = torchcomms_call(ours.comms[name], op, bufs[name])
-            error = agreed_error(check_agreement(op, names, bufs, calls, bar), bar)
+                    engines[name] = [torchcomms_call(comm, op, bufs[name]) for comm in ours.comms[name]]
+            error = None
+            for k in range(args.engines):
+                error = error or check_agreement(op, names, bufs, {nm: engines[nm][k] for nm in names}, bar)
+            error = agreed_error(error, bar)
             if error is not None:  # record it, skip this op's larger sizes, carry on with the next op
                 rows.append({"op": op, "bytes": nbytes, "requested_bytes": size, "error": error})
                 ours.rebuild()
@@ -234,8 +246,9 @@ def run_rank(args: argparse.Namespace) -> None:
                 order_rng.shuffle(order)
                 for name in order:
                     dist.barrier(group=bar)
+                    call = engines[name][it % args.engines]
                     t0 = time.perf_counter()
-                    calls[name]()
+                    call()
                     dt = time.perf_counter() - t0
                     if it >= args.warmup:
                         times[name].append(dt)
@@ -428,6 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"add an A/A control: c10d on a second gloo group ({CONTROL}), timed like the others; "
                         "its ratio to c10d shows how far apart identical engines measure on this machine")
     p.add_argument("--seed", type=int, default=0, help="seed of the per-iteration contender order")
+    p.add_argument("--engines", type=int, default=1,
+                   help="engines per contender, used in turn (default 1); identical gloo engines can measure "
+                        "tens of percent apart at 16 MiB, so K > 1 keeps one engine's luck out of the ratio")
     p.add_argument("--iface", default="lo", help="network interface for every gloo context (default lo)")
     p.add_argument("--op-timeout", type=float, default=300.0, help="collective timeout in seconds")
     p.add_argument("--deadline", type=float, default=3600.0, help="give up (and kill the ranks) after this many s")
@@ -447,6 +463,8 @@ def validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--nproc must be at least 2, got {args.nproc}")
     if args.min_bytes > args.max_bytes:
         p.error(f"--min-bytes ({args.min_bytes}) is larger than --max-bytes ({args.max_bytes})")
+    if args.engines < 1:
+        p.error(f"--engines must be >= 1, got {args.engines}")
     if args.iters < 1 or args.warmup < 0:
         p.error(f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}")
     if args.tracing is None:
@@ -485,13 +503,14 @@ def main(argv: list[str] | None = None) -> int:
         "warmup": args.warmup,
         "tracing": args.tracing,
         "control": args.control,
+        "engines_per_contender": args.engines,
         "order": f"shuffled per iteration, seed {args.seed}",
         "iface": args.iface,
         "anchor": ANCHOR,
         "note": "time = median over interleaved iterations of the slowest rank; ratio = torchcomms / c10d",
     }
     print(f"comm_bench: {args.nproc} ranks, gloo on {args.iface}, {args.dtype}, {args.iters} iters "
-          f"(+{args.warmup} warm-up), tracing {args.tracing}; {started:%Y-%m-%d %H:%M} UTC, "
+          f"(+{args.warmup} warm-up), tracing {args.tracing}, {args.engines} engine(s) per contender; {started:%Y-%m-%d %H:%M} UTC, "
           f"load {load_before[0]:.1f} -> {meta['loadavg_after'][0]:.1f}")
     print_table(results, goal)
     goal_rows = [(r["op"], nm, c["ratio"]) for r in results if r["bytes"] in goal

@@ -41,9 +41,11 @@ def run_script(name: str, *args: str, timeout: float = 150) -> subprocess.Comple
 def test_comm_bench_measures_every_op_and_size(tmp_path: Path) -> None:
     out = tmp_path / "comm.json"
     proc = run_script("comm_bench", "--min-bytes", "4K", "--max-bytes", "8K", "--step-factor", "2",
-                      "--iters", "2", "--warmup", "1", "--tracing", "both", "--control", "--json", str(out))
+                      "--iters", "2", "--warmup", "1", "--tracing", "both", "--control", "--engines", "2",
+                      "--json", str(out))
     data = json.loads(out.read_text())
     assert data["meta"]["nproc"] == 2 and data["meta"]["tracing"] == "both"
+    assert data["meta"]["engines_per_contender"] == 2
     failed = [f"{r['op']} {r['bytes']}: {r['error']}" for r in data["results"] if "error" in r]
     assert not failed, f"ops failed in the benchmark: {failed}"
     seen = {(r["op"], r["bytes"]) for r in data["results"]}
@@ -101,6 +103,7 @@ def test_sizes_and_buffers() -> None:
         (["--max-bytes", "lots"], "lots"),
         (["--nproc", "1"], "--nproc"),
         (["--iters", "0"], "--iters"),
+        (["--engines", "0"], "--engines"),
     ],
 )
 def test_comm_bench_refuses_bad_arguments(argv: list[str], culprit: str, capsys: pytest.CaptureFixture[str]) -> None:
