@@ -404,7 +404,8 @@ class TorchComm:
         timeout_s = self._checker.timeout(str(name), timeout) if timeout is not None else self._timeout_s
         if hints is not None:
             self._checker.hints(str(name), hints)
-        self._usable(name)
+        if self._state != "active":
+            self._usable(name)
         if is_p2p:
             seq = next(self._p2p_seq)
         else:
@@ -413,18 +414,12 @@ class TorchComm:
         op_id = next(_OP_IDS)
         rec = OpRecord(
             self._name, self._global_ranks, self._rank, self._size, self._backend_name, name, seq, op_id,
-            timeout_s, async_op, time.time_ns(),
+            timeout_s, async_op, time.time_ns(), is_p2p=is_p2p, peer=peer, root=root,
+            reduce_op=reduce_op.label if reduce_op is not None else None,
+            input_sizes=[list(t.shape) for t in inputs], input_dtypes=[_dtype_name(t.dtype) for t in inputs],
+            output_sizes=[list(t.shape) for t in outputs], output_dtypes=[_dtype_name(t.dtype) for t in outputs],
+            hints=hints,
         )
-        rec.is_p2p = is_p2p
-        rec.peer = peer
-        rec.root = root
-        if reduce_op is not None:
-            rec.reduce_op = reduce_op.label
-        rec.input_sizes = [list(t.shape) for t in inputs]
-        rec.input_dtypes = [_dtype_name(t.dtype) for t in inputs]
-        rec.output_sizes = [list(t.shape) for t in outputs]
-        rec.output_dtypes = [_dtype_name(t.dtype) for t in outputs]
-        rec.hints = hints
         if self._pre_hooks:
             rec.extra = {"inputs": inputs, "outputs": outputs}  # for hooks that inspect data
             try:

@@ -53,6 +53,16 @@ class OpRecord:
         timeout_s: float,
         async_op: bool,
         time_created_ns: int,
+        *,
+        is_p2p: bool = False,
+        peer: int | None = None,
+        root: int | None = None,
+        reduce_op: str | None = None,
+        input_sizes: list[list[int]] | None = None,
+        input_dtypes: list[str] | None = None,
+        output_sizes: list[list[int]] | None = None,
+        output_dtypes: list[str] | None = None,
+        hints: dict[str, str] | None = None,
     ) -> None:
         self.comm_name = comm_name
         self.comm_ranks = comm_ranks
@@ -62,14 +72,14 @@ class OpRecord:
         self.name = name
         self.seq = seq
         self.op_id = op_id
-        self.is_p2p = False
-        self.peer: int | None = None
-        self.root: int | None = None
-        self.reduce_op: str | None = None
-        self.input_sizes: list[list[int]] = []
-        self.input_dtypes: list[str] = []
-        self.output_sizes: list[list[int]] = []
-        self.output_dtypes: list[str] = []
+        self.is_p2p = is_p2p
+        self.peer = peer
+        self.root = root
+        self.reduce_op = reduce_op
+        self.input_sizes: list[list[int]] = [] if input_sizes is None else input_sizes
+        self.input_dtypes: list[str] = [] if input_dtypes is None else input_dtypes
+        self.output_sizes: list[list[int]] = [] if output_sizes is None else output_sizes
+        self.output_dtypes: list[str] = [] if output_dtypes is None else output_dtypes
         self.timeout_s = timeout_s
         self.async_op = async_op
         self.time_created_ns = time_created_ns
@@ -77,7 +87,7 @@ class OpRecord:
         self.time_completed_ns: int | None = None
         self.state = "scheduled"
         self.error: str | None = None
-        self.hints: dict[str, str] | None = None
+        self.hints = hints
         self.extra: dict[str, Any] | None = None
 
     @property
