@@ -53,6 +53,18 @@ def _dtype_name(dt: torch.dtype) -> str:
     return name
 
 
+def _shapes(tensors: list[torch.Tensor]) -> list[list[int]]:
+    if len(tensors) == 1:  # the common case, without a comprehension's frame
+        return [list(tensors[0].shape)]
+    return [list(t.shape) for t in tensors]
+
+
+def _dtype_names(tensors: list[torch.Tensor]) -> list[str]:
+    if len(tensors) == 1:
+        return [_dtype_name(tensors[0].dtype)]
+    return [_dtype_name(t.dtype) for t in tensors]
+
+
 class _NameRegistry:
     """Communicator names alive in this process, and how often each name was created (so a
     re-created communicator rendezvous under fresh store keys)."""
@@ -416,8 +428,8 @@ class TorchComm:
             self._name, self._global_ranks, self._rank, self._size, self._backend_name, name, seq, op_id,
             timeout_s, async_op, time.time_ns(), is_p2p=is_p2p, peer=peer, root=root,
             reduce_op=reduce_op.label if reduce_op is not None else None,
-            input_sizes=[list(t.shape) for t in inputs], input_dtypes=[_dtype_name(t.dtype) for t in inputs],
-            output_sizes=[list(t.shape) for t in outputs], output_dtypes=[_dtype_name(t.dtype) for t in outputs],
+            input_sizes=_shapes(inputs), input_dtypes=_dtype_names(inputs),
+            output_sizes=_shapes(outputs), output_dtypes=_dtype_names(outputs),
             hints=hints,
         )
         if self._pre_hooks:
@@ -447,7 +459,7 @@ class TorchComm:
             work._finish(WorkStatus.COMPLETED, None)  # ended inside the call: skip the callback chain
         else:
             handle.on_done(work._engine_done)
-        if not async_op:
+        if not async_op and (work._exc is not None or not work._done):
             work.wait()
         return work
 
