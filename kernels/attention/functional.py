@@ -26,13 +26,15 @@ from torch import Tensor
 
 from .block_mask import BlockMaskCache, default_cache, flex_available
 from .errors import AttentionInputError, FlexEagerFallbackError, FlexUnavailableError
-from .masks import Causal, Full, Mask
+from .masks import Causal, Full, Mask, SlidingWindow
 from .reference import math_attention
+from .window_triton import available as window_available
+from .window_triton import window_attention
 
 __all__ = ["attention", "select_backend", "Backend"]
 
-Backend = Literal["auto", "flex", "sdpa", "math"]
-_BACKENDS = ("auto", "flex", "sdpa", "math")
+Backend = Literal["auto", "flex", "sdpa", "math", "triton_window"]
+_BACKENDS = ("auto", "flex", "sdpa", "math", "triton_window")
 _COMPILED: dict[tuple, Any] = {}  # registry: kernel options -> compiled flex call
 
 
@@ -143,6 +145,14 @@ def select_backend(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None = None, *,
         return "sdpa"
     if backend == "math":
         return "math"
+    if backend == "triton_window":  # opt-in until measured on a GPU (see window_triton.py)
+        if not (isinstance(mask, SlidingWindow) and mask.causal):
+            raise AttentionInputError(
+                f"backend='triton_window' computes a causal SlidingWindow mask only, got {mask!r}")
+        why = window_available(q.device)
+        if why is not None:
+            raise AttentionInputError(why)
+        return "triton_window"
     if _is_dense_friendly(mask, q.shape[2], k.shape[2]) and not return_lse:
         return "sdpa"
     if why_not_flex is None and q.device.type != "cpu":
@@ -200,8 +210,9 @@ def attention(
         mask: a :class:`~kernels.attention.masks.Mask` (None: every pair).
         scale: score scale, default ``1/sqrt(D)``.
         return_lse: also return the log-sum-exp of the scaled scores, (B, Hq, Sq) float32, natural log.
-        backend: 'auto' (see module doc), 'flex' (raise if it cannot run), 'sdpa', or 'math'
-            (the chunked reference).
+        backend: 'auto' (see module doc), 'flex' (raise if it cannot run), 'sdpa', 'math'
+            (the chunked reference), or 'triton_window' (the dedicated causal sliding-window
+            kernel; CUDA, or CPU under ``TRITON_INTERPRET=1``).
         kernel_options: passed to ``flex_attention`` (e.g. ``{"BLOCK_M": 64, "BLOCK_N": 64}``).
         block_size: the block mask's sparse block size (int or (q, kv) pair).
         cache: block-mask cache (default: the process-wide one).
@@ -216,6 +227,10 @@ def attention(
         return _sdpa(q, k, v, mask, scale)
     if chosen == "math":
         out, lse = math_attention(q, k, v, mask, scale=scale)
+        return (out, lse) if return_lse else out
+    if chosen == "triton_window":
+        assert isinstance(mask, SlidingWindow)
+        out, lse = window_attention(q, k, v, mask.window, scale=scale)
         return (out, lse) if return_lse else out
     mask = Full() if mask is None else mask
     bm = (cache if cache is not None else default_cache).get(mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2],

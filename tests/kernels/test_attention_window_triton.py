@@ -1,0 +1,92 @@
+"""The dedicated causal sliding-window Triton kernel (``attention(backend="triton_window")``):
+output, LSE and gradients against the float64 reference, in Triton's CPU interpreter (a
+subprocess: ``TRITON_INTERPRET`` is read when kernels are defined), and in bf16 on a GPU."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels.attention import attention
+from kernels.attention.errors import AttentionInputError
+from kernels.attention.masks import Causal, SlidingWindow
+
+ROOT = Path(__file__).resolve().parents[2]
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+SCRIPT = r'''
+import random, torch
+import numpy as np
+import triton.runtime.interpreter as interp
+# Triton 3.6's interpreter calls int() on 1-element arrays, which numpy >= 2.4 refuses.
+_orig = interp._patch_lang_tensor
+def _patched(tensor, scope):
+    _orig(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+interp._patch_lang_tensor = _patched
+from kernels.attention import attention
+from kernels.attention.masks import SlidingWindow
+from kernels.attention.reference import math_attention
+seed = random.SystemRandom().randrange(2**31); torch.manual_seed(seed)
+worst = {}
+# (batch, query heads, kv heads, length, head dim, window): lengths off the 16-block grid, GQA,
+# a window wider than the sequence, a window of one (each query sees itself only)
+for case in [(1, 2, 1, 37, 16, 5), (2, 4, 2, 50, 32, 17), (1, 1, 1, 20, 16, 64), (1, 2, 2, 19, 16, 1)]:
+    b, hq, hkv, s, d, w = case
+    q = torch.randn(b, hq, s, d, requires_grad=True); k = torch.randn(b, hkv, s, d, requires_grad=True)
+    v = torch.randn(b, hkv, s, d, requires_grad=True)
+    out, lse = attention(q, k, v, SlidingWindow(w), backend="triton_window", return_lse=True)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref, ref_lse = math_attention(*leaves, SlidingWindow(w), scale=1.0 / d ** 0.5)
+    ref_grads = torch.autograd.grad(ref, leaves, g.double())
+    for name, a, r in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *grads), (ref, ref_lse, *ref_grads)):
+        # relative, except where the reference is ~0 (window 1: softmax of one score, dq = dk = 0)
+        err = float((a.detach().double() - r.detach()).norm() / max(float(r.detach().norm()), 1.0))
+        worst[name] = max(worst.get(name, 0.0), err)
+print("seed", seed, "worst", worst)
+assert max(worst.values()) <= 1e-5, worst
+'''
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_window_kernel_under_interpreter_matches_float64_reference() -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "worst" in proc.stdout
+
+
+def test_window_backend_refuses_what_it_cannot_compute() -> None:
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(AttentionInputError, match="causal SlidingWindow"):
+        attention(q, q, q, Causal(), backend="triton_window")
+    with pytest.raises(AttentionInputError, match="causal SlidingWindow"):
+        attention(q, q, q, SlidingWindow(4, causal=False), backend="triton_window")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        with pytest.raises(AttentionInputError, match="CUDA"):
+            attention(q, q, q, SlidingWindow(4), backend="triton_window")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs a CUDA GPU and triton")
+def test_window_kernel_bf16_on_gpu_matches_sdpa_with_the_dense_mask() -> None:
+    torch.manual_seed(0)
+    b, hq, hkv, s, d, w = 1, 8, 2, 1000, 128, 256
+    q = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out = attention(q, k, v, SlidingWindow(w), backend="triton_window")
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    ref = attention(q, k, v, SlidingWindow(w), backend="sdpa")
+    ref_grads = torch.autograd.grad(ref, (q, k, v), g)
+    for a, r in zip((out, *grads), (ref, *ref_grads)):
+        assert float((a.float() - r.float()).norm() / r.float().norm()) <= 1e-2
