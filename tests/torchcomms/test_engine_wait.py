@@ -91,3 +91,12 @@ def test_a_blocked_sync_op_ends_when_the_control_plane_reports_the_peer() -> Non
     assert res.value["raised"] == "PeerFailureError", res.value
     assert res.value["failed_ranks"] == [1] and res.value["detected_by"] == "heartbeat", res.value
     assert res.value["elapsed"] < 60, res.value  # ended by the verdict, far from the 120 s timeout
+
+
+def test_abort_from_another_thread_ends_a_sync_op_blocked_in_the_engine() -> None:
+    with RankGroup(2, "tests.torchcomms.workers:sync_op_aborted_from_another_thread") as g:
+        res = g.wait(timeout=100, ranks=[0])[0]
+    assert res.value is not None, res.stderr[-2000:]
+    assert res.value["raised"] == "CommAbortedError", res.value
+    assert "aborted" in res.value["message"], res.value
+    assert res.value["elapsed"] < 60, res.value  # ended by the abort, far from the 120 s timeout

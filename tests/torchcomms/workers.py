@@ -323,3 +323,23 @@ def mismatched_calls(case: str) -> dict[str, Any]:
             out["after"] = type(e2).__name__
     comm.finalize()
     return out
+
+
+def sync_op_aborted_from_another_thread() -> dict[str, Any]:
+    """Rank 1 never joins; rank 0 blocks in a synchronous all_reduce (waiting in the engine)
+    and another thread aborts the communicator after 0.5 s."""
+    import threading
+
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "sync-abort", timeout=timedelta(seconds=120))
+    r = comm.get_rank()
+    comm.barrier(False)
+    if r == 1:
+        time.sleep(30)
+        return {"raised": None}
+    threading.Timer(0.5, comm.abort).start()
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(torch.ones(8), ReduceOp.SUM, False)
+        return {"raised": None}
+    except torchcomms.CommError as e:
+        return {"raised": type(e).__name__, "message": str(e), "elapsed": time.monotonic() - t0}

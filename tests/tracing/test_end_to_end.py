@@ -61,6 +61,22 @@ def test_size_mismatch_report_shows_both_ranks_calls(tmp_path: Path) -> None:
     assert fr.returncode == 0 and "Traceback" not in fr.stderr, fr.stderr[-3000:]
 
 
+def test_byte_mismatch_under_the_collective_check_leaves_every_ranks_dump(tmp_path: Path) -> None:
+    """Sizes whose byte counts differ kill gloo's receiving rank in C++ (no dump from it);
+    with TORCHCOMM_CHECK_COLLECTIVES=1 both ranks raise CollectiveMismatchError and dump, and
+    the analyzer shows both calls."""
+    results = run_ranks("byte_mismatch", 2, tmp_path, extra_env={"TORCHCOMM_CHECK_COLLECTIVES": "1"})
+    assert [rc for rc, _ in results] == [3, 3], [e[-2000:] for _, e in results]
+    for _, err in results:
+        assert "CollectiveMismatchError" in err and "all_reduce #2" in err, err[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fr_rank_0", "fr_rank_1"]
+    res = _trace_cli("analyze", "--json", str(tmp_path))
+    assert res.returncode == 1, res.stderr
+    (f,) = [f for f in json.loads(res.stdout)["findings"] if f["kind"] == "mismatch"]
+    assert f["op"] == "all_reduce" and f["seq"] == 2
+    assert "in=[[64]]" in f["calls"]["0"] and "in=[[32]]" in f["calls"]["1"]
+
+
 def test_pytorch_analyzer_reads_every_op_kind_we_write(tmp_path: Path) -> None:
     ranks = (0, 1)
     per_rank = {}

@@ -63,6 +63,20 @@ def size_mismatch() -> int:
     return 0
 
 
+def byte_mismatch() -> int:
+    """Rank 0 all_reduces 64 floats, rank 1 32: without the collective check gloo's receiving
+    rank dies in C++; run with TORCHCOMM_CHECK_COLLECTIVES=1, both raise and dump."""
+    comm = _comm()
+    rank = comm.get_rank()
+    comm.barrier(async_op=False)
+    try:
+        comm.all_reduce(torch.ones(64 if rank == 0 else 32), ReduceOp.SUM, async_op=False)
+    except torchcomms.CommError as exc:
+        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 3
+    return 0
+
+
 def clean() -> int:
     """A few correct collectives, then exit (atexit dump)."""
     comm = _comm()
