@@ -29,14 +29,20 @@ def _patched(tensor, scope):
     _orig(tensor, scope)
     scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
 interp._patch_lang_tensor = _patched
+import kernels.attention.window_triton as wt
 from kernels.attention import attention
 from kernels.attention.masks import SlidingWindow
 from kernels.attention.reference import math_attention
 seed = random.SystemRandom().randrange(2**31); torch.manual_seed(seed)
 worst = {}
-# (batch, query heads, kv heads, length, head dim, window): lengths off the 16-block grid, GQA,
-# a window wider than the sequence, a window of one (each query sees itself only)
-for case in [(1, 2, 1, 37, 16, 5), (2, 4, 2, 50, 32, 17), (1, 1, 1, 20, 16, 64), (1, 2, 2, 19, 16, 1)]:
+interpreter_blocks = wt._blocks
+# (blocks, (batch, query heads, kv heads, length, head dim, window)): lengths off the block grid,
+# GQA, a window wider than the sequence, a window of one (each query sees itself only); the last
+# two with the GPU's block sizes
+CASES = [(None, (1, 2, 1, 37, 16, 5)), (None, (2, 4, 2, 50, 32, 17)), (None, (1, 1, 1, 20, 16, 64)),
+         (None, (1, 2, 2, 19, 16, 1)), ((64, 64, 4), (1, 4, 1, 200, 64, 40)), ((64, 64, 4), (1, 2, 2, 130, 32, 129))]
+for blocks, case in CASES:
+    wt._blocks = interpreter_blocks if blocks is None else (lambda dev, blocks=blocks: blocks)
     b, hq, hkv, s, d, w = case
     q = torch.randn(b, hq, s, d, requires_grad=True); k = torch.randn(b, hkv, s, d, requires_grad=True)
     v = torch.randn(b, hkv, s, d, requires_grad=True)
