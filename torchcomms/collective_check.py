@@ -13,6 +13,7 @@ debugging aid, like c10d's ``TORCH_DISTRIBUTED_DEBUG=DETAIL``.
 """
 from __future__ import annotations
 
+import os
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -61,8 +62,6 @@ _OP_NAMES = {i: name for name, i in _OP_CODES.items()}
 
 def enabled(hints: dict[str, str]) -> bool:
     """Whether a communicator created with ``hints`` checks its collectives."""
-    import os
-
     raw = hints.get(HINT, os.environ.get(ENV, ""))
     return raw.strip().lower() in ("1", "true", "yes", "on")
 
@@ -78,12 +77,6 @@ _DTYPE_BY_CODE: dict[int, str] = {
 _REDOP_BY_CODE: dict[int, str] = {_code(t.name): t.name for t in RedOpType}
 
 
-def _named_code(text: str, table: dict[int, str]) -> int:
-    code = _code(text)
-    table.setdefault(code, text)
-    return code
-
-
 def _shape_slots(sizes: Sequence[Sequence[int]]) -> list[int]:
     first = list(sizes[0]) if sizes else []
     dims = first[:_MAX_DIMS] + [-1] * (_MAX_DIMS - min(len(first), _MAX_DIMS))
@@ -92,17 +85,18 @@ def _shape_slots(sizes: Sequence[Sequence[int]]) -> list[int]:
 
 def encode(rec: OpRecord) -> torch.Tensor:
     """The fixed-size signature of the call ``rec`` describes."""
-    in_dtypes = ",".join(rec.input_dtypes or [])
-    out_dtypes = ",".join(rec.output_dtypes or [])
+    # one dtype per side: validation already made every tensor of a list share it
+    in_dtype = rec.input_dtypes[0] if rec.input_dtypes else None
+    out_dtype = rec.output_dtypes[0] if rec.output_dtypes else None
     slots = [
         _VERSION,
         int(rec.seq),
         _OP_CODES.get(str(rec.name), -1),
         rec.root if rec.root is not None else -1,
         # the reduce op's kind only: a PREMUL_SUM factor may differ per rank
-        _named_code(rec.reduce_op.split("(")[0], _REDOP_BY_CODE) if rec.reduce_op else -1,
-        _named_code(in_dtypes, _DTYPE_BY_CODE) if in_dtypes else -1,
-        _named_code(out_dtypes, _DTYPE_BY_CODE) if out_dtypes else -1,
+        _code(rec.reduce_op.split("(")[0]) if rec.reduce_op else -1,
+        _code(in_dtype) if in_dtype else -1,
+        _code(out_dtype) if out_dtype else -1,
         len(rec.input_sizes or []),
         len(rec.output_sizes or []),
         *_shape_slots(rec.input_sizes or []),
@@ -158,7 +152,7 @@ class _Call:
         def tensors(dtype: int, shape: tuple[int, ...], n: int) -> str:
             if n <= 0:
                 return "-"
-            name = _DTYPE_BY_CODE.get(dtype, "?").split(",")[0]
+            name = _DTYPE_BY_CODE.get(dtype, "?")
             more = f" +{n - 1} more" if n > 1 else ""
             return f"{name}[{', '.join(map(str, shape))}]{more}"
 
