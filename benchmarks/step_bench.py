@@ -36,7 +36,9 @@ from kernels.attention import select_backend  # noqa: E402
 from kernels.model import Llama, LlamaConfig, fused_loss_available  # noqa: E402
 
 SPEC_TFLOPS = 989.0
-CONFIGS = ("baseline", "fused_loss", "flex", "fused+flex", "causal_flash")
+CONFIGS = ("baseline", "fused_loss", "flex", "fused+flex", "causal_flash", "fused+window_kernel")
+# CUDA only (the window kernel runs on CPU only in Triton's interpreter): left out of --smoke
+GPU_ONLY = ("fused+window_kernel",)
 
 
 def progress(it: Iterable, total: int, desc: str) -> Iterable:
@@ -80,6 +82,7 @@ def model_config(name: str, base: LlamaConfig, window: int) -> LlamaConfig:
         "flex": base.replace(attn_window=window, attn_backend="auto", loss_impl=torch_loss),
         "fused+flex": base.replace(attn_window=window, attn_backend="auto", loss_impl=fused),
         "causal_flash": base.replace(attn_window=None, attn_backend="sdpa", loss_impl=torch_loss),
+        "fused+window_kernel": base.replace(attn_window=window, attn_backend="triton_window", loss_impl=fused),
     }[name]
 
 
@@ -150,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=256)
     ap.add_argument("--steps", type=int, default=5, help="timed steps (median reported)")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
+    ap.add_argument("--configs", nargs="+", default=None, choices=CONFIGS,
+                    help="default: all (all but the CUDA-only ones with --smoke)")
     ap.add_argument("--model", choices=["1b", "tiny"], default="1b")
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU, seq 96, 2 steps")
     ap.add_argument("--json", default="step_bench.json")
@@ -158,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ceiling", type=float, default=None, help="skip measuring; use this TFLOP/s")
     args = ap.parse_args(argv)
 
+    if args.configs is None:
+        args.configs = [c for c in CONFIGS if not (args.smoke and c in GPU_ONLY)]
     if args.smoke:
         device = torch.device("cpu")
         base = LlamaConfig.tiny(max_seq_len=256)
@@ -210,18 +216,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nstep_bench  {meta['device']}  torch {meta['torch']}  model {meta['model']} "
           f"({base.matmul_params() / 1e9:.2f} B matmul params)  window {args.window}  "
           f"bf16 ceiling {ceiling or float('nan'):.0f} TFLOP/s (measured)")
-    hdr = f"{'seq':>6} {'config':<13} {'attention':<16} {'loss':<6} {'step ms':>9} {'tok/s':>9} " \
+    hdr = f"{'seq':>6} {'config':<19} {'attention':<16} {'loss':<6} {'step ms':>9} {'tok/s':>9} " \
           f"{'TFLOP/s':>8} {'MFU meas':>8} {'MFU spec':>8} {'peak GiB':>8} {'vs base':>7}"
     print(hdr)
     print("-" * len(hdr))
     for r in results:
         if "error" in r:
-            print(f"{r['seq']:>6} {r['config']:<13} {r['error'][:80]}")
+            print(f"{r['seq']:>6} {r['config']:<19} {r['error'][:80]}")
             continue
         b = base_rows.get(r["seq"])
         ratio = f"{b['step_s'] / r['step_s']:.2f}x" if b else "-"
         mfu = lambda k: f"{100 * r[k]:.1f}%" if k in r else "-"  # noqa: E731
-        print(f"{r['seq']:>6} {r['config']:<13} {r['attn']:<16} {r['loss_impl']:<6} {1e3 * r['step_s']:>9.1f} "
+        print(f"{r['seq']:>6} {r['config']:<19} {r['attn']:<16} {r['loss_impl']:<6} {1e3 * r['step_s']:>9.1f} "
               f"{r['tokens_per_s']:>9.0f} {r['achieved_tflops']:>8.1f} {mfu('mfu_measured'):>8} "
               f"{mfu('mfu_spec'):>8} {r['peak_gib']:>8.2f} {ratio:>7}")
     print(f"(JSON: {args.json}; causal_flash is a denser model, shown for context)")

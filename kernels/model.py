@@ -81,8 +81,9 @@ class LlamaConfig:
             raise ModelConfigError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.kv_heads})")
         if self.loss_impl not in ("auto", "fused", "torch"):
             raise ModelConfigError(f"loss_impl must be 'auto', 'fused' or 'torch', got {self.loss_impl!r}")
-        if self.attn_backend not in ("auto", "flex", "sdpa", "math"):
-            raise ModelConfigError(f"attn_backend must be auto/flex/sdpa/math, got {self.attn_backend!r}")
+        if self.attn_backend not in ("auto", "flex", "sdpa", "math", "triton_window"):
+            raise ModelConfigError(
+                f"attn_backend must be auto/flex/sdpa/math/triton_window, got {self.attn_backend!r}")
         if not (self.norm_eps > 0 and self.rope_theta > 0 and self.init_std > 0):
             raise ModelConfigError("norm_eps, rope_theta and init_std must be positive")
 

@@ -56,6 +56,17 @@ for blocks, case in CASES:
         # relative, except where the reference is ~0 (window 1: softmax of one score, dq = dk = 0)
         err = float((a.detach().double() - r.detach()).norm() / max(float(r.detach().norm()), 1.0))
         worst[name] = max(worst.get(name, 0.0), err)
+# the model routes its attention through the kernel: same loss and gradients as SDPA's dense window
+from kernels.model import Llama, LlamaConfig
+wt._blocks = interpreter_blocks
+grads = {}
+for backend in ("sdpa", "triton_window"):
+    torch.manual_seed(seed)
+    model = Llama(LlamaConfig.tiny(max_seq_len=64).replace(attn_window=8, attn_backend=backend, loss_impl="torch"))
+    ids = torch.randint(0, model.cfg.vocab_size, (1, 40))
+    model(ids).float().pow(2).mean().backward()
+    grads[backend] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+worst["model"] = float((grads["triton_window"] - grads["sdpa"]).norm() / grads["sdpa"].norm())
 print("seed", seed, "worst", worst)
 assert max(worst.values()) <= 1e-5, worst
 '''
