@@ -45,6 +45,34 @@ def available(device: torch.device) -> str | None:
 if triton is not None:
 
     @triton.jit
+    def _tile(base, offs, stride, offs_d, S):
+        """Rows ``offs`` (< S) of a (S, D) matrix at ``base`` with row stride ``stride``; 0 past S."""
+        return tl.load(base + offs[:, None] * stride + offs_d[None, :], mask=offs[:, None] < S, other=0.0)
+
+    @triton.jit
+    def _store_tile(base, offs, stride, offs_d, S, value):
+        tl.store(base + offs[:, None] * stride + offs_d[None, :], value.to(base.dtype.element_ty),
+                 mask=offs[:, None] < S)
+
+    @triton.jit
+    def _in_window(offs_m, offs_n, S, W):
+        """Which (query, key) pairs of the tile attend: q - W < kv <= q, both inside the sequence."""
+        diff = offs_m[:, None] - offs_n[None, :]
+        return (diff >= 0) & (diff < W) & (offs_m[:, None] < S) & (offs_n[None, :] < S)
+
+    @triton.jit
+    def _key_blocks(start_m, S, W, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """[lo, hi): the key range (aligned to BLOCK_N) that query block ``start_m`` reaches."""
+        lo = tl.maximum(start_m * BLOCK_M - W + 1, 0)
+        return (lo // BLOCK_N) * BLOCK_N, tl.minimum((start_m + 1) * BLOCK_M, S)
+
+    @triton.jit
+    def _probs(q, k, lse, keep, qk_scale):
+        """Softmax probabilities of a tile from the saved LSE (0 outside the window)."""
+        qk = tl.dot(q, tl.trans(k)).to(tl.float32) * qk_scale
+        return tl.where(keep, tl.exp2(qk - lse[:, None] * 1.4426950408889634), 0.0)
+
+    @triton.jit
     def _fwd(Q, K, V, O, LSE, sm_scale, S, W, GROUP, HQ,
              sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
              D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -55,38 +83,28 @@ if triton is not None:
         hk = h // GROUP
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
-        q_ptrs = Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :]
-        q = tl.load(q_ptrs, mask=offs_m[:, None] < S, other=0.0)
+        q = _tile(Q + b * sqb + h * sqh, offs_m, sqs, offs_d, S)
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
         qk_scale = sm_scale * 1.4426950408889634
-        lo = tl.maximum(start_m * BLOCK_M - W + 1, 0)
-        lo = (lo // BLOCK_N) * BLOCK_N
-        hi = tl.minimum((start_m + 1) * BLOCK_M, S)
+        lo, hi = _key_blocks(start_m, S, W, BLOCK_M, BLOCK_N)
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * sks + offs_d[None, :],
-                        mask=offs_n[:, None] < S, other=0.0)
-            v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svs + offs_d[None, :],
-                        mask=offs_n[:, None] < S, other=0.0)
+            k = _tile(K + b * skb + hk * skh, offs_n, sks, offs_d, S)
+            v = _tile(V + b * svb + hk * svh, offs_n, svs, offs_d, S)
             qk = tl.dot(q, tl.trans(k)).to(tl.float32) * qk_scale
-            diff = offs_m[:, None] - offs_n[None, :]
-            keep = (diff >= 0) & (diff < W) & (offs_n[None, :] < S)
-            qk = tl.where(keep, qk, float("-inf"))
+            qk = tl.where(_in_window(offs_m, offs_n, S, W), qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet
             p = tl.exp2(qk - m_safe[:, None])
             alpha = tl.exp2(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
             m_i = m_new
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-        out = acc / l_safe[:, None]
-        tl.store(O + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :], out.to(O.dtype.element_ty),
-                 mask=offs_m[:, None] < S)
-        lse = (m_i + tl.log2(l_safe)) * 0.6931471805599453
-        tl.store(LSE + bh * S + offs_m, lse, mask=offs_m < S)
+        _store_tile(O + b * sob + h * soh, offs_m, sos, offs_d, S, acc / l_safe[:, None])
+        tl.store(LSE + bh * S + offs_m, (m_i + tl.log2(l_safe)) * 0.6931471805599453, mask=offs_m < S)
 
     @triton.jit
     def _bwd_delta(O, DO, DELTA, S, HQ, sob, soh, sos, sdb, sdh, sds,
@@ -97,11 +115,9 @@ if triton is not None:
         h = bh % HQ
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
-        rows = offs_m[:, None] < S
-        o = tl.load(O + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :], mask=rows, other=0.0)
-        do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sds + offs_d[None, :], mask=rows, other=0.0)
-        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-        tl.store(DELTA + bh * S + offs_m, delta, mask=offs_m < S)
+        o = _tile(O + b * sob + h * soh, offs_m, sos, offs_d, S)
+        do = _tile(DO + b * sdb + h * sdh, offs_m, sds, offs_d, S)
+        tl.store(DELTA + bh * S + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=offs_m < S)
 
     @triton.jit
     def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale, S, W, GROUP, HQ, HKV,
@@ -113,36 +129,29 @@ if triton is not None:
         hk = bhk % HKV
         offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, D)
-        cols = offs_n[:, None] < S
-        k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * sks + offs_d[None, :], mask=cols, other=0.0)
-        v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svs + offs_d[None, :], mask=cols, other=0.0)
+        k = _tile(K + b * skb + hk * skh, offs_n, sks, offs_d, S)
+        v = _tile(V + b * svb + hk * svh, offs_n, svs, offs_d, S)
         dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
         dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
         qk_scale = sm_scale * 1.4426950408889634
+        # the queries that see these keys: kv <= q < kv + W
         lo = (start_n * BLOCK_N // BLOCK_M) * BLOCK_M
         hi = tl.minimum((start_n + 1) * BLOCK_N - 1 + W, S)
-        for g in range(0, GROUP):
+        for g in range(0, GROUP):  # every query head this kv head serves
             h = hk * GROUP + g
             bh = b * HQ + h
             for start_m in range(lo, hi, BLOCK_M):
                 offs_m = start_m + tl.arange(0, BLOCK_M)
-                rows = offs_m[:, None] < S
-                q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :], mask=rows, other=0.0)
-                do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sds + offs_d[None, :], mask=rows, other=0.0)
+                q = _tile(Q + b * sqb + h * sqh, offs_m, sqs, offs_d, S)
+                do = _tile(DO + b * sdb + h * sdh, offs_m, sds, offs_d, S)
                 lse = tl.load(LSE + bh * S + offs_m, mask=offs_m < S, other=0.0)
                 delta = tl.load(DELTA + bh * S + offs_m, mask=offs_m < S, other=0.0)
-                qk = tl.dot(q, tl.trans(k)).to(tl.float32) * qk_scale
-                diff = offs_m[:, None] - offs_n[None, :]
-                keep = (diff >= 0) & (diff < W) & (offs_m[:, None] < S) & (offs_n[None, :] < S)
-                p = tl.where(keep, tl.exp2(qk - lse[:, None] * 1.4426950408889634), 0.0)
+                p = _probs(q, k, lse, _in_window(offs_m, offs_n, S, W), qk_scale)
                 dv += tl.dot(tl.trans(p.to(do.dtype)), do).to(tl.float32)
-                dp = tl.dot(do, tl.trans(v)).to(tl.float32)
-                ds = p * (dp - delta[:, None])
+                ds = p * (tl.dot(do, tl.trans(v)).to(tl.float32) - delta[:, None])
                 dk += tl.dot(tl.trans(ds.to(q.dtype)), q).to(tl.float32)
-        tl.store(DK + b * skb + hk * skh + offs_n[:, None] * sks + offs_d[None, :],
-                 (dk * sm_scale).to(DK.dtype.element_ty), mask=cols)
-        tl.store(DV + b * svb + hk * svh + offs_n[:, None] * svs + offs_d[None, :],
-                 dv.to(DV.dtype.element_ty), mask=cols)
+        _store_tile(DK + b * skb + hk * skh, offs_n, sks, offs_d, S, dk * sm_scale)
+        _store_tile(DV + b * svb + hk * svh, offs_n, svs, offs_d, S, dv)
 
     @triton.jit
     def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sm_scale, S, W, GROUP, HQ,
@@ -155,31 +164,21 @@ if triton is not None:
         hk = h // GROUP
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
-        rows = offs_m[:, None] < S
-        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :], mask=rows, other=0.0)
-        do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sds + offs_d[None, :], mask=rows, other=0.0)
+        q = _tile(Q + b * sqb + h * sqh, offs_m, sqs, offs_d, S)
+        do = _tile(DO + b * sdb + h * sdh, offs_m, sds, offs_d, S)
         lse = tl.load(LSE + bh * S + offs_m, mask=offs_m < S, other=0.0)
         delta = tl.load(DELTA + bh * S + offs_m, mask=offs_m < S, other=0.0)
         dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
         qk_scale = sm_scale * 1.4426950408889634
-        lo = tl.maximum(start_m * BLOCK_M - W + 1, 0)
-        lo = (lo // BLOCK_N) * BLOCK_N
-        hi = tl.minimum((start_m + 1) * BLOCK_M, S)
+        lo, hi = _key_blocks(start_m, S, W, BLOCK_M, BLOCK_N)
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * sks + offs_d[None, :],
-                        mask=offs_n[:, None] < S, other=0.0)
-            v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svs + offs_d[None, :],
-                        mask=offs_n[:, None] < S, other=0.0)
-            qk = tl.dot(q, tl.trans(k)).to(tl.float32) * qk_scale
-            diff = offs_m[:, None] - offs_n[None, :]
-            keep = (diff >= 0) & (diff < W) & (offs_m[:, None] < S) & (offs_n[None, :] < S)
-            p = tl.where(keep, tl.exp2(qk - lse[:, None] * 1.4426950408889634), 0.0)
-            dp = tl.dot(do, tl.trans(v)).to(tl.float32)
-            ds = p * (dp - delta[:, None])
+            k = _tile(K + b * skb + hk * skh, offs_n, sks, offs_d, S)
+            v = _tile(V + b * svb + hk * svh, offs_n, svs, offs_d, S)
+            p = _probs(q, k, lse, _in_window(offs_m, offs_n, S, W), qk_scale)
+            ds = p * (tl.dot(do, tl.trans(v)).to(tl.float32) - delta[:, None])
             dq += tl.dot(ds.to(k.dtype), k).to(tl.float32)
-        tl.store(DQ + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :],
-                 (dq * sm_scale).to(DQ.dtype.element_ty), mask=rows)
+        _store_tile(DQ + b * sqb + h * sqh, offs_m, sqs, offs_d, S, dq * sm_scale)
 
 
 def _blocks(device: torch.device) -> tuple[int, int, int]:

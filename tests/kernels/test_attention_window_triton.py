@@ -3,11 +3,7 @@ output, LSE and gradients against the float64 reference, in Triton's CPU interpr
 subprocess: ``TRITON_INTERPRET`` is read when kernels are defined), and in bf16 on a GPU."""
 from __future__ import annotations
 
-import importlib.util
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,20 +11,10 @@ import torch
 from kernels.attention import attention
 from kernels.attention.errors import AttentionInputError
 from kernels.attention.masks import Causal, SlidingWindow
-
-ROOT = Path(__file__).resolve().parents[2]
-HAS_TRITON = importlib.util.find_spec("triton") is not None
+from tests.helpers.triton_interpreter import HAS_TRITON, run_interpreted
 
 SCRIPT = r'''
 import random, torch
-import numpy as np
-import triton.runtime.interpreter as interp
-# Triton 3.6's interpreter calls int() on 1-element arrays, which numpy >= 2.4 refuses.
-_orig = interp._patch_lang_tensor
-def _patched(tensor, scope):
-    _orig(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
-interp._patch_lang_tensor = _patched
 import kernels.attention.window_triton as wt
 from kernels.attention import attention
 from kernels.attention.masks import SlidingWindow
@@ -74,10 +60,7 @@ assert max(worst.values()) <= 1e-5, worst
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_window_kernel_under_interpreter_matches_float64_reference() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600,
-                          cwd=ROOT)
+    proc = run_interpreted(SCRIPT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "worst" in proc.stdout
 

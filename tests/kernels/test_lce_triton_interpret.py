@@ -1,29 +1,15 @@
 """The Triton row kernel, run by Triton's CPU interpreter (no GPU needed; skipped without triton).
 
-Runs in a subprocess because ``TRITON_INTERPRET`` is read when kernels are defined.
+Runs in a subprocess (``tests.helpers.triton_interpreter``).
 """
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.triton_interpreter import HAS_TRITON, run_interpreted
 
 SCRIPT = r'''
 import random, torch, torch.nn.functional as F
-import numpy as np
-import triton.runtime.interpreter as interp
-# Triton 3.6's interpreter calls int() on 1-element arrays, which numpy >= 2.4 refuses.
-_orig = interp._patch_lang_tensor
-def _patched(tensor, scope):
-    _orig(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
-interp._patch_lang_tensor = _patched
 from kernels.lce import linear_cross_entropy, reference_linear_cross_entropy, LossConfig
 seed = random.SystemRandom().randrange(2**31); torch.manual_seed(seed)
 worst = 0.0
@@ -53,9 +39,7 @@ assert worst <= 1e-5, worst
 '''
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_triton_row_kernel_under_interpreter_matches_float64_reference():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = run_interpreted(SCRIPT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
