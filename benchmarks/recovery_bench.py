@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,24 +33,38 @@ def _wait_files(paths: list[Path], proc: subprocess.Popen, limit: float) -> bool
     return True
 
 
+def _run_job(cmd: list[str], env: dict[str, str], results: list[Path],
+             before_reap: Callable[[], None] | None = None) -> bool:
+    """Start a job in its own session, wait (240 s at most) for its result files, give it 60 s
+    to exit (after ``before_reap``), kill what is left. True if every result file appeared."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    ok = _wait_files(results, proc, 240)
+    try:
+        if before_reap is not None:
+            before_reap()
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return ok
+
+
 def torchcomms_run(world: int, sig: str) -> dict:
     out = Path(tempfile.mkdtemp(prefix="tc-rbench-"))
     victim = world - 1
     cfg = {"op": "all_reduce", "victim": victim, "signal": sig, "when": "inside", "step": 3, "dir": str(out),
            "timeout_s": 60}
     env = dict(os.environ, TC_CHAOS_CFG=json.dumps(cfg), TORCHCOMM_TRACING_DISABLE="1", PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "launcher", "--nproc-per-node", str(world), "--on-failure",
-                             "shrink", "--no-summary", str(CHAOS)], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     survivors = [r for r in range(world) if r != victim]
-    ok = _wait_files([out / f"result{r}.json" for r in survivors], proc, 240)
-    try:
+
+    def reap_stopped_victim() -> None:  # a stopped rank is excluded, then killed here
         if sig == "STOP" and (out / f"failed{victim}.json").exists():
             os.kill(json.loads((out / f"failed{victim}.json").read_text())["pid"], signal.SIGKILL)
-        proc.wait(60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+
+    ok = _run_job([sys.executable, "-m", "launcher", "--nproc-per-node", str(world), "--on-failure", "shrink",
+                   "--no-summary", str(CHAOS)], env, [out / f"result{r}.json" for r in survivors],
+                  reap_stopped_victim)
     if not ok:
         return {"ok": False}
     t_fail = json.loads((out / f"failed{victim}.json").read_text())["t"]
@@ -66,15 +81,8 @@ def torchrun_restart(world: int, prefix_workaround: bool = True) -> dict:
     out = Path(tempfile.mkdtemp(prefix="tc-rbench-tr-"))
     env = dict(os.environ, TC_BENCH_DIR=str(out), TC_VICTIM=str(world - 1), PYTHONPATH=str(REPO),
                TC_ATTEMPT_PREFIX="1" if prefix_workaround else "0")
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                             str(world), "--max-restarts", "1", str(RESTART)], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    ok = _wait_files([out / "t_first.json"], proc, 240)
-    try:
-        proc.wait(60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    ok = _run_job([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
+                   "--max-restarts", "1", str(RESTART)], env, [out / "t_first.json"])
     if not ok:
         return {"ok": False}
     first = json.loads((out / "t_first.json").read_text())
