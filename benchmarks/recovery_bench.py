@@ -44,6 +44,8 @@ def _run_job(cmd: list[str], env: dict[str, str], results: list[Path],
         if before_reap is not None:
             before_reap()
         proc.wait(60)
+    except subprocess.TimeoutExpired:
+        pass  # killed below; what it wrote is the result (stock torchrun can hang after a failed restart)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
