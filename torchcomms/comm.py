@@ -18,7 +18,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from torchcomms import bootstrap, collective_check
-from torchcomms.backends.base import BackendContext, EngineHandle, TorchCommBackend
+from torchcomms.backends.base import ENGINE_WAIT_SLICE_S, BackendContext, EngineHandle, TorchCommBackend
 from torchcomms.backends.registry import get_backend_class
 from torchcomms.collective_check import SignatureCheck
 from torchcomms.agreement import agree_on_survivors
@@ -40,7 +40,6 @@ from torchcomms.validation import Checker
 from torchcomms.work import TorchWork
 
 _DEFAULT_TIMEOUT_S = 600.0
-_ENGINE_WAIT_SLICE_S = 0.02  # the synchronous fast path looks up from the engine this often
 _OP_IDS = itertools.count(1)
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
@@ -514,7 +513,7 @@ class TorchComm:
             if remaining <= 0:
                 self._expire(work)
                 break
-            done, error = handle.wait_engine(min(_ENGINE_WAIT_SLICE_S, remaining))
+            done, error = handle.wait_engine(min(ENGINE_WAIT_SLICE_S, remaining))
             if done:
                 work._engine_done(error)
                 break

@@ -21,6 +21,8 @@ DoneCallback = Callable[[BaseException | None], None]
 # Wait in the engine for at most the given seconds: True once done (raises the engine's error),
 # False if the op is still running.
 BlockingWait = Callable[[float], bool]
+# How long one engine wait lasts before the waiter looks up (deadline, abort, peer failure).
+ENGINE_WAIT_SLICE_S = 0.02
 
 
 class EngineHandle:
@@ -111,7 +113,7 @@ class EngineHandle:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError("the engine op did not end before the deadline")
-                done, error = self.wait_engine(min(0.02, remaining))
+                done, error = self.wait_engine(min(ENGINE_WAIT_SLICE_S, remaining))
                 if done:
                     return error
         ended = threading.Event()
