@@ -73,14 +73,16 @@ def matmul_ceiling_tflops(device: torch.device, n: int = 8192, reps: int = 20) -
     return 2 * n**3 / times[len(times) // 2] / 1e12
 
 
-def model_config(name: str, base: LlamaConfig, window: int) -> LlamaConfig:
+def model_config(name: str, base: LlamaConfig, window: int, device: torch.device) -> LlamaConfig:
     torch_loss = "torch"
     fused = "fused" if fused_loss_available() else "torch"
+    # on CUDA 'auto' would take the window kernel for this mask; the flex rows ask for flex
+    flex = "flex" if device.type == "cuda" else "auto"
     return {
         "baseline": base.replace(attn_window=window, attn_backend="sdpa", loss_impl=torch_loss),
         "fused_loss": base.replace(attn_window=window, attn_backend="sdpa", loss_impl=fused),
-        "flex": base.replace(attn_window=window, attn_backend="auto", loss_impl=torch_loss),
-        "fused+flex": base.replace(attn_window=window, attn_backend="auto", loss_impl=fused),
+        "flex": base.replace(attn_window=window, attn_backend=flex, loss_impl=torch_loss),
+        "fused+flex": base.replace(attn_window=window, attn_backend=flex, loss_impl=fused),
         "causal_flash": base.replace(attn_window=None, attn_backend="sdpa", loss_impl=torch_loss),
         "fused+window_kernel": base.replace(attn_window=window, attn_backend="triton_window", loss_impl=fused),
     }[name]
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.budget_s is not None and time.time() - t_start > args.budget_s:
                 results.append({"config": name, "seq": seq, "error": f"skipped: over the {args.budget_s:.0f} s budget"})
                 continue
-            cfg = model_config(name, base, args.window)
+            cfg = model_config(name, base, args.window, device)
             try:
                 r = run_config(name, cfg, seq, args.batch, args.steps, args.warmup, device)
             except torch.cuda.OutOfMemoryError as exc:

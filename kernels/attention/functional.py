@@ -5,6 +5,8 @@ Dispatch (``backend="auto"``):
 * no mask / :class:`~kernels.attention.masks.Full` / :class:`~kernels.attention.masks.Causal`
   (square) → SDPA (flash where available; nothing sparse to exploit), unless the LSE is
   asked for;
+* a causal :class:`~kernels.attention.masks.SlidingWindow` on CUDA in bf16/fp16 → the dedicated
+  Triton sliding-window kernel (``window_triton.py``; deterministic backward);
 * any other mask → compiled ``flex_attention`` on CUDA, else SDPA with a dense boolean mask
   (or the chunked math path when the LSE is asked for). Compiled flex on CPU (inference only,
   no LSE) is used only when asked for with ``backend="flex"``.
@@ -28,7 +30,7 @@ from .block_mask import BlockMaskCache, default_cache, flex_available
 from .errors import AttentionInputError, FlexEagerFallbackError, FlexUnavailableError
 from .masks import Causal, Full, Mask, SlidingWindow
 from .reference import math_attention
-from .window_triton import available as window_available
+from .window_triton import unsupported as window_unsupported
 from .window_triton import window_attention
 
 __all__ = ["attention", "select_backend", "Backend"]
@@ -131,7 +133,7 @@ def _is_dense_friendly(mask: Mask | None, q_len: int, kv_len: int) -> bool:
 
 def select_backend(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None = None, *,
                    return_lse: bool = False, backend: Backend = "auto") -> str:
-    """The backend :func:`attention` would use for these inputs: 'flex', 'sdpa' or 'math'."""
+    """The backend :func:`attention` would use: 'flex', 'sdpa', 'math' or 'triton_window'."""
     _validate(q, k, v, mask, backend)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     why_not_flex = _flex_support(q.device, needs_grad, return_lse)
@@ -145,14 +147,18 @@ def select_backend(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None = None, *,
         return "sdpa"
     if backend == "math":
         return "math"
-    if backend == "triton_window":  # opt-in until measured on a GPU (see window_triton.py)
-        if not (isinstance(mask, SlidingWindow) and mask.causal):
+    causal_window = isinstance(mask, SlidingWindow) and mask.causal
+    if backend == "triton_window":
+        if not causal_window:
             raise AttentionInputError(
                 f"backend='triton_window' computes a causal SlidingWindow mask only, got {mask!r}")
-        why = window_available(q.device)
+        why = window_unsupported(q, k, v, mask.window)
         if why is not None:
             raise AttentionInputError(why)
         return "triton_window"
+    if (causal_window and q.device.type == "cuda" and q.dtype in (torch.bfloat16, torch.float16)
+            and window_unsupported(q, k, v, mask.window) is None):
+        return "triton_window"  # the dedicated kernel: faster than flex here (window_triton.py)
     if _is_dense_friendly(mask, q.shape[2], k.shape[2]) and not return_lse:
         return "sdpa"
     if why_not_flex is None and q.device.type != "cpu":

@@ -21,14 +21,19 @@ from kernels.attention.masks import SlidingWindow
 from kernels.attention.reference import math_attention
 seed = random.SystemRandom().randrange(2**31); torch.manual_seed(seed)
 worst = {}
-interpreter_blocks = wt._blocks
-# (blocks, (batch, query heads, kv heads, length, head dim, window)): lengths off the block grid,
-# GQA, a window wider than the sequence, a window of one (each query sees itself only); the last
-# two with the GPU's block sizes
+B = wt.Blocks
+interpreter_config = wt.window_config
+# (config, (batch, query heads, kv heads, length, head dim, window)): lengths off the block grid,
+# GQA, a window wider than the sequence, a window of one (each query sees itself only), lengths
+# and windows on the block grid (interior spans everywhere); the last three with GPU-sized
+# blocks, query and key blocks of different sizes (the span arithmetic differs per kernel)
 CASES = [(None, (1, 2, 1, 37, 16, 5)), (None, (2, 4, 2, 50, 32, 17)), (None, (1, 1, 1, 20, 16, 64)),
-         (None, (1, 2, 2, 19, 16, 1)), ((64, 64, 4), (1, 4, 1, 200, 64, 40)), ((64, 64, 4), (1, 2, 2, 130, 32, 129))]
-for blocks, case in CASES:
-    wt._blocks = interpreter_blocks if blocks is None else (lambda dev, blocks=blocks: blocks)
+         (None, (1, 2, 2, 19, 16, 1)), (None, (1, 2, 1, 96, 16, 48)),
+         (wt.WindowConfig(B(64, 64, 4), B(32, 64, 4), B(64, 32, 4)), (1, 4, 1, 200, 64, 40)),
+         (wt.WindowConfig(B(128, 64, 8), B(64, 128, 8), B(128, 32, 8)), (1, 2, 2, 300, 32, 129)),
+         (wt.WindowConfig(B(32, 32, 4), B(32, 32, 4), B(32, 32, 4)), (1, 2, 1, 256, 32, 64))]
+for config, case in CASES:
+    wt.window_config = interpreter_config if config is None else (lambda dev, d, config=config: config)
     b, hq, hkv, s, d, w = case
     q = torch.randn(b, hq, s, d, requires_grad=True); k = torch.randn(b, hkv, s, d, requires_grad=True)
     v = torch.randn(b, hkv, s, d, requires_grad=True)
@@ -44,7 +49,7 @@ for blocks, case in CASES:
         worst[name] = max(worst.get(name, 0.0), err)
 # the model routes its attention through the kernel: same loss and gradients as SDPA's dense window
 from kernels.model import Llama, LlamaConfig
-wt._blocks = interpreter_blocks
+wt.window_config = interpreter_config
 grads = {}
 for backend in ("sdpa", "triton_window"):
     torch.manual_seed(seed)
@@ -90,3 +95,40 @@ def test_window_kernel_bf16_on_gpu_matches_sdpa_with_the_dense_mask() -> None:
     ref_grads = torch.autograd.grad(ref, (q, k, v), g)
     for a, r in zip((out, *grads), (ref, *ref_grads)):
         assert float((a.float() - r.float()).norm() / r.float().norm()) <= 1e-2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs a CUDA GPU and triton")
+def test_auto_takes_the_window_kernel_for_causal_windows_in_half_precision_on_cuda() -> None:
+    from kernels.attention import select_backend
+
+    q = torch.randn(1, 4, 256, 64, device="cuda", dtype=torch.bfloat16)
+    assert select_backend(q, q, q, SlidingWindow(32)) == "triton_window"
+    assert select_backend(q.half(), q.half(), q.half(), SlidingWindow(32)) == "triton_window"
+    assert select_backend(q, q, q, SlidingWindow(32, causal=False)) != "triton_window"
+    assert select_backend(q.float(), q.float(), q.float(), SlidingWindow(32)) != "triton_window"  # tf32 dots
+    odd = torch.randn(1, 4, 256, 48, device="cuda", dtype=torch.bfloat16)  # head dim not a power of two
+    assert select_backend(odd, odd, odd, SlidingWindow(32)) != "triton_window"
+
+
+TUNE_SCRIPT = r'''
+import json, runpy, sys, tempfile
+out = tempfile.mktemp(suffix=".json")
+sys.argv = ["window_tune.py", "--device", "cpu", "--seq", "40", "--heads", "2", "--kv-heads", "1", "--dim", "16",
+            "--window", "12", "--candidates", "1", "--no-flex", "--json", out]
+try:
+    runpy.run_path("benchmarks/window_tune.py", run_name="__main__")
+except SystemExit as exit_:
+    assert exit_.code == 0, exit_.code
+result = json.load(open(out))
+assert {r["kernel"] for r in result["rows"] if "ms" in r} == {"fwd", "dkdv", "dq"}, result["rows"]
+assert all(r["rel_err"] <= 1e-5 for r in result["rows"]), result["rows"]
+assert set(result["whole"]) == {"window_shipped", "window_tuned"}, result["whole"]
+print("ok")
+'''
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_block_search_script_runs_and_checks_every_candidate_under_the_interpreter() -> None:
+    proc = run_interpreted(TUNE_SCRIPT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "ok" in proc.stdout
