@@ -18,7 +18,7 @@ from .errors import (
 )
 from .reference import reference_linear_cross_entropy
 from .rowwise import RowPass, torch_row_pass
-from .triton_kernels import triton_importable, triton_row_pass, triton_usable
+from .triton_kernels import triton_importable, triton_row_pass, triton_scale_, triton_usable
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -270,10 +270,16 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
             gx, gw, gb = ctx.grads
             ctx.grads = None
             scale = grad_loss.reshape(())
-            gx = gx.mul_(scale.to(gx.dtype)) if gx is not None else None
-            gw = gw.mul_(scale.to(gw.dtype)) if gw is not None else None
-            gb = gb.mul_(scale.to(gb.dtype)) if gb is not None else None
+            gx, gw, gb = (_scale_(g, scale) if g is not None else None for g in (gx, gw, gb))
         return gx, gw, None, gb, None, None
+
+
+def _scale_(grad: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``grad *= scale`` in place; on CUDA a kernel that skips the pass when scale is 1 (a
+    plain ``mul_`` there reads and writes the whole weight gradient: 1.6 ms at V=128256)."""
+    if grad.is_cuda and grad.is_contiguous() and triton_usable(grad.device):
+        return triton_scale_(grad, scale)
+    return grad.mul_(scale.to(grad.dtype))
 
 
 def linear_cross_entropy(
