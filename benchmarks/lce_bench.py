@@ -147,13 +147,15 @@ def matmul_ceiling_tflops(reps: int = 20) -> float:
 
 
 def run_cuda(args) -> dict:
+    """Every contender at each N; steps are timed round-robin (one step of each contender per
+    round, the starting contender rotating), so none is always measured on a hotter GPU."""
     h, v = 4096, 128256
     ceiling = matmul_ceiling_tflops()
     print(f"bf16 matmul ceiling (8192^3, median of 20): {ceiling:.0f} TFLOP/s", flush=True)
     rows = []
     for n in args.n:
         x, w, t = make_inputs(n, h, v, torch.bfloat16, "cuda")
-        ref_loss = None
+        ready: dict[str, tuple[StepFn, float, float]] = {}
         for name, make in GPU_CONTENDERS.items():
             if args.only and not any(o in name for o in args.only):
                 continue
@@ -162,27 +164,33 @@ def run_cuda(args) -> dict:
                 for _ in range(args.warmup):
                     loss = step(fn, x, w, t)
                 torch.cuda.synchronize()
-                peak = peak_cuda(fn, x, w, t)
-                times = time_cuda(fn, x, w, t, args.reps)
+                ready[name] = (fn, loss, peak_cuda(fn, x, w, t))
             except Exception as exc:  # a contender that cannot run is reported, not fatal
                 print(f"  {name} @N={n}: FAILED {type(exc).__name__}: {exc}", flush=True)
                 rows.append({"n": n, "name": name, "error": f"{type(exc).__name__}: {exc}"})
-                torch.cuda.empty_cache()
-                continue
-            if ref_loss is None:
-                ref_loss = loss
-            ms = statistics.median(times)
-            tflops = 6 * n * h * v / (ms * 1e-3) / 1e12
-            row = {
-                "n": n, "h": h, "v": v, "name": name, "ms": ms, "ms_all": times, "peak_mib": peak,
-                "tflops": tflops, "loss": loss, "loss_rel_diff_vs_unfused": abs(loss - ref_loss) / abs(ref_loss),
-            }
-            rows.append(row)
-            print(f"  N={n:6d} {name:32s} {ms:8.2f} ms {peak:10.1f} MiB {tflops:6.0f} TFLOP/s  loss={loss:.6f}", flush=True)
-            del fn
             x.grad = w.grad = None
             torch.cuda.empty_cache()
-    return {"ceiling_tflops": ceiling, "rows": rows, "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+        names = list(ready)
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for rep in range(args.reps):
+            for i in range(len(names)):
+                name = names[(rep + i) % len(names)]
+                times[name] += time_cuda(ready[name][0], x, w, t, 1)
+        ref_loss = ready[names[0]][1] if names else None
+        for name in names:
+            _, loss, peak = ready[name]
+            ms = statistics.median(times[name])
+            tflops = 6 * n * h * v / (ms * 1e-3) / 1e12
+            rows.append({
+                "n": n, "h": h, "v": v, "name": name, "ms": ms, "ms_all": times[name], "peak_mib": peak,
+                "tflops": tflops, "loss": loss, "loss_rel_diff_vs_unfused": abs(loss - ref_loss) / abs(ref_loss),
+            })
+            print(f"  N={n:6d} {name:32s} {ms:8.2f} ms {peak:10.1f} MiB {tflops:6.0f} TFLOP/s  loss={loss:.6f}", flush=True)
+        del ready
+        x.grad = w.grad = None
+        torch.cuda.empty_cache()
+    return {"ceiling_tflops": ceiling, "rows": rows, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "timing": "round-robin: one step of each contender per round, starting contender rotating"}
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -197,13 +205,13 @@ def _timed(fn: Callable[[], object]) -> float:
 def run_sweep(args) -> dict:
     """Our Triton route across chunk sizes, and one chunk's phases timed one by one."""
     from kernels.lce.config import LossConfig, reduction_coefficients
-    from kernels.lce.triton_kernels import triton_row_pass
+    from kernels.lce.triton_kernels import triton_row_pass, triton_scale_
 
     h, v = 4096, 128256
     rows = []
     for n in args.n:
         x, w, t = make_inputs(n, h, v, torch.bfloat16, "cuda")
-        for acc in (torch.bfloat16, torch.float32):
+        for acc in args.accum:
             for chunk in args.chunks:
                 fn = ours(implementation="triton", accum_dtype=acc, chunk_size=chunk)
                 step(fn, x, w, t)
@@ -225,6 +233,7 @@ def run_sweep(args) -> dict:
         dx = torch.empty_like(xc)
         dw16 = torch.empty_like(w)
         dw32 = torch.zeros(w.shape, dtype=torch.float32, device="cuda")
+        one, half = torch.ones((), device="cuda"), torch.full((), 0.5, device="cuda")
         phases = {
             "logits mm": lambda: torch.mm(xc, w.t(), out=buf),
             "row kernel": lambda: triton_row_pass(buf, tc, cfg, None, coefs, None, True),
@@ -235,6 +244,11 @@ def run_sweep(args) -> dict:
             },
             "dX mm": lambda: torch.mm(buf, w, out=dx),
             "dW addmm bf16": lambda: dw16.addmm_(buf.t(), xc),
+            "dW addmm bf16, out^T": lambda: dw16.t().addmm_(xc.t(), buf),
+            "dW mm bf16 (beta 0)": lambda: torch.mm(buf.t(), xc, out=dw16),
+            "scale dW: mul_": lambda: dw16.mul_(one.to(dw16.dtype)),
+            "scale dW: kernel, 1": lambda: triton_scale_(dw16, one),
+            "scale dW: kernel, 0.5": lambda: triton_scale_(dw16, half),
         }
         try:
             torch.addmm(dw32, buf.t(), xc, out_dtype=torch.float32, out=dw32)
@@ -245,11 +259,54 @@ def run_sweep(args) -> dict:
             fn()
             torch.cuda.synchronize()
             ms = statistics.median(_timed(fn) for _ in range(max(5, args.reps)))
-            flops = 0 if name.startswith("row kernel") else 2 * chunk * h * v
             rows.append({"chunk": chunk, "phase": name, "ms": ms})
-            print(f"  phase chunk={chunk:5d} {name:20s} {ms:7.3f} ms" + (f" {flops / ms / 1e9:5.0f} TFLOP/s" if flops else
-                  f" {3 * chunk * v * 2 / ms / 1e6:6.0f} GB/s (3 passes)"), flush=True)
+            if name.startswith("row kernel"):
+                rate = f" {3 * chunk * v * 2 / ms / 1e6:6.0f} GB/s (3 passes)"
+            elif name.startswith("scale"):
+                rate = f" {2 * w.numel() * 2 / ms / 1e6:6.0f} GB/s (if read and written)"
+            else:
+                rate = f" {2 * chunk * h * v / ms / 1e9:5.0f} TFLOP/s"
+            print(f"  phase chunk={chunk:5d} {name:22s} {ms:7.3f} ms{rate}", flush=True)
     return {"rows": rows}
+
+
+def run_profile(args) -> dict:
+    """Where one fwd+bwd spends its GPU time: per-kernel totals from torch.profiler, and the
+    GPU-busy time against the step's wall time (gaps = the GPU waiting on the host)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    h, v = 4096, 128256
+    result = []
+    for n in args.n:
+        x, w, t = make_inputs(n, h, v, torch.bfloat16, "cuda")
+        for name, make in GPU_CONTENDERS.items():
+            if args.only and not any(o in name for o in args.only):
+                continue
+            fn = make()
+            for _ in range(max(2, args.warmup)):
+                step(fn, x, w, t)
+            torch.cuda.synchronize()
+            steps = 2
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    x.grad = w.grad = None
+                    fn(x, w, t).backward()
+                torch.cuda.synchronize()
+                wall = (time.perf_counter() - t0) * 1e3 / steps
+            kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+            busy = sum(e.self_device_time_total for e in kernels) / 1e3 / steps
+            top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:10]
+            print(f"  profile N={n} {name}: wall {wall:.2f} ms/step (profiled), GPU busy {busy:.2f} ms/step", flush=True)
+            for e in top:
+                print(f"    {e.self_device_time_total / 1e3 / steps:8.3f} ms  x{e.count // steps:<4d} {e.key[:90]}", flush=True)
+            result.append({"n": n, "name": name, "wall_ms": wall, "busy_ms": busy,
+                           "top": [{"kernel": e.key, "ms": e.self_device_time_total / 1e3 / steps,
+                                    "count": e.count // steps} for e in top]})
+            del fn
+            x.grad = w.grad = None
+            torch.cuda.empty_cache()
+    return {"profile": result}
 
 
 # --------------------------------------------------------------------------- CPU
@@ -330,13 +387,17 @@ def main() -> None:
     p.add_argument("--json", type=Path, help="where to write the results")
     p.add_argument("--sweep", action="store_true", help="CUDA: our route over --chunks, and per-phase times")
     p.add_argument("--chunks", type=int, nargs="+", default=[512, 896, 1024, 2048])
+    p.add_argument("--accum", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"],
+                   help="--sweep: dW accumulator dtypes")
+    p.add_argument("--profile", action="store_true", help="CUDA: per-kernel GPU time of one fwd+bwd per contender")
     p.add_argument("--cpu-worker", help=argparse.SUPPRESS)
     args = p.parse_args()
+    args.accum = [getattr(torch, a) for a in args.accum]
     if args.cpu_worker:
         print(json.dumps(cpu_worker(args.cpu_worker, 4096, 1024, 32768)))
         return
-    if args.sweep:
-        result = run_sweep(args)
+    if args.sweep or args.profile:
+        result = run_sweep(args) if args.sweep else run_profile(args)
         if args.json:
             args.json.write_text(json.dumps(result, indent=2))
         return
