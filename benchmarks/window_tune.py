@@ -39,6 +39,18 @@ DQ = [B(m, n, w, s) for (m, n), w, s in itertools.product(
     [(64, 32), (64, 64), (128, 32), (128, 64), (32, 64)], (4, 8), (2, 3))]
 
 
+def parse_blocks(text: str) -> wt.Blocks:
+    """``64x32/w4/s3`` (the form ``str(Blocks)`` prints) -> ``Blocks(64, 32, 4, 3)``."""
+    try:
+        shape, warps, stages = text.split("/")
+        m, n = shape.split("x")
+        if not (warps.startswith("w") and stages.startswith("s")):
+            raise ValueError
+        return wt.Blocks(int(m), int(n), int(warps[1:]), int(stages[1:]))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a shape like 64x32/w4/s3, got {text!r}") from None
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
@@ -99,17 +111,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", nargs="+", default=["fwd", "dkdv", "dq"], choices=["fwd", "dkdv", "dq"])
     ap.add_argument("--flex", action=argparse.BooleanOptionalAction, default=True,
                     help="also time stock compiled flex_attention (compiles: ~30 s)")
-    ap.add_argument("--budget-s", type=float, default=300.0, help="time for the search, shared equally by the kernels searched")
+    ap.add_argument("--budget-s", type=float, default=300.0,
+                    help="time for the search, shared by the kernels in proportion to their candidates")
     ap.add_argument("--json", default="window_tune.json")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1")
     ap.add_argument("--candidates", type=int, default=None, help="try only the first N shapes per kernel")
+    for kernel in ("fwd", "dkdv", "dq"):
+        ap.add_argument(f"--{kernel}-shapes", nargs="+", type=parse_blocks, default=None, metavar="MxN/wW/sS",
+                        help=f"{kernel} shapes to try instead of the built-in list")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("window_tune: needs a CUDA GPU (or --device cpu under TRITON_INTERPRET=1)", file=sys.stderr)
         return 2
     time_fn = timer(args.device)
     pick = lambda c: c[: args.candidates]  # noqa: E731
-    t0 = time.time()
     hkv = args.kv_heads or args.heads
     s, d, w = args.seq, args.dim, args.window
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
@@ -123,17 +138,21 @@ def main(argv: list[str] | None = None) -> int:
     delta = wt.launch_delta(o, do, shipped.dq)
     dk, dv = wt.launch_dkdv(q, k, v, do, lse2, delta, w, scale, shipped.dkdv)
     dq = wt.launch_dq(q, k, v, do, lse2, delta, w, scale, shipped.dq)
-    share = args.budget_s / len(args.kernels)  # each kernel's search gets an equal share of the budget
-    end = lambda: time.time() + share  # noqa: E731
+    lists = {"fwd": pick(args.fwd_shapes or FWD), "dkdv": pick(args.dkdv_shapes or DKDV),
+             "dq": pick(args.dq_shapes or DQ)}
+    total = sum(len(lists[kernel]) for kernel in args.kernels)
+    # each kernel's search gets a share of the budget in proportion to its candidates
+    end = lambda kernel: time.time() + args.budget_s * len(lists[kernel]) / total  # noqa: E731
     rows: list[dict[str, Any]] = []
     if "fwd" in args.kernels:
-        rows += search("fwd", pick(FWD), lambda b: wt.launch_forward(q, k, v, w, scale, b), (o, lse2), 4.0 * pairs * d, end(), time_fn)
+        rows += search("fwd", lists["fwd"], lambda b: wt.launch_forward(q, k, v, w, scale, b), (o, lse2),
+                       4.0 * pairs * d, end("fwd"), time_fn)
     if "dkdv" in args.kernels:
-        rows += search("dkdv", pick(DKDV), lambda b: wt.launch_dkdv(q, k, v, do, lse2, delta, w, scale, b), (dk, dv),
-                       8.0 * pairs * d, end(), time_fn)
+        rows += search("dkdv", lists["dkdv"], lambda b: wt.launch_dkdv(q, k, v, do, lse2, delta, w, scale, b), (dk, dv),
+                       8.0 * pairs * d, end("dkdv"), time_fn)
     if "dq" in args.kernels:
-        rows += search("dq", pick(DQ), lambda b: wt.launch_dq(q, k, v, do, lse2, delta, w, scale, b), (dq,),
-                       6.0 * pairs * d, end(), time_fn)
+        rows += search("dq", lists["dq"], lambda b: wt.launch_dq(q, k, v, do, lse2, delta, w, scale, b), (dq,),
+                       6.0 * pairs * d, end("dq"), time_fn)
     tuned = wt.WindowConfig(best_of([r for r in rows if r["kernel"] == "fwd"], shipped.fwd),
                             best_of([r for r in rows if r["kernel"] == "dkdv"], shipped.dkdv),
                             best_of([r for r in rows if r["kernel"] == "dq"], shipped.dq))
@@ -170,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     wt.GPU_CONFIGS[d] = shipped
 
     meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device, "torch": torch.__version__, "seq": s, "heads": args.heads,
+            "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+            "torch": torch.__version__, "seq": s, "heads": args.heads,
             "kv_heads": hkv, "dim": d, "window": w, "command": " ".join(["python3"] + sys.argv),
             "shipped": {k: str(v) for k, v in shipped.__dict__.items()},
             "tuned": {k: str(v) for k, v in tuned.__dict__.items()}}
