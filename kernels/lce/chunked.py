@@ -109,7 +109,9 @@ def chunked_linear_cross_entropy(
     """Loss terms for ``x [N, H]``, ``weight [C, H]``, ``target [N]``, and optionally gradients.
 
     Gradients are those of ``sum_i row_scale_i * loss_i`` where ``loss_i`` is row i's
-    contribution to the reduced loss (see :func:`config.reduction_coefficients`).
+    contribution to the reduced loss (see :func:`config.reduction_coefficients`). A weight
+    wider than ``x`` (a float32 master weight under autocast) is multiplied through a copy in
+    ``x``'s dtype; its gradient accumulates in (at least) the weight's own dtype.
     """
     n, _ = x.shape
     num_classes = weight.shape[0]
@@ -129,7 +131,8 @@ def chunked_linear_cross_entropy(
 
     chunk_size = max(1, min(chunk_size, n)) if n else 1
     buffer = torch.empty((chunk_size, num_classes), dtype=x.dtype, device=x.device) if n else None
-    w_t = weight.t()
+    w_mm = weight if weight.dtype == x.dtype else weight.to(x.dtype)
+    w_t = w_mm.t()
     for index, start in enumerate(range(0, n, chunk_size)):
         stop = min(start + chunk_size, n)
         x_c = x[start:stop]
@@ -155,7 +158,7 @@ def chunked_linear_cross_entropy(
         g = rows.grad
         first = index == 0
         if need_input_grad:
-            torch.mm(g, weight, out=result.grad_input[start:stop])
+            torch.mm(g, w_mm, out=result.grad_input[start:stop])
         if need_weight_grad:
             _accumulate(dw_acc, g.t(), x_c, first)
         if need_bias_grad:

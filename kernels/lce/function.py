@@ -78,13 +78,14 @@ def _validate(
     class_weight: torch.Tensor | None,
     chunk_size: int | None,
     accum_dtype: torch.dtype,
+    master_weight: bool = False,
 ) -> None:
     for name, t in (("input", input), ("weight", weight), ("target", target)):
         if not isinstance(t, torch.Tensor):
             raise LCETypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if input.dtype not in _FLOAT_DTYPES:
         raise LCETypeError(f"input must be a floating-point tensor, got dtype {input.dtype}")
-    if weight.dtype != input.dtype:
+    if weight.dtype != input.dtype and not master_weight:
         raise LCETypeError(f"weight dtype {weight.dtype} differs from input dtype {input.dtype}")
     if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
         raise LCETypeError(
@@ -153,13 +154,18 @@ def _check_targets_on_cpu(target: torch.Tensor, num_classes: int, ignore_index: 
 
 def _apply_autocast(
     input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Inside an autocast region, run the projection in the autocast dtype (as ``F.linear`` would)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:
+    """Inside an autocast region, run the projection in the autocast dtype (as ``F.linear`` would).
+
+    A float32 2-D weight under bf16/fp16 autocast stays as it is (the last item is then True):
+    the matrix products use a copy in the autocast dtype, and its gradient is accumulated in
+    float32 straight into the float32 gradient, never rounded to the autocast dtype on the way
+    (``F.linear`` would round it: its weight gradient is computed in bf16 and then upcast)."""
     if not isinstance(input, torch.Tensor) or not isinstance(weight, torch.Tensor):
-        return input, weight, bias
+        return input, weight, bias, False
     device_type = input.device.type
     if device_type not in ("cuda", "cpu") or not torch.is_autocast_enabled(device_type):
-        return input, weight, bias
+        return input, weight, bias, False
     dtype = torch.get_autocast_dtype(device_type)
 
     def cast(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -167,7 +173,8 @@ def _apply_autocast(
             return t.to(dtype)
         return t
 
-    return cast(input), cast(weight), cast(bias)
+    master = weight.dim() == 2 and weight.dtype == torch.float32 and dtype in (torch.bfloat16, torch.float16)
+    return cast(input), weight if master else cast(weight), cast(bias), master
 
 
 @dataclass(frozen=True)
@@ -319,7 +326,9 @@ def linear_cross_entropy(
             anyway; 64 MiB elsewhere).
         accum_dtype: dtype of the weight/bias-gradient accumulator across chunks: float32
             (default), float64, or the input dtype to accumulate in the gradient itself (saves
-            a weight-sized float32 buffer, at one rounding per chunk).
+            a weight-sized float32 buffer, at one rounding per chunk). Under bf16/fp16 autocast
+            a float32 weight keeps float32: its gradient is the accumulator (no extra buffer,
+            no rounding to the autocast dtype).
         implementation: ``"auto"`` (Triton on CUDA, chunked elsewhere, reference for a
             K-dimensional weight), ``"reference"``, ``"chunked"`` or ``"triton"``;
             ``select_implementation`` tells which one ``"auto"`` takes.
@@ -330,15 +339,16 @@ def linear_cross_entropy(
         and with ``return_z_loss`` a ``(loss, z_loss)`` pair.
     """
     cfg = LossConfig(reduction, ignore_index, float(label_smoothing), float(z_loss), None if softcap is None else float(softcap))
-    input, weight, bias = _apply_autocast(input, weight, bias)
+    input, weight, bias, master_weight = _apply_autocast(input, weight, bias)
     if not isinstance(implementation, str):
         raise LCETypeError(f"implementation must be a str, got {type(implementation).__name__}")
-    _validate(input, weight, target, bias, class_weight, chunk_size, accum_dtype)
+    _validate(input, weight, target, bias, class_weight, chunk_size, accum_dtype, master_weight)
     route = select_implementation(implementation, input, weight)
     _check_targets_on_cpu(target, weight.shape[0], ignore_index)
     if route.implementation == "reference":
         if implementation == "auto":
             warnings.warn(f"linear_cross_entropy: using the reference implementation ({route.reason})", stacklevel=2)
+        weight = weight.to(input.dtype) if master_weight else weight
         loss, z = reference_linear_cross_entropy(input, weight, target, bias, cfg, class_weight)
         return (loss, z) if return_z_loss else loss
 

@@ -268,6 +268,30 @@ def test_autocast_runs_the_projection_in_the_autocast_dtype():
     assert _rel(w.grad, wr.grad) <= 1e-2
 
 
+def test_autocast_keeps_a_float32_weights_gradient_in_float32_end_to_end():
+    """Under bf16 autocast the products run in bf16, but an fp32 weight's gradient is
+    accumulated in fp32 straight into its fp32 .grad: never rounded to bf16 on the way (it used
+    to come back as bf16 upcast to fp32, as F.linear's does)."""
+    _fresh_seed()
+    n, h, v = 256, 32, 96
+    x = torch.randn(n, h, requires_grad=True)
+    w = (torch.randn(v, h) * h**-0.5).requires_grad_()
+    t = torch.randint(0, v, (n,))
+    t[::9] = -100
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = linear_cross_entropy(x, w, t, chunk_size=40, label_smoothing=0.1)
+    loss.backward()
+    assert w.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
+    representable = (w.grad == w.grad.bfloat16().float()).float().mean()
+    assert representable < 0.5, f"{representable:.0%} of dW is bf16-representable: it went through bf16"
+    # against float64 on the bf16-rounded operands (what the products see)
+    xb, wb = (p.detach().bfloat16().double().requires_grad_() for p in (x, w))
+    ref = F.cross_entropy(F.linear(xb, wb), t, label_smoothing=0.1)
+    ref.backward()
+    assert _rel(loss, ref) <= 1e-2
+    assert _rel(w.grad, wb.grad) <= 1e-2 and _rel(x.grad, xb.grad) <= 1e-2
+
+
 # ----------------------------------------------------------------------------- module
 def test_module_is_a_drop_in_for_torch_module():
     torch_cls = getattr(torch.nn, "LinearCrossEntropyLoss", None)
