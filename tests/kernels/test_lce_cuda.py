@@ -112,3 +112,20 @@ def test_auto_routes_to_triton_on_cuda():
     w = torch.randn(16, 8, device="cuda", dtype=torch.bfloat16)
     assert select_implementation("auto", x, w).implementation == "triton"
     assert select_implementation("auto", x.double(), w.double()).implementation == "chunked"
+
+
+def test_autocast_accumulates_a_float32_weights_gradient_in_float32_on_cuda():
+    torch.manual_seed(torch.seed() % 2**31)
+    n, h, v = 1024, 64, 1000
+    x = torch.randn(n, h, device="cuda", requires_grad=True)
+    w = (torch.randn(v, h, device="cuda") * h**-0.5).requires_grad_()
+    t = torch.randint(0, v, (n,), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = linear_cross_entropy(x, w, t, chunk_size=128, z_loss=1e-4)
+    loss.backward()
+    assert w.grad.dtype == torch.float32
+    assert float((w.grad == w.grad.bfloat16().float()).float().mean()) < 0.5  # not rounded through bf16
+    xb, wb = (p.detach().bfloat16().double().requires_grad_() for p in (x, w))
+    ref, _ = reference_linear_cross_entropy(xb, wb, t, None, LossConfig("mean", -100, 0.0, 1e-4, None))
+    ref.backward()
+    assert _rel(loss, ref) <= 1e-2 and _rel(w.grad, wb.grad) <= 1e-2 and _rel(x.grad, xb.grad) <= 1e-2
