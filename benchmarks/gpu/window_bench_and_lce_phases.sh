@@ -2,15 +2,7 @@
 # One device call (lent H200): GPU tests of both kernels, the fused loss's phases (dW layouts,
 # device-side gradient scaling), attn_bench with the tuned window kernel against stock flex and
 # SDPA at 8k/32k/131k, and whole training steps with flex vs the window kernel. Logs under $OUT.
-set -uo pipefail
-OUT=${OUT:-out/gpu}
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
+source "$(dirname "$0")/prelude.sh"
 timeout 100 python3 -m pytest -q -p no:cacheprovider -x tests/kernels/test_lce_cuda.py \
   tests/kernels/test_attention_window_triton.py -k "not interpreter" 2>&1 | tee "$OUT/tests.log" | tail -2
 timeout 70 python3 benchmarks/lce_bench.py --sweep --n 16384 --chunks 1024 --accum bfloat16 --reps 5 \

@@ -3,15 +3,7 @@
 # 1.347 vs 1.304 ms at D=128, 0.836 vs 0.627 ms at D=64; the kernel keeps its first form):
 # GPU tests, then a block search weighted to dK/dV at the bench shape (32 x 128, with stock flex
 # in the same run) and the model's (32/8 heads x 64). Logs under $OUT.
-set -uo pipefail
-OUT=${OUT:-out/gpu}
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
+source "$(dirname "$0")/prelude.sh"
 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_attention_window_triton.py -k "gpu or cuda" \
   2>&1 | tee "$OUT/tests.log" | tail -1
 timeout 230 python3 benchmarks/window_tune.py --budget-s 130 --json "$OUT/tune128.json" \
