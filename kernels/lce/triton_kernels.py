@@ -156,13 +156,17 @@ if triton is not None:
 
 
     @triton.jit
-    def _scale_unless_one_kernel(ptr, scale_ptr, n, BLOCK: tl.constexpr):
-        scale = tl.load(scale_ptr).to(tl.float32)
+    def _scale_unless_one_kernel(ptr, scale_ptr, n, BLOCK: tl.constexpr, HALF: tl.constexpr):
+        scale = tl.load(scale_ptr)  # already in the tensor's dtype
         if scale != 1.0:  # decided on the device: no host synchronisation, no traffic when 1
             offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
             inside = offs < n
             x = tl.load(ptr + offs, mask=inside)
-            tl.store(ptr + offs, (x.to(tl.float32) * scale).to(ptr.dtype.element_ty), mask=inside)
+            if HALF:  # bf16/fp16: multiply in float32 and round once, as torch does
+                y = (x.to(tl.float32) * scale.to(tl.float32)).to(ptr.dtype.element_ty)
+            else:  # float32/float64: in the tensor's own precision
+                y = x * scale
+            tl.store(ptr + offs, y, mask=inside)
 
 
 def triton_scale_(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -175,8 +179,9 @@ def triton_scale_(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         raise ValueError("triton_scale_ needs a contiguous tensor and a one-element scale on its device")
     if t.numel():
         block = 8192
+        half = t.dtype in (torch.bfloat16, torch.float16)
         _scale_unless_one_kernel[(triton.cdiv(t.numel(), block),)](t, scale.to(t.dtype), t.numel(), BLOCK=block,
-                                                                  num_warps=8)
+                                                                  HALF=half, num_warps=8)
     return t
 
 
