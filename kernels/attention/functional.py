@@ -5,8 +5,9 @@ Dispatch (``backend="auto"``):
 * no mask / :class:`~kernels.attention.masks.Full` / :class:`~kernels.attention.masks.Causal`
   (square) → SDPA (flash where available; nothing sparse to exploit), unless the LSE is
   asked for;
-* a causal :class:`~kernels.attention.masks.SlidingWindow` on CUDA in bf16/fp16 → the dedicated
-  Triton sliding-window kernel (``window_triton.py``; deterministic backward);
+* a causal :class:`~kernels.attention.masks.SlidingWindow` on CUDA in bf16/fp16, head dim 64 or
+  128 → the dedicated Triton sliding-window kernel (``window_triton.py``; deterministic
+  backward; tuned and measured at those head dims);
 * any other mask → compiled ``flex_attention`` on CUDA, else SDPA with a dense boolean mask
   (or the chunked math path when the LSE is asked for). Compiled flex on CPU (inference only,
   no LSE) is used only when asked for with ``backend="flex"``.
@@ -30,6 +31,7 @@ from .block_mask import BlockMaskCache, default_cache, flex_available
 from .errors import AttentionInputError, FlexEagerFallbackError, FlexUnavailableError
 from .masks import Causal, Full, Mask, SlidingWindow
 from .reference import math_attention
+from .window_triton import GPU_CONFIGS as WINDOW_TUNED
 from .window_triton import unsupported as window_unsupported
 from .window_triton import window_attention
 
@@ -157,8 +159,8 @@ def select_backend(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None = None, *,
             raise AttentionInputError(why)
         return "triton_window"
     if (causal_window and q.device.type == "cuda" and q.dtype in (torch.bfloat16, torch.float16)
-            and window_unsupported(q, k, v, mask.window) is None):
-        return "triton_window"  # the dedicated kernel: faster than flex here (window_triton.py)
+            and q.shape[-1] in WINDOW_TUNED and window_unsupported(q, k, v, mask.window) is None):
+        return "triton_window"  # the dedicated kernel, at the head dims it was measured at (faster than flex)
     if _is_dense_friendly(mask, q.shape[2], k.shape[2]) and not return_lse:
         return "sdpa"
     if why_not_flex is None and q.device.type != "cpu":

@@ -10,8 +10,9 @@ CUDA, and on CPU under ``TRITON_INTERPRET=1`` (for tests).
 
 Block sizes are per kernel and per head dim (:func:`window_config`);
 ``benchmarks/window_tune.py`` measures the candidates on a GPU. ``attention(backend="auto")``
-takes this kernel for causal sliding windows on CUDA in bf16/fp16 (measured faster than
-compiled flex_attention on an H200; ``docs/bench/attention.md``).
+takes this kernel for causal sliding windows on CUDA in bf16/fp16 at the head dims of
+``GPU_CONFIGS`` (measured faster than compiled flex_attention on an H200;
+``docs/bench/attention.md``).
 """
 from __future__ import annotations
 

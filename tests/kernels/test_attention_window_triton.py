@@ -108,6 +108,9 @@ def test_auto_takes_the_window_kernel_for_causal_windows_in_half_precision_on_cu
     assert select_backend(q.float(), q.float(), q.float(), SlidingWindow(32)) != "triton_window"  # tf32 dots
     odd = torch.randn(1, 4, 256, 48, device="cuda", dtype=torch.bfloat16)  # head dim not a power of two
     assert select_backend(odd, odd, odd, SlidingWindow(32)) != "triton_window"
+    untuned = torch.randn(1, 4, 256, 32, device="cuda", dtype=torch.bfloat16)  # runs, but never measured
+    assert select_backend(untuned, untuned, untuned, SlidingWindow(32)) != "triton_window"
+    assert select_backend(untuned, untuned, untuned, SlidingWindow(32), backend="triton_window") == "triton_window"
 
 
 TUNE_SCRIPT = r'''
