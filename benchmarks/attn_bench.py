@@ -129,7 +129,7 @@ def make_fns(p: Problem, variants: list[str], caches: dict[str, BlockMaskCache],
     fns: dict[str, Callable] = {}
     if baselines:
         add_baselines(p, fns)
-        # the dedicated sliding-window kernel (kernels/attention/window_triton.py), not yet tuned
+        # the dedicated sliding-window kernel (kernels/attention/window_triton.py; auto's choice on CUDA)
         fns["triton_window"] = lambda: attention(p.q, p.k, p.v, p.mask, backend="triton_window")
     for name in variants:
         bs, opts = VARIANTS[name]
