@@ -135,3 +135,32 @@ def test_block_search_script_runs_and_checks_every_candidate_under_the_interpret
     proc = run_interpreted(TUNE_SCRIPT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "ok" in proc.stdout
+
+
+def _bundled_ptxas() -> bool:
+    if not HAS_TRITON:
+        return False
+    import triton
+
+    return os.access(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"), os.X_OK)
+
+
+@pytest.mark.skipif(not _bundled_ptxas(), reason="needs Triton with its bundled ptxas")
+def test_static_resource_report_reads_registers_and_spills_from_the_compiler(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "static.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "benchmarks/window_static.py", "--dim", "64", "--kernels", "fwd", "dq",
+                           "--fwd-shapes", "64x32/w4/s2", "--dq-shapes", "64x32/w4/s2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, env=env,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["kernel"] for r in rows] == ["fwd", "dq"]
+    for row in rows:
+        assert 0 < row["registers"] <= 255 and row["shared_bytes"] > 0, row
+        assert row["spill_stores"] >= 0 and row["spill_loads"] >= 0, row
+    assert "window_static  sm_90a  head dim 64" in proc.stdout

@@ -1,0 +1,108 @@
+"""What the sliding-window kernels cost in registers, spills and shared memory, per launch shape,
+read from the compiler alone: no GPU needed (Triton compiles for sm_90a, its bundled ``ptxas -v``
+reports). Use it to prune the shapes ``benchmarks/window_tune.py`` spends device time on: in the
+H200 search of 2026-11-29 (head dim 128) every shape spilling more than 2 KB per thread was
+among the slowest of its kernel (1.3-4.6x the best); below that, spills did not decide (the
+fastest dK/dV shape spills 1.2 KB; 8-warp shapes without spills were 1.5-2x slower).
+
+  python3 benchmarks/window_static.py                       # head dim 128, every built-in shape
+  python3 benchmarks/window_static.py --dim 64 --kernels dkdv --dkdv-shapes 64x32/w4/s2 128x32/w8/s2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from window_tune import DKDV, DQ, FWD, parse_blocks  # noqa: E402
+
+from kernels.attention import window_triton as wt  # noqa: E402
+
+KERNELS = {"fwd": ("_fwd", FWD), "dkdv": ("_bwd_dkdv", DKDV), "dq": ("_bwd_dq", DQ)}
+_POINTERS = ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
+_FLOAT32_POINTERS = ("LSE", "DELTA")
+
+
+def ptxas_path() -> str | None:
+    """Triton's bundled ptxas, if this install has one."""
+    if wt.triton is None:
+        return None
+    path = os.path.join(os.path.dirname(wt.triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    return path if os.access(path, os.X_OK) else None
+
+
+def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90) -> dict[str, Any]:
+    """Compile one kernel at one launch shape for ``sm_<arch>a`` (bf16 inputs) and read ptxas's report."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(wt, KERNELS[kernel][0])
+    consts = {"D": head_dim, "BLOCK_M": blocks.block_m, "BLOCK_N": blocks.block_n}
+    names = fn.arg_names
+    signature = {n: "constexpr" if n in consts else "*bf16" if n in _POINTERS else "*fp32" if n in _FLOAT32_POINTERS
+                 else "fp32" if n == "sm_scale" else "i32" for n in names}
+    src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in consts.items()})
+    compiled = wt.triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                                 options={"num_warps": blocks.warps, "num_stages": blocks.stages})
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        report = subprocess.run([ptxas_path() or "ptxas", "-v", f"--gpu-name=sm_{arch}a", ptx, "-o",
+                                 os.path.join(tmp, "k.cubin")], capture_output=True, text=True, check=True).stderr
+
+    def number(pattern: str) -> int:
+        found = re.search(pattern, report)
+        return int(found.group(1)) if found else 0
+
+    return {"kernel": kernel, "blocks": str(blocks), "head_dim": head_dim, "registers": number(r"Used (\d+) registers"),
+            "spill_stores": number(r"(\d+) bytes spill stores"), "spill_loads": number(r"(\d+) bytes spill loads"),
+            "shared_bytes": compiled.metadata.shared}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS))
+    for kernel in KERNELS:
+        ap.add_argument(f"--{kernel}-shapes", nargs="+", type=parse_blocks, default=None, metavar="MxN/wW/sS")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if ptxas_path() is None:
+        print("window_static: needs Triton with its bundled ptxas", file=sys.stderr)
+        return 2
+    rows = []
+    for kernel in args.kernels:
+        for blocks in getattr(args, f"{kernel}_shapes") or KERNELS[kernel][1]:
+            try:
+                rows.append(resources(kernel, blocks, args.dim))
+            except Exception as exc:  # a shape the compiler rejects is a row too
+                rows.append({"kernel": kernel, "blocks": str(blocks), "head_dim": args.dim,
+                             "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:160]})
+            print("[row]", json.dumps(rows[-1]), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    shipped = wt.GPU_CONFIGS.get(args.dim)
+    print(f"\nwindow_static  sm_90a  head dim {args.dim}  (spills in bytes per thread; * = shipped shape)")
+    print(f"{'kernel':<6} {'shape':<16} {'regs':>5} {'spill st':>9} {'spill ld':>9} {'shared KiB':>10}")
+    for r in sorted(rows, key=lambda r: (r["kernel"], r.get("spill_stores", 1 << 30), r["blocks"])):
+        mark = "*" if shipped is not None and r["blocks"] == str(getattr(shipped, r["kernel"])) else " "
+        if "error" in r:
+            print(f"{r['kernel']:<6} {r['blocks']:<15}{mark} {r['error']}")
+        else:
+            print(f"{r['kernel']:<6} {r['blocks']:<15}{mark} {r['registers']:>5} {r['spill_stores']:>9} "
+                  f"{r['spill_loads']:>9} {r['shared_bytes'] / 1024:>10.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
