@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.flex:
         contenders["flex_stock"] = lambda: attention(*leaves, mask, backend="flex")
     outs = {}
+    registered = wt.GPU_CONFIGS.get(d)  # put back afterwards (a head dim absent stays absent)
     for label, fn in contenders.items():
         try:
             out = fn()
@@ -186,7 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         for label in ("window_shipped", "window_tuned"):
             if label in outs:
                 checks[label] = [rel(a, b) for a, b in zip(outs[label], outs["flex_stock"])]
-    wt.GPU_CONFIGS[d] = shipped
+    if registered is None:
+        wt.GPU_CONFIGS.pop(d, None)
+    else:
+        wt.GPU_CONFIGS[d] = registered
 
     meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
