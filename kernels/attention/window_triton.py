@@ -137,6 +137,11 @@ if triton is not None:
         return lo, mid_lo, mid_hi, hi
 
     @triton.jit
+    def _kv_bases(K, V, b, hk, skb, skh, svb, svh):
+        """Where kv head ``hk`` of batch ``b`` starts in K and in V."""
+        return K + b * skb + hk * skh, V + b * svb + hk * svh
+
+    @triton.jit
     def _probs(q, k, lse2, keep, qk_scale, MASKED: tl.constexpr):
         """Softmax probabilities of a tile from the saved log2-sum-exp (0 outside the window)."""
         p = tl.exp2(tl.dot(q, tl.trans(k)).to(tl.float32) * qk_scale - lse2[:, None])
@@ -177,8 +182,7 @@ if triton is not None:
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
         q = _tile(Q + b * sqb + h * sqh, offs_m, sqs, offs_d, S)
-        Kb = K + b * skb + hk * skh
-        Vb = V + b * svb + hk * svh
+        Kb, Vb = _kv_bases(K, V, b, hk, skb, skh, svb, svh)
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
@@ -233,8 +237,9 @@ if triton is not None:
         hk = bhk % HKV
         offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, D)
-        k = _tile(K + b * skb + hk * skh, offs_n, sks, offs_d, S)
-        v = _tile(V + b * svb + hk * svh, offs_n, svs, offs_d, S)
+        Kb, Vb = _kv_bases(K, V, b, hk, skb, skh, svb, svh)
+        k = _tile(Kb, offs_n, sks, offs_d, S)
+        v = _tile(Vb, offs_n, svs, offs_d, S)
         dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
         dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
         qk_scale = sm_scale * 1.4426950408889634
@@ -280,8 +285,7 @@ if triton is not None:
         do = _tile(DO + b * sdb + h * sdh, offs_m, sds, offs_d, S)
         lse2 = tl.load(LSE + bh * S + offs_m, mask=offs_m < S, other=0.0)
         delta = tl.load(DELTA + bh * S + offs_m, mask=offs_m < S, other=0.0)
-        Kb = K + b * skb + hk * skh
-        Vb = V + b * svb + hk * svh
+        Kb, Vb = _kv_bases(K, V, b, hk, skb, skh, svb, svh)
         dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
         qk_scale = sm_scale * 1.4426950408889634
         lo, mid_lo, mid_hi, hi = _key_spans(start_m, S, W, BLOCK_M, BLOCK_N)
