@@ -66,3 +66,15 @@ def test_device_side_gradient_scaling_rounds_like_mul_and_skips_a_unit_scale():
     proc = run_interpreted(SCALE_SCRIPT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "ok" in proc.stdout
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_device_side_gradient_scaling_refuses_what_it_cannot_scale_in_place():
+    import torch
+
+    from kernels.lce.triton_kernels import triton_scale_
+
+    with pytest.raises(ValueError, match="contiguous tensor and a one-element scale"):
+        triton_scale_(torch.ones(4, 6).t(), torch.ones(()))
+    with pytest.raises(ValueError, match="contiguous tensor and a one-element scale"):
+        triton_scale_(torch.ones(8), torch.ones(2))
