@@ -238,7 +238,7 @@ def attention(
         return (out, lse) if return_lse else out
     if chosen == "triton_window":
         assert isinstance(mask, SlidingWindow)
-        out, lse = window_attention(q, k, v, mask.window, scale=scale)
+        out, lse = window_attention(q, k, v, mask.window, scale=scale, return_lse=return_lse)
         return (out, lse) if return_lse else out
     mask = Full() if mask is None else mask
     bm = (cache if cache is not None else default_cache).get(mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2],

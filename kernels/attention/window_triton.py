@@ -1,21 +1,25 @@
 """A dedicated Triton kernel for causal sliding-window attention (forward and backward).
 
 Each query block reads only the key blocks its window reaches (``q - window < kv <= q``), so
-the work is O(S · window) rather than O(S²), with no block mask to build. The key blocks a
-query block reaches split into the window's two edges, where the mask is applied, and the
-interior, where every pair attends and no mask is computed. Grouped-query attention is handled
-inside the kernels (a key/value head serves its query heads); the backward is deterministic (no
-atomics): one kernel accumulates dK/dV per key block, another dQ per query block. Runs on
-CUDA, and on CPU under ``TRITON_INTERPRET=1`` (for tests).
+the work is O(S · window) rather than O(S²), with no block mask to build. Every program runs
+one loop over its tiles (one software pipeline); only the tiles on the window's two edges
+compute the mask. Grouped-query attention is handled inside the kernels (a key/value head
+serves its query heads; the dK/dV kernel's loop runs over the whole group). The backward is
+deterministic (no atomics): one kernel accumulates dK/dV per key block and, optionally, stores
+every tile's dS, so that dQ is one matrix product per tile; or a dQ kernel recomputes them.
+On Hopper the tiles are loaded through TMA descriptors. Runs on CUDA, and on CPU under
+``TRITON_INTERPRET=1`` (for tests).
 
-Block sizes are per kernel and per head dim (:func:`window_config`);
-``benchmarks/window_tune.py`` measures the candidates on a GPU. ``attention(backend="auto")``
-takes this kernel for causal sliding windows on CUDA in bf16/fp16 at the head dims of
-``GPU_CONFIGS`` (measured faster than compiled flex_attention on an H200;
-``docs/bench/attention.md``).
+Launch shapes are per kernel and per head dim (:func:`window_config`);
+``benchmarks/window_tune.py`` measures the candidates on a GPU and
+``benchmarks/window_static.py`` reads their registers and spills from the compiler.
+``attention(backend="auto")`` takes this kernel for causal sliding windows on CUDA in
+bf16/fp16 at the head dims of ``GPU_CONFIGS`` (measured faster than compiled flex_attention on
+an H200; ``docs/bench/attention.md``).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -26,9 +30,11 @@ from torch import Tensor
 try:
     import triton
     import triton.language as tl
+    from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - exercised where triton is missing
     triton = None  # type: ignore[assignment]
     tl = None  # type: ignore[assignment]
+    TensorDescriptor = None  # type: ignore[assignment,misc]
 
 from .errors import AttentionInputError
 
@@ -52,37 +58,65 @@ class Blocks:
     block_n: int
     warps: int = 4
     stages: int = 2
+    #: load the tiles through the tensor-memory accelerator (TMA descriptors) instead of pointers
+    tma: bool = False
+    #: forward only: two consecutive query blocks per program, sharing their key tiles' loads
+    pair: bool = False
 
     def __str__(self) -> str:
-        return f"{self.block_m}x{self.block_n}/w{self.warps}/s{self.stages}"
+        return (f"{self.block_m}x{self.block_n}/w{self.warps}/s{self.stages}" + ("/tma" if self.tma else "")
+                + ("/pair" if self.pair else ""))
 
 
 @dataclass(frozen=True)
 class WindowConfig:
-    """Launch shapes of the three kernels (the backward's delta kernel uses ``dq``'s block_m)."""
+    """Launch shapes of the kernels (the backward's delta kernel uses ``dq``'s block_m).
+
+    ``dq_from_ds``: when set, the dK/dV kernel also stores every tile's dS and dQ is one matrix
+    product per tile over those (its warps and stages; the tiles are ``dkdv``'s), instead of
+    the ``dq`` kernel recomputing the probabilities (two more products per tile)."""
 
     fwd: Blocks
     dkdv: Blocks
     dq: Blocks
+    dq_from_ds: Blocks | None = None
 
 
-#: the interpreter (tests): small tiles keep it fast
-INTERPRETER_CONFIG = WindowConfig(Blocks(16, 16, 1, 1), Blocks(16, 16, 1, 1), Blocks(16, 16, 1, 1))
-#: CUDA, by head dim; other head dims take the nearest entry
-#: (measured by benchmarks/window_tune.py on an H200, S=32768, window 256, bf16, 2026-11-29:
-#: 64-row query tiles with 4 warps won every kernel; 8 warps or 128-row tiles were 1.3-4x slower)
+#: the interpreter (tests): small tiles keep it fast; the dS path for dQ, TMA loads and paired
+#: forward blocks are each covered by the kernel tests' own configurations
+INTERPRETER_CONFIG = WindowConfig(Blocks(16, 16, 1, 1), Blocks(16, 16, 1, 1), Blocks(16, 16, 1, 1),
+                                  Blocks(16, 16, 1, 1))
+#: CUDA, by head dim; other head dims take the nearest entry. Measured by benchmarks/window_tune.py
+#: on an H200, S=32768, window 256, bf16, kernels timed queued (2026-12-01, docs/bench/attention.md):
+#: 64x64 tiles with 4 warps and TMA loads won every kernel at both head dims (forward 0.501 ms at
+#: 32x128, 0.302 ms at 32/8x64); two query blocks per program lost (0.572 / 0.348 ms). dQ from
+#: stored dS wins at head dim 128 (f+b 2.239 vs 2.296 ms recomputing) and loses at 64 (1.386 vs 1.316).
 GPU_CONFIGS: dict[int, WindowConfig] = {
-    64: WindowConfig(Blocks(64, 32, 4, 2), Blocks(64, 64, 4, 2), Blocks(64, 32, 4, 3)),
-    128: WindowConfig(Blocks(64, 32, 4, 3), Blocks(64, 64, 4, 2), Blocks(64, 32, 4, 2)),
+    64: WindowConfig(Blocks(64, 64, 4, 2, tma=True), Blocks(64, 64, 4, 3, tma=True), Blocks(64, 64, 4, 2, tma=True)),
+    128: WindowConfig(Blocks(64, 64, 4, 3, tma=True), Blocks(64, 64, 4, 2, tma=True), Blocks(64, 64, 4, 2, tma=True),
+                      Blocks(64, 64, 4, 4, tma=True)),
 }
+#: the dS buffer's largest size; past it the backward recomputes dS for dQ instead
+DS_BUFFER_LIMIT_BYTES = 4 << 30
 
 
 def window_config(device: torch.device, head_dim: int) -> WindowConfig:
-    """The launch shapes used for ``head_dim`` on ``device``."""
+    """The launch shapes used for ``head_dim`` on ``device`` (TMA loads only where the GPU has
+    the unit: compute capability 9.0 and later; elsewhere the same shapes load through pointers)."""
     if device.type == "cpu":
         return INTERPRETER_CONFIG
-    nearest = min(GPU_CONFIGS, key=lambda d: (abs(d - head_dim), d))
-    return GPU_CONFIGS[nearest]
+    nearest = GPU_CONFIGS[min(GPU_CONFIGS, key=lambda d: (abs(d - head_dim), d))]
+    if torch.cuda.get_device_capability(device) >= (9, 0):
+        return nearest
+    return pointer_loads(nearest)
+
+
+def pointer_loads(cfg: WindowConfig) -> WindowConfig:
+    """``cfg`` with every kernel loading through pointers instead of TMA descriptors."""
+    def plain(blocks: Blocks | None) -> Blocks | None:
+        return None if blocks is None else dataclasses.replace(blocks, tma=False)
+
+    return WindowConfig(*(plain(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)))
 
 
 if triton is not None:
@@ -137,67 +171,139 @@ if triton is not None:
         return lo, mid_lo, mid_hi, hi
 
     @triton.jit
-    def _kv_bases(K, V, b, hk, skb, skh, svb, svh):
-        """Where kv head ``hk`` of batch ``b`` starts in K and in V."""
-        return K + b * skb + hk * skh, V + b * svb + hk * svh
+    def _head(X, b, h, sb, sh, TMA: tl.constexpr):
+        """Head ``h`` of batch ``b`` of a (B, H, S, D) operand: its base pointer (the descriptor
+        itself when loads go through TMA)."""
+        if TMA:
+            return X
+        else:
+            return X + b * sb + h * sh
 
     @triton.jit
-    def _probs(q, k, lse2, keep, qk_scale, MASKED: tl.constexpr):
-        """Softmax probabilities of a tile from the saved log2-sum-exp (0 outside the window)."""
-        p = tl.exp2(tl.dot(q, tl.trans(k)).to(tl.float32) * qk_scale - lse2[:, None])
-        if MASKED:
-            p = tl.where(keep, p, 0.0)
-        return p
+    def _block(X, Xh, row0, start, stride, offs_d, S, BLOCK: tl.constexpr, TMA: tl.constexpr):
+        """Rows ``start .. start + BLOCK`` of one head's (S, D) matrix.
+
+        TMA: ``X`` is a descriptor over all heads' rows, ``row0`` this head's first row; rows
+        past S then hold the next head's (or zeros past the tensor): every caller masks them.
+        Else ``Xh`` points at the head and rows past S read as 0."""
+        if TMA:
+            return X.load([row0 + start, 0])
+        else:
+            return _tile(Xh, start + tl.arange(0, BLOCK), stride, offs_d, S)
 
     @triton.jit
-    def _fwd_span(acc, m_i, l_i, q, Kb, Vb, offs_m, offs_d, lo, hi, S, W, sks, svs, qk_scale,
-                  MASKED: tl.constexpr, BLOCK_N: tl.constexpr):
-        for start_n in range(lo, hi, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            k = _tile(Kb, offs_n, sks, offs_d, S)
-            v = _tile(Vb, offs_n, svs, offs_d, S)
-            qk = tl.dot(q, tl.trans(k)).to(tl.float32) * qk_scale
-            if MASKED:
-                qk = tl.where(_in_window(offs_m, offs_n, S, W), qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            m_safe = m_new
-            if MASKED:
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet
-            p = tl.exp2(qk - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-            m_i = m_new
-        return acc, m_i, l_i
+    def _edge(start, mid_lo, mid_hi):
+        """Whether the tile at ``start`` lies on a window edge (its pairs need the mask)."""
+        return (start < mid_lo) | (start >= mid_hi)
 
     @triton.jit
-    def _fwd(Q, K, V, O, LSE, sm_scale, S, W, GROUP, HQ,
+    def _fwd_tile(acc, m_i, l_i, q, k, v, offs_m, start_n, edge, S, W, qk_scale, BLOCK_N: tl.constexpr):
+        """Online-softmax update of one query block's state with one key tile (masked on edges)."""
+        qk = tl.dot(q, tl.trans(k))
+        if edge:
+            qk = tl.where(_in_window(offs_m, start_n + tl.arange(0, BLOCK_N), S, W), qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        return acc, m_new, l_i
+
+    @triton.jit
+    def _fwd_store(O, LSE, acc, m_i, l_i, b, h, bh, offs_m, offs_d, S, sob, soh, sos):
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        _store_tile(O + b * sob + h * soh, offs_m, sos, offs_d, S, acc / l_safe[:, None])
+        # the LSE is kept in log2 units (what the backward needs); the wrapper converts for callers
+        tl.store(LSE + bh * S + offs_m, m_i + tl.log2(l_safe), mask=offs_m < S)
+
+    @triton.jit
+    def _fwd(Q, K, V, O, LSE, sm_scale, S, W, GROUP, HQ, HKV,
              sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
-             D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+             D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
         start_m = tl.program_id(0)
         bh = tl.program_id(1)
         b = bh // HQ
         h = bh % HQ
         hk = h // GROUP
+        kv_row0 = (b * HKV + hk) * S
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
-        q = _tile(Q + b * sqb + h * sqh, offs_m, sqs, offs_d, S)
-        Kb, Vb = _kv_bases(K, V, b, hk, skb, skh, svb, svh)
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        q = _block(Q, _head(Q, b, h, sqb, sqh, TMA), bh * S, start_m * BLOCK_M, sqs, offs_d, S, BLOCK_M, TMA)
+        Kh = _head(K, b, hk, skb, skh, TMA)
+        Vh = _head(V, b, hk, svb, svh, TMA)
+        # the running max starts finite: a row that has seen no key yet gets exp2(-inf - m) = 0
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
         qk_scale = sm_scale * 1.4426950408889634
         lo, mid_lo, mid_hi, hi = _key_spans(start_m, S, W, BLOCK_M, BLOCK_N)
-        acc, m_i, l_i = _fwd_span(acc, m_i, l_i, q, Kb, Vb, offs_m, offs_d, lo, mid_lo, S, W, sks, svs,
-                                  qk_scale, True, BLOCK_N)
-        acc, m_i, l_i = _fwd_span(acc, m_i, l_i, q, Kb, Vb, offs_m, offs_d, mid_lo, mid_hi, S, W, sks, svs,
-                                  qk_scale, False, BLOCK_N)
-        acc, m_i, l_i = _fwd_span(acc, m_i, l_i, q, Kb, Vb, offs_m, offs_d, mid_hi, hi, S, W, sks, svs,
-                                  qk_scale, True, BLOCK_N)
-        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-        _store_tile(O + b * sob + h * soh, offs_m, sos, offs_d, S, acc / l_safe[:, None])
-        # the LSE is kept in log2 units (what the backward needs); the wrapper converts for callers
-        tl.store(LSE + bh * S + offs_m, m_i + tl.log2(l_safe), mask=offs_m < S)
+        # one loop over every key tile (one software pipeline); only edge tiles compute the mask
+        for start_n in range(lo, hi, BLOCK_N):
+            k = _block(K, Kh, kv_row0, start_n, sks, offs_d, S, BLOCK_N, TMA)
+            v = _block(V, Vh, kv_row0, start_n, svs, offs_d, S, BLOCK_N, TMA)
+            acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, k, v, offs_m, start_n, _edge(start_n, mid_lo, mid_hi),
+                                      S, W, qk_scale, BLOCK_N)
+        _fwd_store(O, LSE, acc, m_i, l_i, b, h, bh, offs_m, offs_d, S, sob, soh, sos)
+
+    @triton.jit
+    def _fwd_pair(Q, K, V, O, LSE, sm_scale, S, W, GROUP, HQ, HKV,
+                  sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
+                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+        """Two consecutive query blocks per program: the key tiles their windows share are loaded
+        once (a window of W keys and query blocks of BLOCK_M rows share W - BLOCK_M of them)."""
+        pair = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // HQ
+        h = bh % HQ
+        hk = h // GROUP
+        kv_row0 = (b * HKV + hk) * S
+        offs_d = tl.arange(0, D)
+        Qh = _head(Q, b, h, sqb, sqh, TMA)
+        Kh = _head(K, b, hk, skb, skh, TMA)
+        Vh = _head(V, b, hk, svb, svh, TMA)
+        qk_scale = sm_scale * 1.4426950408889634
+        blk_a = 2 * pair
+        offs_a = blk_a * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_b = offs_a + BLOCK_M
+        has_b = (blk_a + 1) * BLOCK_M < S
+        q_a = _block(Q, Qh, bh * S, blk_a * BLOCK_M, sqs, offs_d, S, BLOCK_M, TMA)
+        q_b = _block(Q, Qh, bh * S, (blk_a + 1) * BLOCK_M, sqs, offs_d, S, BLOCK_M, TMA)
+        m_a = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+        l_a = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc_a = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+        m_b = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+        l_b = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc_b = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+        lo_a, mid_lo_a, mid_hi_a, hi_a = _key_spans(blk_a, S, W, BLOCK_M, BLOCK_N)
+        lo_b, mid_lo_b, mid_hi_b, hi_b = _key_spans(blk_a + 1, S, W, BLOCK_M, BLOCK_N)
+        hi_b = tl.where(has_b, hi_b, lo_b)
+        # three loops, none with a matrix product under a condition (the pipeliner skips those):
+        # key tiles of block a alone, the tiles both blocks reach (loaded once), those of b alone
+        for start_n in range(lo_a, tl.minimum(lo_b, hi_a), BLOCK_N):
+            k = _block(K, Kh, kv_row0, start_n, sks, offs_d, S, BLOCK_N, TMA)
+            v = _block(V, Vh, kv_row0, start_n, svs, offs_d, S, BLOCK_N, TMA)
+            acc_a, m_a, l_a = _fwd_tile(acc_a, m_a, l_a, q_a, k, v, offs_a, start_n,
+                                        _edge(start_n, mid_lo_a, mid_hi_a), S, W, qk_scale, BLOCK_N)
+        for start_n in range(tl.minimum(lo_b, hi_a), tl.minimum(hi_a, hi_b), BLOCK_N):
+            k = _block(K, Kh, kv_row0, start_n, sks, offs_d, S, BLOCK_N, TMA)
+            v = _block(V, Vh, kv_row0, start_n, svs, offs_d, S, BLOCK_N, TMA)
+            acc_a, m_a, l_a = _fwd_tile(acc_a, m_a, l_a, q_a, k, v, offs_a, start_n,
+                                        _edge(start_n, mid_lo_a, mid_hi_a), S, W, qk_scale, BLOCK_N)
+            acc_b, m_b, l_b = _fwd_tile(acc_b, m_b, l_b, q_b, k, v, offs_b, start_n,
+                                        _edge(start_n, mid_lo_b, mid_hi_b), S, W, qk_scale, BLOCK_N)
+        for start_n in range(tl.minimum(hi_a, hi_b), hi_a, BLOCK_N):  # a's tail when b is absent
+            k = _block(K, Kh, kv_row0, start_n, sks, offs_d, S, BLOCK_N, TMA)
+            v = _block(V, Vh, kv_row0, start_n, svs, offs_d, S, BLOCK_N, TMA)
+            acc_a, m_a, l_a = _fwd_tile(acc_a, m_a, l_a, q_a, k, v, offs_a, start_n,
+                                        _edge(start_n, mid_lo_a, mid_hi_a), S, W, qk_scale, BLOCK_N)
+        for start_n in range(tl.maximum(hi_a, lo_b), hi_b, BLOCK_N):
+            k = _block(K, Kh, kv_row0, start_n, sks, offs_d, S, BLOCK_N, TMA)
+            v = _block(V, Vh, kv_row0, start_n, svs, offs_d, S, BLOCK_N, TMA)
+            acc_b, m_b, l_b = _fwd_tile(acc_b, m_b, l_b, q_b, k, v, offs_b, start_n,
+                                        _edge(start_n, mid_lo_b, mid_hi_b), S, W, qk_scale, BLOCK_N)
+        _fwd_store(O, LSE, acc_a, m_a, l_a, b, h, bh, offs_a, offs_d, S, sob, soh, sos)
+        if has_b:
+            _fwd_store(O, LSE, acc_b, m_b, l_b, b, h, bh, offs_b, offs_d, S, sob, soh, sos)
 
     @triton.jit
     def _bwd_delta(O, DO, DELTA, S, HQ, sob, soh, sos, sdb, sdh, sds,
@@ -213,67 +319,97 @@ if triton is not None:
         tl.store(DELTA + bh * S + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=offs_m < S)
 
     @triton.jit
-    def _dkdv_span(dk, dv, k, v, Qb, DOb, LSEb, DELTAb, offs_n, offs_d, lo, hi, S, W, sqs, sds, qk_scale,
-                   MASKED: tl.constexpr, BLOCK_M: tl.constexpr):
-        for start_m in range(lo, hi, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            q = _tile(Qb, offs_m, sqs, offs_d, S)
-            do = _tile(DOb, offs_m, sds, offs_d, S)
-            lse2 = tl.load(LSEb + offs_m, mask=offs_m < S, other=0.0)
-            delta = tl.load(DELTAb + offs_m, mask=offs_m < S, other=0.0)
-            p = _probs(q, k, lse2, _in_window(offs_m, offs_n, S, W), qk_scale, MASKED)
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do).to(tl.float32)
-            ds = p * (tl.dot(do, tl.trans(v)).to(tl.float32) - delta[:, None])
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q).to(tl.float32)
-        return dk, dv
+    def _first_key_block(start_m, W, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Index of the first key block query block ``start_m`` reaches (slot 0 of its dS row)."""
+        return tl.maximum(start_m * BLOCK_M - W + 1, 0) // BLOCK_N
 
     @triton.jit
-    def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale, S, W, GROUP, HQ, HKV,
+    def _ds_tile_base(DS, bh, start_m, slot, NQB, NSLOT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Where the (BLOCK_M x BLOCK_N) dS tile of query block ``start_m``, slot ``slot`` starts."""
+        return DS + ((bh * NQB + start_m).to(tl.int64) * NSLOT + slot) * (BLOCK_M * BLOCK_N)
+
+    @triton.jit
+    def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DS, sm_scale, S, W, GROUP, HQ, HKV, NQB, NSLOT,
                   sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
-                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_DS: tl.constexpr,
+                  TMA: tl.constexpr):
         start_n = tl.program_id(0)
         bhk = tl.program_id(1)
         b = bhk // HKV
         hk = bhk % HKV
         offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, D)
-        Kb, Vb = _kv_bases(K, V, b, hk, skb, skh, svb, svh)
-        k = _tile(Kb, offs_n, sks, offs_d, S)
-        v = _tile(Vb, offs_n, svs, offs_d, S)
+        k = _block(K, _head(K, b, hk, skb, skh, TMA), bhk * S, start_n * BLOCK_N, sks, offs_d, S, BLOCK_N, TMA)
+        v = _block(V, _head(V, b, hk, svb, svh, TMA), bhk * S, start_n * BLOCK_N, svs, offs_d, S, BLOCK_N, TMA)
         dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
         dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
         qk_scale = sm_scale * 1.4426950408889634
         lo, mid_lo, mid_hi, hi = _query_spans(start_n, S, W, BLOCK_M, BLOCK_N)
-        for g in range(0, GROUP):  # every query head this kv head serves
+        offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        # one loop over (query head of the group, query tile): one software pipeline for all of them
+        n_tiles = tl.cdiv(hi - lo, BLOCK_M)
+        for t in range(0, GROUP * n_tiles):
+            g = t // n_tiles
+            start_m = lo + (t - g * n_tiles) * BLOCK_M
             h = hk * GROUP + g
             bh = b * HQ + h
-            Qb = Q + b * sqb + h * sqh
-            DOb = DO + b * sdb + h * sdh
-            dk, dv = _dkdv_span(dk, dv, k, v, Qb, DOb, LSE + bh * S, DELTA + bh * S, offs_n, offs_d,
-                                lo, mid_lo, S, W, sqs, sds, qk_scale, True, BLOCK_M)
-            dk, dv = _dkdv_span(dk, dv, k, v, Qb, DOb, LSE + bh * S, DELTA + bh * S, offs_n, offs_d,
-                                mid_lo, mid_hi, S, W, sqs, sds, qk_scale, False, BLOCK_M)
-            dk, dv = _dkdv_span(dk, dv, k, v, Qb, DOb, LSE + bh * S, DELTA + bh * S, offs_n, offs_d,
-                                mid_hi, hi, S, W, sqs, sds, qk_scale, True, BLOCK_M)
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            q = _block(Q, _head(Q, b, h, sqb, sqh, TMA), bh * S, start_m, sqs, offs_d, S, BLOCK_M, TMA)
+            do = _block(DO, _head(DO, b, h, sdb, sdh, TMA), bh * S, start_m, sds, offs_d, S, BLOCK_M, TMA)
+            lse2 = tl.load(LSE + bh * S + offs_m, mask=offs_m < S, other=0.0)
+            delta = tl.load(DELTA + bh * S + offs_m, mask=offs_m < S, other=0.0)
+            qk = tl.dot(q, tl.trans(k))
+            if _edge(start_m, mid_lo, mid_hi):
+                qk = tl.where(_in_window(offs_m, offs_n, S, W), qk, float("-inf"))
+            p = tl.exp2(qk * qk_scale - lse2[:, None])
+            dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv)
+            ds = (p * (tl.dot(do, tl.trans(v)) - delta[:, None])).to(q.dtype)
+            dk = tl.dot(tl.trans(ds), q, dk)
+            if STORE_DS:  # for the dQ kernel, which then needs one matrix product per tile
+                qb = start_m // BLOCK_M
+                slot = start_n - _first_key_block(qb, W, BLOCK_M, BLOCK_N)
+                tl.store(_ds_tile_base(DS, bh, qb, slot, NQB, NSLOT, BLOCK_M, BLOCK_N) + offs_tile, ds)
         _store_tile(DK + b * skb + hk * skh, offs_n, sks, offs_d, S, dk * sm_scale)
         _store_tile(DV + b * svb + hk * svh, offs_n, svs, offs_d, S, dv)
 
     @triton.jit
-    def _dq_span(dq, q, do, lse2, delta, Kb, Vb, offs_m, offs_d, lo, hi, S, W, sks, svs, qk_scale,
-                 MASKED: tl.constexpr, BLOCK_N: tl.constexpr):
+    def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sm_scale, S, W, GROUP, HQ, HKV,
+                sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
+                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+        """dQ recomputing the probabilities (three matrix products per tile; no extra memory)."""
+        start_m = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // HQ
+        h = bh % HQ
+        hk = h // GROUP
+        kv_row0 = (b * HKV + hk) * S
+        offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, D)
+        q = _block(Q, _head(Q, b, h, sqb, sqh, TMA), bh * S, start_m * BLOCK_M, sqs, offs_d, S, BLOCK_M, TMA)
+        do = _block(DO, _head(DO, b, h, sdb, sdh, TMA), bh * S, start_m * BLOCK_M, sds, offs_d, S, BLOCK_M, TMA)
+        lse2 = tl.load(LSE + bh * S + offs_m, mask=offs_m < S, other=0.0)
+        delta = tl.load(DELTA + bh * S + offs_m, mask=offs_m < S, other=0.0)
+        Kh = _head(K, b, hk, skb, skh, TMA)
+        Vh = _head(V, b, hk, svb, svh, TMA)
+        dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+        qk_scale = sm_scale * 1.4426950408889634
+        lo, mid_lo, mid_hi, hi = _key_spans(start_m, S, W, BLOCK_M, BLOCK_N)
         for start_n in range(lo, hi, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            k = _tile(Kb, offs_n, sks, offs_d, S)
-            v = _tile(Vb, offs_n, svs, offs_d, S)
-            p = _probs(q, k, lse2, _in_window(offs_m, offs_n, S, W), qk_scale, MASKED)
-            ds = p * (tl.dot(do, tl.trans(v)).to(tl.float32) - delta[:, None])
-            dq += tl.dot(ds.to(k.dtype), k).to(tl.float32)
-        return dq
+            k = _block(K, Kh, kv_row0, start_n, sks, offs_d, S, BLOCK_N, TMA)
+            v = _block(V, Vh, kv_row0, start_n, svs, offs_d, S, BLOCK_N, TMA)
+            qk = tl.dot(q, tl.trans(k))
+            if _edge(start_n, mid_lo, mid_hi):
+                qk = tl.where(_in_window(offs_m, start_n + tl.arange(0, BLOCK_N), S, W), qk, float("-inf"))
+            p = tl.exp2(qk * qk_scale - lse2[:, None])
+            ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
+            dq = tl.dot(ds.to(k.dtype), k, dq)
+        _store_tile(DQ + b * sqb + h * sqh, offs_m, sqs, offs_d, S, dq * sm_scale)
 
     @triton.jit
-    def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sm_scale, S, W, GROUP, HQ,
-                sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
-                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    def _bwd_dq_from_ds(K, DS, DQ, sm_scale, S, W, GROUP, HQ, HKV, NQB, NSLOT,
+                        sqb, sqh, sqs, skb, skh, sks,
+                        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+        """dQ from the dS tiles the dK/dV kernel stored (one matrix product per tile)."""
         start_m = tl.program_id(0)
         bh = tl.program_id(1)
         b = bh // HQ
@@ -281,25 +417,31 @@ if triton is not None:
         hk = h // GROUP
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
-        q = _tile(Q + b * sqb + h * sqh, offs_m, sqs, offs_d, S)
-        do = _tile(DO + b * sdb + h * sdh, offs_m, sds, offs_d, S)
-        lse2 = tl.load(LSE + bh * S + offs_m, mask=offs_m < S, other=0.0)
-        delta = tl.load(DELTA + bh * S + offs_m, mask=offs_m < S, other=0.0)
-        Kb, Vb = _kv_bases(K, V, b, hk, skb, skh, svb, svh)
+        offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        Kh = _head(K, b, hk, skb, skh, TMA)
         dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-        qk_scale = sm_scale * 1.4426950408889634
-        lo, mid_lo, mid_hi, hi = _key_spans(start_m, S, W, BLOCK_M, BLOCK_N)
-        dq = _dq_span(dq, q, do, lse2, delta, Kb, Vb, offs_m, offs_d, lo, mid_lo, S, W, sks, svs, qk_scale,
-                      True, BLOCK_N)
-        dq = _dq_span(dq, q, do, lse2, delta, Kb, Vb, offs_m, offs_d, mid_lo, mid_hi, S, W, sks, svs, qk_scale,
-                      False, BLOCK_N)
-        dq = _dq_span(dq, q, do, lse2, delta, Kb, Vb, offs_m, offs_d, mid_hi, hi, S, W, sks, svs, qk_scale,
-                      True, BLOCK_N)
+        lo, _mid_lo, _mid_hi, hi = _key_spans(start_m, S, W, BLOCK_M, BLOCK_N)
+        row = _ds_tile_base(DS, bh, start_m, 0, NQB, NSLOT, BLOCK_M, BLOCK_N)
+        for start_n in range(lo, hi, BLOCK_N):
+            # rows past S: zeros (pointer loads) or another head's keys, multiplied by dS = 0 either way
+            k = _block(K, Kh, (b * HKV + hk) * S, start_n, sks, offs_d, S, BLOCK_N, TMA)
+            ds = tl.load(row + ((start_n - lo) // BLOCK_N) * (BLOCK_M * BLOCK_N) + offs_tile)
+            dq = tl.dot(ds, k, dq)
         _store_tile(DQ + b * sqb + h * sqh, offs_m, sqs, offs_d, S, dq * sm_scale)
 
 
 def _qkv_strides(*tensors: Tensor) -> tuple[int, ...]:
     return tuple(s for t in tensors for s in t.stride()[:3])
+
+
+def _operand(t: Tensor, rows: int, tma: bool) -> object:
+    """A (B, H, S, D) operand as a kernel takes it: the tensor, or a TMA descriptor over all its
+    rows (B*H*S of them) that loads ``rows`` x D tiles."""
+    if not tma:
+        return t
+    if not t.is_contiguous():
+        raise ValueError("TMA loads need a contiguous (B, H, S, D) operand")
+    return TensorDescriptor.from_tensor(t.view(-1, t.shape[-1]), [rows, t.shape[-1]])
 
 
 def launch_forward(q: Tensor, k: Tensor, v: Tensor, window: int, scale: float, blocks: Blocks
@@ -308,10 +450,14 @@ def launch_forward(q: Tensor, k: Tensor, v: Tensor, window: int, scale: float, b
     bsz, hq, s, d = q.shape
     o = torch.empty_like(q)
     lse2 = torch.empty((bsz, hq, s), device=q.device, dtype=torch.float32)
-    grid = (triton.cdiv(s, blocks.block_m), bsz * hq)
-    _fwd[grid](q, k, v, o, lse2, scale, s, window, hq // k.shape[1], hq, *_qkv_strides(q, k, v, o),
-               D=d, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, num_warps=blocks.warps,
-               num_stages=blocks.stages)
+    bm, bn, tma = blocks.block_m, blocks.block_n, blocks.tma
+    if blocks.pair and bm % bn:
+        raise ValueError(f"paired query blocks need block_n to divide block_m, got {blocks}")
+    kernel, grid = ((_fwd_pair, (triton.cdiv(s, 2 * bm), bsz * hq)) if blocks.pair
+                    else (_fwd, (triton.cdiv(s, bm), bsz * hq)))
+    kernel[grid](_operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), o, lse2, scale, s, window,
+               hq // k.shape[1], hq, k.shape[1], *_qkv_strides(q, k, v, o), D=d, BLOCK_M=bm, BLOCK_N=bn, TMA=tma,
+               num_warps=blocks.warps, num_stages=blocks.stages)
     return o, lse2
 
 
@@ -324,27 +470,95 @@ def launch_delta(o: Tensor, do: Tensor, blocks: Blocks) -> Tensor:
     return delta
 
 
+def ds_layout(s: int, window: int, blocks: Blocks) -> tuple[int, int]:
+    """``(query blocks, slots per query block)`` of the dS buffer for dK/dV tiles ``blocks``.
+
+    Slot ``j - first(i)`` of query block ``i`` holds the (block_m x block_n) tile of key block
+    ``j``, where ``first(i)`` is the first key block the window of query block ``i`` reaches."""
+    bm, bn = blocks.block_m, blocks.block_n
+    nqb = triton.cdiv(s, bm)
+    # the largest number of key blocks one query block reaches: its key range [m0 - W + 1, m0 + bm)
+    # (clipped at 0 and S) starts at m0 - W + 1, whose offset inside a key block repeats with
+    # period bn / gcd(bm, bn) in the query block index
+    slots = 0
+    for i in {*range(min(nqb, bn // math.gcd(bm, bn) + triton.cdiv(window, bm) + 1)), nqb - 1}:
+        m0 = i * bm
+        first, last = max(m0 - window + 1, 0) // bn, (min(m0 + bm, s) - 1) // bn
+        slots = max(slots, last - first + 1)
+    return nqb, slots
+
+
+def ds_bytes(q: Tensor, window: int, blocks: Blocks) -> int:
+    """Bytes of the dS buffer the backward would hold for ``q`` (its dtype, all query heads)."""
+    nqb, slots = ds_layout(q.shape[2], window, blocks)
+    return q.shape[0] * q.shape[1] * nqb * slots * blocks.block_m * blocks.block_n * q.element_size()
+
+
 def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: Tensor, window: int,
-                scale: float, blocks: Blocks) -> tuple[Tensor, Tensor]:
-    """Run the dK/dV kernel (one program per key block and kv head)."""
+                scale: float, blocks: Blocks, *, store_ds: bool = False
+                ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Run the dK/dV kernel (one program per key block and kv head): ``(dk, dv, ds)``.
+
+    With ``store_ds`` it also writes every tile's dS (the input dtype; the values the dQ
+    product uses) into a buffer laid out by :func:`ds_layout`, else ``ds`` is None."""
     bsz, hq, s, d = q.shape
     hkv = k.shape[1]
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    _bwd_dkdv[(triton.cdiv(s, blocks.block_n), bsz * hkv)](
-        q, k, v, do, lse2, delta, dk, dv, scale, s, window, hq // hkv, hq, hkv, *_qkv_strides(q, k, v, do),
-        D=d, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, num_warps=blocks.warps, num_stages=blocks.stages)
-    return dk, dv
+    nqb, slots = ds_layout(s, window, blocks)
+    ds = (torch.empty((bsz * hq, nqb, slots, blocks.block_m, blocks.block_n), device=q.device, dtype=q.dtype)
+          if store_ds else None)
+    bm, bn, tma = blocks.block_m, blocks.block_n, blocks.tma
+    _bwd_dkdv[(triton.cdiv(s, bn), bsz * hkv)](
+        _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), _operand(do, bm, tma), lse2, delta,
+        dk, dv, ds if ds is not None else dk, scale, s, window, hq // hkv, hq, hkv, nqb, slots,
+        *_qkv_strides(q, k, v, do), D=d, BLOCK_M=bm, BLOCK_N=bn, STORE_DS=store_ds, TMA=tma,
+        num_warps=blocks.warps, num_stages=blocks.stages)
+    return dk, dv, ds
 
 
 def launch_dq(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: Tensor, window: int,
               scale: float, blocks: Blocks) -> Tensor:
-    """Run the dQ kernel (one program per query block and query head)."""
+    """Run the dQ kernel that recomputes the probabilities (one program per query block and head)."""
     bsz, hq, s, d = q.shape
     dq = torch.empty_like(q)
-    _bwd_dq[(triton.cdiv(s, blocks.block_m), bsz * hq)](
-        q, k, v, do, lse2, delta, dq, scale, s, window, hq // k.shape[1], hq, *_qkv_strides(q, k, v, do),
-        D=d, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, num_warps=blocks.warps, num_stages=blocks.stages)
+    bm, bn, tma = blocks.block_m, blocks.block_n, blocks.tma
+    _bwd_dq[(triton.cdiv(s, bm), bsz * hq)](
+        _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), _operand(do, bm, tma), lse2, delta, dq,
+        scale, s, window, hq // k.shape[1], hq, k.shape[1], *_qkv_strides(q, k, v, do), D=d, BLOCK_M=bm,
+        BLOCK_N=bn, TMA=tma, num_warps=blocks.warps, num_stages=blocks.stages)
     return dq
+
+
+def launch_dq_from_ds(q: Tensor, k: Tensor, ds: Tensor, window: int, scale: float, blocks: Blocks,
+                      warps: int = 4, stages: int = 2, tma: bool = False) -> Tensor:
+    """dQ = dS @ K from the tiles :func:`launch_dkdv` stored with the same ``blocks``."""
+    bsz, hq, s, d = q.shape
+    nqb, slots = ds_layout(s, window, blocks)
+    if tuple(ds.shape) != (bsz * hq, nqb, slots, blocks.block_m, blocks.block_n):
+        raise ValueError(f"dS buffer of shape {tuple(ds.shape)} was not written with blocks {blocks}")
+    dq = torch.empty_like(q)
+    _bwd_dq_from_ds[(nqb, bsz * hq)](
+        _operand(k, blocks.block_n, tma), ds, dq, scale, s, window, hq // k.shape[1], hq, k.shape[1], nqb, slots,
+        *_qkv_strides(q, k), D=d, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, TMA=tma, num_warps=warps,
+        num_stages=stages)
+    return dq
+
+
+def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse2: Tensor, do: Tensor, window: int, scale: float,
+             cfg: WindowConfig) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)``: the delta, dK/dV and dQ kernels; deterministic (no atomics) either way.
+
+    dQ comes from the dS tiles the dK/dV kernel stores when ``cfg.dq_from_ds`` is set and the
+    buffer fits in ``DS_BUFFER_LIMIT_BYTES``, else from a kernel that recomputes them."""
+    delta = launch_delta(o, do, cfg.dq)
+    via_ds = cfg.dq_from_ds is not None and ds_bytes(q, window, cfg.dkdv) <= DS_BUFFER_LIMIT_BYTES
+    dk, dv, ds = launch_dkdv(q, k, v, do, lse2, delta, window, scale, cfg.dkdv, store_ds=via_ds)
+    if ds is not None and cfg.dq_from_ds is not None:
+        dq = launch_dq_from_ds(q, k, ds, window, scale, cfg.dkdv, cfg.dq_from_ds.warps, cfg.dq_from_ds.stages,
+                               cfg.dq_from_ds.tma)
+    else:
+        dq = launch_dq(q, k, v, do, lse2, delta, window, scale, cfg.dq)
+    return dq, dk, dv
 
 
 class _WindowAttention(torch.autograd.Function):
@@ -355,18 +569,13 @@ class _WindowAttention(torch.autograd.Function):
         o, lse2 = launch_forward(q, k, v, window, scale, cfg.fwd)
         ctx.save_for_backward(q, k, v, o, lse2)
         ctx.window, ctx.scale, ctx.cfg = window, scale, cfg
-        lse = lse2 * math.log(2.0)
-        ctx.mark_non_differentiable(lse)
-        return o, lse
+        ctx.mark_non_differentiable(lse2)
+        return o, lse2
 
     @staticmethod
     def backward(ctx, do: Tensor, _dlse: Tensor):  # type: ignore[override]
         q, k, v, o, lse2 = ctx.saved_tensors
-        do = do.contiguous()
-        cfg: WindowConfig = ctx.cfg
-        delta = launch_delta(o, do, cfg.dq)
-        dk, dv = launch_dkdv(q, k, v, do, lse2, delta, ctx.window, ctx.scale, cfg.dkdv)
-        dq = launch_dq(q, k, v, do, lse2, delta, ctx.window, ctx.scale, cfg.dq)
+        dq, dk, dv = backward(q, k, v, o, lse2, do.contiguous(), ctx.window, ctx.scale, ctx.cfg)
         return dq, dk, dv, None, None
 
 
@@ -385,15 +594,16 @@ def unsupported(q: Tensor, k: Tensor, v: Tensor, window: object) -> str | None:
     return None
 
 
-def window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, scale: float | None = None
-                     ) -> tuple[Tensor, Tensor]:
+def window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, scale: float | None = None,
+                     return_lse: bool = True) -> tuple[Tensor, Tensor | None]:
     """Causal sliding-window attention (``q - window < kv <= q``): ``(out, lse)``.
 
     q: (B, Hq, S, D); k, v: (B, Hkv, S, D) with Hq a multiple of Hkv; D a power of two from 16
-    to 256. ``lse`` is float32, natural log. Differentiable in q, k and v."""
+    to 256. ``lse`` is float32, natural log (None with ``return_lse=False``, which saves its
+    conversion from the kernel's log2 units). Differentiable in q, k and v."""
     why = unsupported(q, k, v, window)
     if why is not None:
         raise AttentionInputError(why)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    out, lse = _WindowAttention.apply(q, k, v, window, scale)
-    return out, lse
+    out, lse2 = _WindowAttention.apply(q, k, v, window, scale)
+    return out, (lse2 * math.log(2.0) if return_lse else None)

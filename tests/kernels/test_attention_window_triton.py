@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+import kernels.attention.window_triton as wt
 from kernels.attention import attention
 from kernels.attention.errors import AttentionInputError
 from kernels.attention.masks import Causal, SlidingWindow
@@ -25,13 +26,22 @@ B = wt.Blocks
 interpreter_config = wt.window_config
 # (config, (batch, query heads, kv heads, length, head dim, window)): lengths off the block grid,
 # GQA, a window wider than the sequence, a window of one (each query sees itself only), lengths
-# and windows on the block grid (interior spans everywhere); the last three with GPU-sized
-# blocks, query and key blocks of different sizes (the span arithmetic differs per kernel)
+# and windows on the block grid (interior spans everywhere); then GPU-sized blocks, query and key
+# blocks of different sizes (the span arithmetic differs per kernel), TMA descriptor loads (rows
+# past a head's end then belong to the next head, or to no tensor: batch 2 puts heads behind it),
+# two query blocks per forward program, and dQ both from stored dS and recomputed
+T, P = dict(tma=True), dict(tma=True, pair=True)
 CASES = [(None, (1, 2, 1, 37, 16, 5)), (None, (2, 4, 2, 50, 32, 17)), (None, (1, 1, 1, 20, 16, 64)),
          (None, (1, 2, 2, 19, 16, 1)), (None, (1, 2, 1, 96, 16, 48)),
          (wt.WindowConfig(B(64, 64, 4), B(32, 64, 4), B(64, 32, 4)), (1, 4, 1, 200, 64, 40)),
-         (wt.WindowConfig(B(128, 64, 8), B(64, 128, 8), B(128, 32, 8)), (1, 2, 2, 300, 32, 129)),
-         (wt.WindowConfig(B(32, 32, 4), B(32, 32, 4), B(32, 32, 4)), (1, 2, 1, 256, 32, 64))]
+         (wt.WindowConfig(B(128, 64, 8), B(64, 128, 8), B(128, 32, 8), B(64, 128, 4)), (1, 2, 2, 300, 32, 129)),
+         (wt.WindowConfig(B(32, 32, 4), B(32, 32, 4), B(32, 32, 4), B(32, 32, 4)), (1, 2, 1, 256, 32, 64)),
+         (wt.WindowConfig(B(16, 16, 1, 1, **P), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T)),
+          (2, 4, 2, 50, 32, 17)),
+         (wt.WindowConfig(B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T)), (2, 2, 1, 37, 16, 5)),
+         (wt.WindowConfig(B(64, 32, 4, **P), B(32, 64, 4, **T), B(64, 32, 4, **T), B(32, 64, 4, **T)),
+          (2, 2, 2, 300, 32, 129)),
+         (wt.WindowConfig(B(64, 64, 4, pair=True), B(64, 64, 4), B(64, 64, 4)), (1, 2, 1, 200, 16, 1))]
 for config, case in CASES:
     wt.window_config = interpreter_config if config is None else (lambda dev, d, config=config: config)
     b, hq, hkv, s, d, w = case
@@ -81,10 +91,26 @@ def test_window_backend_refuses_what_it_cannot_compute() -> None:
             attention(q, q, q, SlidingWindow(4), backend="triton_window")
 
 
+_B, _C = wt.Blocks, wt.WindowConfig
+#: every form of each kernel, on a GPU: pointer loads, TMA loads, paired forward blocks, dQ from
+#: stored dS and recomputed (beside the shipped configuration)
+GPU_FORMS = {
+    "pointers+ds": _C(_B(64, 32, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2)),
+    "tma+pair+recompute": _C(_B(64, 32, 4, 2, tma=True, pair=True), _B(64, 64, 4, 2, tma=True),
+                             _B(64, 64, 4, 2, tma=True)),
+    "tma+ds": _C(_B(64, 64, 4, 3, tma=True), _B(64, 64, 4, 2, tma=True), _B(64, 64, 4, 2, tma=True),
+                 _B(64, 64, 4, 4, tma=True)),
+}
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs a CUDA GPU and triton")
-def test_window_kernel_bf16_on_gpu_matches_sdpa_with_the_dense_mask() -> None:
+@pytest.mark.parametrize("form", ["shipped", *GPU_FORMS])
+@pytest.mark.parametrize("d", [64, 128])
+def test_window_kernel_bf16_on_gpu_matches_sdpa_with_the_dense_mask(form: str, d: int, monkeypatch) -> None:
+    if form != "shipped":
+        monkeypatch.setattr(wt, "window_config", lambda dev, dim: GPU_FORMS[form])
     torch.manual_seed(0)
-    b, hq, hkv, s, d, w = 1, 8, 2, 1000, 128, 256
+    b, hq, hkv, s, w = 2, 8, 2, 1000, 256  # batch 2 and a ragged length: TMA rows cross heads
     q = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -95,6 +121,21 @@ def test_window_kernel_bf16_on_gpu_matches_sdpa_with_the_dense_mask() -> None:
     ref_grads = torch.autograd.grad(ref, (q, k, v), g)
     for a, r in zip((out, *grads), (ref, *ref_grads)):
         assert float((a.float() - r.float()).norm() / r.float().norm()) <= 1e-2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs a CUDA GPU and triton")
+@pytest.mark.parametrize("form", ["shipped", *GPU_FORMS])
+def test_window_kernel_backward_is_bit_identical_run_to_run_on_gpu(form: str, monkeypatch) -> None:
+    if form != "shipped":
+        monkeypatch.setattr(wt, "window_config", lambda dev, dim: GPU_FORMS[form])
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(1, 8, 4096, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    g = torch.randn_like(q)
+    runs = [torch.autograd.grad(attention(q, k, v, SlidingWindow(256), backend="triton_window"), (q, k, v), g)
+            for _ in range(2)]
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs a CUDA GPU and triton")
@@ -117,15 +158,17 @@ TUNE_SCRIPT = r'''
 import json, runpy, sys, tempfile
 out = tempfile.mktemp(suffix=".json")
 sys.argv = ["window_tune.py", "--device", "cpu", "--seq", "40", "--heads", "2", "--kv-heads", "1", "--dim", "16",
-            "--window", "12", "--candidates", "1", "--no-flex", "--json", out]
+            "--window", "12", "--candidates", "1", "--no-flex", "--json", out,
+            "--baseline", "kernels/attention/window_triton.py"]
 try:
     runpy.run_path("benchmarks/window_tune.py", run_name="__main__")
 except SystemExit as exit_:
     assert exit_.code == 0, exit_.code
 result = json.load(open(out))
-assert {r["kernel"] for r in result["rows"] if "ms" in r} == {"fwd", "dkdv", "dq"}, result["rows"]
+assert {r["kernel"] for r in result["rows"] if "ms" in r} == {"fwd", "dkdv", "dq", "dqds"}, result["rows"]
 assert all(r["rel_err"] <= 1e-5 for r in result["rows"]), result["rows"]
-assert set(result["whole"]) == {"window_shipped", "window_tuned"}, result["whole"]
+assert set(result["whole"]) == {"window_shipped", "window_tuned", "window_tuned_recompute_dq", "baseline"}, result["whole"]
+assert all("fwdbwd_ms" in r for r in result["whole"].values()), result["whole"]
 print("ok")
 '''
 
@@ -154,7 +197,7 @@ def test_static_resource_report_reads_registers_and_spills_from_the_compiler(tmp
     out = tmp_path / "static.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "benchmarks/window_static.py", "--dim", "64", "--kernels", "fwd", "dq",
-                           "--fwd-shapes", "64x32/w4/s2", "--dq-shapes", "64x32/w4/s2", "--json", str(out)],
+                           "--fwd-shapes", "64x32/w4/s2", "--dq-shapes", "64x32/w4/s2/tma", "--json", str(out)],
                           capture_output=True, text=True, timeout=300, env=env,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -163,4 +206,8 @@ def test_static_resource_report_reads_registers_and_spills_from_the_compiler(tmp
     for row in rows:
         assert 0 < row["registers"] <= 255 and row["shared_bytes"] > 0, row
         assert row["spill_stores"] >= 0 and row["spill_loads"] >= 0, row
+    # compiled as a launch specializes (aligned tensors, strides of 16): the pointer loads of the
+    # key loop are software-pipelined asynchronous copies, the TMA kernel's are bulk tensor copies
+    # (before the alignment hints the report described plain, unpipelined loads)
+    assert rows[0]["async_copies"] > 0 and rows[1]["tma_copies"] > 0 and rows[1]["async_copies"] == 0, rows
     assert "window_static  sm_90a  head dim 64" in proc.stdout
