@@ -1,9 +1,10 @@
 """What the sliding-window kernels cost in registers, spills and shared memory, per launch shape,
 read from the compiler alone: no GPU needed (Triton compiles for sm_90a, its bundled ``ptxas -v``
-reports). Use it to prune the shapes ``benchmarks/window_tune.py`` spends device time on: in the
-H200 search of 2026-11-29 (head dim 128) every shape spilling more than 2 KB per thread was
-among the slowest of its kernel (1.3-4.6x the best); below that, spills did not decide (the
-fastest dK/dV shape spills 1.2 KB; 8-warp shapes without spills were 1.5-2x slower).
+reports), and whether the loads are software-pipelined (``async ld``: asynchronous copies; ``tma
+ld``: bulk tensor copies). Kernels are compiled as a launch specializes them (16-byte aligned
+tensors, sizes and strides multiples of 16); the first version of this script compiled without
+those hints, so its loads were neither vectorized nor pipelined and its register and spill
+counts (docs/bench/attention.md, 2026-11-29) described kernels that never ran.
 
   python3 benchmarks/window_static.py                       # head dim 128, every built-in shape
   python3 benchmarks/window_static.py --dim 64 --kernels dkdv --dkdv-shapes 64x32/w4/s2 128x32/w8/s2
@@ -22,13 +23,16 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from window_tune import DKDV, DQ, FWD, parse_blocks  # noqa: E402
+from window_tune import DKDV, DQ, FIELDS, FWD, parse_blocks  # noqa: E402
 
 from kernels.attention import window_triton as wt  # noqa: E402
 
-KERNELS = {"fwd": ("_fwd", FWD), "dkdv": ("_bwd_dkdv", DKDV), "dq": ("_bwd_dq", DQ)}
-_POINTERS = ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
+KERNELS = {"fwd": ("_fwd", FWD), "dkdv": ("_bwd_dkdv", DKDV), "dq": ("_bwd_dq", DQ),
+           "dqds": ("_bwd_dq_from_ds", DKDV)}
+_POINTERS = ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "DS")
 _FLOAT32_POINTERS = ("LSE", "DELTA")
+#: integer arguments that are not multiples of 16 at the benchmark shape (query heads per kv head)
+_SMALL_INTS = ("GROUP",)
 
 
 def ptxas_path() -> str | None:
@@ -39,17 +43,31 @@ def ptxas_path() -> str | None:
     return path if os.access(path, os.X_OK) else None
 
 
-def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90) -> dict[str, Any]:
+def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90, store_ds: bool = True
+              ) -> dict[str, Any]:
     """Compile one kernel at one launch shape for ``sm_<arch>a`` (bf16 inputs) and read ptxas's report."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = getattr(wt, KERNELS[kernel][0])
-    consts = {"D": head_dim, "BLOCK_M": blocks.block_m, "BLOCK_N": blocks.block_n}
+    fn = getattr(wt, "_fwd_pair" if kernel == "fwd" and blocks.pair else KERNELS[kernel][0])
+    consts: dict[str, Any] = {"D": head_dim, "BLOCK_M": blocks.block_m, "BLOCK_N": blocks.block_n}
     names = fn.arg_names
+    if "STORE_DS" in names:
+        consts["STORE_DS"] = store_ds
+    if "TMA" in names:
+        consts["TMA"] = blocks.tma
     signature = {n: "constexpr" if n in consts else "*bf16" if n in _POINTERS else "*fp32" if n in _FLOAT32_POINTERS
                  else "fp32" if n == "sm_scale" else "i32" for n in names}
-    src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in consts.items()})
+    if blocks.tma:  # the loaded operands are descriptors of (rows per tile) x D tiles
+        tile_rows = {"Q": blocks.block_m, "DO": blocks.block_m, "K": blocks.block_n, "V": blocks.block_n}
+        signature.update({n: f"tensordesc<bf16[{rows}, {head_dim}]>" for n, rows in tile_rows.items() if n in names})
+    # what a launch specializes on: tensors 16-byte aligned, sizes and strides multiples of 16
+    # (S=32768, window 256, contiguous heads). Without these hints the loads are not vectorized
+    # and not software-pipelined, and the report describes a kernel that never runs.
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if signature[n].startswith("*") or (signature[n] == "i32" and n not in _SMALL_INTS)}
+    src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in consts.items()},
+                    attrs=attrs)
     compiled = wt.triton.compile(src, target=GPUTarget("cuda", arch, 32),
                                  options={"num_warps": blocks.warps, "num_stages": blocks.stages})
     with tempfile.TemporaryDirectory() as tmp:
@@ -63,7 +81,10 @@ def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90) -> 
         found = re.search(pattern, report)
         return int(found.group(1)) if found else 0
 
+    ttgir = compiled.asm["ttgir"]
     return {"kernel": kernel, "blocks": str(blocks), "head_dim": head_dim, "registers": number(r"Used (\d+) registers"),
+            "async_copies": ttgir.count("ttg.async_copy_global_to_local"),
+            "tma_copies": ttgir.count("ttng.async_tma_copy_global_to_local"),
             "spill_stores": number(r"(\d+) bytes spill stores"), "spill_loads": number(r"(\d+) bytes spill loads"),
             "shared_bytes": compiled.metadata.shared}
 
@@ -93,14 +114,14 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(rows, f, indent=2)
     shipped = wt.GPU_CONFIGS.get(args.dim)
     print(f"\nwindow_static  sm_90a  head dim {args.dim}  (spills in bytes per thread; * = shipped shape)")
-    print(f"{'kernel':<6} {'shape':<16} {'regs':>5} {'spill st':>9} {'spill ld':>9} {'shared KiB':>10}")
+    print(f"{'kernel':<6} {'shape':<16} {'regs':>5} {'spill st':>9} {'spill ld':>9} {'shared KiB':>10} {'async ld':>8} {'tma ld':>6}")
     for r in sorted(rows, key=lambda r: (r["kernel"], r.get("spill_stores", 1 << 30), r["blocks"])):
-        mark = "*" if shipped is not None and r["blocks"] == str(getattr(shipped, r["kernel"])) else " "
+        mark = "*" if shipped is not None and r["blocks"] == str(getattr(shipped, FIELDS[r["kernel"]])) else " "
         if "error" in r:
             print(f"{r['kernel']:<6} {r['blocks']:<15}{mark} {r['error']}")
         else:
             print(f"{r['kernel']:<6} {r['blocks']:<15}{mark} {r['registers']:>5} {r['spill_stores']:>9} "
-                  f"{r['spill_loads']:>9} {r['shared_bytes'] / 1024:>10.1f}")
+                  f"{r['spill_loads']:>9} {r['shared_bytes'] / 1024:>10.1f} {r['async_copies']:>8} {r['tma_copies']:>6}")
     return 0
 
 
