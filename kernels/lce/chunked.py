@@ -21,6 +21,8 @@ CUDA_CHUNK_BYTES = 256 * 2**20
 #: accum_dtype=float32): larger chunks mean fewer passes over that accumulator
 CUDA_WIDE_ACCUM_CHUNK_BYTES = 512 * 2**20
 CPU_CHUNK_BYTES = 64 * 2**20  # 512 rows at V=32768 fp32: 4x faster than 128 rows on 2 cores, measured
+#: input dtypes whose matrix products accumulate in float32 (cuBLAS, and PyTorch's CPU kernels)
+_HALF = (torch.bfloat16, torch.float16)
 
 
 @dataclass
@@ -41,13 +43,21 @@ def default_chunk_size(
     dtype: torch.dtype,
     device: torch.device,
     wide_accumulator: bool = False,
+    accumulator_bytes: int = 0,
 ) -> int:
-    """Rows per chunk: the largest multiple of 64 (at least 64) whose logits fit the budget."""
+    """Rows per chunk: the largest multiple of 64 (at least 64) whose logits fit the budget.
+
+    ``accumulator_bytes``: the weight-sized float32 dW accumulator that many chunks would need.
+    On CUDA, when all rows' logits take no more memory than it, one chunk of every row is
+    returned: one product then accumulates all of dW in float32 inside the matrix unit and
+    rounds once, so the accumulator, its passes and its final conversion are not needed."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    if device.type == "cuda" and accumulator_bytes and num_rows * num_classes * elem <= accumulator_bytes:
+        return max(1, num_rows)
     if device.type == "cuda":
         budget = CUDA_WIDE_ACCUM_CHUNK_BYTES if wide_accumulator else CUDA_CHUNK_BYTES
     else:
         budget = CPU_CHUNK_BYTES
-    elem = torch.empty((), dtype=dtype).element_size()
     if device.type != "cuda":
         elem = max(elem, 4)  # the CPU row pass works on a float32 copy
     rows = budget // max(1, num_classes * elem)
@@ -124,12 +134,17 @@ def chunked_linear_cross_entropy(
     if need_input_grad:
         result.grad_input = torch.empty_like(x)
     dw_acc = db_acc = None
+    chunk_size = max(1, min(chunk_size, n)) if n else 1
     if need_weight_grad:
-        dw_acc = torch.empty(weight.shape, dtype=torch.promote_types(accum_dtype, weight.dtype), device=x.device)
+        dw_dtype = torch.promote_types(accum_dtype, weight.dtype)
+        if n <= chunk_size and accum_dtype == torch.float32 and x.dtype == weight.dtype and x.dtype in _HALF:
+            # one chunk: the one product accumulates in float32 and rounds once, which is what a
+            # float32 accumulator rounded at the end would give, without the weight-sized buffer
+            dw_dtype = weight.dtype
+        dw_acc = torch.empty(weight.shape, dtype=dw_dtype, device=x.device)
     if need_bias_grad:
         db_acc = torch.empty(num_classes, dtype=torch.promote_types(accum_dtype, bias.dtype), device=x.device)
 
-    chunk_size = max(1, min(chunk_size, n)) if n else 1
     buffer = torch.empty((chunk_size, num_classes), dtype=x.dtype, device=x.device) if n else None
     w_mm = weight if weight.dtype == x.dtype else weight.to(x.dtype)
     w_t = w_mm.t()

@@ -156,6 +156,50 @@ def test_bf16_dw_accumulation_in_input_dtype_stays_within_bf16_tolerance():
     assert _rel(grads[1], ref_grads[1]) <= 1e-2, f"seed {seed}"
 
 
+def test_one_chunk_replaces_the_float32_accumulator_when_all_logits_fit_in_its_size():
+    from kernels.lce.chunked import CUDA_WIDE_ACCUM_CHUNK_BYTES, default_chunk_size
+
+    cuda = torch.device("cuda")  # only the device type is read: no GPU needed
+    h, v = 4096, 128256
+    acc_bytes = v * h * 4
+    # N=4096 bf16: 1 GiB of logits against a 2 GiB float32 accumulator -> every row in one chunk
+    assert default_chunk_size(4096, v, torch.bfloat16, cuda, wide_accumulator=True, accumulator_bytes=acc_bytes) == 4096
+    assert default_chunk_size(8192, v, torch.bfloat16, cuda, wide_accumulator=True, accumulator_bytes=acc_bytes) == 8192
+    # N=16384: 4 GiB of logits would exceed it -> chunks within the wide-accumulator budget
+    rows = default_chunk_size(16384, v, torch.bfloat16, cuda, wide_accumulator=True, accumulator_bytes=acc_bytes)
+    assert rows < 16384 and rows * v * 2 <= CUDA_WIDE_ACCUM_CHUNK_BYTES
+    # no accumulator asked about, or on the CPU: the budget rule alone
+    assert default_chunk_size(4096, v, torch.bfloat16, cuda) < 4096
+    assert default_chunk_size(4096, v, torch.bfloat16, torch.device("cpu"), accumulator_bytes=acc_bytes) < 4096
+
+
+def test_one_chunk_of_half_precision_rows_accumulates_dw_in_float32_without_an_accumulator(monkeypatch):
+    import kernels.lce.chunked as chunked
+
+    seed = _fresh_seed()
+    x, w, b, t, cw = _draw(torch.bfloat16, {}, n=300, h=16, v=64)
+    allocated: list[torch.dtype] = []
+    real_empty = torch.empty
+
+    def spy(*args, **kwargs):
+        out = real_empty(*args, **kwargs)
+        if tuple(out.shape) == tuple(w.shape):
+            allocated.append(out.dtype)
+        return out
+
+    monkeypatch.setattr(chunked.torch, "empty", spy)
+    out, grads, grad_out = _run("chunked", x, w, b, t, cw, "sum", {}, chunk_size=300)
+    monkeypatch.setattr(chunked.torch, "empty", real_empty)
+    assert allocated == [torch.bfloat16], f"seed {seed}: weight-sized buffers {allocated}"
+    ref, ref_grads = _reference(x, w, b, t, cw, "sum", {}, grad_out)
+    assert _rel(grads[1], ref_grads[1]) <= 1e-2, f"seed {seed}"
+    # several chunks: a float32 accumulator (rounded once at the end) is allocated again
+    allocated.clear()
+    monkeypatch.setattr(chunked.torch, "empty", spy)
+    _run("chunked", x, w, b, t, cw, "sum", {}, chunk_size=64)
+    assert allocated == [torch.float32], f"seed {seed}: weight-sized buffers {allocated}"
+
+
 def test_leading_dimensions_and_none_shape():
     _fresh_seed()
     x = torch.randn(3, 5, 8)
