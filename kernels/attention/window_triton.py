@@ -197,11 +197,25 @@ if triton is not None:
         return (start < mid_lo) | (start >= mid_hi)
 
     @triton.jit
-    def _fwd_tile(acc, m_i, l_i, q, k, v, offs_m, start_n, edge, S, W, qk_scale, BLOCK_N: tl.constexpr):
-        """Online-softmax update of one query block's state with one key tile (masked on edges)."""
+    def _scores(q, k, offs_m, offs_n, edge, S, W):
+        """q @ k^T for one tile, -inf outside the window when the tile is on an edge (a branch
+        around the mask only, so the loop stays one software pipeline)."""
         qk = tl.dot(q, tl.trans(k))
         if edge:
-            qk = tl.where(_in_window(offs_m, start_n + tl.arange(0, BLOCK_N), S, W), qk, float("-inf"))
+            qk = tl.where(_in_window(offs_m, offs_n, S, W), qk, float("-inf"))
+        return qk
+
+    @triton.jit
+    def _query_program(HQ, GROUP):
+        """This program's query block, (batch x query head) index, batch, query head, kv head."""
+        bh = tl.program_id(1)
+        h = bh % HQ
+        return tl.program_id(0), bh, bh // HQ, h, h // GROUP
+
+    @triton.jit
+    def _fwd_tile(acc, m_i, l_i, q, k, v, offs_m, start_n, edge, S, W, qk_scale, BLOCK_N: tl.constexpr):
+        """Online-softmax update of one query block's state with one key tile (masked on edges)."""
+        qk = _scores(q, k, offs_m, start_n + tl.arange(0, BLOCK_N), edge, S, W)
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         p = tl.exp2(qk * qk_scale - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
@@ -220,11 +234,7 @@ if triton is not None:
     def _fwd(Q, K, V, O, LSE, sm_scale, S, W, GROUP, HQ, HKV,
              sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
              D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
-        start_m = tl.program_id(0)
-        bh = tl.program_id(1)
-        b = bh // HQ
-        h = bh % HQ
-        hk = h // GROUP
+        start_m, bh, b, h, hk = _query_program(HQ, GROUP)
         kv_row0 = (b * HKV + hk) * S
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
@@ -251,11 +261,7 @@ if triton is not None:
                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
         """Two consecutive query blocks per program: the key tiles their windows share are loaded
         once (a window of W keys and query blocks of BLOCK_M rows share W - BLOCK_M of them)."""
-        pair = tl.program_id(0)
-        bh = tl.program_id(1)
-        b = bh // HQ
-        h = bh % HQ
-        hk = h // GROUP
+        pair, bh, b, h, hk = _query_program(HQ, GROUP)
         kv_row0 = (b * HKV + hk) * S
         offs_d = tl.arange(0, D)
         Qh = _head(Q, b, h, sqb, sqh, TMA)
@@ -358,9 +364,7 @@ if triton is not None:
             do = _block(DO, _head(DO, b, h, sdb, sdh, TMA), bh * S, start_m, sds, offs_d, S, BLOCK_M, TMA)
             lse2 = tl.load(LSE + bh * S + offs_m, mask=offs_m < S, other=0.0)
             delta = tl.load(DELTA + bh * S + offs_m, mask=offs_m < S, other=0.0)
-            qk = tl.dot(q, tl.trans(k))
-            if _edge(start_m, mid_lo, mid_hi):
-                qk = tl.where(_in_window(offs_m, offs_n, S, W), qk, float("-inf"))
+            qk = _scores(q, k, offs_m, offs_n, _edge(start_m, mid_lo, mid_hi), S, W)
             p = tl.exp2(qk * qk_scale - lse2[:, None])
             dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv)
             ds = (p * (tl.dot(do, tl.trans(v)) - delta[:, None])).to(q.dtype)
@@ -377,11 +381,7 @@ if triton is not None:
                 sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
                 D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
         """dQ recomputing the probabilities (three matrix products per tile; no extra memory)."""
-        start_m = tl.program_id(0)
-        bh = tl.program_id(1)
-        b = bh // HQ
-        h = bh % HQ
-        hk = h // GROUP
+        start_m, bh, b, h, hk = _query_program(HQ, GROUP)
         kv_row0 = (b * HKV + hk) * S
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
@@ -397,9 +397,7 @@ if triton is not None:
         for start_n in range(lo, hi, BLOCK_N):
             k = _block(K, Kh, kv_row0, start_n, sks, offs_d, S, BLOCK_N, TMA)
             v = _block(V, Vh, kv_row0, start_n, svs, offs_d, S, BLOCK_N, TMA)
-            qk = tl.dot(q, tl.trans(k))
-            if _edge(start_n, mid_lo, mid_hi):
-                qk = tl.where(_in_window(offs_m, start_n + tl.arange(0, BLOCK_N), S, W), qk, float("-inf"))
+            qk = _scores(q, k, offs_m, start_n + tl.arange(0, BLOCK_N), _edge(start_n, mid_lo, mid_hi), S, W)
             p = tl.exp2(qk * qk_scale - lse2[:, None])
             ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
             dq = tl.dot(ds.to(k.dtype), k, dq)
@@ -410,11 +408,7 @@ if triton is not None:
                         sqb, sqh, sqs, skb, skh, sks,
                         D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
         """dQ from the dS tiles the dK/dV kernel stored (one matrix product per tile)."""
-        start_m = tl.program_id(0)
-        bh = tl.program_id(1)
-        b = bh // HQ
-        h = bh % HQ
-        hk = h // GROUP
+        start_m, bh, b, h, hk = _query_program(HQ, GROUP)
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
         offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
