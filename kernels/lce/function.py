@@ -323,7 +323,8 @@ def linear_cross_entropy(
         return_z_loss: also return the z-loss term (detached; it is already in ``loss``).
         chunk_size: rows per chunk (default: the logits buffer stays within a fixed budget:
             on CUDA 256 MiB, or 512 MiB when a float32 weight-gradient accumulator is held
-            anyway; 64 MiB elsewhere).
+            anyway, or every row in one chunk when its logits take no more memory than that
+            accumulator, which one chunk does not need; 64 MiB elsewhere).
         accum_dtype: dtype of the weight/bias-gradient accumulator across chunks: float32
             (default), float64, or the input dtype to accumulate in the gradient itself (saves
             a weight-sized float32 buffer, at one rounding per chunk). Under bf16/fp16 autocast
