@@ -470,12 +470,12 @@ def ds_layout(s: int, window: int, blocks: Blocks) -> tuple[int, int]:
     Slot ``j - first(i)`` of query block ``i`` holds the (block_m x block_n) tile of key block
     ``j``, where ``first(i)`` is the first key block the window of query block ``i`` reaches."""
     bm, bn = blocks.block_m, blocks.block_n
-    nqb = triton.cdiv(s, bm)
+    nqb = -(-s // bm)
     # the largest number of key blocks one query block reaches: its key range [m0 - W + 1, m0 + bm)
     # (clipped at 0 and S) starts at m0 - W + 1, whose offset inside a key block repeats with
     # period bn / gcd(bm, bn) in the query block index
     slots = 0
-    for i in {*range(min(nqb, bn // math.gcd(bm, bn) + triton.cdiv(window, bm) + 1)), nqb - 1}:
+    for i in {*range(min(nqb, bn // math.gcd(bm, bn) + -(-window // bm) + 1)), nqb - 1}:
         m0 = i * bm
         first, last = max(m0 - window + 1, 0) // bn, (min(m0 + bm, s) - 1) // bn
         slots = max(slots, last - first + 1)

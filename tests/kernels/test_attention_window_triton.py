@@ -80,6 +80,30 @@ def test_window_kernel_under_interpreter_matches_float64_reference() -> None:
     assert "worst" in proc.stdout
 
 
+def test_gpus_without_tma_get_the_same_shapes_with_pointer_loads() -> None:
+    for cfg in wt.GPU_CONFIGS.values():
+        plain = wt.pointer_loads(cfg)
+        for name in ("fwd", "dkdv", "dq", "dq_from_ds"):
+            shipped, fallback = getattr(cfg, name), getattr(plain, name)
+            assert (shipped is None) == (fallback is None)
+            if shipped is not None:
+                assert not fallback.tma and (fallback.block_m, fallback.block_n, fallback.warps, fallback.stages,
+                                             fallback.pair) == (shipped.block_m, shipped.block_n, shipped.warps,
+                                                                shipped.stages, shipped.pair)
+
+
+def test_ds_layout_counts_the_key_blocks_every_query_block_reaches() -> None:
+    import random
+
+    rng = random.Random(0)
+    for _ in range(500):
+        s, w = rng.randint(1, 700), rng.randint(1, 300)
+        bm, bn = rng.choice([16, 32, 64, 128]), rng.choice([16, 32, 64, 128])
+        nqb = -(-s // bm)
+        reach = [(min(i * bm + bm, s) - 1) // bn - max(i * bm - w + 1, 0) // bn + 1 for i in range(nqb)]
+        assert wt.ds_layout(s, w, wt.Blocks(bm, bn)) == (nqb, max(reach)), (s, w, bm, bn)
+
+
 def test_window_backend_refuses_what_it_cannot_compute() -> None:
     q = torch.randn(1, 2, 8, 16)
     with pytest.raises(AttentionInputError, match="causal SlidingWindow"):
