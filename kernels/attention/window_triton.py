@@ -213,6 +213,21 @@ if triton is not None:
         return tl.program_id(0), bh, bh // HQ, h, h // GROUP
 
     @triton.jit
+    def _kv_tiles(K, Kh, V, Vh, kv_row0, start_n, sks, svs, offs_d, S, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+        """The key and value tiles of rows ``start_n .. start_n + BLOCK_N`` of one kv head."""
+        return (_block(K, Kh, kv_row0, start_n, sks, offs_d, S, BLOCK_N, TMA),
+                _block(V, Vh, kv_row0, start_n, svs, offs_d, S, BLOCK_N, TMA))
+
+    @triton.jit
+    def _fwd_init(BLOCK_M: tl.constexpr, D: tl.constexpr):
+        """A query block's online-softmax state before any key: (acc, running max, row sum).
+
+        The running max starts finite: a row that has seen no key yet gets exp2(-inf - m) = 0."""
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        return tl.zeros([BLOCK_M, D], dtype=tl.float32), m_i, l_i
+
+    @triton.jit
     def _fwd_tile(acc, m_i, l_i, q, k, v, offs_m, start_n, edge, S, W, qk_scale, BLOCK_N: tl.constexpr):
         """Online-softmax update of one query block's state with one key tile (masked on edges)."""
         qk = _scores(q, k, offs_m, start_n + tl.arange(0, BLOCK_N), edge, S, W)
@@ -222,6 +237,16 @@ if triton is not None:
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         return acc, m_new, l_i
+
+    @triton.jit
+    def _fwd_span(acc, m_i, l_i, q, K, Kh, V, Vh, kv_row0, offs_m, offs_d, lo, hi, mid_lo, mid_hi, S, W, sks, svs,
+                  qk_scale, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+        """One query block's state through the key tiles of [lo, hi) (one loop: one pipeline)."""
+        for start_n in range(lo, hi, BLOCK_N):
+            k, v = _kv_tiles(K, Kh, V, Vh, kv_row0, start_n, sks, svs, offs_d, S, BLOCK_N, TMA)
+            acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, k, v, offs_m, start_n, _edge(start_n, mid_lo, mid_hi),
+                                      S, W, qk_scale, BLOCK_N)
+        return acc, m_i, l_i
 
     @triton.jit
     def _fwd_store(O, LSE, acc, m_i, l_i, b, h, bh, offs_m, offs_d, S, sob, soh, sos):
@@ -241,18 +266,11 @@ if triton is not None:
         q = _block(Q, _head(Q, b, h, sqb, sqh, TMA), bh * S, start_m * BLOCK_M, sqs, offs_d, S, BLOCK_M, TMA)
         Kh = _head(K, b, hk, skb, skh, TMA)
         Vh = _head(V, b, hk, svb, svh, TMA)
-        # the running max starts finite: a row that has seen no key yet gets exp2(-inf - m) = 0
-        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+        acc, m_i, l_i = _fwd_init(BLOCK_M, D)
         qk_scale = sm_scale * 1.4426950408889634
         lo, mid_lo, mid_hi, hi = _key_spans(start_m, S, W, BLOCK_M, BLOCK_N)
-        # one loop over every key tile (one software pipeline); only edge tiles compute the mask
-        for start_n in range(lo, hi, BLOCK_N):
-            k = _block(K, Kh, kv_row0, start_n, sks, offs_d, S, BLOCK_N, TMA)
-            v = _block(V, Vh, kv_row0, start_n, svs, offs_d, S, BLOCK_N, TMA)
-            acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, k, v, offs_m, start_n, _edge(start_n, mid_lo, mid_hi),
-                                      S, W, qk_scale, BLOCK_N)
+        acc, m_i, l_i = _fwd_span(acc, m_i, l_i, q, K, Kh, V, Vh, kv_row0, offs_m, offs_d, lo, hi, mid_lo, mid_hi,
+                                  S, W, sks, svs, qk_scale, BLOCK_N, TMA)
         _fwd_store(O, LSE, acc, m_i, l_i, b, h, bh, offs_m, offs_d, S, sob, soh, sos)
 
     @triton.jit
@@ -274,39 +292,27 @@ if triton is not None:
         has_b = (blk_a + 1) * BLOCK_M < S
         q_a = _block(Q, Qh, bh * S, blk_a * BLOCK_M, sqs, offs_d, S, BLOCK_M, TMA)
         q_b = _block(Q, Qh, bh * S, (blk_a + 1) * BLOCK_M, sqs, offs_d, S, BLOCK_M, TMA)
-        m_a = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-        l_a = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc_a = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-        m_b = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-        l_b = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc_b = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+        acc_a, m_a, l_a = _fwd_init(BLOCK_M, D)
+        acc_b, m_b, l_b = _fwd_init(BLOCK_M, D)
         lo_a, mid_lo_a, mid_hi_a, hi_a = _key_spans(blk_a, S, W, BLOCK_M, BLOCK_N)
         lo_b, mid_lo_b, mid_hi_b, hi_b = _key_spans(blk_a + 1, S, W, BLOCK_M, BLOCK_N)
         hi_b = tl.where(has_b, hi_b, lo_b)
-        # three loops, none with a matrix product under a condition (the pipeliner skips those):
-        # key tiles of block a alone, the tiles both blocks reach (loaded once), those of b alone
-        for start_n in range(lo_a, tl.minimum(lo_b, hi_a), BLOCK_N):
-            k = _block(K, Kh, kv_row0, start_n, sks, offs_d, S, BLOCK_N, TMA)
-            v = _block(V, Vh, kv_row0, start_n, svs, offs_d, S, BLOCK_N, TMA)
-            acc_a, m_a, l_a = _fwd_tile(acc_a, m_a, l_a, q_a, k, v, offs_a, start_n,
-                                        _edge(start_n, mid_lo_a, mid_hi_a), S, W, qk_scale, BLOCK_N)
-        for start_n in range(tl.minimum(lo_b, hi_a), tl.minimum(hi_a, hi_b), BLOCK_N):
-            k = _block(K, Kh, kv_row0, start_n, sks, offs_d, S, BLOCK_N, TMA)
-            v = _block(V, Vh, kv_row0, start_n, svs, offs_d, S, BLOCK_N, TMA)
+        # no matrix product under a condition (the pipeliner skips those): key tiles of block a
+        # alone, the tiles both blocks reach (loaded once), a's tail when b is absent, b's alone
+        both_lo, both_hi = tl.minimum(lo_b, hi_a), tl.minimum(hi_a, hi_b)
+        acc_a, m_a, l_a = _fwd_span(acc_a, m_a, l_a, q_a, K, Kh, V, Vh, kv_row0, offs_a, offs_d, lo_a, both_lo,
+                                    mid_lo_a, mid_hi_a, S, W, sks, svs, qk_scale, BLOCK_N, TMA)
+        for start_n in range(both_lo, both_hi, BLOCK_N):
+            k, v = _kv_tiles(K, Kh, V, Vh, kv_row0, start_n, sks, svs, offs_d, S, BLOCK_N, TMA)
             acc_a, m_a, l_a = _fwd_tile(acc_a, m_a, l_a, q_a, k, v, offs_a, start_n,
                                         _edge(start_n, mid_lo_a, mid_hi_a), S, W, qk_scale, BLOCK_N)
             acc_b, m_b, l_b = _fwd_tile(acc_b, m_b, l_b, q_b, k, v, offs_b, start_n,
                                         _edge(start_n, mid_lo_b, mid_hi_b), S, W, qk_scale, BLOCK_N)
-        for start_n in range(tl.minimum(hi_a, hi_b), hi_a, BLOCK_N):  # a's tail when b is absent
-            k = _block(K, Kh, kv_row0, start_n, sks, offs_d, S, BLOCK_N, TMA)
-            v = _block(V, Vh, kv_row0, start_n, svs, offs_d, S, BLOCK_N, TMA)
-            acc_a, m_a, l_a = _fwd_tile(acc_a, m_a, l_a, q_a, k, v, offs_a, start_n,
-                                        _edge(start_n, mid_lo_a, mid_hi_a), S, W, qk_scale, BLOCK_N)
-        for start_n in range(tl.maximum(hi_a, lo_b), hi_b, BLOCK_N):
-            k = _block(K, Kh, kv_row0, start_n, sks, offs_d, S, BLOCK_N, TMA)
-            v = _block(V, Vh, kv_row0, start_n, svs, offs_d, S, BLOCK_N, TMA)
-            acc_b, m_b, l_b = _fwd_tile(acc_b, m_b, l_b, q_b, k, v, offs_b, start_n,
-                                        _edge(start_n, mid_lo_b, mid_hi_b), S, W, qk_scale, BLOCK_N)
+        acc_a, m_a, l_a = _fwd_span(acc_a, m_a, l_a, q_a, K, Kh, V, Vh, kv_row0, offs_a, offs_d, both_hi, hi_a,
+                                    mid_lo_a, mid_hi_a, S, W, sks, svs, qk_scale, BLOCK_N, TMA)
+        acc_b, m_b, l_b = _fwd_span(acc_b, m_b, l_b, q_b, K, Kh, V, Vh, kv_row0, offs_b, offs_d,
+                                    tl.maximum(hi_a, lo_b), hi_b, mid_lo_b, mid_hi_b, S, W, sks, svs, qk_scale,
+                                    BLOCK_N, TMA)
         _fwd_store(O, LSE, acc_a, m_a, l_a, b, h, bh, offs_a, offs_d, S, sob, soh, sos)
         if has_b:
             _fwd_store(O, LSE, acc_b, m_b, l_b, b, h, bh, offs_b, offs_d, S, sob, soh, sos)
@@ -395,8 +401,7 @@ if triton is not None:
         qk_scale = sm_scale * 1.4426950408889634
         lo, mid_lo, mid_hi, hi = _key_spans(start_m, S, W, BLOCK_M, BLOCK_N)
         for start_n in range(lo, hi, BLOCK_N):
-            k = _block(K, Kh, kv_row0, start_n, sks, offs_d, S, BLOCK_N, TMA)
-            v = _block(V, Vh, kv_row0, start_n, svs, offs_d, S, BLOCK_N, TMA)
+            k, v = _kv_tiles(K, Kh, V, Vh, kv_row0, start_n, sks, svs, offs_d, S, BLOCK_N, TMA)
             qk = _scores(q, k, offs_m, start_n + tl.arange(0, BLOCK_N), _edge(start_n, mid_lo, mid_hi), S, W)
             p = tl.exp2(qk * qk_scale - lse2[:, None])
             ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
