@@ -42,20 +42,20 @@ def default_chunk_size(
     num_classes: int,
     dtype: torch.dtype,
     device: torch.device,
-    wide_accumulator: bool = False,
     accumulator_bytes: int = 0,
 ) -> int:
     """Rows per chunk: the largest multiple of 64 (at least 64) whose logits fit the budget.
 
-    ``accumulator_bytes``: the weight-sized float32 dW accumulator that many chunks would need.
-    On CUDA, when all rows' logits take no more memory than it, one chunk of every row is
-    returned: one product then accumulates all of dW in float32 inside the matrix unit and
-    rounds once, so the accumulator, its passes and its final conversion are not needed."""
+    ``accumulator_bytes``: the weight-sized float32 dW accumulator that many chunks would need
+    (0: none). On CUDA, when all rows' logits take no more memory than it, one chunk of every
+    row is returned: one product then accumulates all of dW in float32 inside the matrix unit
+    and rounds once, so the accumulator, its passes and its final conversion are not needed;
+    otherwise a held accumulator raises the budget (fewer passes over it)."""
     elem = torch.empty((), dtype=dtype).element_size()
     if device.type == "cuda" and accumulator_bytes and num_rows * num_classes * elem <= accumulator_bytes:
         return max(1, num_rows)
     if device.type == "cuda":
-        budget = CUDA_WIDE_ACCUM_CHUNK_BYTES if wide_accumulator else CUDA_CHUNK_BYTES
+        budget = CUDA_WIDE_ACCUM_CHUNK_BYTES if accumulator_bytes else CUDA_CHUNK_BYTES
     else:
         budget = CPU_CHUNK_BYTES
     if device.type != "cuda":

@@ -362,7 +362,7 @@ def linear_cross_entropy(
         flat_target = flat_target.long()
     n, num_classes = x2d.shape[0], w2d.shape[0]
     wide = weight.requires_grad and torch.promote_types(accum_dtype, weight.dtype) != weight.dtype
-    rows = chunk_size or default_chunk_size(n, num_classes, input.dtype, input.device, wide_accumulator=wide,
+    rows = chunk_size or default_chunk_size(n, num_classes, input.dtype, input.device,
                                             accumulator_bytes=num_classes * x2d.shape[1] * 4 if wide else 0)
     plan = _Plan(
         cfg=cfg,

@@ -163,10 +163,10 @@ def test_one_chunk_replaces_the_float32_accumulator_when_all_logits_fit_in_its_s
     h, v = 4096, 128256
     acc_bytes = v * h * 4
     # N=4096 bf16: 1 GiB of logits against a 2 GiB float32 accumulator -> every row in one chunk
-    assert default_chunk_size(4096, v, torch.bfloat16, cuda, wide_accumulator=True, accumulator_bytes=acc_bytes) == 4096
-    assert default_chunk_size(8192, v, torch.bfloat16, cuda, wide_accumulator=True, accumulator_bytes=acc_bytes) == 8192
+    assert default_chunk_size(4096, v, torch.bfloat16, cuda, accumulator_bytes=acc_bytes) == 4096
+    assert default_chunk_size(8192, v, torch.bfloat16, cuda, accumulator_bytes=acc_bytes) == 8192
     # N=16384: 4 GiB of logits would exceed it -> chunks within the wide-accumulator budget
-    rows = default_chunk_size(16384, v, torch.bfloat16, cuda, wide_accumulator=True, accumulator_bytes=acc_bytes)
+    rows = default_chunk_size(16384, v, torch.bfloat16, cuda, accumulator_bytes=acc_bytes)
     assert rows < 16384 and rows * v * 2 <= CUDA_WIDE_ACCUM_CHUNK_BYTES
     # no accumulator asked about, or on the CPU: the budget rule alone
     assert default_chunk_size(4096, v, torch.bfloat16, cuda) < 4096
