@@ -439,7 +439,7 @@ def _operand(t: Tensor, rows: int, tma: bool) -> object:
     if not tma:
         return t
     if not t.is_contiguous():
-        raise ValueError("TMA loads need a contiguous (B, H, S, D) operand")
+        raise AttentionInputError(f"TMA loads need a contiguous (B, H, S, D) operand, got strides {tuple(t.stride())}")
     return TensorDescriptor.from_tensor(t.view(-1, t.shape[-1]), [rows, t.shape[-1]])
 
 
@@ -451,7 +451,7 @@ def launch_forward(q: Tensor, k: Tensor, v: Tensor, window: int, scale: float, b
     lse2 = torch.empty((bsz, hq, s), device=q.device, dtype=torch.float32)
     bm, bn, tma = blocks.block_m, blocks.block_n, blocks.tma
     if blocks.pair and bm % bn:
-        raise ValueError(f"paired query blocks need block_n to divide block_m, got {blocks}")
+        raise AttentionInputError(f"paired query blocks need block_n to divide block_m, got {blocks}")
     kernel, grid = ((_fwd_pair, (triton.cdiv(s, 2 * bm), bsz * hq)) if blocks.pair
                     else (_fwd, (triton.cdiv(s, bm), bsz * hq)))
     kernel[grid](_operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), o, lse2, scale, s, window,
@@ -534,7 +534,7 @@ def launch_dq_from_ds(q: Tensor, k: Tensor, ds: Tensor, window: int, scale: floa
     bsz, hq, s, d = q.shape
     nqb, slots = ds_layout(s, window, blocks)
     if tuple(ds.shape) != (bsz * hq, nqb, slots, blocks.block_m, blocks.block_n):
-        raise ValueError(f"dS buffer of shape {tuple(ds.shape)} was not written with blocks {blocks}")
+        raise AttentionInputError(f"dS buffer of shape {tuple(ds.shape)} was not written with blocks {blocks}")
     dq = torch.empty_like(q)
     _bwd_dq_from_ds[(nqb, bsz * hq)](
         _operand(k, blocks.block_n, tma), ds, dq, scale, s, window, hq // k.shape[1], hq, k.shape[1], nqb, slots,

@@ -104,6 +104,19 @@ def test_ds_layout_counts_the_key_blocks_every_query_block_reaches() -> None:
         assert wt.ds_layout(s, w, wt.Blocks(bm, bn)) == (nqb, max(reach)), (s, w, bm, bn)
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_launchers_refuse_what_their_kernels_cannot_take() -> None:
+    q = torch.randn(1, 2, 64, 16)
+    with pytest.raises(AttentionInputError, match="contiguous"):
+        wt._operand(q.transpose(1, 2), 16, tma=True)
+    with pytest.raises(AttentionInputError, match="block_n to divide block_m"):
+        wt.launch_forward(q, q, q, 8, 0.25, wt.Blocks(32, 64, pair=True))
+    blocks = wt.Blocks(16, 16)
+    wrong = torch.empty(2, 4, 3, 16, 16)  # layout for S=64, window 8 is 4 query blocks x 2 slots
+    with pytest.raises(AttentionInputError, match="was not written with blocks"):
+        wt.launch_dq_from_ds(q, q, wrong, 8, 0.25, blocks)
+
+
 def test_window_backend_refuses_what_it_cannot_compute() -> None:
     q = torch.randn(1, 2, 8, 16)
     with pytest.raises(AttentionInputError, match="causal SlidingWindow"):
