@@ -43,8 +43,8 @@ def ptxas_path() -> str | None:
     return path if os.access(path, os.X_OK) else None
 
 
-def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90, store_ds: bool = True
-              ) -> dict[str, Any]:
+def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90, store_ds: bool = True,
+              fused_delta: bool = False) -> dict[str, Any]:
     """Compile one kernel at one launch shape for ``sm_<arch>a`` (bf16 inputs) and read ptxas's report."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -56,10 +56,13 @@ def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90, sto
         consts["STORE_DS"] = store_ds
     if "TMA" in names:
         consts["TMA"] = blocks.tma
+    if "FUSED_DELTA" in names:
+        consts["FUSED_DELTA"] = fused_delta
     signature = {n: "constexpr" if n in consts else "*bf16" if n in _POINTERS else "*fp32" if n in _FLOAT32_POINTERS
                  else "fp32" if n == "sm_scale" else "i32" for n in names}
     if blocks.tma:  # the loaded operands are descriptors of (rows per tile) x D tiles
-        tile_rows = {"Q": blocks.block_m, "DO": blocks.block_m, "K": blocks.block_n, "V": blocks.block_n}
+        tile_rows = {"Q": blocks.block_m, "DO": blocks.block_m, "K": blocks.block_n, "V": blocks.block_n,
+                     **({"O": blocks.block_m} if fused_delta else {})}
         signature.update({n: f"tensordesc<bf16[{rows}, {head_dim}]>" for n, rows in tile_rows.items() if n in names})
     # what a launch specializes on: tensors 16-byte aligned, sizes and strides multiples of 16
     # (S=32768, window 256, contiguous heads). Without these hints the loads are not vectorized
@@ -82,7 +85,8 @@ def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90, sto
         return int(found.group(1)) if found else 0
 
     ttgir = compiled.asm["ttgir"]
-    return {"kernel": kernel, "blocks": str(blocks), "head_dim": head_dim, "registers": number(r"Used (\d+) registers"),
+    return {"kernel": kernel + ("+delta" if fused_delta and "FUSED_DELTA" in names else ""), "blocks": str(blocks),
+            "head_dim": head_dim, "registers": number(r"Used (\d+) registers"),
             "async_copies": ttgir.count("ttg.async_copy_global_to_local"),
             "tma_copies": ttgir.count("ttng.async_tma_copy_global_to_local"),
             "spill_stores": number(r"(\d+) bytes spill stores"), "spill_loads": number(r"(\d+) bytes spill loads"),
@@ -95,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS))
     for kernel in KERNELS:
         ap.add_argument(f"--{kernel}-shapes", nargs="+", type=parse_blocks, default=None, metavar="MxN/wW/sS")
+    ap.add_argument("--fused-delta", action="store_true",
+                    help="the backward kernels computing delta from O themselves (WindowConfig.fused_delta)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if ptxas_path() is None:
@@ -104,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     for kernel in args.kernels:
         for blocks in getattr(args, f"{kernel}_shapes") or KERNELS[kernel][1]:
             try:
-                rows.append(resources(kernel, blocks, args.dim))
+                rows.append(resources(kernel, blocks, args.dim, fused_delta=args.fused_delta))
             except Exception as exc:  # a shape the compiler rejects is a row too
                 rows.append({"kernel": kernel, "blocks": str(blocks), "head_dim": args.dim,
                              "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:160]})
@@ -116,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwindow_static  sm_90a  head dim {args.dim}  (spills in bytes per thread; * = shipped shape)")
     print(f"{'kernel':<6} {'shape':<16} {'regs':>5} {'spill st':>9} {'spill ld':>9} {'shared KiB':>10} {'async ld':>8} {'tma ld':>6}")
     for r in sorted(rows, key=lambda r: (r["kernel"], r.get("spill_stores", 1 << 30), r["blocks"])):
-        mark = "*" if shipped is not None and r["blocks"] == str(getattr(shipped, FIELDS[r["kernel"]])) else " "
+        field = FIELDS[r["kernel"].removesuffix("+delta")]
+        mark = "*" if shipped is not None and r["blocks"] == str(getattr(shipped, field)) else " "
         if "error" in r:
             print(f"{r['kernel']:<6} {r['blocks']:<15}{mark} {r['error']}")
         else:

@@ -43,7 +43,7 @@ DKDV = [B(m, n, w, s, t) for (m, n), w, s, t in itertools.product(
 DQ = [B(m, n, w, s, t) for (m, n), w, s, t in itertools.product(
     [(64, 32), (64, 64), (128, 32), (128, 64), (32, 64)], (4, 8), (2, 3), (False, True))]
 #: the WindowConfig field each searched kernel's shape goes to
-FIELDS = {"fwd": "fwd", "dkdv": "dkdv", "dq": "dq", "dqds": "dq_from_ds"}
+FIELDS = {"fwd": "fwd", "dkdv": "dkdv", "dq": "dq", "dqds": "dq_from_ds", "dkdv-delta": "dkdv"}
 #: dQ from stored dS: warps and stages only (its tiles are the dK/dV kernel's; 0x0 stands for them)
 DQDS = [B(0, 0, w, s, t) for w, s, t in itertools.product((4, 8), (2, 3, 4), (False, True))]
 
@@ -118,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--window", type=int, default=256)
     ap.add_argument("--kernels", nargs="+", default=["fwd", "dkdv", "dq", "dqds"],
-                    choices=["fwd", "dkdv", "dq", "dqds"],
-                    help="dqds: dQ from the dS tiles the dK/dV kernel stores (then timed storing them)")
+                    choices=["fwd", "dkdv", "dq", "dqds", "dkdv-delta"],
+                    help="dqds: dQ from the dS tiles the dK/dV kernel stores (then timed storing them); "
+                         "dkdv-delta: the dK/dV kernel computing delta from O itself (timed beside the delta "
+                         "kernel, and the whole passes with WindowConfig.fused_delta too)")
     ap.add_argument("--baseline", default=None, metavar="FILE",
                     help="another copy of window_triton.py (e.g. the previous version) timed whole beside this one")
     ap.add_argument("--flex", action=argparse.BooleanOptionalAction, default=True,
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="window_tune.json")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1")
     ap.add_argument("--candidates", type=int, default=None, help="try only the first N shapes per kernel")
-    for kernel in ("fwd", "dkdv", "dq", "dqds"):
+    for kernel in ("fwd", "dkdv", "dq", "dqds", "dkdv-delta"):
         ap.add_argument(f"--{kernel}-shapes", nargs="+", type=parse_blocks, default=None, metavar="MxN/wW/sS",
                         help=f"{kernel} shapes to try instead of the built-in list")
     args = ap.parse_args(argv)
@@ -152,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     dk, dv, _ = wt.launch_dkdv(q, k, v, do, lse2, delta, w, scale, shipped.dkdv)
     dq = wt.launch_dq(q, k, v, do, lse2, delta, w, scale, shipped.dq)
     lists = {"fwd": pick(args.fwd_shapes or FWD), "dkdv": pick(args.dkdv_shapes or DKDV),
-             "dq": pick(args.dq_shapes or DQ), "dqds": pick(args.dqds_shapes or DQDS)}
+             "dq": pick(args.dq_shapes or DQ), "dqds": pick(args.dqds_shapes or DQDS),
+             "dkdv-delta": pick(args.dkdv_delta_shapes or args.dkdv_shapes or DKDV)}
     store_ds = "dqds" in args.kernels
     total = sum(len(lists[kernel]) for kernel in args.kernels)
     # each kernel's search gets a share of the budget in proportion to its candidates
@@ -165,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         rows += search("dkdv", lists["dkdv"],
                        lambda b: wt.launch_dkdv(q, k, v, do, lse2, delta, w, scale, b, store_ds=store_ds)[:2],
                        (dk, dv), 8.0 * pairs * d, end("dkdv"), time_fn)
+    if "dkdv-delta" in args.kernels:
+        rows += search("delta", [shipped.dq], lambda b: wt.launch_delta(o, do, b), (delta,), 0.0, end("dkdv-delta"),
+                       time_fn)
+        rows += search("dkdv-delta", lists["dkdv-delta"],
+                       lambda b: wt.launch_dkdv(q, k, v, do, lse2, None, w, scale, b, store_ds=store_ds, o=o)[:2],
+                       (dk, dv), 8.0 * pairs * d, end("dkdv-delta"), time_fn)
     if "dq" in args.kernels:
         rows += search("dq", lists["dq"], lambda b: wt.launch_dq(q, k, v, do, lse2, delta, w, scale, b), (dq,),
                        6.0 * pairs * d, end("dq"), time_fn)
@@ -189,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     configs = [("window_shipped", shipped), ("window_tuned", tuned)]
     if tuned.dq_from_ds is not None:
         configs.append(("window_tuned_recompute_dq", dataclasses.replace(tuned, dq_from_ds=None)))
+    if "dkdv-delta" in args.kernels:
+        best_fd = best_of([r for r in rows if r["kernel"] == "dkdv-delta"], tuned.dkdv)
+        configs.append(("window_fused_delta", dataclasses.replace(tuned, dkdv=best_fd, fused_delta=True)))
     for label, cfg in configs:
         def fn(cfg: wt.WindowConfig = cfg) -> torch.Tensor:
             wt.GPU_CONFIGS[d] = cfg  # this process only: the registry is the kernel's lookup table
@@ -240,12 +252,12 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\nwindow_tune  {meta['device']}  torch {torch.__version__}  S={s} Hq={args.heads} Hkv={hkv} "
           f"D={d} window {w} bf16")
-    for kernel in ("fwd", "dkdv", "dq", "dqds"):
+    for kernel in ("fwd", "dkdv", "dq", "dqds", "delta", "dkdv-delta"):
         ok = sorted((r for r in rows if r["kernel"] == kernel and "ms" in r), key=lambda r: r["ms"])
         failed = sum(1 for r in rows if r["kernel"] == kernel and "ms" not in r)
         if not ok:
             continue
-        ship = next((r for r in ok if r["blocks"] == str(getattr(shipped, FIELDS[kernel]))), None)
+        ship = next((r for r in ok if r["blocks"] == str(getattr(shipped, FIELDS.get(kernel, "dq")))), None)
         print(f"{kernel:>5}: best {ok[0]['blocks']:<16} {ok[0]['ms']:.3f} ms {ok[0]['tflops']:.0f} TF/s"
               + (f" | shipped {ship['blocks']} {ship['ms']:.3f} ms" if ship else "")
               + f" | runner-up " + ", ".join(f"{r['blocks']} {r['ms']:.3f}" for r in ok[1:4])

@@ -20,6 +20,7 @@ an H200; ``docs/bench/attention.md``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -36,7 +37,9 @@ except ImportError:  # pragma: no cover - exercised where triton is missing
     tl = None  # type: ignore[assignment]
     TensorDescriptor = None  # type: ignore[assignment,misc]
 
+from ..triton_launch import Launcher
 from .errors import AttentionInputError
+from .layout import aligned
 
 
 def available(device: torch.device) -> str | None:
@@ -80,6 +83,9 @@ class WindowConfig:
     dkdv: Blocks
     dq: Blocks
     dq_from_ds: Blocks | None = None
+    #: the backward kernels compute delta = rowsum(O · dO) per query tile themselves, instead of
+    #: a delta kernel's pass over O and dO before them
+    fused_delta: bool = False
 
 
 #: the interpreter (tests): small tiles keep it fast; the dS path for dQ, TMA loads and paired
@@ -106,17 +112,21 @@ def window_config(device: torch.device, head_dim: int) -> WindowConfig:
     if device.type == "cpu":
         return INTERPRETER_CONFIG
     nearest = GPU_CONFIGS[min(GPU_CONFIGS, key=lambda d: (abs(d - head_dim), d))]
-    if torch.cuda.get_device_capability(device) >= (9, 0):
+    if _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0):
         return nearest
     return pointer_loads(nearest)
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    """A CUDA device's compute capability (asked once per device: it is on every call's path)."""
+    return torch.cuda.get_device_capability(index)
+
+
 def pointer_loads(cfg: WindowConfig) -> WindowConfig:
     """``cfg`` with every kernel loading through pointers instead of TMA descriptors."""
-    def plain(blocks: Blocks | None) -> Blocks | None:
-        return None if blocks is None else dataclasses.replace(blocks, tma=False)
-
-    return WindowConfig(*(plain(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)))
+    return dataclasses.replace(cfg, **{f.name: dataclasses.replace(getattr(cfg, f.name), tma=False)
+                                       for f in dataclasses.fields(cfg) if isinstance(getattr(cfg, f.name), Blocks)})
 
 
 if triton is not None:
@@ -331,6 +341,16 @@ if triton is not None:
         tl.store(DELTA + bh * S + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=offs_m < S)
 
     @triton.jit
+    def _delta(O, DELTA, do, b, h, bh, start_m, offs_m, offs_d, S, sob, soh, sos,
+               BLOCK_M: tl.constexpr, TMA: tl.constexpr, FUSED: tl.constexpr):
+        """rowsum(O · dO) of one query tile: computed here from O (``FUSED``, O laid out as Q)
+        or loaded from the delta kernel's output."""
+        if FUSED:
+            o = _block(O, _head(O, b, h, sob, soh, TMA), bh * S, start_m, sos, offs_d, S, BLOCK_M, TMA)
+            return tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        return tl.load(DELTA + bh * S + offs_m, mask=offs_m < S, other=0.0)
+
+    @triton.jit
     def _first_key_block(start_m, W, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         """Index of the first key block query block ``start_m`` reaches (slot 0 of its dS row)."""
         return tl.maximum(start_m * BLOCK_M - W + 1, 0) // BLOCK_N
@@ -341,10 +361,10 @@ if triton is not None:
         return DS + ((bh * NQB + start_m).to(tl.int64) * NSLOT + slot) * (BLOCK_M * BLOCK_N)
 
     @triton.jit
-    def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DS, sm_scale, S, W, GROUP, HQ, HKV, NQB, NSLOT,
+    def _bwd_dkdv(Q, K, V, DO, O, LSE, DELTA, DK, DV, DS, sm_scale, S, W, GROUP, HQ, HKV, NQB, NSLOT,
                   sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_DS: tl.constexpr,
-                  TMA: tl.constexpr):
+                  TMA: tl.constexpr, FUSED_DELTA: tl.constexpr):
         start_n = tl.program_id(0)
         bhk = tl.program_id(1)
         b = bhk // HKV
@@ -369,7 +389,8 @@ if triton is not None:
             q = _block(Q, _head(Q, b, h, sqb, sqh, TMA), bh * S, start_m, sqs, offs_d, S, BLOCK_M, TMA)
             do = _block(DO, _head(DO, b, h, sdb, sdh, TMA), bh * S, start_m, sds, offs_d, S, BLOCK_M, TMA)
             lse2 = tl.load(LSE + bh * S + offs_m, mask=offs_m < S, other=0.0)
-            delta = tl.load(DELTA + bh * S + offs_m, mask=offs_m < S, other=0.0)
+            delta = _delta(O, DELTA, do, b, h, bh, start_m, offs_m, offs_d, S, sqb, sqh, sqs, BLOCK_M, TMA,
+                           FUSED_DELTA)
             qk = _scores(q, k, offs_m, offs_n, _edge(start_m, mid_lo, mid_hi), S, W)
             p = tl.exp2(qk * qk_scale - lse2[:, None])
             dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv)
@@ -383,9 +404,10 @@ if triton is not None:
         _store_tile(DV + b * svb + hk * svh, offs_n, svs, offs_d, S, dv)
 
     @triton.jit
-    def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sm_scale, S, W, GROUP, HQ, HKV,
+    def _bwd_dq(Q, K, V, DO, O, LSE, DELTA, DQ, sm_scale, S, W, GROUP, HQ, HKV,
                 sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
-                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+                FUSED_DELTA: tl.constexpr):
         """dQ recomputing the probabilities (three matrix products per tile; no extra memory)."""
         start_m, bh, b, h, hk = _query_program(HQ, GROUP)
         kv_row0 = (b * HKV + hk) * S
@@ -394,7 +416,8 @@ if triton is not None:
         q = _block(Q, _head(Q, b, h, sqb, sqh, TMA), bh * S, start_m * BLOCK_M, sqs, offs_d, S, BLOCK_M, TMA)
         do = _block(DO, _head(DO, b, h, sdb, sdh, TMA), bh * S, start_m * BLOCK_M, sds, offs_d, S, BLOCK_M, TMA)
         lse2 = tl.load(LSE + bh * S + offs_m, mask=offs_m < S, other=0.0)
-        delta = tl.load(DELTA + bh * S + offs_m, mask=offs_m < S, other=0.0)
+        delta = _delta(O, DELTA, do, b, h, bh, start_m * BLOCK_M, offs_m, offs_d, S, sqb, sqh, sqs, BLOCK_M, TMA,
+                       FUSED_DELTA)
         Kh = _head(K, b, hk, skb, skh, TMA)
         Vh = _head(V, b, hk, svb, svh, TMA)
         dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
@@ -429,6 +452,13 @@ if triton is not None:
         _store_tile(DQ + b * sqb + h * sqh, offs_m, sqs, offs_d, S, dq * sm_scale)
 
 
+if triton is not None:
+    #: each kernel's launcher: past a first launch, later ones of the same specialization skip
+    #: Triton's argument binding (``kernels/triton_launch.py``)
+    _LAUNCH = {kernel.__name__: Launcher(kernel)
+               for kernel in (_fwd, _fwd_pair, _bwd_delta, _bwd_dkdv, _bwd_dq, _bwd_dq_from_ds)}
+
+
 def _qkv_strides(*tensors: Tensor) -> tuple[int, ...]:
     return tuple(s for t in tensors for s in t.stride()[:3])
 
@@ -452,9 +482,9 @@ def launch_forward(q: Tensor, k: Tensor, v: Tensor, window: int, scale: float, b
     bm, bn, tma = blocks.block_m, blocks.block_n, blocks.tma
     if blocks.pair and bm % bn:
         raise AttentionInputError(f"paired query blocks need block_n to divide block_m, got {blocks}")
-    kernel, grid = ((_fwd_pair, (triton.cdiv(s, 2 * bm), bsz * hq)) if blocks.pair
-                    else (_fwd, (triton.cdiv(s, bm), bsz * hq)))
-    kernel[grid](_operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), o, lse2, scale, s, window,
+    kernel, grid = (("_fwd_pair", (triton.cdiv(s, 2 * bm), bsz * hq)) if blocks.pair
+                    else ("_fwd", (triton.cdiv(s, bm), bsz * hq)))
+    _LAUNCH[kernel](grid, _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), o, lse2, scale, s, window,
                hq // k.shape[1], hq, k.shape[1], *_qkv_strides(q, k, v, o), D=d, BLOCK_M=bm, BLOCK_N=bn, TMA=tma,
                num_warps=blocks.warps, num_stages=blocks.stages)
     return o, lse2
@@ -464,11 +494,12 @@ def launch_delta(o: Tensor, do: Tensor, blocks: Blocks) -> Tensor:
     """rowsum(O · dO), float32, (B, Hq, S)."""
     bsz, hq, s, d = o.shape
     delta = torch.empty((bsz, hq, s), device=o.device, dtype=torch.float32)
-    _bwd_delta[(triton.cdiv(s, blocks.block_m), bsz * hq)](
+    _LAUNCH["_bwd_delta"]((triton.cdiv(s, blocks.block_m), bsz * hq),
         o, do, delta, s, hq, *_qkv_strides(o, do), D=d, BLOCK_M=blocks.block_m, num_warps=blocks.warps)
     return delta
 
 
+@functools.lru_cache(maxsize=256)
 def ds_layout(s: int, window: int, blocks: Blocks) -> tuple[int, int]:
     """``(query blocks, slots per query block)`` of the dS buffer for dK/dV tiles ``blocks``.
 
@@ -493,38 +524,56 @@ def ds_bytes(q: Tensor, window: int, blocks: Blocks) -> int:
     return q.shape[0] * q.shape[1] * nqb * slots * blocks.block_m * blocks.block_n * q.element_size()
 
 
-def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: Tensor, window: int,
-                scale: float, blocks: Blocks, *, store_ds: bool = False
+def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: Tensor | None, window: int,
+                scale: float, blocks: Blocks, *, store_ds: bool = False, o: Tensor | None = None
                 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Run the dK/dV kernel (one program per key block and kv head): ``(dk, dv, ds)``.
 
+    ``delta`` is :func:`launch_delta`'s output; with ``delta=None`` the kernel computes it per
+    query tile from ``o`` (laid out as ``q``), which saves the delta kernel's pass over O and dO.
     With ``store_ds`` it also writes every tile's dS (the input dtype; the values the dQ
     product uses) into a buffer laid out by :func:`ds_layout`, else ``ds`` is None."""
     bsz, hq, s, d = q.shape
     hkv = k.shape[1]
+    o = _delta_source(q, o, delta)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     nqb, slots = ds_layout(s, window, blocks)
     ds = (torch.empty((bsz * hq, nqb, slots, blocks.block_m, blocks.block_n), device=q.device, dtype=q.dtype)
           if store_ds else None)
     bm, bn, tma = blocks.block_m, blocks.block_n, blocks.tma
-    _bwd_dkdv[(triton.cdiv(s, bn), bsz * hkv)](
-        _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), _operand(do, bm, tma), lse2, delta,
+    _LAUNCH["_bwd_dkdv"]((triton.cdiv(s, bn), bsz * hkv),
+        _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), _operand(do, bm, tma),
+        _operand(o, bm, tma) if delta is None else lse2, lse2, lse2 if delta is None else delta,
         dk, dv, ds if ds is not None else dk, scale, s, window, hq // hkv, hq, hkv, nqb, slots,
         *_qkv_strides(q, k, v, do), D=d, BLOCK_M=bm, BLOCK_N=bn, STORE_DS=store_ds, TMA=tma,
-        num_warps=blocks.warps, num_stages=blocks.stages)
+        FUSED_DELTA=delta is None, num_warps=blocks.warps, num_stages=blocks.stages)
     return dk, dv, ds
 
 
-def launch_dq(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: Tensor, window: int,
-              scale: float, blocks: Blocks) -> Tensor:
-    """Run the dQ kernel that recomputes the probabilities (one program per query block and head)."""
+def _delta_source(q: Tensor, o: Tensor | None, delta: Tensor | None) -> Tensor | None:
+    """Check the backward kernels' delta inputs: exactly one of ``o`` (delta computed in the
+    kernel; it must be laid out as ``q``, whose strides the kernel uses) and ``delta``."""
+    if (o is None) == (delta is None):
+        raise AttentionInputError("pass exactly one of delta (precomputed) and o (delta computed in the kernel)")
+    if o is not None and (o.shape != q.shape or o.stride() != q.stride()):
+        raise AttentionInputError(f"o must be laid out as q: shape {tuple(o.shape)} strides {o.stride()} vs "
+                                  f"{tuple(q.shape)} {q.stride()}")
+    return o
+
+
+def launch_dq(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: Tensor | None, window: int,
+              scale: float, blocks: Blocks, *, o: Tensor | None = None) -> Tensor:
+    """Run the dQ kernel that recomputes the probabilities (one program per query block and head);
+    ``delta=None``: it computes delta from ``o`` (see :func:`launch_dkdv`)."""
     bsz, hq, s, d = q.shape
+    o = _delta_source(q, o, delta)
     dq = torch.empty_like(q)
     bm, bn, tma = blocks.block_m, blocks.block_n, blocks.tma
-    _bwd_dq[(triton.cdiv(s, bm), bsz * hq)](
-        _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), _operand(do, bm, tma), lse2, delta, dq,
+    _LAUNCH["_bwd_dq"]((triton.cdiv(s, bm), bsz * hq),
+        _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), _operand(do, bm, tma),
+        _operand(o, bm, tma) if delta is None else lse2, lse2, lse2 if delta is None else delta, dq,
         scale, s, window, hq // k.shape[1], hq, k.shape[1], *_qkv_strides(q, k, v, do), D=d, BLOCK_M=bm,
-        BLOCK_N=bn, TMA=tma, num_warps=blocks.warps, num_stages=blocks.stages)
+        BLOCK_N=bn, TMA=tma, FUSED_DELTA=delta is None, num_warps=blocks.warps, num_stages=blocks.stages)
     return dq
 
 
@@ -536,7 +585,7 @@ def launch_dq_from_ds(q: Tensor, k: Tensor, ds: Tensor, window: int, scale: floa
     if tuple(ds.shape) != (bsz * hq, nqb, slots, blocks.block_m, blocks.block_n):
         raise AttentionInputError(f"dS buffer of shape {tuple(ds.shape)} was not written with blocks {blocks}")
     dq = torch.empty_like(q)
-    _bwd_dq_from_ds[(nqb, bsz * hq)](
+    _LAUNCH["_bwd_dq_from_ds"]((nqb, bsz * hq),
         _operand(k, blocks.block_n, tma), ds, dq, scale, s, window, hq // k.shape[1], hq, k.shape[1], nqb, slots,
         *_qkv_strides(q, k), D=d, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, TMA=tma, num_warps=warps,
         num_stages=stages)
@@ -548,33 +597,38 @@ def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse2: Tensor, do: Tenso
     """``(dq, dk, dv)``: the delta, dK/dV and dQ kernels; deterministic (no atomics) either way.
 
     dQ comes from the dS tiles the dK/dV kernel stores when ``cfg.dq_from_ds`` is set and the
-    buffer fits in ``DS_BUFFER_LIMIT_BYTES``, else from a kernel that recomputes them."""
-    delta = launch_delta(o, do, cfg.dq)
+    buffer fits in ``DS_BUFFER_LIMIT_BYTES``, else from a kernel that recomputes them. With
+    ``cfg.fused_delta`` the kernels compute delta from O themselves (no delta kernel)."""
+    delta = None if cfg.fused_delta else launch_delta(o, do, cfg.dq)
+    o_in = o if cfg.fused_delta else None
     via_ds = cfg.dq_from_ds is not None and ds_bytes(q, window, cfg.dkdv) <= DS_BUFFER_LIMIT_BYTES
-    dk, dv, ds = launch_dkdv(q, k, v, do, lse2, delta, window, scale, cfg.dkdv, store_ds=via_ds)
+    dk, dv, ds = launch_dkdv(q, k, v, do, lse2, delta, window, scale, cfg.dkdv, store_ds=via_ds, o=o_in)
     if ds is not None and cfg.dq_from_ds is not None:
         dq = launch_dq_from_ds(q, k, ds, window, scale, cfg.dkdv, cfg.dq_from_ds.warps, cfg.dq_from_ds.stages,
                                cfg.dq_from_ds.tma)
     else:
-        dq = launch_dq(q, k, v, do, lse2, delta, window, scale, cfg.dq)
+        dq = launch_dq(q, k, v, do, lse2, delta, window, scale, cfg.dq, o=o_in)
     return dq, dk, dv
 
 
 class _WindowAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, window: int, scale: float):  # type: ignore[override]
-        q, k, v = (t.contiguous() for t in (q, k, v))
+        q, k, v = (aligned(t.contiguous()) for t in (q, k, v))
         cfg = window_config(q.device, q.shape[-1])
         o, lse2 = launch_forward(q, k, v, window, scale, cfg.fwd)
         ctx.save_for_backward(q, k, v, o, lse2)
         ctx.window, ctx.scale, ctx.cfg = window, scale, cfg
         ctx.mark_non_differentiable(lse2)
+        ctx.set_materialize_grads(False)  # no zeros for the LSE's gradient, which is never used
         return o, lse2
 
     @staticmethod
-    def backward(ctx, do: Tensor, _dlse: Tensor):  # type: ignore[override]
+    def backward(ctx, do: Tensor | None, _dlse: Tensor | None):  # type: ignore[override]
+        if do is None:  # only the LSE was used downstream: it has no gradient
+            return None, None, None, None, None
         q, k, v, o, lse2 = ctx.saved_tensors
-        dq, dk, dv = backward(q, k, v, o, lse2, do.contiguous(), ctx.window, ctx.scale, ctx.cfg)
+        dq, dk, dv = backward(q, k, v, o, lse2, aligned(do.contiguous()), ctx.window, ctx.scale, ctx.cfg)
         return dq, dk, dv, None, None
 
 

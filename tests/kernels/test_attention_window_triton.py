@@ -29,7 +29,8 @@ interpreter_config = wt.window_config
 # and windows on the block grid (interior spans everywhere); then GPU-sized blocks, query and key
 # blocks of different sizes (the span arithmetic differs per kernel), TMA descriptor loads (rows
 # past a head's end then belong to the next head, or to no tensor: batch 2 puts heads behind it),
-# two query blocks per forward program, and dQ both from stored dS and recomputed
+# two query blocks per forward program, dQ both from stored dS and recomputed, and delta
+# computed inside the backward kernels (TMA and pointer loads of O, dQ from dS and recomputed)
 T, P = dict(tma=True), dict(tma=True, pair=True)
 CASES = [(None, (1, 2, 1, 37, 16, 5)), (None, (2, 4, 2, 50, 32, 17)), (None, (1, 1, 1, 20, 16, 64)),
          (None, (1, 2, 2, 19, 16, 1)), (None, (1, 2, 1, 96, 16, 48)),
@@ -41,7 +42,10 @@ CASES = [(None, (1, 2, 1, 37, 16, 5)), (None, (2, 4, 2, 50, 32, 17)), (None, (1,
          (wt.WindowConfig(B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T)), (2, 2, 1, 37, 16, 5)),
          (wt.WindowConfig(B(64, 32, 4, **P), B(32, 64, 4, **T), B(64, 32, 4, **T), B(32, 64, 4, **T)),
           (2, 2, 2, 300, 32, 129)),
-         (wt.WindowConfig(B(64, 64, 4, pair=True), B(64, 64, 4), B(64, 64, 4)), (1, 2, 1, 200, 16, 1))]
+         (wt.WindowConfig(B(64, 64, 4, pair=True), B(64, 64, 4), B(64, 64, 4)), (1, 2, 1, 200, 16, 1)),
+         (wt.WindowConfig(B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T),
+                          fused_delta=True), (2, 4, 2, 50, 32, 17)),
+         (wt.WindowConfig(B(16, 16, 1, 1), B(32, 16, 1, 1), B(16, 32, 1, 1), fused_delta=True), (1, 2, 1, 37, 16, 5))]
 for config, case in CASES:
     wt.window_config = interpreter_config if config is None else (lambda dev, d, config=config: config)
     b, hq, hkv, s, d, w = case
@@ -115,6 +119,13 @@ def test_launchers_refuse_what_their_kernels_cannot_take() -> None:
     wrong = torch.empty(2, 4, 3, 16, 16)  # layout for S=64, window 8 is 4 query blocks x 2 slots
     with pytest.raises(AttentionInputError, match="was not written with blocks"):
         wt.launch_dq_from_ds(q, q, wrong, 8, 0.25, blocks)
+    lse = torch.zeros(1, 2, 64)
+    for delta, o, match in ((None, None, "exactly one"), (lse, q, "exactly one"),
+                            (None, q.transpose(2, 3).contiguous().transpose(2, 3), "laid out as q")):
+        with pytest.raises(AttentionInputError, match=match):
+            wt.launch_dkdv(q, q, q, q, lse, delta, 8, 0.25, blocks, o=o)
+        with pytest.raises(AttentionInputError, match=match):
+            wt.launch_dq(q, q, q, q, lse, delta, 8, 0.25, blocks, o=o)
 
 
 def test_window_backend_refuses_what_it_cannot_compute() -> None:
@@ -137,6 +148,9 @@ GPU_FORMS = {
                              _B(64, 64, 4, 2, tma=True)),
     "tma+ds": _C(_B(64, 64, 4, 3, tma=True), _B(64, 64, 4, 2, tma=True), _B(64, 64, 4, 2, tma=True),
                  _B(64, 64, 4, 4, tma=True)),
+    "tma+ds+fused_delta": _C(_B(64, 64, 4, 3, tma=True), _B(64, 64, 4, 2, tma=True), _B(64, 64, 4, 2, tma=True),
+                             _B(64, 64, 4, 4, tma=True), fused_delta=True),
+    "pointers+recompute+fused_delta": _C(_B(64, 64, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2), fused_delta=True),
 }
 
 
@@ -196,18 +210,56 @@ import json, runpy, sys, tempfile
 out = tempfile.mktemp(suffix=".json")
 sys.argv = ["window_tune.py", "--device", "cpu", "--seq", "40", "--heads", "2", "--kv-heads", "1", "--dim", "16",
             "--window", "12", "--candidates", "1", "--no-flex", "--json", out,
-            "--baseline", "kernels/attention/window_triton.py"]
+            "--baseline", "kernels/attention/window_triton.py", "--kernels", "fwd", "dkdv", "dq", "dqds",
+            "dkdv-delta"]
 try:
     runpy.run_path("benchmarks/window_tune.py", run_name="__main__")
 except SystemExit as exit_:
     assert exit_.code == 0, exit_.code
 result = json.load(open(out))
-assert {r["kernel"] for r in result["rows"] if "ms" in r} == {"fwd", "dkdv", "dq", "dqds"}, result["rows"]
+assert {r["kernel"] for r in result["rows"] if "ms" in r} == {"fwd", "dkdv", "dq", "dqds", "delta", "dkdv-delta"}, \
+    result["rows"]
 assert all(r["rel_err"] <= 1e-5 for r in result["rows"]), result["rows"]
-assert set(result["whole"]) == {"window_shipped", "window_tuned", "window_tuned_recompute_dq", "baseline"}, result["whole"]
+assert set(result["whole"]) == {"window_shipped", "window_tuned", "window_tuned_recompute_dq", "window_fused_delta",
+                                "baseline"}, result["whole"]
 assert all("fwdbwd_ms" in r for r in result["whole"].values()), result["whole"]
 print("ok")
 '''
+
+
+MISALIGNED_SCRIPT = r'''
+import torch
+import kernels.attention.window_triton as wt
+from kernels.attention import attention
+from kernels.attention.masks import SlidingWindow
+from kernels.attention.reference import math_attention
+T = dict(tma=True)
+cfg = wt.WindowConfig(wt.Blocks(16, 16, 1, 1, **T), wt.Blocks(16, 16, 1, 1, **T), wt.Blocks(16, 16, 1, 1, **T),
+                      wt.Blocks(16, 16, 1, 1, **T))
+wt.window_config = lambda dev, d: cfg
+torch.manual_seed(0)
+n = 1 * 2 * 40 * 16
+storage = torch.randn(3 * n + 1, dtype=torch.float64).float()
+# contiguous views whose data starts 4 bytes past a 16-byte boundary: TMA descriptors refuse them
+q, k, v = (storage[1 + i * n: 1 + (i + 1) * n].view(1, 2, 40, 16).requires_grad_() for i in range(3))
+assert q.is_contiguous() and q.data_ptr() % 16 != 0
+out = attention(q, k, v, SlidingWindow(7), backend="triton_window")
+g = torch.randn(n + 1)[1:].view_as(out)  # the incoming gradient misaligned too
+grads = torch.autograd.grad(out, (q, k, v), g)
+leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+ref, _ = math_attention(*leaves, SlidingWindow(7), scale=0.25)
+ref_grads = torch.autograd.grad(ref, leaves, g.double())
+for a, r in zip((out, *grads), (ref, *ref_grads)):
+    assert float((a.double() - r).norm() / r.norm()) <= 1e-5
+print("ok")
+'''
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_misaligned_inputs_are_copied_to_an_aligned_base_under_the_interpreter() -> None:
+    proc = run_interpreted(MISALIGNED_SCRIPT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "ok" in proc.stdout
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")

@@ -1,0 +1,17 @@
+"""Memory-layout guards for the attention kernels' operands."""
+from __future__ import annotations
+
+from torch import Tensor
+
+#: the base alignment the fast paths assume (TMA descriptors require it; vectorized loads want it)
+ALIGNMENT_BYTES = 16
+
+
+def aligned(t: Tensor) -> Tensor:
+    """``t``, or a copy of it when its data starts off a 16-byte boundary.
+
+    A contiguous view into a larger tensor (``buf[1:].view(...)``) can start anywhere. TMA
+    descriptors refuse such a base, and torch 2.11's SDPA with a boolean mask returned wrong
+    values for one on an H200 (relative error 1.41 against the reference, 2026-12-01,
+    ``benchmarks/gpu/window_final_checks.sh``), so no kernel here is handed one."""
+    return t if t.data_ptr() % ALIGNMENT_BYTES == 0 else t.clone()
