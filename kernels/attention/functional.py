@@ -29,6 +29,7 @@ from torch import Tensor
 
 from .block_mask import BlockMaskCache, default_cache, flex_available
 from .errors import AttentionInputError, FlexEagerFallbackError, FlexUnavailableError
+from .layout import aligned
 from .masks import Causal, Full, Mask, SlidingWindow
 from .reference import math_attention
 from .window_triton import GPU_CONFIGS as WINDOW_TUNED
@@ -174,6 +175,7 @@ def select_backend(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None = None, *,
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, scale: float) -> Tensor:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    q, k, v = aligned(q), aligned(k), aligned(v)  # see layout.aligned: a misaligned base gave wrong values
     group = q.shape[1] // k.shape[1]
     kwargs: dict[str, Any] = {"scale": scale}
     if mask is None or isinstance(mask, Full):
