@@ -211,6 +211,30 @@ def variants(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     return out
 
 
+def per_call_us(fn: Callable[[], object], calls: int = 200) -> dict[str, float]:
+    """Host time of each call issued back to back (GPU drained before and after), with garbage
+    collections counted: the mean, median, 90th percentile and worst call."""
+    import gc
+
+    collections = [0]
+    counter = lambda phase, info: collections.__setitem__(0, collections[0] + (phase == "start"))  # noqa: E731
+    fn()
+    torch.cuda.synchronize()
+    gc.callbacks.append(counter)
+    times = []
+    try:
+        for _ in range(calls):
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e6)
+    finally:
+        gc.callbacks.remove(counter)
+    torch.cuda.synchronize()
+    times.sort()
+    return {"mean": sum(times) / calls, "p50": times[calls // 2], "p90": times[calls * 9 // 10], "max": times[-1],
+            "gc": collections[0]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq", type=int, nargs="+", default=[8192, 32768])
@@ -219,6 +243,9 @@ def main() -> int:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--window", type=int, default=256)
     ap.add_argument("--cprofile-calls", type=int, default=40)
+    ap.add_argument("--distribution", action="store_true",
+                    help="also each forward+backward call's host time (mean, median, tail) with the garbage "
+                         "collector on and off")
     ap.add_argument("--variants", action=argparse.BooleanOptionalAction, default=True,
                     help="also time the pieces alone: autograd with trivial Functions, Triton launches of empty "
                          "kernels, the forward kernel launched through its compiled handle")
@@ -281,6 +308,20 @@ def main() -> int:
         for name, us in host.items():
             print(f"{name:<40} {us:>11.1f}")
 
+        if args.distribution:
+            import gc
+
+            print(f"\n{'f+b host us per call':<28} {'mean':>7} {'p50':>7} {'p90':>7} {'max':>8} {'collections':>11}")
+            for label, disable in (("gc on", False), ("gc off", True)):
+                if disable:
+                    gc.disable()
+                try:
+                    for _ in range(2):
+                        d = per_call_us(fb, 100)
+                        print(f"{label:<28} {d['mean']:>7.0f} {d['p50']:>7.0f} {d['p90']:>7.0f} {d['max']:>8.0f} "
+                              f"{d['gc']:>11}")
+                finally:
+                    gc.enable()
         if args.variants:
             print(f"\n{'variant':<48} {'host us':>8}")
             for name, us in variants(q, k, v, g, mask, cfg, args.window).items():
