@@ -25,7 +25,7 @@ from kernels.attention import masks as M  # noqa: E402
 from kernels.attention import window_triton as wt  # noqa: E402
 
 
-def host_us(fn, calls: int = 60) -> float:
+def host_us(fn: "Callable[[], object]", calls: int = 60) -> float:
     fn()
     torch.cuda.synchronize()
     t = time.perf_counter()

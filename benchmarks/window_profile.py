@@ -28,22 +28,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 from attn_bench import QUEUED_MS, time_ms  # noqa: E402
+from window_host_overhead import host_us  # noqa: E402
 
 from kernels.attention import attention  # noqa: E402
 from kernels.attention import masks as M  # noqa: E402
 from kernels.attention import window_triton as wt  # noqa: E402
-
-
-def host_us(fn: Callable[[], object], calls: int = 50) -> float:
-    """Mean host microseconds per call, issued back to back (the GPU drained before and after)."""
-    fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = (time.perf_counter() - t) / calls * 1e6
-    torch.cuda.synchronize()
-    return elapsed
 
 
 def kernel_table(fn: Callable[[], object], iters: int = 3) -> list[tuple[str, int, float]]:

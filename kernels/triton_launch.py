@@ -2,8 +2,8 @@
 
 ``kernel[grid](*args)`` binds the arguments, computes their specialization (dtypes, 16-byte
 alignment, integers equal to 1 or divisible by 16) and looks the compiled kernel up on every
-call: about 35 µs of host time per launch of the window kernels on an H200's host, against 15 µs
-for launching the compiled handle directly (``benchmarks/window_profile.py``). A sub-millisecond
+call: 30–57 µs of host time per launch of the window forward on an H200's host, against 15–20 µs
+for launching its compiled handle directly (``benchmarks/window_profile.py``, 2026-12-01). A sub-millisecond
 attention call makes four launches, so on small problems the host, not the GPU, set the pace.
 
 :class:`Launcher` keys its own cache on a superset of what Triton specializes on (every integer
