@@ -31,9 +31,8 @@ KERNELS = {"fwd": ("_fwd", FWD), "dkdv": ("_bwd_dkdv", DKDV), "dq": ("_bwd_dq", 
            "dqds": ("_bwd_dq_from_ds", DKDV)}
 _POINTERS = ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "DS")
 _FLOAT32_POINTERS = ("LSE", "DELTA")
-#: integer arguments that are not multiples of 16 at the benchmark shape (query heads per kv
-#: head, key tiles per query block)
-_SMALL_INTS = ("GROUP", "NT")
+#: integer arguments that are not multiples of 16 at the benchmark shape (query heads per kv head)
+_SMALL_INTS = ("GROUP",)
 
 
 def ptxas_path() -> str | None:
@@ -50,11 +49,8 @@ def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90, sto
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = getattr(wt, "_fwd_pair" if kernel == "fwd" and blocks.pair else
-                 "_fwd_flat" if kernel == "fwd" and blocks.flat else KERNELS[kernel][0])
+    fn = getattr(wt, "_fwd_pair" if kernel == "fwd" and blocks.pair else KERNELS[kernel][0])
     consts: dict[str, Any] = {"D": head_dim, "BLOCK_M": blocks.block_m, "BLOCK_N": blocks.block_n}
-    if "PER_PROGRAM" in fn.arg_names:
-        consts["PER_PROGRAM"] = blocks.flat
     names = fn.arg_names
     if "STORE_DS" in names:
         consts["STORE_DS"] = store_ds

@@ -49,20 +49,15 @@ DQDS = [B(0, 0, w, s, t) for w, s, t in itertools.product((4, 8), (2, 3, 4), (Fa
 
 
 def parse_blocks(text: str) -> wt.Blocks:
-    """``64x32/w4/s3``, optionally ``/tma``, ``/pair`` and ``/flatN`` (the form ``str(Blocks)`` prints)
-    -> ``Blocks``."""
+    """``64x32/w4/s3``, optionally ``/tma`` and ``/pair`` (the form ``str(Blocks)`` prints) -> ``Blocks``."""
     try:
         shape, warps, stages, *flags = text.split("/")
         m, n = shape.split("x")
-        flat = [int(f[4:]) for f in flags if f.startswith("flat")]
-        if (not (warps.startswith("w") and stages.startswith("s")) or len(flat) > 1
-                or not {f for f in flags if not f.startswith("flat")} <= {"tma", "pair"}):
+        if not (warps.startswith("w") and stages.startswith("s")) or not set(flags) <= {"tma", "pair"}:
             raise ValueError
-        return wt.Blocks(int(m), int(n), int(warps[1:]), int(stages[1:]), tma="tma" in flags, pair="pair" in flags,
-                         flat=flat[0] if flat else 0)
+        return wt.Blocks(int(m), int(n), int(warps[1:]), int(stages[1:]), tma="tma" in flags, pair="pair" in flags)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a shape like 64x32/w4/s3 or 64x32/w4/s3/tma/pair or 64x64/w4/s2/tma/flat4, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a shape like 64x32/w4/s3 or 64x32/w4/s3/tma/pair, got {text!r}") from None
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

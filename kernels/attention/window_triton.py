@@ -65,14 +65,10 @@ class Blocks:
     tma: bool = False
     #: forward only: two consecutive query blocks per program, sharing their key tiles' loads
     pair: bool = False
-    #: forward only: this many consecutive query blocks per program in one flattened loop over
-    #: (query block, key tile), so that the next block's loads are in flight while one finishes
-    #: (0: one query block per program)
-    flat: int = 0
 
     def __str__(self) -> str:
         return (f"{self.block_m}x{self.block_n}/w{self.warps}/s{self.stages}" + ("/tma" if self.tma else "")
-                + ("/pair" if self.pair else "") + (f"/flat{self.flat}" if self.flat else ""))
+                + ("/pair" if self.pair else ""))
 
 
 @dataclass(frozen=True)
@@ -289,41 +285,6 @@ if triton is not None:
         _fwd_store(O, LSE, acc, m_i, l_i, b, h, bh, offs_m, offs_d, S, sob, soh, sos)
 
     @triton.jit
-    def _fwd_flat(Q, K, V, O, LSE, sm_scale, S, W, GROUP, HQ, HKV, NQB, NT,
-                  sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
-                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-                  PER_PROGRAM: tl.constexpr):
-        """PER_PROGRAM consecutive query blocks per program, one loop over (block, key tile) with
-        NT tiles per block (the most any block reaches; a block's extra tiles lie past its
-        diagonal, where the causal mask zeroes them). Q is reloaded with every tile, so that
-        every load is in the one software pipeline and the next block's loads are in flight
-        while a block is finished and stored."""
-        prog, bh, b, h, hk = _query_program(HQ, GROUP)
-        kv_row0 = (b * HKV + hk) * S
-        offs_d = tl.arange(0, D)
-        Qh = _head(Q, b, h, sqb, sqh, TMA)
-        Kh = _head(K, b, hk, skb, skh, TMA)
-        Vh = _head(V, b, hk, svb, svh, TMA)
-        qk_scale = sm_scale * 1.4426950408889634
-        first = prog * PER_PROGRAM
-        n_blocks = tl.minimum(NQB - first, PER_PROGRAM)
-        acc, m_i, l_i = _fwd_init(BLOCK_M, D)
-        for t in range(0, n_blocks * NT):
-            blk = t // NT
-            j = t - blk * NT
-            start_m = first + blk
-            offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            lo, mid_lo, mid_hi, hi = _key_spans(start_m, S, W, BLOCK_M, BLOCK_N)
-            start_n = lo + j * BLOCK_N
-            q = _block(Q, Qh, bh * S, start_m * BLOCK_M, sqs, offs_d, S, BLOCK_M, TMA)
-            k, v = _kv_tiles(K, Kh, V, Vh, kv_row0, start_n, sks, svs, offs_d, S, BLOCK_N, TMA)
-            acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, k, v, offs_m, start_n, _edge(start_n, mid_lo, mid_hi),
-                                      S, W, qk_scale, BLOCK_N)
-            if j == NT - 1:
-                _fwd_store(O, LSE, acc, m_i, l_i, b, h, bh, offs_m, offs_d, S, sob, soh, sos)
-                acc, m_i, l_i = _fwd_init(BLOCK_M, D)
-
-    @triton.jit
     def _fwd_pair(Q, K, V, O, LSE, sm_scale, S, W, GROUP, HQ, HKV,
                   sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
@@ -496,7 +457,7 @@ if triton is not None:
     #: each kernel's launcher: past a first launch, later ones of the same specialization skip
     #: Triton's argument binding (``kernels/triton_launch.py``)
     _LAUNCH = {kernel.__name__: Launcher(kernel)
-               for kernel in (_fwd, _fwd_pair, _fwd_flat, _bwd_delta, _bwd_dkdv, _bwd_dq, _bwd_dq_from_ds)}
+               for kernel in (_fwd, _fwd_pair, _bwd_delta, _bwd_dkdv, _bwd_dq, _bwd_dq_from_ds)}
 
 
 def _qkv_strides(*tensors: Tensor) -> tuple[int, ...]:
@@ -522,23 +483,11 @@ def launch_forward(q: Tensor, k: Tensor, v: Tensor, window: int, scale: float, b
     bm, bn, tma = blocks.block_m, blocks.block_n, blocks.tma
     if blocks.pair and bm % bn:
         raise AttentionInputError(f"paired query blocks need block_n to divide block_m, got {blocks}")
-    if blocks.pair and blocks.flat:
-        raise AttentionInputError(f"a forward shape takes paired or flattened query blocks, not both: {blocks}")
-    if blocks.flat < 0:
-        raise AttentionInputError(f"flat must be a count of query blocks per program (0: off), got {blocks}")
-    operands = (_operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), o, lse2, scale, s, window,
-                hq // k.shape[1], hq, k.shape[1])
-    strides = _qkv_strides(q, k, v, o)
-    if blocks.flat:
-        nqb, tiles = ds_layout(s, window, Blocks(bm, bn))  # query blocks; the most key tiles one reaches
-        _LAUNCH["_fwd_flat"]((-(-nqb // blocks.flat), bsz * hq), *operands, nqb, tiles, *strides, D=d, BLOCK_M=bm,
-                             BLOCK_N=bn, TMA=tma, PER_PROGRAM=blocks.flat, num_warps=blocks.warps,
-                             num_stages=blocks.stages)
-        return o, lse2
     kernel, grid = (("_fwd_pair", (triton.cdiv(s, 2 * bm), bsz * hq)) if blocks.pair
                     else ("_fwd", (triton.cdiv(s, bm), bsz * hq)))
-    _LAUNCH[kernel](grid, *operands, *strides, D=d, BLOCK_M=bm, BLOCK_N=bn, TMA=tma, num_warps=blocks.warps,
-                    num_stages=blocks.stages)
+    _LAUNCH[kernel](grid, _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), o, lse2, scale, s, window,
+               hq // k.shape[1], hq, k.shape[1], *_qkv_strides(q, k, v, o), D=d, BLOCK_M=bm, BLOCK_N=bn, TMA=tma,
+               num_warps=blocks.warps, num_stages=blocks.stages)
     return o, lse2
 
 

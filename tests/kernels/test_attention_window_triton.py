@@ -30,8 +30,7 @@ interpreter_config = wt.window_config
 # blocks of different sizes (the span arithmetic differs per kernel), TMA descriptor loads (rows
 # past a head's end then belong to the next head, or to no tensor: batch 2 puts heads behind it),
 # two query blocks per forward program, dQ both from stored dS and recomputed, and delta
-# computed inside the backward kernels (TMA and pointer loads of O, dQ from dS and recomputed),
-# and several query blocks per forward program in one flattened loop
+# computed inside the backward kernels (TMA and pointer loads of O, dQ from dS and recomputed)
 T, P = dict(tma=True), dict(tma=True, pair=True)
 CASES = [(None, (1, 2, 1, 37, 16, 5)), (None, (2, 4, 2, 50, 32, 17)), (None, (1, 1, 1, 20, 16, 64)),
          (None, (1, 2, 2, 19, 16, 1)), (None, (1, 2, 1, 96, 16, 48)),
@@ -46,13 +45,7 @@ CASES = [(None, (1, 2, 1, 37, 16, 5)), (None, (2, 4, 2, 50, 32, 17)), (None, (1,
          (wt.WindowConfig(B(64, 64, 4, pair=True), B(64, 64, 4), B(64, 64, 4)), (1, 2, 1, 200, 16, 1)),
          (wt.WindowConfig(B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T),
                           fused_delta=True), (2, 4, 2, 50, 32, 17)),
-         (wt.WindowConfig(B(16, 16, 1, 1), B(32, 16, 1, 1), B(16, 32, 1, 1), fused_delta=True), (1, 2, 1, 37, 16, 5)),
-         (wt.WindowConfig(B(16, 16, 1, 1, flat=3), B(16, 16, 1, 1), B(16, 16, 1, 1)), (2, 4, 2, 50, 32, 17)),
-         (wt.WindowConfig(B(16, 16, 1, 1, tma=True, flat=2), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T)),
-          (2, 2, 1, 37, 16, 5)),
-         (wt.WindowConfig(B(32, 16, 1, 1, flat=4), B(16, 16, 1, 1), B(16, 16, 1, 1)), (1, 2, 2, 19, 16, 1)),
-         (wt.WindowConfig(B(16, 32, 1, 1, tma=True, flat=2), B(16, 16, 1, 1), B(16, 16, 1, 1)),
-          (1, 1, 1, 96, 16, 48))]
+         (wt.WindowConfig(B(16, 16, 1, 1), B(32, 16, 1, 1), B(16, 32, 1, 1), fused_delta=True), (1, 2, 1, 37, 16, 5))]
 for config, case in CASES:
     wt.window_config = interpreter_config if config is None else (lambda dev, d, config=config: config)
     b, hq, hkv, s, d, w = case
@@ -122,10 +115,6 @@ def test_launchers_refuse_what_their_kernels_cannot_take() -> None:
         wt._operand(q.transpose(1, 2), 16, tma=True)
     with pytest.raises(AttentionInputError, match="block_n to divide block_m"):
         wt.launch_forward(q, q, q, 8, 0.25, wt.Blocks(32, 64, pair=True))
-    with pytest.raises(AttentionInputError, match="not both"):
-        wt.launch_forward(q, q, q, 8, 0.25, wt.Blocks(32, 32, pair=True, flat=2))
-    with pytest.raises(AttentionInputError, match="count of query blocks"):
-        wt.launch_forward(q, q, q, 8, 0.25, wt.Blocks(32, 32, flat=-1))
     blocks = wt.Blocks(16, 16)
     wrong = torch.empty(2, 4, 3, 16, 16)  # layout for S=64, window 8 is 4 query blocks x 2 slots
     with pytest.raises(AttentionInputError, match="was not written with blocks"):
@@ -162,9 +151,6 @@ GPU_FORMS = {
     "tma+ds+fused_delta": _C(_B(64, 64, 4, 3, tma=True), _B(64, 64, 4, 2, tma=True), _B(64, 64, 4, 2, tma=True),
                              _B(64, 64, 4, 4, tma=True), fused_delta=True),
     "pointers+recompute+fused_delta": _C(_B(64, 64, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2), fused_delta=True),
-    "tma+flat4": _C(_B(64, 64, 4, 2, tma=True, flat=4), _B(64, 64, 4, 2, tma=True), _B(64, 64, 4, 2, tma=True),
-                    _B(64, 64, 4, 4, tma=True)),
-    "pointers+flat3": _C(_B(64, 32, 4, 2, flat=3), _B(64, 64, 4, 2), _B(64, 64, 4, 2)),
 }
 
 
