@@ -16,6 +16,7 @@ Triton versions, the interpreter, and launches with pre-run hooks take the ordin
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -60,13 +61,16 @@ class Launcher:
     ``kernel`` as ``kernel[grid](*args, **constexprs, ...)`` would, through its compiled handle
     when it has launched with arguments of the same specialization before.
 
-    ``args`` are the kernel's leading parameters in order, ``constexprs`` the rest by name."""
+    ``args`` are the kernel's leading parameters in order, ``constexprs`` the rest by name.
+    Safe to call from several threads at once (autograd runs each GPU's backward on a thread
+    of its own); the handle cache is bounded, least recently used first out."""
 
     def __init__(self, kernel: Any, max_entries: int = 256) -> None:
         self.kernel = kernel
         self.max_entries = max_entries
         self._names: tuple[str, ...] = tuple(getattr(kernel, "arg_names", ()))
         self._handles: OrderedDict[tuple, Any] = OrderedDict()
+        self._lock = threading.Lock()
         self.direct_launches = 0  # for tests and benchmarks: how many calls skipped Triton's binding
 
     def __call__(self, grid: tuple[int, ...], *args: Any, num_warps: int | None = None,
@@ -78,18 +82,21 @@ class Launcher:
         values = (*args, *(constexprs[name] for name in self._names[len(args):]))
         device = torch.cuda.current_device()
         key = (device, num_warps, num_stages, *map(specialization_key, values))
-        handle = self._handles.get(key)
+        with self._lock:
+            handle = self._handles.get(key)
+            if handle is not None:
+                self._handles.move_to_end(key)
+                self.direct_launches += 1
         if handle is None:
             handle = self.kernel[grid](*args, **constexprs, **options)
             if all(hasattr(handle, a) for a in ("run", "function", "packed_metadata", "launch_metadata")):
-                self._handles[key] = handle
-                if len(self._handles) > self.max_entries:
-                    self._handles.popitem(last=False)
+                with self._lock:
+                    self._handles[key] = handle
+                    if len(self._handles) > self.max_entries:
+                        self._handles.popitem(last=False)
             return
-        self._handles.move_to_end(key)
         stream = triton.runtime.driver.active.get_current_stream(device)
         grid3 = (*grid, 1, 1)[:3]
         handle.run(grid3[0], grid3[1], grid3[2], stream, handle.function, handle.packed_metadata,
                    handle.launch_metadata(grid3, stream, *values), knobs.runtime.launch_enter_hook,
                    knobs.runtime.launch_exit_hook, *values)
-        self.direct_launches += 1
