@@ -15,10 +15,11 @@ Triton versions, the interpreter, and launches with pre-run hooks take the ordin
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, ContextManager
 
 import torch
 
@@ -39,6 +40,14 @@ def direct_launch_supported() -> bool:
     """Whether this Triton install takes direct launches (a GPU build of a known release)."""
     return (triton is not None and triton.__version__.startswith(DIRECT_LAUNCH_VERSIONS)
             and os.environ.get("TRITON_INTERPRET") != "1")
+
+
+def on_device(device: torch.device) -> ContextManager[object]:
+    """A context in which ``device`` is CUDA's current device, for a Triton launch: Triton (and
+    :class:`Launcher`) launch on the current device and its stream, not the tensors' device."""
+    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
 
 
 def specialization_key(value: Any) -> Any:

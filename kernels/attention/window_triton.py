@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - exercised where triton is missing
     tl = None  # type: ignore[assignment]
     TensorDescriptor = None  # type: ignore[assignment,misc]
 
-from ..triton_launch import Launcher
+from ..triton_launch import Launcher, on_device
 from .errors import AttentionInputError
 from .layout import aligned
 
@@ -659,5 +659,6 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, scale: flo
     if why is not None:
         raise AttentionInputError(why)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    out, lse2 = _WindowAttention.apply(q, k, v, window, scale)
+    with on_device(q.device):  # the kernels launch on the current device; q's may be another
+        out, lse2 = _WindowAttention.apply(q, k, v, window, scale)
     return out, (lse2 * math.log(2.0) if return_lse else None)

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..triton_launch import on_device
 from .chunked import ChunkedResult, chunked_linear_cross_entropy, default_chunk_size
 from .config import IMPLEMENTATIONS, LossConfig, compute_dtype_for, reduction_coefficients
 from .errors import (
@@ -376,11 +377,12 @@ def linear_cross_entropy(
     needs_grad = torch.is_grad_enabled() and (
         input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
-    if needs_grad:
-        loss, z = LinearCrossEntropyFunction.apply(x2d, w2d, flat_target, bias, cw, plan)
-    else:
-        coefs = reduction_coefficients(cfg, flat_target, cw, num_classes, compute_dtype_for(input.dtype))
-        loss, z = _combine(cfg, coefs, _run(x2d, w2d, flat_target, bias, cw, plan, coefs))
-        shape = plan.target_shape if cfg.reduction == "none" else ()
-        loss, z = loss.reshape(shape), z.reshape(shape)
+    with on_device(x2d.device):  # the Triton row kernels launch on the current device
+        if needs_grad:
+            loss, z = LinearCrossEntropyFunction.apply(x2d, w2d, flat_target, bias, cw, plan)
+        else:
+            coefs = reduction_coefficients(cfg, flat_target, cw, num_classes, compute_dtype_for(input.dtype))
+            loss, z = _combine(cfg, coefs, _run(x2d, w2d, flat_target, bias, cw, plan, coefs))
+            shape = plan.target_shape if cfg.reduction == "none" else ()
+            loss, z = loss.reshape(shape), z.reshape(shape)
     return (loss, z) if return_z_loss else loss

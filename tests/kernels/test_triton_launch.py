@@ -134,3 +134,48 @@ def test_window_attention_launches_directly_after_its_first_call_on_gpu() -> Non
     assert torch.equal(outs[0], outs[1])
     ref = attention(misaligned, misaligned, misaligned, SlidingWindow(128), backend="math")
     assert float((outs[2].float() - ref.float()).norm() / ref.float().norm()) <= 1e-2
+
+
+def test_on_device_changes_nothing_for_cpu_tensors() -> None:
+    import contextlib
+
+    assert isinstance(tlaunch.on_device(torch.device("cpu")), contextlib.nullcontext)
+
+
+two_gpus = pytest.mark.skipif(not HAS_TRITON or torch.cuda.device_count() < 2, reason="needs two CUDA GPUs and triton")
+
+
+@two_gpus
+def test_window_attention_runs_on_its_tensors_gpu_not_the_current_one() -> None:
+    from kernels.attention import attention
+    from kernels.attention.masks import SlidingWindow
+
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(1, 4, 512, 64, device="cuda:1", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    with torch.cuda.device(0):
+        out = attention(q, k, v, SlidingWindow(128), backend="triton_window")
+        grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    ref = attention(q, k, v, SlidingWindow(128), backend="math")
+    ref_grads = torch.autograd.grad(ref, (q, k, v), torch.ones_like(ref))
+    for a, r in zip((out, *grads), (ref, *ref_grads)):
+        assert a.device == torch.device("cuda:1")
+        assert float((a.detach().float() - r.detach().float()).norm() / r.detach().float().norm()) <= 1e-2
+
+
+@two_gpus
+def test_fused_loss_runs_on_its_tensors_gpu_not_the_current_one() -> None:
+    from kernels.lce import linear_cross_entropy
+
+    torch.manual_seed(5)
+    x = torch.randn(300, 64, device="cuda:1", requires_grad=True)
+    w = torch.randn(1000, 64, device="cuda:1", requires_grad=True)
+    t = torch.randint(0, 1000, (300,), device="cuda:1")
+    with torch.cuda.device(0):
+        loss = linear_cross_entropy(x, w, t, label_smoothing=0.1)
+        gx, gw = torch.autograd.grad(loss, (x, w))
+    ref = torch.nn.functional.cross_entropy(x @ w.T, t, label_smoothing=0.1)
+    rx, rw = torch.autograd.grad(ref, (x, w))
+    assert loss.device == torch.device("cuda:1")
+    assert torch.allclose(loss, ref, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(gx, rx, rtol=1e-4, atol=1e-6) and torch.allclose(gw, rw, rtol=1e-4, atol=1e-6)
