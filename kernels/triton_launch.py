@@ -71,6 +71,9 @@ class Launcher:
     when it has launched with arguments of the same specialization before.
 
     ``args`` are the kernel's leading parameters in order, ``constexprs`` the rest by name.
+    Launch options past ``num_warps`` and ``num_stages`` are refused (they would not be in the
+    handle cache's key), and Triton options read from the environment (debug mode,
+    instrumentation) are those of each specialization's first launch.
     Safe to call from several threads at once (autograd runs each GPU's backward on a thread
     of its own); the handle cache is bounded, least recently used first out."""
 
@@ -84,6 +87,10 @@ class Launcher:
 
     def __call__(self, grid: tuple[int, ...], *args: Any, num_warps: int | None = None,
                  num_stages: int | None = None, **constexprs: Any) -> None:
+        if len(args) + len(constexprs) != len(self._names):
+            raise TypeError(f"{getattr(self.kernel, '__name__', 'kernel')} takes {len(self._names)} arguments "
+                            f"({', '.join(self._names)}), got {len(args)} positional and {sorted(constexprs)} by name; "
+                            "launch options other than num_warps and num_stages are not taken")
         options = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
         if not direct_launch_supported() or getattr(self.kernel, "pre_run_hooks", None):
             self.kernel[grid](*args, **constexprs, **options)

@@ -85,6 +85,15 @@ def test_launcher_takes_tritons_own_path_where_direct_launch_is_unsupported(monk
     assert kernel.compiles[0][2] == {"BLOCK": 16, "num_warps": 4}  # num_stages left to Triton's default
 
 
+def test_launcher_refuses_arguments_its_key_would_not_see(monkeypatch) -> None:
+    monkeypatch.setattr(tlaunch, "direct_launch_supported", lambda: True)
+    launch = tlaunch.Launcher(_Kernel())
+    with pytest.raises(TypeError, match="takes 3 arguments"):
+        launch((1,), torch.zeros(4), 32, num_warps=4, BLOCK=16, maxnreg=128)
+    with pytest.raises(TypeError, match="takes 3 arguments"):
+        launch((1,), torch.zeros(4), num_warps=4, BLOCK=16)
+
+
 def test_interpreter_never_launches_directly(monkeypatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not tlaunch.direct_launch_supported()
