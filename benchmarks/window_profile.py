@@ -7,7 +7,8 @@ Three views, each of the same ``attention(..., backend="triton_window")`` call:
   * the same pieces alone: the autograd engine around trivial Functions (and on the calling
     thread), Triton launches of empty kernels with few and many arguments and descriptors, the
     forward kernel launched through its compiled handle;
-  * a cProfile of many calls, the functions with most time of their own.
+  * a cProfile of many calls, the functions with most time of their own;
+  * with --sample, where each thread's stack was while the calls ran (the autograd thread too).
 
   python3 benchmarks/window_profile.py --seq 8192 32768
 """
@@ -28,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 from attn_bench import QUEUED_MS, time_ms  # noqa: E402
+from host_sampler import sample  # noqa: E402
 from window_host_overhead import host_us  # noqa: E402
 
 from kernels.attention import attention  # noqa: E402
@@ -232,6 +234,8 @@ def main() -> int:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--window", type=int, default=256)
     ap.add_argument("--cprofile-calls", type=int, default=40)
+    ap.add_argument("--sample", action="store_true",
+                    help="also sample every thread's stack during forward+backward calls (host_sampler.py)")
     ap.add_argument("--distribution", action="store_true",
                     help="also each forward+backward call's host time (mean, median, tail) with the garbage "
                          "collector on and off")
@@ -297,6 +301,9 @@ def main() -> int:
         for name, us in host.items():
             print(f"{name:<40} {us:>11.1f}")
 
+        if args.sample:
+            print(f"\nhost stacks sampled over 200 forward+backward calls (S={s}):")
+            print(sample(fb, calls=200).table(top=20))
         if args.distribution:
             import gc
 

@@ -24,6 +24,7 @@ def load(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
@@ -120,3 +121,29 @@ def test_dispatch_bench_refuses_bad_arguments(capsys: pytest.CaptureFixture[str]
         db.main(["--rounds", "0"])
     assert exc.value.code == 2
     assert "--rounds" in capsys.readouterr().err
+
+
+def test_host_sampler_finds_where_the_time_goes() -> None:
+    import time
+
+    sampler = load("host_sampler")
+
+    def busy_here() -> None:  # pure Python: the sampler gets the GIL between its bytecodes
+        t = time.perf_counter()
+        while time.perf_counter() - t < 2e-3:
+            pass
+
+    def quick() -> None:
+        sum(range(10))
+
+    def workload() -> None:
+        quick()
+        busy_here()
+
+    got = sampler.sample(workload, calls=100)
+    assert got.rounds > 50
+    top_where, top_n = got.innermost.most_common(1)[0]
+    assert "busy_here" in top_where and top_where.startswith("[caller]"), got.table()
+    assert top_n / got.rounds > 0.5, got.table()
+    # the innermost frame inside the repository: this test file's function
+    assert "busy_here" in got.ours.most_common(1)[0][0], got.table()
