@@ -99,11 +99,15 @@ class Launcher:
         values = (*args, *(constexprs[name] for name in self._names[len(args):]))
         device = torch.cuda.current_device()
         key = (device, num_warps, num_stages, *map(specialization_key, values))
-        with self._lock:
-            handle = self._handles.get(key)
-            if handle is not None:
-                self._handles.move_to_end(key)
-                self.direct_launches += 1
+        try:
+            with self._lock:
+                handle = self._handles.get(key)
+                if handle is not None:
+                    self._handles.move_to_end(key)
+                    self.direct_launches += 1
+        except TypeError:  # an unhashable constexpr (a list, say): Triton's own path, every time
+            self.kernel[grid](*args, **constexprs, **options)
+            return
         if handle is None:
             handle = self.kernel[grid](*args, **constexprs, **options)
             if all(hasattr(handle, a) for a in ("run", "function", "packed_metadata", "launch_metadata")):

@@ -73,6 +73,9 @@ def test_launcher_reuses_a_handle_only_for_the_same_specialization(monkeypatch) 
     launch((4,), x, 32, num_warps=8, num_stages=2, BLOCK=16)  # other launch options
     assert len(kernel.compiles) == 4 and launch.direct_launches == 1
     assert len(launch._handles) == 2  # the oldest entries were dropped
+    for _ in range(2):  # an unhashable argument takes Triton's path, and is never cached
+        launch((4,), x, 32, num_warps=4, num_stages=2, BLOCK=[16])
+    assert len(kernel.compiles) == 6 and launch.direct_launches == 1
 
 
 def test_launcher_takes_tritons_own_path_where_direct_launch_is_unsupported(monkeypatch) -> None:
