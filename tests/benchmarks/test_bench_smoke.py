@@ -142,8 +142,10 @@ def test_host_sampler_finds_where_the_time_goes() -> None:
 
     got = sampler.sample(workload, calls=100)
     assert got.rounds > 50
-    top_where, top_n = got.innermost.most_common(1)[0]
-    assert "busy_here" in top_where and top_where.startswith("[caller]"), got.table()
+    # other threads (pytest-xdist's gateway reader, say) are sampled too: look at the caller's
+    top_where, top_n = max(((w, n) for w, n in got.innermost.items() if w.startswith("[caller]")),
+                           key=lambda item: item[1])
+    assert "busy_here" in top_where, got.table()
     assert top_n / got.rounds > 0.5, got.table()
     # the innermost frame inside the repository: this test file's function
-    assert "busy_here" in got.ours.most_common(1)[0][0], got.table()
+    assert "busy_here" in max(got.ours.items(), key=lambda item: item[1])[0], got.table()
