@@ -536,30 +536,33 @@ def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta
     product uses) into a buffer laid out by :func:`ds_layout`, else ``ds`` is None."""
     bsz, hq, s, d = q.shape
     hkv = k.shape[1]
-    o = _delta_source(q, o, delta)
+    bm, bn, tma = blocks.block_m, blocks.block_n, blocks.tma
+    o_lse_delta = _delta_args(q, o, delta, lse2, bm, tma)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     nqb, slots = ds_layout(s, window, blocks)
     ds = (torch.empty((bsz * hq, nqb, slots, blocks.block_m, blocks.block_n), device=q.device, dtype=q.dtype)
           if store_ds else None)
-    bm, bn, tma = blocks.block_m, blocks.block_n, blocks.tma
     _LAUNCH["_bwd_dkdv"]((triton.cdiv(s, bn), bsz * hkv),
-        _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), _operand(do, bm, tma),
-        _operand(o, bm, tma) if delta is None else lse2, lse2, lse2 if delta is None else delta,
+        _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), _operand(do, bm, tma), *o_lse_delta,
         dk, dv, ds if ds is not None else dk, scale, s, window, hq // hkv, hq, hkv, nqb, slots,
         *_qkv_strides(q, k, v, do), D=d, BLOCK_M=bm, BLOCK_N=bn, STORE_DS=store_ds, TMA=tma,
         FUSED_DELTA=delta is None, num_warps=blocks.warps, num_stages=blocks.stages)
     return dk, dv, ds
 
 
-def _delta_source(q: Tensor, o: Tensor | None, delta: Tensor | None) -> Tensor | None:
-    """Check the backward kernels' delta inputs: exactly one of ``o`` (delta computed in the
-    kernel; it must be laid out as ``q``, whose strides the kernel uses) and ``delta``."""
+def _delta_args(q: Tensor, o: Tensor | None, delta: Tensor | None, lse2: Tensor, rows: int, tma: bool
+                ) -> tuple[object, Tensor, Tensor]:
+    """The backward kernels' ``(O, LSE, DELTA)`` arguments from exactly one of ``o`` (delta
+    computed in the kernel; O must be laid out as ``q``, whose strides the kernel uses) and
+    ``delta`` (precomputed); the argument the kernel does not read is given ``lse2``."""
     if (o is None) == (delta is None):
         raise AttentionInputError("pass exactly one of delta (precomputed) and o (delta computed in the kernel)")
-    if o is not None and (o.shape != q.shape or o.stride() != q.stride()):
+    if o is None:
+        return lse2, lse2, delta
+    if o.shape != q.shape or o.stride() != q.stride():
         raise AttentionInputError(f"o must be laid out as q: shape {tuple(o.shape)} strides {o.stride()} vs "
                                   f"{tuple(q.shape)} {q.stride()}")
-    return o
+    return _operand(o, rows, tma), lse2, lse2
 
 
 def launch_dq(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: Tensor | None, window: int,
@@ -567,12 +570,11 @@ def launch_dq(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: 
     """Run the dQ kernel that recomputes the probabilities (one program per query block and head);
     ``delta=None``: it computes delta from ``o`` (see :func:`launch_dkdv`)."""
     bsz, hq, s, d = q.shape
-    o = _delta_source(q, o, delta)
-    dq = torch.empty_like(q)
     bm, bn, tma = blocks.block_m, blocks.block_n, blocks.tma
+    o_lse_delta = _delta_args(q, o, delta, lse2, bm, tma)
+    dq = torch.empty_like(q)
     _LAUNCH["_bwd_dq"]((triton.cdiv(s, bm), bsz * hq),
-        _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), _operand(do, bm, tma),
-        _operand(o, bm, tma) if delta is None else lse2, lse2, lse2 if delta is None else delta, dq,
+        _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), _operand(do, bm, tma), *o_lse_delta, dq,
         scale, s, window, hq // k.shape[1], hq, k.shape[1], *_qkv_strides(q, k, v, do), D=d, BLOCK_M=bm,
         BLOCK_N=bn, TMA=tma, FUSED_DELTA=delta is None, num_warps=blocks.warps, num_stages=blocks.stages)
     return dq
