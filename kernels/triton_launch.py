@@ -84,6 +84,9 @@ class Launcher:
         self._names: tuple[str, ...] = tuple(getattr(kernel, "arg_names", ()))
         self._handles: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
+        # Triton's version and TRITON_INTERPRET (read when kernels are defined) do not change
+        # while the process runs: asked once, not on every launch
+        self._direct = direct_launch_supported()
         self.direct_launches = 0  # for tests and benchmarks: how many calls skipped Triton's binding
 
     def __call__(self, grid: tuple[int, ...], *args: Any, num_warps: int | None = None,
@@ -93,7 +96,7 @@ class Launcher:
                             f"({', '.join(self._names)}), got {len(args)} positional and {sorted(constexprs)} by name; "
                             "launch options other than num_warps and num_stages are not taken")
         options = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
-        if not direct_launch_supported() or getattr(self.kernel, "pre_run_hooks", None):
+        if not self._direct or getattr(self.kernel, "pre_run_hooks", None):
             self.kernel[grid](*args, **constexprs, **options)
             return
         values = (*args, *(constexprs[name] for name in self._names[len(args):]))
