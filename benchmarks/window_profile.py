@@ -268,7 +268,7 @@ def main() -> int:
             do = g.contiguous()
             delta = wt.launch_delta(o, do, cfg.dq)
             _, _, ds = wt.launch_dkdv(qd, kd, vd, do, lse2, delta, args.window, 0.1, cfg.dkdv,
-                                      store_ds=cfg.dq_from_ds is not None)
+                                      store_ds=cfg.dq_from_ds is not None, transposed=cfg.dkdv_transposed)
             steps: dict[str, Callable[[], object]] = {
                 "TensorDescriptor.from_tensor": lambda: wt._operand(qd, 64, True),
                 "window_config": lambda: wt.window_config(qd.device, args.dim),
@@ -277,13 +277,14 @@ def main() -> int:
                 "launch_forward": lambda: wt.launch_forward(qd, kd, vd, args.window, 0.1, cfg.fwd),
                 "launch_delta": lambda: wt.launch_delta(o, do, cfg.dq),
                 "launch_dkdv": lambda: wt.launch_dkdv(qd, kd, vd, do, lse2, delta, args.window, 0.1, cfg.dkdv,
-                                                      store_ds=ds is not None),
+                                                      store_ds=ds is not None, transposed=cfg.dkdv_transposed),
                 "backward() (no autograd)": lambda: wt.backward(qd, kd, vd, o, lse2, do, args.window, 0.1, cfg),
             }
             if ds is not None and cfg.dq_from_ds is not None:
                 dqds = cfg.dq_from_ds
                 steps["launch_dq_from_ds"] = lambda: wt.launch_dq_from_ds(qd, kd, ds, args.window, 0.1, cfg.dkdv,
-                                                                          dqds.warps, dqds.stages, dqds.tma)
+                                                                          dqds.warps, dqds.stages, dqds.tma,
+                                                                          transposed=cfg.dkdv_transposed)
             else:
                 steps["launch_dq"] = lambda: wt.launch_dq(qd, kd, vd, do, lse2, delta, args.window, 0.1, cfg.dq)
             host = {name: host_us(fn) for name, fn in steps.items()}

@@ -44,7 +44,7 @@ def ptxas_path() -> str | None:
 
 
 def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90, store_ds: bool = True,
-              fused_delta: bool = False) -> dict[str, Any]:
+              fused_delta: bool = False, transposed: bool = False) -> dict[str, Any]:
     """Compile one kernel at one launch shape for ``sm_<arch>a`` (bf16 inputs) and read ptxas's report."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -58,6 +58,10 @@ def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90, sto
         consts["TMA"] = blocks.tma
     if "FUSED_DELTA" in names:
         consts["FUSED_DELTA"] = fused_delta
+    if "TRANSPOSED" in names:
+        consts["TRANSPOSED"] = transposed
+    if "DS_T" in names:
+        consts["DS_T"] = transposed
     signature = {n: "constexpr" if n in consts else "*bf16" if n in _POINTERS else "*fp32" if n in _FLOAT32_POINTERS
                  else "fp32" if n == "sm_scale" else "i32" for n in names}
     if blocks.tma:  # the loaded operands are descriptors of (rows per tile) x D tiles
@@ -101,8 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument(f"--{kernel}-shapes", nargs="+", type=parse_blocks, default=None, metavar="MxN/wW/sS")
     ap.add_argument("--fused-delta", action="store_true",
                     help="the backward kernels computing delta from O themselves (WindowConfig.fused_delta)")
+    ap.add_argument("--dkdv-transposed", action=argparse.BooleanOptionalAction, default=None,
+                    help="the dK/dV kernel on transposed tiles (default: as the shipped configuration)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.dkdv_transposed is None:
+        nearest = min(wt.GPU_CONFIGS, key=lambda d: (abs(d - args.dim), d))
+        args.dkdv_transposed = wt.GPU_CONFIGS[nearest].dkdv_transposed
     if ptxas_path() is None:
         print("window_static: needs Triton with its bundled ptxas", file=sys.stderr)
         return 2
@@ -110,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     for kernel in args.kernels:
         for blocks in getattr(args, f"{kernel}_shapes") or KERNELS[kernel][1]:
             try:
-                rows.append(resources(kernel, blocks, args.dim, fused_delta=args.fused_delta))
+                rows.append(resources(kernel, blocks, args.dim, fused_delta=args.fused_delta,
+                                      transposed=args.dkdv_transposed))
             except Exception as exc:  # a shape the compiler rejects is a row too
                 rows.append({"kernel": kernel, "blocks": str(blocks), "head_dim": args.dim,
                              "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:160]})

@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     pairs = M.SlidingWindow(w).count_pairs(s, s, heads=args.heads)
     o, lse2 = wt.launch_forward(q, k, v, w, scale, shipped.fwd)
     delta = wt.launch_delta(o, do, shipped.dq)
-    dk, dv, _ = wt.launch_dkdv(q, k, v, do, lse2, delta, w, scale, shipped.dkdv)
+    tr = shipped.dkdv_transposed  # the dK/dV tiles' orientation (and so the dS tiles') the shapes are timed in
+    dk, dv, _ = wt.launch_dkdv(q, k, v, do, lse2, delta, w, scale, shipped.dkdv, transposed=tr)
     dq = wt.launch_dq(q, k, v, do, lse2, delta, w, scale, shipped.dq)
     lists = {"fwd": pick(args.fwd_shapes or FWD), "dkdv": pick(args.dkdv_shapes or DKDV),
              "dq": pick(args.dq_shapes or DQ), "dqds": pick(args.dqds_shapes or DQDS),
@@ -166,13 +167,15 @@ def main(argv: list[str] | None = None) -> int:
                        4.0 * pairs * d, end("fwd"), time_fn)
     if "dkdv" in args.kernels:
         rows += search("dkdv", lists["dkdv"],
-                       lambda b: wt.launch_dkdv(q, k, v, do, lse2, delta, w, scale, b, store_ds=store_ds)[:2],
+                       lambda b: wt.launch_dkdv(q, k, v, do, lse2, delta, w, scale, b, store_ds=store_ds,
+                                                transposed=tr)[:2],
                        (dk, dv), 8.0 * pairs * d, end("dkdv"), time_fn)
     if "dkdv-delta" in args.kernels:
         rows += search("delta", [shipped.dq], lambda b: wt.launch_delta(o, do, b), (delta,), 0.0, end("dkdv-delta"),
                        time_fn)
         rows += search("dkdv-delta", lists["dkdv-delta"],
-                       lambda b: wt.launch_dkdv(q, k, v, do, lse2, None, w, scale, b, store_ds=store_ds, o=o)[:2],
+                       lambda b: wt.launch_dkdv(q, k, v, do, lse2, None, w, scale, b, store_ds=store_ds, o=o,
+                                                transposed=tr)[:2],
                        (dk, dv), 8.0 * pairs * d, end("dkdv-delta"), time_fn)
     if "dq" in args.kernels:
         rows += search("dq", lists["dq"], lambda b: wt.launch_dq(q, k, v, do, lse2, delta, w, scale, b), (dq,),
@@ -181,9 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     best_dqds = shipped.dq_from_ds
     if store_ds:
         tiles = lambda b: wt.Blocks(best_dkdv.block_m, best_dkdv.block_n, b.warps, b.stages, b.tma)  # noqa: E731
-        ds = wt.launch_dkdv(q, k, v, do, lse2, delta, w, scale, best_dkdv, store_ds=True)[2]
+        ds = wt.launch_dkdv(q, k, v, do, lse2, delta, w, scale, best_dkdv, store_ds=True, transposed=tr)[2]
         rows += search("dqds", [tiles(b) for b in lists["dqds"]],
-                       lambda b: wt.launch_dq_from_ds(q, k, ds, w, scale, best_dkdv, b.warps, b.stages, b.tma), (dq,),
+                       lambda b: wt.launch_dq_from_ds(q, k, ds, w, scale, best_dkdv, b.warps, b.stages, b.tma,
+                                                      transposed=tr), (dq,),
                        2.0 * pairs * d, end("dqds"), time_fn)
         best_dqds = best_of([r for r in rows if r["kernel"] == "dqds"], tiles(B(0, 0, 4, 2)))
         del ds

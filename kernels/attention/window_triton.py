@@ -87,6 +87,11 @@ class WindowConfig:
     #: a delta kernel's pass over O and dO before them (slower on an H200 at both head dims:
     #: f+b 2.304 vs 2.235 ms at 32x128, 1.368 vs 1.342 at 32/8x64; off in GPU_CONFIGS)
     fused_delta: bool = False
+    #: the dK/dV kernel computes transposed tiles (keys x queries: S^T = K Q^T, dP^T = V dO^T), so
+    #: P^T and dS^T, the left operands of dV += P^T dO and dK += dS^T Q, are already in the
+    #: registers' layout instead of going through shared memory behind a CTA barrier each; its dS
+    #: tiles are then stored key-major, and the dQ-from-dS kernel reads them so
+    dkdv_transposed: bool = False
 
 
 #: the interpreter (tests): small tiles keep it fast; the dS path for dQ, TMA loads and paired
@@ -98,10 +103,14 @@ INTERPRETER_CONFIG = WindowConfig(Blocks(16, 16, 1, 1), Blocks(16, 16, 1, 1), Bl
 #: 64x64 tiles with 4 warps and TMA loads won every kernel at both head dims (forward 0.501 ms at
 #: 32x128, 0.302 ms at 32/8x64); two query blocks per program lost (0.572 / 0.348 ms). dQ from
 #: stored dS wins at head dim 128 (f+b 2.239 vs 2.296 ms recomputing) and loses at 64 (1.386 vs 1.316).
+#: The dK/dV kernel on transposed tiles won at both (sixth session, 12-01: dK/dV with dS stores
+#: 1.087 vs 1.187 ms at 32x128, 0.479 vs 0.611 at 32/8x64; whole backward 1.552 vs 1.629-1.651
+#: and 0.880 vs 0.984-0.998).
 GPU_CONFIGS: dict[int, WindowConfig] = {
-    64: WindowConfig(Blocks(64, 64, 4, 2, tma=True), Blocks(64, 64, 4, 3, tma=True), Blocks(64, 64, 4, 2, tma=True)),
+    64: WindowConfig(Blocks(64, 64, 4, 2, tma=True), Blocks(64, 64, 4, 3, tma=True), Blocks(64, 64, 4, 2, tma=True),
+                     dkdv_transposed=True),
     128: WindowConfig(Blocks(64, 64, 4, 3, tma=True), Blocks(64, 64, 4, 2, tma=True), Blocks(64, 64, 4, 2, tma=True),
-                      Blocks(64, 64, 4, 4, tma=True)),
+                      Blocks(64, 64, 4, 4, tma=True), dkdv_transposed=True),
 }
 #: the dS buffer's largest size; past it the backward recomputes dS for dQ instead
 DS_BUFFER_LIMIT_BYTES = 4 << 30
@@ -365,7 +374,7 @@ if triton is not None:
     def _bwd_dkdv(Q, K, V, DO, O, LSE, DELTA, DK, DV, DS, sm_scale, S, W, GROUP, HQ, HKV, NQB, NSLOT,
                   sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_DS: tl.constexpr,
-                  TMA: tl.constexpr, FUSED_DELTA: tl.constexpr):
+                  TMA: tl.constexpr, FUSED_DELTA: tl.constexpr, TRANSPOSED: tl.constexpr = False):
         start_n = tl.program_id(0)
         bhk = tl.program_id(1)
         b = bhk // HKV
@@ -379,6 +388,7 @@ if triton is not None:
         qk_scale = sm_scale * 1.4426950408889634
         lo, mid_lo, mid_hi, hi = _query_spans(start_n, S, W, BLOCK_M, BLOCK_N)
         offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        offs_tile_t = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
         # one loop over (query head of the group, query tile): one software pipeline for all of them
         n_tiles = tl.cdiv(hi - lo, BLOCK_M)
         for t in range(0, GROUP * n_tiles):
@@ -392,15 +402,28 @@ if triton is not None:
             lse2 = tl.load(LSE + bh * S + offs_m, mask=offs_m < S, other=0.0)
             delta = _delta(O, DELTA, do, b, h, bh, start_m, offs_m, offs_d, S, sqb, sqh, sqs, BLOCK_M, TMA,
                            FUSED_DELTA)
-            qk = _scores(q, k, offs_m, offs_n, _edge(start_m, mid_lo, mid_hi), S, W)
-            p = tl.exp2(qk * qk_scale - lse2[:, None])
-            dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv)
-            ds = (p * (tl.dot(do, tl.trans(v)) - delta[:, None])).to(q.dtype)
-            dk = tl.dot(tl.trans(ds), q, dk)
-            if STORE_DS:  # for the dQ kernel, which then needs one matrix product per tile
-                qb = start_m // BLOCK_M
-                slot = start_n - _first_key_block(qb, W, BLOCK_M, BLOCK_N)
-                tl.store(_ds_tile_base(DS, bh, qb, slot, NQB, NSLOT, BLOCK_M, BLOCK_N) + offs_tile, ds)
+            if TRANSPOSED:  # keys x queries: P^T and dS^T are the products' left operands as they are
+                qk_t = tl.dot(k, tl.trans(q))
+                if _edge(start_m, mid_lo, mid_hi):
+                    qk_t = tl.where(tl.trans(_in_window(offs_m, offs_n, S, W)), qk_t, float("-inf"))
+                p_t = tl.exp2(qk_t * qk_scale - lse2[None, :])
+                dv = tl.dot(p_t.to(do.dtype), do, dv)
+                ds_t = (p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])).to(q.dtype)
+                dk = tl.dot(ds_t, q, dk)
+                if STORE_DS:  # key-major tiles, which the dQ kernel reads as such
+                    qb = start_m // BLOCK_M
+                    slot = start_n - _first_key_block(qb, W, BLOCK_M, BLOCK_N)
+                    tl.store(_ds_tile_base(DS, bh, qb, slot, NQB, NSLOT, BLOCK_M, BLOCK_N) + offs_tile_t, ds_t)
+            else:
+                qk = _scores(q, k, offs_m, offs_n, _edge(start_m, mid_lo, mid_hi), S, W)
+                p = tl.exp2(qk * qk_scale - lse2[:, None])
+                dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv)
+                ds = (p * (tl.dot(do, tl.trans(v)) - delta[:, None])).to(q.dtype)
+                dk = tl.dot(tl.trans(ds), q, dk)
+                if STORE_DS:  # for the dQ kernel, which then needs one matrix product per tile
+                    qb = start_m // BLOCK_M
+                    slot = start_n - _first_key_block(qb, W, BLOCK_M, BLOCK_N)
+                    tl.store(_ds_tile_base(DS, bh, qb, slot, NQB, NSLOT, BLOCK_M, BLOCK_N) + offs_tile, ds)
         _store_tile(DK + b * skb + hk * skh, offs_n, sks, offs_d, S, dk * sm_scale)
         _store_tile(DV + b * svb + hk * svh, offs_n, svs, offs_d, S, dv)
 
@@ -435,8 +458,10 @@ if triton is not None:
     @triton.jit
     def _bwd_dq_from_ds(K, DS, DQ, sm_scale, S, W, GROUP, HQ, HKV, NQB, NSLOT,
                         sqb, sqh, sqs, skb, skh, sks,
-                        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
-        """dQ from the dS tiles the dK/dV kernel stored (one matrix product per tile)."""
+                        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+                        DS_T: tl.constexpr = False):
+        """dQ from the dS tiles the dK/dV kernel stored (one matrix product per tile; ``DS_T``:
+        the tiles are key-major, as the transposed dK/dV kernel stores them)."""
         start_m, bh, b, h, hk = _query_program(HQ, GROUP)
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
@@ -448,7 +473,11 @@ if triton is not None:
         for start_n in range(lo, hi, BLOCK_N):
             # rows past S: zeros (pointer loads) or another head's keys, multiplied by dS = 0 either way
             k = _block(K, Kh, (b * HKV + hk) * S, start_n, sks, offs_d, S, BLOCK_N, TMA)
-            ds = tl.load(row + ((start_n - lo) // BLOCK_N) * (BLOCK_M * BLOCK_N) + offs_tile)
+            if DS_T:
+                offs_t = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+                ds = tl.trans(tl.load(row + ((start_n - lo) // BLOCK_N) * (BLOCK_M * BLOCK_N) + offs_t))
+            else:
+                ds = tl.load(row + ((start_n - lo) // BLOCK_N) * (BLOCK_M * BLOCK_N) + offs_tile)
             dq = tl.dot(ds, k, dq)
         _store_tile(DQ + b * sqb + h * sqh, offs_m, sqs, offs_d, S, dq * sm_scale)
 
@@ -526,8 +555,8 @@ def ds_bytes(q: Tensor, window: int, blocks: Blocks) -> int:
 
 
 def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: Tensor | None, window: int,
-                scale: float, blocks: Blocks, *, store_ds: bool = False, o: Tensor | None = None
-                ) -> tuple[Tensor, Tensor, Tensor | None]:
+                scale: float, blocks: Blocks, *, store_ds: bool = False, o: Tensor | None = None,
+                transposed: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
     """Run the dK/dV kernel (one program per key block and kv head): ``(dk, dv, ds)``.
 
     ``delta`` is :func:`launch_delta`'s output; with ``delta=None`` the kernel computes it per
@@ -546,7 +575,7 @@ def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta
         _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), _operand(do, bm, tma), *o_lse_delta,
         dk, dv, ds if ds is not None else dk, scale, s, window, hq // hkv, hq, hkv, nqb, slots,
         *_qkv_strides(q, k, v, do), D=d, BLOCK_M=bm, BLOCK_N=bn, STORE_DS=store_ds, TMA=tma,
-        FUSED_DELTA=delta is None, num_warps=blocks.warps, num_stages=blocks.stages)
+        FUSED_DELTA=delta is None, TRANSPOSED=transposed, num_warps=blocks.warps, num_stages=blocks.stages)
     return dk, dv, ds
 
 
@@ -581,8 +610,9 @@ def launch_dq(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: 
 
 
 def launch_dq_from_ds(q: Tensor, k: Tensor, ds: Tensor, window: int, scale: float, blocks: Blocks,
-                      warps: int = 4, stages: int = 2, tma: bool = False) -> Tensor:
-    """dQ = dS @ K from the tiles :func:`launch_dkdv` stored with the same ``blocks``."""
+                      warps: int = 4, stages: int = 2, tma: bool = False, transposed: bool = False) -> Tensor:
+    """dQ = dS @ K from the tiles :func:`launch_dkdv` stored with the same ``blocks`` (and the
+    same ``transposed``)."""
     bsz, hq, s, d = q.shape
     nqb, slots = ds_layout(s, window, blocks)
     if tuple(ds.shape) != (bsz * hq, nqb, slots, blocks.block_m, blocks.block_n):
@@ -590,8 +620,8 @@ def launch_dq_from_ds(q: Tensor, k: Tensor, ds: Tensor, window: int, scale: floa
     dq = torch.empty_like(q)
     _LAUNCH["_bwd_dq_from_ds"]((nqb, bsz * hq),
         _operand(k, blocks.block_n, tma), ds, dq, scale, s, window, hq // k.shape[1], hq, k.shape[1], nqb, slots,
-        *_qkv_strides(q, k), D=d, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, TMA=tma, num_warps=warps,
-        num_stages=stages)
+        *_qkv_strides(q, k), D=d, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, TMA=tma, DS_T=transposed,
+        num_warps=warps, num_stages=stages)
     return dq
 
 
@@ -605,10 +635,11 @@ def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse2: Tensor, do: Tenso
     delta = None if cfg.fused_delta else launch_delta(o, do, cfg.dq)
     o_in = o if cfg.fused_delta else None
     via_ds = cfg.dq_from_ds is not None and ds_bytes(q, window, cfg.dkdv) <= DS_BUFFER_LIMIT_BYTES
-    dk, dv, ds = launch_dkdv(q, k, v, do, lse2, delta, window, scale, cfg.dkdv, store_ds=via_ds, o=o_in)
+    dk, dv, ds = launch_dkdv(q, k, v, do, lse2, delta, window, scale, cfg.dkdv, store_ds=via_ds, o=o_in,
+                             transposed=cfg.dkdv_transposed)
     if ds is not None and cfg.dq_from_ds is not None:
         dq = launch_dq_from_ds(q, k, ds, window, scale, cfg.dkdv, cfg.dq_from_ds.warps, cfg.dq_from_ds.stages,
-                               cfg.dq_from_ds.tma)
+                               cfg.dq_from_ds.tma, transposed=cfg.dkdv_transposed)
     else:
         dq = launch_dq(q, k, v, do, lse2, delta, window, scale, cfg.dq, o=o_in)
     return dq, dk, dv
