@@ -110,6 +110,16 @@ def best_of(rows: list[dict[str, Any]], fallback: wt.Blocks) -> wt.Blocks:
     return wt.Blocks(**min(ok, key=lambda r: r["ms"])["cfg"]) if ok else fallback
 
 
+def tuned_config(shipped: wt.WindowConfig, rows: list[dict[str, Any]], best_dkdv: wt.Blocks,
+                 best_dqds: wt.Blocks | None) -> wt.WindowConfig:
+    """The shipped configuration with the fastest shape of each searched kernel; every other
+    field (the dK/dV tiles' orientation, delta fused or not) stays the shipped one's, the form
+    the shapes were timed in."""
+    return dataclasses.replace(shipped, fwd=best_of([r for r in rows if r["kernel"] == "fwd"], shipped.fwd),
+                               dkdv=best_dkdv, dq=best_of([r for r in rows if r["kernel"] == "dq"], shipped.dq),
+                               dq_from_ds=best_dqds)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq", type=int, default=32768)
@@ -191,8 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                        2.0 * pairs * d, end("dqds"), time_fn)
         best_dqds = best_of([r for r in rows if r["kernel"] == "dqds"], tiles(B(0, 0, 4, 2)))
         del ds
-    tuned = wt.WindowConfig(best_of([r for r in rows if r["kernel"] == "fwd"], shipped.fwd), best_dkdv,
-                            best_of([r for r in rows if r["kernel"] == "dq"], shipped.dq), best_dqds)
+    tuned = tuned_config(shipped, rows, best_dkdv, best_dqds)
 
     # whole forward and forward+backward through attention(), shipped vs tuned (vs stock flex)
     mask = M.SlidingWindow(w)

@@ -149,3 +149,22 @@ def test_host_sampler_finds_where_the_time_goes() -> None:
     assert top_n / got.rounds > 0.5, got.table()
     # the innermost frame inside the repository: this test file's function
     assert "busy_here" in max(got.ours.items(), key=lambda item: item[1])[0], got.table()
+
+
+def test_window_tune_keeps_the_shipped_kernel_forms_in_its_tuned_configuration() -> None:
+    """The tuned configuration took only the shapes and dropped the other fields, so on an H200
+    its whole-pass rows timed the untransposed dK/dV kernel against the shipped transposed one
+    (2.191 vs 2.088 ms, 2026-12-01): the shapes must be timed in the form they were searched in."""
+    tune = load("window_tune")
+    wt = tune.wt
+    shipped = wt.WindowConfig(wt.Blocks(64, 64, 4, 3, tma=True), wt.Blocks(64, 64, 4, 2, tma=True),
+                              wt.Blocks(64, 64, 4, 2, tma=True), wt.Blocks(64, 64, 4, 4, tma=True),
+                              fused_delta=True, dkdv_transposed=True)
+    rows = [{"kernel": "fwd", "ms": 0.4, "cfg": wt.Blocks(64, 32, 4, 2).__dict__},
+            {"kernel": "fwd", "ms": 0.5, "cfg": wt.Blocks(64, 64, 4, 3).__dict__},
+            {"kernel": "dq", "error": "out of shared memory", "cfg": wt.Blocks(128, 64, 8, 2).__dict__}]
+    tuned = tune.tuned_config(shipped, rows, wt.Blocks(32, 64, 4, 2), None)
+    assert tuned.fwd == wt.Blocks(64, 32, 4, 2)  # the fastest timed shape
+    assert tuned.dq == shipped.dq  # no shape timed: the shipped one
+    assert (tuned.dkdv, tuned.dq_from_ds) == (wt.Blocks(32, 64, 4, 2), None)
+    assert tuned.dkdv_transposed and tuned.fused_delta

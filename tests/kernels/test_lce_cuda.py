@@ -28,7 +28,7 @@ FEATURES = [
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
+    a, b = a.detach().double(), b.detach().double()
     if torch.isnan(b).any():
         return 0.0 if torch.equal(torch.isnan(a), torch.isnan(b)) else float("inf")
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
