@@ -5,8 +5,9 @@ the work is O(S · window) rather than O(S²), with no block mask to build. Ever
 one loop over its tiles (one software pipeline); only the tiles on the window's two edges
 compute the mask. Grouped-query attention is handled inside the kernels (a key/value head
 serves its query heads; the dK/dV kernel's loop runs over the whole group). The backward is
-deterministic (no atomics): one kernel accumulates dK/dV per key block and, optionally, stores
-every tile's dS, so that dQ is one matrix product per tile; or a dQ kernel recomputes them.
+deterministic (no atomics): one kernel accumulates dK/dV per key block (on keys x queries
+tiles, so that P^T and dS^T feed its products from registers) and, optionally, stores every
+tile's dS, so that dQ is one matrix product per tile; or a dQ kernel recomputes them.
 On Hopper the tiles are loaded through TMA descriptors. Runs on CUDA, and on CPU under
 ``TRITON_INTERPRET=1`` (for tests).
 
