@@ -93,6 +93,12 @@ class WindowConfig:
     #: registers' layout instead of going through shared memory behind a CTA barrier each; its dS
     #: tiles are then stored key-major, and the dQ-from-dS kernel reads them so
     dkdv_transposed: bool = False
+    #: dQ from stored dS finished inside the dK/dV kernel: each program counts the query blocks
+    #: it wrote dS tiles for, and the program that writes a block's last tile computes its dQ
+    #: (summing the tiles in slot order: deterministic), reading them while they are likely
+    #: still in L2, with no separate dQ launch. Needs ``dq_from_ds`` (whose warps and stages are
+    #: then unused). Checked under the interpreter only, not yet timed on a GPU: off
+    dq_in_dkdv: bool = False
 
 
 #: the interpreter (tests): small tiles keep it fast; the dS path for dQ, TMA loads and paired
@@ -372,10 +378,11 @@ if triton is not None:
         return DS + ((bh * NQB + start_m).to(tl.int64) * NSLOT + slot) * (BLOCK_M * BLOCK_N)
 
     @triton.jit
-    def _bwd_dkdv(Q, K, V, DO, O, LSE, DELTA, DK, DV, DS, sm_scale, S, W, GROUP, HQ, HKV, NQB, NSLOT,
+    def _bwd_dkdv(Q, K, V, DO, O, LSE, DELTA, DK, DV, DS, DQ, COUNT, sm_scale, S, W, GROUP, HQ, HKV, NQB, NSLOT,
                   sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_DS: tl.constexpr,
-                  TMA: tl.constexpr, FUSED_DELTA: tl.constexpr, TRANSPOSED: tl.constexpr = False):
+                  TMA: tl.constexpr, FUSED_DELTA: tl.constexpr, TRANSPOSED: tl.constexpr = False,
+                  FINISH_DQ: tl.constexpr = False):
         start_n = tl.program_id(0)
         bhk = tl.program_id(1)
         b = bhk // HKV
@@ -427,6 +434,18 @@ if triton is not None:
                     tl.store(_ds_tile_base(DS, bh, qb, slot, NQB, NSLOT, BLOCK_M, BLOCK_N) + offs_tile, ds)
         _store_tile(DK + b * skb + hk * skh, offs_n, sks, offs_d, S, dk * sm_scale)
         _store_tile(DV + b * svb + hk * svh, offs_n, svs, offs_d, S, dv)
+        if FINISH_DQ:  # count this program's dS tiles in; the last writer of a query block sums its dQ
+            tl.debug_barrier()  # every thread's dS stores come before the count's release
+            for t in range(0, GROUP * n_tiles):
+                g = t // n_tiles
+                qb = (lo + (t - g * n_tiles) * BLOCK_M) // BLOCK_M
+                h = hk * GROUP + g
+                bh = b * HQ + h
+                klo, _kmid_lo, _kmid_hi, khi = _key_spans(qb, S, W, BLOCK_M, BLOCK_N)
+                done = tl.atomic_add(COUNT + bh * NQB + qb, 1, sem="acq_rel", scope="gpu")
+                if done == (khi - klo + BLOCK_N - 1) // BLOCK_N - 1:
+                    _dq_block(K, _head(K, b, hk, skb, skh, TMA), DS, DQ, sm_scale, qb, bh, b, h, hk, S, W, HKV,
+                              NQB, NSLOT, sqb, sqh, sqs, sks, D, BLOCK_M, BLOCK_N, TMA, TRANSPOSED, True)
 
     @triton.jit
     def _bwd_dq(Q, K, V, DO, O, LSE, DELTA, DQ, sm_scale, S, W, GROUP, HQ, HKV,
@@ -464,21 +483,35 @@ if triton is not None:
         """dQ from the dS tiles the dK/dV kernel stored (one matrix product per tile; ``DS_T``:
         the tiles are key-major, as the transposed dK/dV kernel stores them)."""
         start_m, bh, b, h, hk = _query_program(HQ, GROUP)
+        _dq_block(K, _head(K, b, hk, skb, skh, TMA), DS, DQ, sm_scale, start_m, bh, b, h, hk, S, W, HKV, NQB, NSLOT,
+                  sqb, sqh, sqs, sks, D, BLOCK_M, BLOCK_N, TMA, DS_T, False)
+
+    @triton.jit
+    def _dq_block(K, Kh, DS, DQ, sm_scale, start_m, bh, b, h, hk, S, W, HKV, NQB, NSLOT, sqb, sqh, sqs, sks,
+                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+                  DS_T: tl.constexpr, L2_ONLY: tl.constexpr):
+        """dQ of query block ``start_m`` of query head ``bh`` from its stored dS tiles, summed in
+        slot order. ``L2_ONLY``: the tiles were written by other programs of this launch, so
+        they are read past the (incoherent) L1."""
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
-        offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        Kh = _head(K, b, hk, skb, skh, TMA)
+        if DS_T:
+            offs_tile = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+        else:
+            offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
         lo, _mid_lo, _mid_hi, hi = _key_spans(start_m, S, W, BLOCK_M, BLOCK_N)
         row = _ds_tile_base(DS, bh, start_m, 0, NQB, NSLOT, BLOCK_M, BLOCK_N)
         for start_n in range(lo, hi, BLOCK_N):
             # rows past S: zeros (pointer loads) or another head's keys, multiplied by dS = 0 either way
             k = _block(K, Kh, (b * HKV + hk) * S, start_n, sks, offs_d, S, BLOCK_N, TMA)
-            if DS_T:
-                offs_t = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
-                ds = tl.trans(tl.load(row + ((start_n - lo) // BLOCK_N) * (BLOCK_M * BLOCK_N) + offs_t))
+            tile = row + ((start_n - lo) // BLOCK_N) * (BLOCK_M * BLOCK_N) + offs_tile
+            if L2_ONLY:
+                ds = tl.load(tile, cache_modifier=".cg")
             else:
-                ds = tl.load(row + ((start_n - lo) // BLOCK_N) * (BLOCK_M * BLOCK_N) + offs_tile)
+                ds = tl.load(tile)
+            if DS_T:
+                ds = tl.trans(ds)
             dq = tl.dot(ds, k, dq)
         _store_tile(DQ + b * sqb + h * sqh, offs_m, sqs, offs_d, S, dq * sm_scale)
 
@@ -557,13 +590,15 @@ def ds_bytes(q: Tensor, window: int, blocks: Blocks) -> int:
 
 def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: Tensor | None, window: int,
                 scale: float, blocks: Blocks, *, store_ds: bool = False, o: Tensor | None = None,
-                transposed: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+                transposed: bool = False, dq: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """Run the dK/dV kernel (one program per key block and kv head): ``(dk, dv, ds)``.
 
     ``delta`` is :func:`launch_delta`'s output; with ``delta=None`` the kernel computes it per
     query tile from ``o`` (laid out as ``q``), which saves the delta kernel's pass over O and dO.
     With ``store_ds`` it also writes every tile's dS (the input dtype; the values the dQ
-    product uses) into a buffer laid out by :func:`ds_layout`, else ``ds`` is None."""
+    product uses) into a buffer laid out by :func:`ds_layout`, else ``ds`` is None. With ``dq``
+    (needs ``store_ds``) the kernel also finishes dQ from those tiles into it
+    (``WindowConfig.dq_in_dkdv``)."""
     bsz, hq, s, d = q.shape
     hkv = k.shape[1]
     bm, bn, tma = blocks.block_m, blocks.block_n, blocks.tma
@@ -572,11 +607,17 @@ def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta
     nqb, slots = ds_layout(s, window, blocks)
     ds = (torch.empty((bsz * hq, nqb, slots, blocks.block_m, blocks.block_n), device=q.device, dtype=q.dtype)
           if store_ds else None)
+    if dq is not None and (ds is None or dq.shape != q.shape or dq.stride() != q.stride()):
+        raise AttentionInputError("finishing dQ in the dK/dV kernel needs store_ds and a dq laid out as q")
+    # the per-(query head, query block) count of dS tiles written so far (int32, from zero)
+    count = torch.zeros(bsz * hq * nqb, device=q.device, dtype=torch.int32) if dq is not None else None
     _LAUNCH["_bwd_dkdv"]((triton.cdiv(s, bn), bsz * hkv),
         _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), _operand(do, bm, tma), *o_lse_delta,
-        dk, dv, ds if ds is not None else dk, scale, s, window, hq // hkv, hq, hkv, nqb, slots,
+        dk, dv, ds if ds is not None else dk, dq if dq is not None else dk, count if count is not None else lse2,
+        scale, s, window, hq // hkv, hq, hkv, nqb, slots,
         *_qkv_strides(q, k, v, do), D=d, BLOCK_M=bm, BLOCK_N=bn, STORE_DS=store_ds, TMA=tma,
-        FUSED_DELTA=delta is None, TRANSPOSED=transposed, num_warps=blocks.warps, num_stages=blocks.stages)
+        FUSED_DELTA=delta is None, TRANSPOSED=transposed, FINISH_DQ=dq is not None, num_warps=blocks.warps,
+        num_stages=blocks.stages)
     return dk, dv, ds
 
 
@@ -636,6 +677,11 @@ def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse2: Tensor, do: Tenso
     delta = None if cfg.fused_delta else launch_delta(o, do, cfg.dq)
     o_in = o if cfg.fused_delta else None
     via_ds = cfg.dq_from_ds is not None and ds_bytes(q, window, cfg.dkdv) <= DS_BUFFER_LIMIT_BYTES
+    if via_ds and cfg.dq_in_dkdv:
+        dq = torch.empty_like(q)
+        dk, dv, _ = launch_dkdv(q, k, v, do, lse2, delta, window, scale, cfg.dkdv, store_ds=True, o=o_in,
+                                transposed=cfg.dkdv_transposed, dq=dq)
+        return dq, dk, dv
     dk, dv, ds = launch_dkdv(q, k, v, do, lse2, delta, window, scale, cfg.dkdv, store_ds=via_ds, o=o_in,
                              transposed=cfg.dkdv_transposed)
     if ds is not None and cfg.dq_from_ds is not None:
