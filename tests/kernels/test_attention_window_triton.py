@@ -140,6 +140,9 @@ def test_launchers_refuse_what_their_kernels_cannot_take() -> None:
             wt.launch_dkdv(q, q, q, q, lse, delta, 8, 0.25, blocks, o=o)
         with pytest.raises(AttentionInputError, match=match):
             wt.launch_dq(q, q, q, q, lse, delta, 8, 0.25, blocks, o=o)
+    for store_ds, dq in ((False, torch.empty_like(q)), (True, torch.empty(1, 2, 64, 32)[..., :16])):
+        with pytest.raises(AttentionInputError, match="needs store_ds and a dq laid out as q"):
+            wt.launch_dkdv(q, q, q, q, lse, lse, 8, 0.25, blocks, store_ds=store_ds, dq=dq)
 
 
 def test_window_backend_refuses_what_it_cannot_compute() -> None:
