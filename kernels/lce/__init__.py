@@ -2,7 +2,8 @@
 
 ``linear_cross_entropy`` (functional) and ``LinearCrossEntropyLoss`` (a drop-in for
 ``torch.nn.LinearCrossEntropyLoss``) route between three implementations: ``reference``
-(plain PyTorch on full logits), ``chunked`` (any device) and ``triton`` (CUDA).
+(plain PyTorch on full logits), ``chunked`` (any device) and ``triton`` (CUDA). Targets are
+class indices, or class probabilities (reference and chunked implementations).
 """
 from __future__ import annotations
 

@@ -71,19 +71,29 @@ def reduction_coefficients(
 ) -> torch.Tensor:
     """Return ``[a_nll, a_smooth, a_z, sum_c w[c]]`` as a device tensor (no host sync).
 
+    ``target`` holds class indices, or class probabilities (rows x C; then ``"mean"`` divides
+    by the number of rows, as ``F.cross_entropy`` does for them, and ``nll_i`` below stands for
+    ``sum_c w[c] * y[i, c] * (lse_i - z[i, c])``).
+
     The reduced loss is ``a_nll * sum_i nll_i + a_smooth * sum_i smooth_i + a_z * sum_i lse_i**2``
     (over non-ignored rows); with ``reduction="none"`` the same coefficients weight each row.
     A zero denominator gives inf here and NaN in the loss, as ``F.cross_entropy`` does.
     """
     eps = float(cfg.label_smoothing)
     dev = target.device
-    valid = target != cfg.ignore_index
+    if target.is_floating_point():  # class probabilities, (rows, C): every row counts, "mean" is per row
+        valid = torch.ones(target.shape[0], dtype=torch.bool, device=dev)
+        target = torch.zeros(target.shape[0], dtype=torch.long, device=dev)
+        class_weight_for_denominator = None
+    else:
+        valid = target != cfg.ignore_index
+        class_weight_for_denominator = class_weight
     w_sum = class_weight.sum(dtype=dtype) if class_weight is not None else torch.tensor(float(num_classes), dtype=dtype, device=dev)
     one = torch.ones((), dtype=dtype, device=dev)
     if cfg.reduction != "mean":
         return torch.stack([one * (1.0 - eps), one * (eps / num_classes), one * cfg.z_loss, w_sum])
     n_valid = valid.sum(dtype=dtype)
-    if class_weight is not None:
+    if class_weight_for_denominator is not None:
         safe = torch.where(valid, target, torch.zeros_like(target))
         denom = torch.where(valid, class_weight.to(dtype)[safe], torch.zeros((), dtype=dtype, device=dev)).sum()
     else:

@@ -37,13 +37,21 @@ def select_implementation(
     requested: str,
     input: torch.Tensor,
     weight: torch.Tensor,
+    probabilities: bool = False,
 ) -> Route:
-    """Resolve ``implementation=`` for these tensors, or raise ``UnsupportedFeatureError``."""
+    """Resolve ``implementation=`` for these tensors, or raise ``UnsupportedFeatureError``.
+
+    ``probabilities``: the target holds class probabilities (the Triton row kernel takes class
+    indices only, so ``"auto"`` then takes the chunked implementation on CUDA too)."""
     if requested not in IMPLEMENTATIONS:
         raise LCEValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {requested!r}")
     k_dim = weight.dim() > 2
     if requested == "reference":
         return Route("reference", "requested")
+    if requested == "triton" and probabilities:
+        raise UnsupportedFeatureError(
+            "implementation='triton' takes class-index targets; class probabilities need 'chunked' or 'auto'"
+        )
     if requested in ("chunked", "triton") and k_dim:
         raise UnsupportedFeatureError(
             f"implementation={requested!r} supports 2-D weights (C, H) only; a K-dimensional "
@@ -66,6 +74,8 @@ def select_implementation(
         return Route("chunked", "requested")
     if k_dim:
         return Route("reference", "K-dimensional weight: only the reference implementation supports it")
+    if probabilities and input.device.type == "cuda":
+        return Route("chunked", "class-probability targets: the Triton row kernel takes class indices")
     if input.device.type == "cuda" and input.dtype in _TRITON_DTYPES and triton_usable(input.device):
         return Route("triton", "CUDA tensor with triton available")
     return Route("chunked", f"{input.device.type} tensor" + ("" if input.device.type != "cuda" else ", no triton"))
@@ -88,10 +98,9 @@ def _validate(
         raise LCETypeError(f"input must be a floating-point tensor, got dtype {input.dtype}")
     if weight.dtype != input.dtype and not master_weight:
         raise LCETypeError(f"weight dtype {weight.dtype} differs from input dtype {input.dtype}")
-    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+    if target.is_complex() or target.dtype == torch.bool:
         raise LCETypeError(
-            f"target must hold integer class indices, got dtype {target.dtype} "
-            "(class-probability targets are not supported)"
+            f"target must hold integer class indices or floating-point class probabilities, got dtype {target.dtype}"
         )
     if input.dim() < 1:
         raise LCEValueError("input must have at least one dimension (the features)")
@@ -105,8 +114,19 @@ def _validate(
     if weight.shape[0] < 1:
         raise LCEValueError("weight must have at least one class")
     out_dims = tuple(weight.shape[1:-1])
+    if target.is_floating_point():
+        probs_shape = tuple(input.shape[:-1]) + (weight.shape[0],)
+        if out_dims:
+            raise UnsupportedFeatureError(
+                f"class-probability targets need a 2-D weight (C, H), got weight of shape {tuple(weight.shape)}"
+            )
+        if tuple(target.shape) != probs_shape:
+            raise LCEValueError(
+                f"a floating-point target holds class probabilities of shape {probs_shape} (input's rows x "
+                f"classes), got {tuple(target.shape)}; class indices must be an integer tensor"
+            )
     expected_target = tuple(input.shape[:-1]) + out_dims
-    if tuple(target.shape) != expected_target:
+    if not target.is_floating_point() and tuple(target.shape) != expected_target:
         raise LCEValueError(
             f"target shape {tuple(target.shape)} does not match input/weight; expected {expected_target}"
         )
@@ -145,7 +165,7 @@ def _validate(
 
 def _check_targets_on_cpu(target: torch.Tensor, num_classes: int, ignore_index: int) -> None:
     """Range check for CPU targets (free there; on CUDA it would cost a host sync)."""
-    if target.device.type != "cpu" or target.numel() == 0:
+    if target.device.type != "cpu" or target.numel() == 0 or target.is_floating_point():
         return
     bad = (target != ignore_index) & ((target < 0) | (target >= num_classes))
     if bool(bad.any()):
@@ -318,7 +338,11 @@ def linear_cross_entropy(
     Args:
         input: ``(..., H)`` activations (float16, bfloat16, float32 or float64).
         weight: ``(C, H)`` classifier (e.g. a tied embedding), same dtype as ``input``.
-        target: ``input.shape[:-1]`` integer class indices.
+        target: ``input.shape[:-1]`` integer class indices, or ``input.shape[:-1] + (C,)``
+            floating-point class probabilities (as ``F.cross_entropy`` takes them: label
+            smoothing mixes them with the uniform distribution, ``"mean"`` divides by the number
+            of rows, ``ignore_index`` does not apply and must stay at its default; on CUDA
+            ``"auto"`` computes them with the chunked implementation and says so).
         bias: optional ``(C,)`` bias.
         class_weight: optional ``(C,)`` per-class rescaling (``F.cross_entropy``'s ``weight``).
         return_z_loss: also return the z-loss term (detached; it is already in ``loss``).
@@ -345,8 +369,16 @@ def linear_cross_entropy(
     if not isinstance(implementation, str):
         raise LCETypeError(f"implementation must be a str, got {type(implementation).__name__}")
     _validate(input, weight, target, bias, class_weight, chunk_size, accum_dtype, master_weight)
-    route = select_implementation(implementation, input, weight)
+    probabilities = target.is_floating_point()
+    if probabilities and ignore_index != -100:
+        raise LCEValueError(
+            f"ignore_index={ignore_index} applies to class-index targets only; "
+            "class-probability targets take none (as F.cross_entropy)"
+        )
+    route = select_implementation(implementation, input, weight, probabilities)
     _check_targets_on_cpu(target, weight.shape[0], ignore_index)
+    if implementation == "auto" and probabilities and input.device.type == "cuda":
+        warnings.warn(f"linear_cross_entropy: using the chunked implementation ({route.reason})", stacklevel=2)
     if route.implementation == "reference":
         if implementation == "auto":
             warnings.warn(f"linear_cross_entropy: using the reference implementation ({route.reason})", stacklevel=2)
@@ -358,9 +390,12 @@ def linear_cross_entropy(
     if not x2d.is_contiguous():
         x2d = x2d.contiguous()
     w2d = weight if weight.is_contiguous() else weight.contiguous()
-    flat_target = target.reshape(-1)
-    if flat_target.dtype != torch.int64:
-        flat_target = flat_target.long()
+    if probabilities:  # (rows, C); the row pass converts each chunk to its math's dtype
+        flat_target = target.reshape(-1, target.shape[-1])
+    else:
+        flat_target = target.reshape(-1)
+        if flat_target.dtype != torch.int64:
+            flat_target = flat_target.long()
     n, num_classes = x2d.shape[0], w2d.shape[0]
     wide = weight.requires_grad and torch.promote_types(accum_dtype, weight.dtype) != weight.dtype
     rows = chunk_size or default_chunk_size(n, num_classes, input.dtype, input.device,
@@ -370,7 +405,7 @@ def linear_cross_entropy(
         row_pass=triton_row_pass if route.implementation == "triton" else torch_row_pass,
         chunk_size=rows,
         accum_dtype=accum_dtype,
-        target_shape=tuple(target.shape),
+        target_shape=tuple(target.shape[:-1] if probabilities else target.shape),
         return_dtype=compute_dtype_for(input.dtype),
     )
     cw = class_weight.to(compute_dtype_for(input.dtype)) if class_weight is not None else None

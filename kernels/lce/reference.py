@@ -19,6 +19,7 @@ def reference_linear_cross_entropy(
 
     Differentiable through ordinary autograd. ``weight`` is ``(C, H)``, or ``(C, *K, H)`` for a
     K-dimensional loss (then ``input`` is ``(N, H)`` or ``(H,)`` and ``target`` ``(N, *K)``/``K``).
+    A floating-point ``target`` holds class probabilities, ``input.shape[:-1] + (C,)`` (2-D weight).
     The math runs, and results come back, in float32 (float64 for float64 inputs).
     ``z_loss`` is detached (it is already part of ``loss``).
     """
@@ -26,9 +27,10 @@ def reference_linear_cross_entropy(
     x, w = input.to(ct), weight.to(ct)
     b = bias.to(ct) if bias is not None else None
     cw = class_weight.to(ct) if class_weight is not None else None
+    probabilities = target.is_floating_point()
     if w.dim() == 2:
         logits = F.linear(x.reshape(-1, x.shape[-1]), w, b)
-        flat_target = target.reshape(-1)
+        flat_target = target.reshape(-1, target.shape[-1]).to(ct) if probabilities else target.reshape(-1)
     else:
         batched = x.dim() == 2
         x2 = x if batched else x.unsqueeze(0)
@@ -46,7 +48,8 @@ def reference_linear_cross_entropy(
         reduction=cfg.reduction,
         label_smoothing=cfg.label_smoothing,
     )
-    valid = flat_target != cfg.ignore_index
+    valid = (torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device) if probabilities
+             else flat_target != cfg.ignore_index)
     lse = torch.logsumexp(logits, dim=1)
     zrow = torch.where(valid, cfg.z_loss * lse.square(), torch.zeros_like(lse))
     if cfg.reduction == "mean":
@@ -58,5 +61,6 @@ def reference_linear_cross_entropy(
     if cfg.z_loss != 0.0:
         loss = loss + z
     if cfg.reduction == "none":
-        loss, z = loss.reshape(target.shape), z.reshape(target.shape)
+        shape = target.shape[:-1] if probabilities else target.shape
+        loss, z = loss.reshape(shape), z.reshape(shape)
     return loss, z.detach()

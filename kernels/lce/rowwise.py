@@ -47,7 +47,10 @@ def torch_row_pass(
 
     ``coefs`` is :func:`config.reduction_coefficients`' output; ``row_scale`` is the
     upstream gradient per row (``None`` means 1). The gradient is returned in ``logits.dtype``.
+    A floating-point ``target`` (``[n, C]``) holds class probabilities.
     """
+    if target.is_floating_point():
+        return _probability_row_pass(logits, target, cfg, class_weight, coefs, row_scale, want_grad)
     ct = coefs.dtype
     z = logits if logits.dtype == ct else logits.to(ct)
     capped_tanh = None
@@ -88,4 +91,54 @@ def torch_row_pass(
     if row_scale is not None:
         grad.mul_(row_scale.to(ct).unsqueeze(1))
     grad.masked_fill_(~valid.unsqueeze(1), 0.0)
+    return RowResult(nll, smooth, lse_sq, grad.to(logits.dtype))
+
+
+def _probability_row_pass(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    cfg: LossConfig,
+    class_weight: torch.Tensor | None,
+    coefs: torch.Tensor,
+    row_scale: torch.Tensor | None,
+    want_grad: bool,
+) -> RowResult:
+    """The row pass for class-probability targets ``y`` (``[n, C]``): ``nll_i`` is
+    ``sum_c w[c] * y[i, c] * (lse_i - z[i, c])`` (the smoothing and z-loss terms as for class
+    indices), and ``d nll_i / d z[i, c] = (sum_c' w[c'] y[i, c']) * p[i, c] - w[c] * y[i, c]``.
+    Holds one more chunk-sized buffer than the class-index pass (``w * y``)."""
+    ct = coefs.dtype
+    z = logits if logits.dtype == ct else logits.to(ct)
+    capped_tanh = None
+    if cfg.softcap is not None:
+        capped_tanh = torch.tanh(z / cfg.softcap)
+        z = capped_tanh * cfg.softcap
+    cw = class_weight.to(ct) if class_weight is not None else None
+    wy = target.to(ct) * cw if cw is not None else target.to(ct)
+    wy_sum = wy.sum(dim=1)
+    lse = torch.logsumexp(z, dim=1)
+    nll = lse * wy_sum - (wy * z).sum(dim=1)
+    if cfg.label_smoothing > 0.0:
+        smooth = coefs[3] * lse - (z @ cw if cw is not None else z.sum(dim=1))
+    else:
+        smooth = torch.zeros_like(lse)
+    lse_sq = lse.square() if cfg.z_loss > 0.0 else torch.zeros_like(lse)
+    if not want_grad:
+        return RowResult(nll, smooth, lse_sq, None)
+
+    a_nll, a_sm, a_z, w_sum = coefs[0], coefs[1], coefs[2], coefs[3]
+    row_coef = a_nll * wy_sum
+    if cfg.label_smoothing > 0.0:
+        row_coef = row_coef + a_sm * w_sum
+    if cfg.z_loss > 0.0:
+        row_coef = row_coef + 2.0 * a_z * lse
+    grad = z.sub_(lse.unsqueeze(1))  # softmax in place, as in the class-index pass
+    grad.exp_().mul_(row_coef.unsqueeze(1))
+    grad.addcmul_(wy, -a_nll)  # not in place on wy: without class weights it is the caller's target
+    if cfg.label_smoothing > 0.0:
+        grad.sub_(a_sm * cw if cw is not None else a_sm)
+    if capped_tanh is not None:
+        grad.mul_(1.0 - capped_tanh.square())
+    if row_scale is not None:
+        grad.mul_(row_scale.to(ct).unsqueeze(1))
     return RowResult(nll, smooth, lse_sq, grad.to(logits.dtype))

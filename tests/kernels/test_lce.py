@@ -390,6 +390,88 @@ def test_weight_tying_accumulates_into_the_embedding():
     assert _rel(emb.weight.grad, ref_w.grad) <= 1e-10
 
 
+# ----------------------------------------------------------------------------- class probabilities
+def _probabilities(n, v, dtype, kind):
+    """Soft targets: a softmax, unnormalised non-negative values (F.cross_entropy does not
+    require rows to sum to 1), or one-hot rows with some all-zero rows."""
+    if kind == "softmax":
+        return torch.softmax(torch.randn(n, v, dtype=torch.float64) * 2, 1).to(dtype)
+    if kind == "unnormalised":
+        return (torch.rand(n, v, dtype=torch.float64) * 3).to(dtype)
+    y = F.one_hot(torch.randint(0, v, (n,)), v).to(dtype)
+    y[torch.rand(n) < 0.2] = 0
+    return y
+
+
+@pytest.mark.parametrize("impl", ["chunked", "reference"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("feats", list(FEATURES.values()), ids=list(FEATURES))
+def test_probability_targets_match_cross_entropy(impl, dtype, reduction, feats):
+    seed = _fresh_seed()
+    x, w, b, _, cw = _draw(dtype, feats)
+    n, v = x.shape[0], w.shape[0]
+    kind = random.Random(seed).choice(["softmax", "unnormalised", "one-hot"])
+    y = _probabilities(n, v, dtype, kind)
+    y_before = y.clone()
+    kw = _kw(feats)
+    chunk = int(torch.randint(1, max(2, n), ()))
+    out, grads, grad_out = _run(impl, x, w, b, y, cw, reduction, kw, chunk_size=chunk)
+    msg = f"seed {seed}, {kind}, x{tuple(x.shape)} w{tuple(w.shape)}, chunk {chunk}"
+    assert torch.equal(y, y_before), "the target was modified: " + msg
+    leaves = [t.detach().double().requires_grad_() for t in (x, w) + ((b,) if b is not None else ())]
+    logits = F.linear(leaves[0], leaves[1], leaves[2] if b is not None else None)
+    if "softcap" in kw:
+        logits = kw["softcap"] * torch.tanh(logits / kw["softcap"])
+    ref = F.cross_entropy(logits, y.double(), weight=cw, reduction=reduction,
+                          label_smoothing=kw.get("label_smoothing", 0.0))
+    z_rows = kw.get("z_loss", 0.0) * torch.logsumexp(logits, 1).square()
+    ref = ref + {"mean": z_rows.mean(), "sum": z_rows.sum(), "none": z_rows}[reduction]
+    ref_grads = torch.autograd.grad(ref, leaves, grad_out)
+    assert out.shape == ref.shape == (n,) if reduction == "none" else out.shape == ()
+    assert _rel(out, ref) <= TOL[dtype], msg
+    for name, g, r in zip(("dX", "dW", "dbias"), grads, ref_grads):
+        assert _rel(g, r) <= TOL[dtype], f"{name}: {msg}"
+
+
+def test_probability_targets_keep_leading_dimensions_and_work_without_grad():
+    _fresh_seed()
+    x, w = torch.randn(2, 5, 8, dtype=torch.float64), torch.randn(13, 8, dtype=torch.float64)
+    y = torch.softmax(torch.randn(2, 5, 13, dtype=torch.float64), -1)
+    per_row = linear_cross_entropy(x, w, y, reduction="none", chunk_size=3)
+    assert per_row.shape == (2, 5)
+    expected = F.cross_entropy(F.linear(x, w).reshape(-1, 13), y.reshape(-1, 13), reduction="none").reshape(2, 5)
+    assert _rel(per_row, expected) <= 1e-12
+    with torch.no_grad():
+        assert _rel(linear_cross_entropy(x, w, y, chunk_size=4), expected.mean()) <= 1e-12
+
+
+def test_module_takes_probability_targets_as_the_torch_module_does():
+    torch_cls = getattr(torch.nn, "LinearCrossEntropyLoss", None)
+    if torch_cls is None:
+        pytest.skip("this torch has no nn.LinearCrossEntropyLoss")
+    _fresh_seed()
+    kwargs = dict(bias=True, reduction="mean", weight=torch.rand(30, dtype=torch.float64) + 0.5,
+                  label_smoothing=0.1, dtype=torch.float64)
+    theirs = torch_cls(12, 30, **kwargs)
+    mine = LinearCrossEntropyLoss(12, 30, **kwargs, chunk_size=8)
+    mine.load_state_dict(theirs.state_dict())
+    x = torch.randn(21, 12, dtype=torch.float64)
+    y = torch.softmax(torch.randn(21, 30, dtype=torch.float64), 1)
+    a, b = theirs(x, y), mine(x, y)
+    a.backward()
+    b.backward()
+    assert _rel(b, a) <= 1e-12
+    assert _rel(mine.linear.weight.grad, theirs.linear.weight.grad) <= 1e-10
+
+
+def test_probability_targets_route_past_the_triton_kernel():
+    x, w = torch.randn(4, 8), torch.randn(16, 8)
+    assert select_implementation("auto", x, w, probabilities=True).implementation == "chunked"
+    with pytest.raises(UnsupportedFeatureError, match="class probabilities"):
+        select_implementation("triton", x, w, probabilities=True)
+
+
 # ----------------------------------------------------------------------------- routing, errors
 def test_auto_routes_cpu_to_chunked_and_route_is_observable():
     x, w = torch.randn(4, 8), torch.randn(16, 8)
@@ -411,7 +493,19 @@ def _good():
 BAD_CALLS = {
     "weight dtype": (lambda x, w, t: linear_cross_entropy(x, w.double(), t), LCETypeError, "weight dtype"),
     "integer input": (lambda x, w, t: linear_cross_entropy(x.long(), w.long(), t), LCETypeError, "floating-point"),
-    "float target": (lambda x, w, t: linear_cross_entropy(x, w, t.float()), LCETypeError, "class indices"),
+    "float target of index shape": (lambda x, w, t: linear_cross_entropy(x, w, t.float()), LCEValueError,
+                                    "class probabilities of shape"),
+    "complex target": (lambda x, w, t: linear_cross_entropy(x, w, t.to(torch.complex64)), LCETypeError,
+                       "class indices or"),
+    "ignore_index with probabilities": (
+        lambda x, w, t: linear_cross_entropy(x, w, torch.rand(6, 10), ignore_index=3), LCEValueError,
+        "class-index targets only"),
+    "probabilities with a K-dim weight": (
+        lambda x, w, t: linear_cross_entropy(x, w.reshape(10, 1, 8), torch.rand(6, 10, 1)),
+        UnsupportedFeatureError, "2-D weight"),
+    "probabilities on triton": (
+        lambda x, w, t: linear_cross_entropy(x, w, torch.rand(6, 10), implementation="triton"),
+        UnsupportedFeatureError, "class probabilities need"),
     "target shape": (lambda x, w, t: linear_cross_entropy(x, w, t[:-1]), LCEValueError, "target shape"),
     "hidden size": (lambda x, w, t: linear_cross_entropy(x, w[:, :-1], t), LCEValueError, "feature size"),
     "1-D weight": (lambda x, w, t: linear_cross_entropy(x, w[0], t), LCEValueError, "num_classes"),

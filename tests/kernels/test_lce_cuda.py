@@ -129,3 +129,20 @@ def test_autocast_accumulates_a_float32_weights_gradient_in_float32_on_cuda():
     ref, _ = reference_linear_cross_entropy(xb, wb, t, None, LossConfig("mean", -100, 0.0, 1e-4, None))
     ref.backward()
     assert _rel(loss, ref) <= 1e-2 and _rel(w.grad, wb.grad) <= 1e-2 and _rel(x.grad, xb.grad) <= 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_probability_targets_on_cuda_take_the_chunked_route_and_say_so(dtype):
+    torch.manual_seed(torch.seed() % 2**31)
+    n, h, v = 300, 32, 1000
+    x = torch.randn(n, h, device="cuda").to(dtype).requires_grad_()
+    w = (torch.randn(v, h, device="cuda") * 0.2).to(dtype).requires_grad_()
+    y = torch.softmax(torch.randn(n, v, device="cuda"), 1).to(dtype)
+    with pytest.warns(UserWarning, match="chunked"):
+        loss = linear_cross_entropy(x, w, y, label_smoothing=0.1, z_loss=1e-3, chunk_size=128)
+    gx, gw = torch.autograd.grad(loss, (x, w))
+    xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = reference_linear_cross_entropy(xr, wr, y.double(), None, LossConfig("mean", -100, 0.1, 1e-3))[0]
+    rx, rw = torch.autograd.grad(ref, (xr, wr))
+    for a, r in ((loss, ref), (gx, rx), (gw, rw)):
+        assert _rel(a, r) <= TOL[dtype]
