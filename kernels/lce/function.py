@@ -115,11 +115,7 @@ def _validate(
         raise LCEValueError("weight must have at least one class")
     out_dims = tuple(weight.shape[1:-1])
     if target.is_floating_point():
-        probs_shape = tuple(input.shape[:-1]) + (weight.shape[0],)
-        if out_dims:
-            raise UnsupportedFeatureError(
-                f"class-probability targets need a 2-D weight (C, H), got weight of shape {tuple(weight.shape)}"
-            )
+        probs_shape = tuple(input.shape[:-1]) + (weight.shape[0],) + out_dims  # the logits' shape
         if tuple(target.shape) != probs_shape:
             raise LCEValueError(
                 f"a floating-point target holds class probabilities of shape {probs_shape} (input's rows x "
@@ -338,8 +334,9 @@ def linear_cross_entropy(
     Args:
         input: ``(..., H)`` activations (float16, bfloat16, float32 or float64).
         weight: ``(C, H)`` classifier (e.g. a tied embedding), same dtype as ``input``.
-        target: ``input.shape[:-1]`` integer class indices, or ``input.shape[:-1] + (C,)``
-            floating-point class probabilities (as ``F.cross_entropy`` takes them: label
+        target: ``input.shape[:-1]`` integer class indices, or floating-point class
+            probabilities of the logits' shape, ``input.shape[:-1] + (C,)`` (``(C, *K)`` after
+            the rows for a K-dimensional weight), as ``F.cross_entropy`` takes them (label
             smoothing mixes them with the uniform distribution, ``"mean"`` divides by the number
             of rows, ``ignore_index`` does not apply and must stay at its default; on CUDA
             ``"auto"`` computes them with the chunked implementation and says so).

@@ -19,7 +19,8 @@ def reference_linear_cross_entropy(
 
     Differentiable through ordinary autograd. ``weight`` is ``(C, H)``, or ``(C, *K, H)`` for a
     K-dimensional loss (then ``input`` is ``(N, H)`` or ``(H,)`` and ``target`` ``(N, *K)``/``K``).
-    A floating-point ``target`` holds class probabilities, ``input.shape[:-1] + (C,)`` (2-D weight).
+    A floating-point ``target`` holds class probabilities: ``input.shape[:-1] + (C,)`` for a 2-D
+    weight, ``input.shape[:-1] + (C, *K)`` for a K-dimensional one (the logits' shape).
     The math runs, and results come back, in float32 (float64 for float64 inputs).
     ``z_loss`` is detached (it is already part of ``loss``).
     """
@@ -38,6 +39,8 @@ def reference_linear_cross_entropy(
         if b is not None:
             logits = logits + b
         flat_target = target if batched else target.unsqueeze(0)
+        if probabilities:
+            flat_target = flat_target.to(ct)
     if cfg.softcap is not None:
         logits = cfg.softcap * torch.tanh(logits / cfg.softcap)
     loss = F.cross_entropy(
@@ -48,9 +51,8 @@ def reference_linear_cross_entropy(
         reduction=cfg.reduction,
         label_smoothing=cfg.label_smoothing,
     )
-    valid = (torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device) if probabilities
-             else flat_target != cfg.ignore_index)
     lse = torch.logsumexp(logits, dim=1)
+    valid = torch.ones_like(lse, dtype=torch.bool) if probabilities else flat_target != cfg.ignore_index
     zrow = torch.where(valid, cfg.z_loss * lse.square(), torch.zeros_like(lse))
     if cfg.reduction == "mean":
         z = zrow.sum() / valid.sum()
@@ -61,6 +63,9 @@ def reference_linear_cross_entropy(
     if cfg.z_loss != 0.0:
         loss = loss + z
     if cfg.reduction == "none":
-        shape = target.shape[:-1] if probabilities else target.shape
+        shape = target.shape
+        if probabilities:  # the class dimension goes: last for a 2-D weight, after the rows for K-dim
+            class_dim = -1 if w.dim() == 2 else (1 if x.dim() == 2 else 0)
+            shape = shape[:class_dim] + shape[class_dim:][1:] if class_dim != -1 else shape[:-1]
         loss, z = loss.reshape(shape), z.reshape(shape)
     return loss, z.detach()

@@ -465,6 +465,23 @@ def test_module_takes_probability_targets_as_the_torch_module_does():
     assert _rel(mine.linear.weight.grad, theirs.linear.weight.grad) <= 1e-10
 
 
+def test_module_k_dimensional_probability_targets_route_to_reference_as_the_torch_module():
+    torch_cls = getattr(torch.nn, "LinearCrossEntropyLoss", None)
+    if torch_cls is None:
+        pytest.skip("this torch has no nn.LinearCrossEntropyLoss")
+    _fresh_seed()
+    for reduction in ("mean", "sum", "none"):
+        theirs = torch_cls(5, 10, out_features=(4, 3), reduction=reduction, dtype=torch.float64)
+        mine = LinearCrossEntropyLoss(5, 10, out_features=(4, 3), reduction=reduction, dtype=torch.float64)
+        mine.load_state_dict(theirs.state_dict())
+        x = torch.randn(2, 5, dtype=torch.float64)
+        y = torch.softmax(torch.randn(2, 10, 4, 3, dtype=torch.float64), 1)
+        with pytest.warns(UserWarning, match="reference"):
+            out = mine(x, y)
+        expected = theirs(x, y)
+        assert out.shape == expected.shape and _rel(out, expected) <= 1e-12
+
+
 def test_probability_targets_route_past_the_triton_kernel():
     x, w = torch.randn(4, 8), torch.randn(16, 8)
     assert select_implementation("auto", x, w, probabilities=True).implementation == "chunked"
@@ -500,9 +517,9 @@ BAD_CALLS = {
     "ignore_index with probabilities": (
         lambda x, w, t: linear_cross_entropy(x, w, torch.rand(6, 10), ignore_index=3), LCEValueError,
         "class-index targets only"),
-    "probabilities with a K-dim weight": (
-        lambda x, w, t: linear_cross_entropy(x, w.reshape(10, 1, 8), torch.rand(6, 10, 1)),
-        UnsupportedFeatureError, "2-D weight"),
+    "probabilities with a K-dim weight on chunked": (
+        lambda x, w, t: linear_cross_entropy(x, w.reshape(10, 1, 8), torch.rand(6, 10, 1), implementation="chunked"),
+        UnsupportedFeatureError, "K-dimensional"),
     "probabilities on triton": (
         lambda x, w, t: linear_cross_entropy(x, w, torch.rand(6, 10), implementation="triton"),
         UnsupportedFeatureError, "class probabilities need"),
