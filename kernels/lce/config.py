@@ -81,19 +81,14 @@ def reduction_coefficients(
     """
     eps = float(cfg.label_smoothing)
     dev = target.device
-    if target.is_floating_point():  # class probabilities, (rows, C): every row counts, "mean" is per row
-        valid = torch.ones(target.shape[0], dtype=torch.bool, device=dev)
-        target = torch.zeros(target.shape[0], dtype=torch.long, device=dev)
-        class_weight_for_denominator = None
-    else:
-        valid = target != cfg.ignore_index
-        class_weight_for_denominator = class_weight
+    probabilities = target.is_floating_point()  # (rows, C): every row counts, "mean" is per row
+    valid = torch.ones(target.shape[0], dtype=torch.bool, device=dev) if probabilities else target != cfg.ignore_index
     w_sum = class_weight.sum(dtype=dtype) if class_weight is not None else torch.tensor(float(num_classes), dtype=dtype, device=dev)
     one = torch.ones((), dtype=dtype, device=dev)
     if cfg.reduction != "mean":
         return torch.stack([one * (1.0 - eps), one * (eps / num_classes), one * cfg.z_loss, w_sum])
     n_valid = valid.sum(dtype=dtype)
-    if class_weight_for_denominator is not None:
+    if class_weight is not None and not probabilities:
         safe = torch.where(valid, target, torch.zeros_like(target))
         denom = torch.where(valid, class_weight.to(dtype)[safe], torch.zeros((), dtype=dtype, device=dev)).sum()
     else:

@@ -27,10 +27,14 @@ _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @dataclass(frozen=True)
 class Route:
-    """Which implementation a call takes, and why (``select_implementation``'s answer)."""
+    """Which implementation a call takes, and why (``select_implementation``'s answer).
+
+    ``fallback``: ``"auto"`` took a slower implementation than the tensors' device would get
+    for class-index targets and a 2-D weight (the call warns)."""
 
     implementation: str
     reason: str
+    fallback: bool = False
 
 
 def select_implementation(
@@ -73,9 +77,9 @@ def select_implementation(
     if requested == "chunked":
         return Route("chunked", "requested")
     if k_dim:
-        return Route("reference", "K-dimensional weight: only the reference implementation supports it")
+        return Route("reference", "K-dimensional weight: only the reference implementation supports it", True)
     if probabilities and input.device.type == "cuda":
-        return Route("chunked", "class-probability targets: the Triton row kernel takes class indices")
+        return Route("chunked", "class-probability targets: the Triton row kernel takes class indices", True)
     if input.device.type == "cuda" and input.dtype in _TRITON_DTYPES and triton_usable(input.device):
         return Route("triton", "CUDA tensor with triton available")
     return Route("chunked", f"{input.device.type} tensor" + ("" if input.device.type != "cuda" else ", no triton"))
@@ -114,17 +118,17 @@ def _validate(
     if weight.shape[0] < 1:
         raise LCEValueError("weight must have at least one class")
     out_dims = tuple(weight.shape[1:-1])
+    rows = tuple(input.shape[:-1])
     if target.is_floating_point():
-        probs_shape = tuple(input.shape[:-1]) + (weight.shape[0],) + out_dims  # the logits' shape
+        probs_shape = rows + (weight.shape[0],) + out_dims  # the logits' shape
         if tuple(target.shape) != probs_shape:
             raise LCEValueError(
                 f"a floating-point target holds class probabilities of shape {probs_shape} (input's rows x "
                 f"classes), got {tuple(target.shape)}; class indices must be an integer tensor"
             )
-    expected_target = tuple(input.shape[:-1]) + out_dims
-    if not target.is_floating_point() and tuple(target.shape) != expected_target:
+    elif tuple(target.shape) != rows + out_dims:
         raise LCEValueError(
-            f"target shape {tuple(target.shape)} does not match input/weight; expected {expected_target}"
+            f"target shape {tuple(target.shape)} does not match input/weight; expected {rows + out_dims}"
         )
     if out_dims and input.dim() > 2:
         raise LCEValueError("a K-dimensional weight needs input of shape (N, H) or (H,)")
@@ -374,11 +378,10 @@ def linear_cross_entropy(
         )
     route = select_implementation(implementation, input, weight, probabilities)
     _check_targets_on_cpu(target, weight.shape[0], ignore_index)
-    if implementation == "auto" and probabilities and input.device.type == "cuda":
-        warnings.warn(f"linear_cross_entropy: using the chunked implementation ({route.reason})", stacklevel=2)
+    if route.fallback:
+        warnings.warn(f"linear_cross_entropy: using the {route.implementation} implementation ({route.reason})",
+                      stacklevel=2)
     if route.implementation == "reference":
-        if implementation == "auto":
-            warnings.warn(f"linear_cross_entropy: using the reference implementation ({route.reason})", stacklevel=2)
         weight = weight.to(input.dtype) if master_weight else weight
         loss, z = reference_linear_cross_entropy(input, weight, target, bias, cfg, class_weight)
         return (loss, z) if return_z_loss else loss

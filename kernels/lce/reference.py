@@ -64,8 +64,8 @@ def reference_linear_cross_entropy(
         loss = loss + z
     if cfg.reduction == "none":
         shape = target.shape
-        if probabilities:  # the class dimension goes: last for a 2-D weight, after the rows for K-dim
-            class_dim = -1 if w.dim() == 2 else (1 if x.dim() == 2 else 0)
-            shape = shape[:class_dim] + shape[class_dim:][1:] if class_dim != -1 else shape[:-1]
+        if probabilities:  # without the class dimension (the one before the weight's K dims)
+            class_dim = target.dim() - w.dim() + 1
+            shape = shape[:class_dim] + shape[class_dim + 1:]
         loss, z = loss.reshape(shape), z.reshape(shape)
     return loss, z.detach()
