@@ -116,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.dkdv_transposed is None:
-        nearest = min(wt.GPU_CONFIGS, key=lambda d: (abs(d - args.dim), d))
-        args.dkdv_transposed = wt.GPU_CONFIGS[nearest].dkdv_transposed
+        args.dkdv_transposed = wt.nearest_gpu_config(args.dim).dkdv_transposed
     if ptxas_path() is None:
         print("window_static: needs Triton with its bundled ptxas", file=sys.stderr)
         return 2

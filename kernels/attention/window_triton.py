@@ -128,10 +128,15 @@ def window_config(device: torch.device, head_dim: int) -> WindowConfig:
     the unit: compute capability 9.0 and later; elsewhere the same shapes load through pointers)."""
     if device.type == "cpu":
         return INTERPRETER_CONFIG
-    nearest = GPU_CONFIGS[min(GPU_CONFIGS, key=lambda d: (abs(d - head_dim), d))]
+    nearest = nearest_gpu_config(head_dim)
     if _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0):
         return nearest
     return pointer_loads(nearest)
+
+
+def nearest_gpu_config(head_dim: int) -> WindowConfig:
+    """``GPU_CONFIGS``' entry for ``head_dim``, or for the nearest head dim (the smaller on a tie)."""
+    return GPU_CONFIGS[min(GPU_CONFIGS, key=lambda d: (abs(d - head_dim), d))]
 
 
 @functools.lru_cache(maxsize=None)
@@ -378,6 +383,15 @@ if triton is not None:
         return DS + ((bh * NQB + start_m).to(tl.int64) * NSLOT + slot) * (BLOCK_M * BLOCK_N)
 
     @triton.jit
+    def _ds_tile_offsets(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEY_MAJOR: tl.constexpr):
+        """Element offsets inside one stored dS tile, as the tile is held: (query, key) row-major,
+        or (key, query) row-major (``KEY_MAJOR``, the transposed dK/dV kernel's dS^T)."""
+        if KEY_MAJOR:
+            return tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+        else:
+            return tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+
+    @triton.jit
     def _bwd_dkdv(Q, K, V, DO, O, LSE, DELTA, DK, DV, DS, DQ, COUNT, sm_scale, S, W, GROUP, HQ, HKV, NQB, NSLOT,
                   sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_DS: tl.constexpr,
@@ -395,8 +409,7 @@ if triton is not None:
         dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
         qk_scale = sm_scale * 1.4426950408889634
         lo, mid_lo, mid_hi, hi = _query_spans(start_n, S, W, BLOCK_M, BLOCK_N)
-        offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        offs_tile_t = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+        offs_ds = _ds_tile_offsets(BLOCK_M, BLOCK_N, TRANSPOSED)
         # one loop over (query head of the group, query tile): one software pipeline for all of them
         n_tiles = tl.cdiv(hi - lo, BLOCK_M)
         for t in range(0, GROUP * n_tiles):
@@ -416,22 +429,18 @@ if triton is not None:
                     qk_t = tl.where(tl.trans(_in_window(offs_m, offs_n, S, W)), qk_t, float("-inf"))
                 p_t = tl.exp2(qk_t * qk_scale - lse2[None, :])
                 dv = tl.dot(p_t.to(do.dtype), do, dv)
-                ds_t = (p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])).to(q.dtype)
-                dk = tl.dot(ds_t, q, dk)
-                if STORE_DS:  # key-major tiles, which the dQ kernel reads as such
-                    qb = start_m // BLOCK_M
-                    slot = start_n - _first_key_block(qb, W, BLOCK_M, BLOCK_N)
-                    tl.store(_ds_tile_base(DS, bh, qb, slot, NQB, NSLOT, BLOCK_M, BLOCK_N) + offs_tile_t, ds_t)
+                ds = (p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])).to(q.dtype)  # dS^T
+                dk = tl.dot(ds, q, dk)
             else:
                 qk = _scores(q, k, offs_m, offs_n, _edge(start_m, mid_lo, mid_hi), S, W)
                 p = tl.exp2(qk * qk_scale - lse2[:, None])
                 dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv)
                 ds = (p * (tl.dot(do, tl.trans(v)) - delta[:, None])).to(q.dtype)
                 dk = tl.dot(tl.trans(ds), q, dk)
-                if STORE_DS:  # for the dQ kernel, which then needs one matrix product per tile
-                    qb = start_m // BLOCK_M
-                    slot = start_n - _first_key_block(qb, W, BLOCK_M, BLOCK_N)
-                    tl.store(_ds_tile_base(DS, bh, qb, slot, NQB, NSLOT, BLOCK_M, BLOCK_N) + offs_tile, ds)
+            if STORE_DS:  # for the dQ kernel (one matrix product per tile); dS^T when TRANSPOSED
+                qb = start_m // BLOCK_M
+                slot = start_n - _first_key_block(qb, W, BLOCK_M, BLOCK_N)
+                tl.store(_ds_tile_base(DS, bh, qb, slot, NQB, NSLOT, BLOCK_M, BLOCK_N) + offs_ds, ds)
         _store_tile(DK + b * skb + hk * skh, offs_n, sks, offs_d, S, dk * sm_scale)
         _store_tile(DV + b * svb + hk * svh, offs_n, svs, offs_d, S, dv)
         if FINISH_DQ:  # count this program's dS tiles in; the last writer of a query block sums its dQ
@@ -495,10 +504,7 @@ if triton is not None:
         they are read past the (incoherent) L1."""
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
-        if DS_T:
-            offs_tile = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
-        else:
-            offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        offs_tile = _ds_tile_offsets(BLOCK_M, BLOCK_N, DS_T)
         dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
         lo, _mid_lo, _mid_hi, hi = _key_spans(start_m, S, W, BLOCK_M, BLOCK_N)
         row = _ds_tile_base(DS, bh, start_m, 0, NQB, NSLOT, BLOCK_M, BLOCK_N)
