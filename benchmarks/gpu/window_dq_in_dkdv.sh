@@ -7,3 +7,6 @@ source "$(dirname "$0")/prelude.sh"
 timeout 150 python3 benchmarks/gpu/exp/dkdv_transposed.py 2>&1 | tee "$OUT/dq_in_dkdv.log" | grep -v "^\[" | tail -22
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_attention_window_triton.py 2>&1 \
   | tee "$OUT/tests.log" | tail -2
+# The fused loss's probability targets on CUDA (auto takes the chunked route and warns).
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_lce_cuda.py -k probability 2>&1 \
+  | tee "$OUT/lce_probability_cuda.log" | tail -2
