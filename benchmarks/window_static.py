@@ -44,7 +44,7 @@ def ptxas_path() -> str | None:
 
 
 def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90, store_ds: bool = True,
-              fused_delta: bool = False, transposed: bool = False, ds_tma: bool = False, pdl: bool = False) -> dict[str, Any]:
+              fused_delta: bool = False, transposed: bool = False) -> dict[str, Any]:
     """Compile one kernel at one launch shape for ``sm_<arch>a`` (bf16 inputs) and read ptxas's report."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -62,20 +62,12 @@ def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90, sto
         consts["TRANSPOSED"] = transposed
     if "DS_T" in names:
         consts["DS_T"] = transposed
-    if "PDL" in names:
-        consts["PDL"] = pdl
-    ds_tma = ds_tma and "DS_TMA" in names and (store_ds or kernel == "dqds")
-    if "DS_TMA" in names:
-        consts["DS_TMA"] = ds_tma
     signature = {n: "constexpr" if n in consts else "*bf16" if n in _POINTERS else "*fp32" if n in _FLOAT32_POINTERS
                  else "fp32" if n == "sm_scale" else "i32" for n in names}
     if blocks.tma:  # the loaded operands are descriptors of (rows per tile) x D tiles
         tile_rows = {"Q": blocks.block_m, "DO": blocks.block_m, "K": blocks.block_n, "V": blocks.block_n,
                      **({"O": blocks.block_m} if fused_delta else {})}
         signature.update({n: f"tensordesc<bf16[{rows}, {head_dim}]>" for n, rows in tile_rows.items() if n in names})
-    if ds_tma:  # one dS tile per descriptor copy, key-major from the transposed kernel
-        signature["DS"] = (f"tensordesc<bf16[{blocks.block_n}, {blocks.block_m}]>" if transposed
-                           else f"tensordesc<bf16[{blocks.block_m}, {blocks.block_n}]>")
     # what a launch specializes on: tensors 16-byte aligned, sizes and strides multiples of 16
     # (S=32768, window 256, contiguous heads). Without these hints the loads are not vectorized
     # and not software-pipelined, and the report describes a kernel that never runs.
@@ -115,10 +107,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="the backward kernels computing delta from O themselves (WindowConfig.fused_delta)")
     ap.add_argument("--dkdv-transposed", action=argparse.BooleanOptionalAction, default=None,
                     help="the dK/dV kernel on transposed tiles (default: as the shipped configuration)")
-    ap.add_argument("--ds-tma", action="store_true",
-                    help="dS tiles stored and loaded through TMA descriptors (WindowConfig.ds_tma)")
-    ap.add_argument("--pdl", action="store_true",
-                    help="the kernels as programmatic dependent launches (WindowConfig.pdl)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.dkdv_transposed is None:
@@ -131,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         for blocks in getattr(args, f"{kernel}_shapes") or KERNELS[kernel][1]:
             try:
                 rows.append(resources(kernel, blocks, args.dim, fused_delta=args.fused_delta,
-                                      transposed=args.dkdv_transposed, ds_tma=args.ds_tma, pdl=args.pdl))
+                                      transposed=args.dkdv_transposed))
             except Exception as exc:  # a shape the compiler rejects is a row too
                 rows.append({"kernel": kernel, "blocks": str(blocks), "head_dim": args.dim,
                              "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:160]})

@@ -67,14 +67,13 @@ def specialization_key(value: Any) -> Any:
 
 
 class Launcher:
-    """``Launcher(kernel)(grid, *args, num_warps=4, num_stages=2, launch_pdl=False, **constexprs)``
-    launches ``kernel`` as ``kernel[grid](*args, **constexprs, ...)`` would, through its compiled
-    handle when it has launched with arguments of the same specialization before.
+    """``Launcher(kernel)(grid, *args, num_warps=4, num_stages=2, **constexprs)`` launches
+    ``kernel`` as ``kernel[grid](*args, **constexprs, ...)`` would, through its compiled handle
+    when it has launched with arguments of the same specialization before.
 
     ``args`` are the kernel's leading parameters in order, ``constexprs`` the rest by name.
-    Launch options past ``num_warps``, ``num_stages`` and ``launch_pdl`` (programmatic dependent
-    launch) are refused (they would not be in the handle cache's key), and Triton options read
-    from the environment (debug mode,
+    Launch options past ``num_warps`` and ``num_stages`` are refused (they would not be in the
+    handle cache's key), and Triton options read from the environment (debug mode,
     instrumentation) are those of each specialization's first launch.
     Safe to call from several threads at once (autograd runs each GPU's backward on a thread
     of its own); the handle cache is bounded, least recently used first out."""
@@ -91,21 +90,18 @@ class Launcher:
         self.direct_launches = 0  # for tests and benchmarks: how many calls skipped Triton's binding
 
     def __call__(self, grid: tuple[int, ...], *args: Any, num_warps: int | None = None,
-                 num_stages: int | None = None, launch_pdl: bool = False, **constexprs: Any) -> None:
+                 num_stages: int | None = None, **constexprs: Any) -> None:
         if len(args) + len(constexprs) != len(self._names):
             raise TypeError(f"{getattr(self.kernel, '__name__', 'kernel')} takes {len(self._names)} arguments "
                             f"({', '.join(self._names)}), got {len(args)} positional and {sorted(constexprs)} by name; "
-                            "launch options other than num_warps, num_stages and launch_pdl are not taken")
-        options: dict[str, Any] = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages))
-                                   if v is not None}
-        if launch_pdl:  # only when set: Triton's interpreter takes no such option
-            options["launch_pdl"] = True
+                            "launch options other than num_warps and num_stages are not taken")
+        options = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
         if not self._direct or getattr(self.kernel, "pre_run_hooks", None):
             self.kernel[grid](*args, **constexprs, **options)
             return
         values = (*args, *(constexprs[name] for name in self._names[len(args):]))
         device = torch.cuda.current_device()
-        key = (device, num_warps, num_stages, launch_pdl, *map(specialization_key, values))
+        key = (device, num_warps, num_stages, *map(specialization_key, values))
         try:
             with self._lock:
                 handle = self._handles.get(key)

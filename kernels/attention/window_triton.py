@@ -32,7 +32,6 @@ from torch import Tensor
 try:
     import triton
     import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - exercised where triton is missing
     triton = None  # type: ignore[assignment]
@@ -94,15 +93,6 @@ class WindowConfig:
     #: registers' layout instead of going through shared memory behind a CTA barrier each; its dS
     #: tiles are then stored key-major, and the dQ-from-dS kernel reads them so
     dkdv_transposed: bool = False
-    #: the dS tiles go through TMA: the dK/dV kernel stores each by descriptor (an asynchronous
-    #: bulk copy from shared memory) and the dQ kernel loads them so, instead of per-thread
-    #: global stores and loads (needs ``dq_from_ds``; Hopper and later)
-    ds_tma: bool = False
-    #: programmatic dependent launch (Hopper and later): every kernel lets the next one's
-    #: programs start as soon as its own have all started, and waits for the previous kernel's
-    #: writes before reading anything, so a kernel's launch and first programs overlap the
-    #: previous one's last wave
-    pdl: bool = False
 
 
 #: the interpreter (tests): small tiles keep it fast; the dS path for dQ, TMA loads and paired
@@ -150,23 +140,12 @@ def _capability(index: int) -> tuple[int, int]:
 
 
 def pointer_loads(cfg: WindowConfig) -> WindowConfig:
-    """``cfg`` for a GPU before Hopper: every kernel loading through pointers instead of TMA
-    descriptors, and launched without programmatic dependent launch."""
-    return dataclasses.replace(cfg, ds_tma=False, pdl=False,
-                               **{f.name: dataclasses.replace(getattr(cfg, f.name), tma=False)
-                                  for f in dataclasses.fields(cfg) if isinstance(getattr(cfg, f.name), Blocks)})
+    """``cfg`` with every kernel loading through pointers instead of TMA descriptors."""
+    return dataclasses.replace(cfg, **{f.name: dataclasses.replace(getattr(cfg, f.name), tma=False)
+                                       for f in dataclasses.fields(cfg) if isinstance(getattr(cfg, f.name), Blocks)})
 
 
 if triton is not None:
-
-    @triton.jit
-    def _dependent_launch(PDL: tl.constexpr):
-        """Under programmatic dependent launch (``PDL``): let the next kernel's programs launch,
-        then wait until the previous kernel has finished and its writes are visible. Called
-        first by every kernel, before it reads anything."""
-        if PDL:
-            gdc_launch_dependents()
-            gdc_wait()
 
     @triton.jit
     def _tile(base, offs, stride, offs_d, S):
@@ -305,9 +284,7 @@ if triton is not None:
     @triton.jit
     def _fwd(Q, K, V, O, LSE, sm_scale, S, W, GROUP, HQ, HKV,
              sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
-             D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-             PDL: tl.constexpr = False):
-        _dependent_launch(PDL)
+             D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
         start_m, bh, b, h, hk = _query_program(HQ, GROUP)
         kv_row0 = (b * HKV + hk) * S
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -325,11 +302,9 @@ if triton is not None:
     @triton.jit
     def _fwd_pair(Q, K, V, O, LSE, sm_scale, S, W, GROUP, HQ, HKV,
                   sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
-                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-                  PDL: tl.constexpr = False):
+                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
         """Two consecutive query blocks per program: the key tiles their windows share are loaded
         once (a window of W keys and query blocks of BLOCK_M rows share W - BLOCK_M of them)."""
-        _dependent_launch(PDL)
         pair, bh, b, h, hk = _query_program(HQ, GROUP)
         kv_row0 = (b * HKV + hk) * S
         offs_d = tl.arange(0, D)
@@ -370,8 +345,7 @@ if triton is not None:
 
     @triton.jit
     def _bwd_delta(O, DO, DELTA, S, HQ, sob, soh, sos, sdb, sdh, sds,
-                   D: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr = False):
-        _dependent_launch(PDL)
+                   D: tl.constexpr, BLOCK_M: tl.constexpr):
         start_m = tl.program_id(0)
         bh = tl.program_id(1)
         b = bh // HQ
@@ -403,12 +377,6 @@ if triton is not None:
         return DS + ((bh * NQB + start_m).to(tl.int64) * NSLOT + slot) * (BLOCK_M * BLOCK_N)
 
     @triton.jit
-    def _ds_tile_row(bh, start_m, slot, NQB, NSLOT, ROWS: tl.constexpr):
-        """The first row of that tile in the dS buffer viewed as rows of one tile's width
-        (``ROWS`` rows per tile), as a TMA descriptor addresses it."""
-        return ((bh * NQB + start_m) * NSLOT + slot) * ROWS
-
-    @triton.jit
     def _ds_tile_offsets(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEY_MAJOR: tl.constexpr):
         """Element offsets inside one stored dS tile, as the tile is held: (query, key) row-major,
         or (key, query) row-major (``KEY_MAJOR``, the transposed dK/dV kernel's dS^T)."""
@@ -421,9 +389,7 @@ if triton is not None:
     def _bwd_dkdv(Q, K, V, DO, O, LSE, DELTA, DK, DV, DS, sm_scale, S, W, GROUP, HQ, HKV, NQB, NSLOT,
                   sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_DS: tl.constexpr,
-                  TMA: tl.constexpr, FUSED_DELTA: tl.constexpr, TRANSPOSED: tl.constexpr = False,
-                  DS_TMA: tl.constexpr = False, PDL: tl.constexpr = False):
-        _dependent_launch(PDL)
+                  TMA: tl.constexpr, FUSED_DELTA: tl.constexpr, TRANSPOSED: tl.constexpr = False):
         start_n = tl.program_id(0)
         bhk = tl.program_id(1)
         b = bhk // HKV
@@ -467,10 +433,7 @@ if triton is not None:
             if STORE_DS:  # for the dQ kernel (one matrix product per tile); dS^T when TRANSPOSED
                 qb = start_m // BLOCK_M
                 slot = start_n - _first_key_block(qb, W, BLOCK_M, BLOCK_N)
-                if DS_TMA:  # DS: a descriptor over the buffer's rows (one tile = BLOCK_N or BLOCK_M rows)
-                    DS.store([_ds_tile_row(bh, qb, slot, NQB, NSLOT, BLOCK_N if TRANSPOSED else BLOCK_M), 0], ds)
-                else:
-                    tl.store(_ds_tile_base(DS, bh, qb, slot, NQB, NSLOT, BLOCK_M, BLOCK_N) + offs_ds, ds)
+                tl.store(_ds_tile_base(DS, bh, qb, slot, NQB, NSLOT, BLOCK_M, BLOCK_N) + offs_ds, ds)
         _store_tile(DK + b * skb + hk * skh, offs_n, sks, offs_d, S, dk * sm_scale)
         _store_tile(DV + b * svb + hk * svh, offs_n, svs, offs_d, S, dv)
 
@@ -478,9 +441,8 @@ if triton is not None:
     def _bwd_dq(Q, K, V, DO, O, LSE, DELTA, DQ, sm_scale, S, W, GROUP, HQ, HKV,
                 sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
                 D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-                FUSED_DELTA: tl.constexpr, PDL: tl.constexpr = False):
+                FUSED_DELTA: tl.constexpr):
         """dQ recomputing the probabilities (three matrix products per tile; no extra memory)."""
-        _dependent_launch(PDL)
         start_m, bh, b, h, hk = _query_program(HQ, GROUP)
         kv_row0 = (b * HKV + hk) * S
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -507,19 +469,17 @@ if triton is not None:
     def _bwd_dq_from_ds(K, DS, DQ, sm_scale, S, W, GROUP, HQ, HKV, NQB, NSLOT,
                         sqb, sqh, sqs, skb, skh, sks,
                         D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-                        DS_T: tl.constexpr = False, DS_TMA: tl.constexpr = False, PDL: tl.constexpr = False):
+                        DS_T: tl.constexpr = False):
         """dQ from the dS tiles the dK/dV kernel stored (one matrix product per tile; ``DS_T``:
-        the tiles are key-major, as the transposed dK/dV kernel stores them; ``DS_TMA``: ``DS``
-        is a descriptor over them)."""
-        _dependent_launch(PDL)
+        the tiles are key-major, as the transposed dK/dV kernel stores them)."""
         start_m, bh, b, h, hk = _query_program(HQ, GROUP)
         _dq_block(K, _head(K, b, hk, skb, skh, TMA), DS, DQ, sm_scale, start_m, bh, b, h, hk, S, W, HKV, NQB, NSLOT,
-                  sqb, sqh, sqs, sks, D, BLOCK_M, BLOCK_N, TMA, DS_T, DS_TMA)
+                  sqb, sqh, sqs, sks, D, BLOCK_M, BLOCK_N, TMA, DS_T)
 
     @triton.jit
     def _dq_block(K, Kh, DS, DQ, sm_scale, start_m, bh, b, h, hk, S, W, HKV, NQB, NSLOT, sqb, sqh, sqs, sks,
                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-                  DS_T: tl.constexpr, DS_TMA: tl.constexpr):
+                  DS_T: tl.constexpr):
         """dQ of query block ``start_m`` of query head ``bh`` from its stored dS tiles, summed in
         slot order."""
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -527,16 +487,12 @@ if triton is not None:
         offs_tile = _ds_tile_offsets(BLOCK_M, BLOCK_N, DS_T)
         dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
         lo, _mid_lo, _mid_hi, hi = _key_spans(start_m, S, W, BLOCK_M, BLOCK_N)
-        if not DS_TMA:  # (a descriptor is addressed by row instead)
-            row = _ds_tile_base(DS, bh, start_m, 0, NQB, NSLOT, BLOCK_M, BLOCK_N)
+        row = _ds_tile_base(DS, bh, start_m, 0, NQB, NSLOT, BLOCK_M, BLOCK_N)
         for start_n in range(lo, hi, BLOCK_N):
             # rows past S: zeros (pointer loads) or another head's keys, multiplied by dS = 0 either way
             k = _block(K, Kh, (b * HKV + hk) * S, start_n, sks, offs_d, S, BLOCK_N, TMA)
-            slot = (start_n - lo) // BLOCK_N
-            if DS_TMA:
-                ds = DS.load([_ds_tile_row(bh, start_m, slot, NQB, NSLOT, BLOCK_N if DS_T else BLOCK_M), 0])
-            else:
-                ds = tl.load(row + slot * (BLOCK_M * BLOCK_N) + offs_tile)
+            tile = row + ((start_n - lo) // BLOCK_N) * (BLOCK_M * BLOCK_N) + offs_tile
+            ds = tl.load(tile)
             if DS_T:
                 ds = tl.trans(ds)
             dq = tl.dot(ds, k, dq)
@@ -564,10 +520,9 @@ def _operand(t: Tensor, rows: int, tma: bool) -> object:
     return TensorDescriptor.from_tensor(t.view(-1, t.shape[-1]), [rows, t.shape[-1]])
 
 
-def launch_forward(q: Tensor, k: Tensor, v: Tensor, window: int, scale: float, blocks: Blocks, *,
-                   pdl: bool = False) -> tuple[Tensor, Tensor]:
-    """Run the forward kernel: ``(out, lse2)`` with the LSE in log2 units (float32); ``pdl``:
-    launched as a programmatic dependent launch (``WindowConfig.pdl``)."""
+def launch_forward(q: Tensor, k: Tensor, v: Tensor, window: int, scale: float, blocks: Blocks
+                   ) -> tuple[Tensor, Tensor]:
+    """Run the forward kernel: ``(out, lse2)`` with the LSE in log2 units (float32)."""
     bsz, hq, s, d = q.shape
     o = torch.empty_like(q)
     lse2 = torch.empty((bsz, hq, s), device=q.device, dtype=torch.float32)
@@ -578,17 +533,16 @@ def launch_forward(q: Tensor, k: Tensor, v: Tensor, window: int, scale: float, b
                     else ("_fwd", (triton.cdiv(s, bm), bsz * hq)))
     _LAUNCH[kernel](grid, _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), o, lse2, scale, s, window,
                hq // k.shape[1], hq, k.shape[1], *_qkv_strides(q, k, v, o), D=d, BLOCK_M=bm, BLOCK_N=bn, TMA=tma,
-               PDL=pdl, num_warps=blocks.warps, num_stages=blocks.stages, launch_pdl=pdl)
+               num_warps=blocks.warps, num_stages=blocks.stages)
     return o, lse2
 
 
-def launch_delta(o: Tensor, do: Tensor, blocks: Blocks, *, pdl: bool = False) -> Tensor:
+def launch_delta(o: Tensor, do: Tensor, blocks: Blocks) -> Tensor:
     """rowsum(O · dO), float32, (B, Hq, S)."""
     bsz, hq, s, d = o.shape
     delta = torch.empty((bsz, hq, s), device=o.device, dtype=torch.float32)
     _LAUNCH["_bwd_delta"]((triton.cdiv(s, blocks.block_m), bsz * hq),
-        o, do, delta, s, hq, *_qkv_strides(o, do), D=d, BLOCK_M=blocks.block_m, PDL=pdl, num_warps=blocks.warps,
-        launch_pdl=pdl)
+        o, do, delta, s, hq, *_qkv_strides(o, do), D=d, BLOCK_M=blocks.block_m, num_warps=blocks.warps)
     return delta
 
 
@@ -619,15 +573,13 @@ def ds_bytes(q: Tensor, window: int, blocks: Blocks) -> int:
 
 def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: Tensor | None, window: int,
                 scale: float, blocks: Blocks, *, store_ds: bool = False, o: Tensor | None = None,
-                transposed: bool = False, ds_tma: bool = False, pdl: bool = False
-                ) -> tuple[Tensor, Tensor, Tensor | None]:
+                transposed: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
     """Run the dK/dV kernel (one program per key block and kv head): ``(dk, dv, ds)``.
 
     ``delta`` is :func:`launch_delta`'s output; with ``delta=None`` the kernel computes it per
     query tile from ``o`` (laid out as ``q``), which saves the delta kernel's pass over O and dO.
     With ``store_ds`` it also writes every tile's dS (the input dtype; the values the dQ
-    product uses) into a buffer laid out by :func:`ds_layout` (through a TMA descriptor with
-    ``ds_tma``), else ``ds`` is None."""
+    product uses) into a buffer laid out by :func:`ds_layout`, else ``ds`` is None."""
     bsz, hq, s, d = q.shape
     hkv = k.shape[1]
     bm, bn, tma = blocks.block_m, blocks.block_n, blocks.tma
@@ -638,21 +590,12 @@ def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta
           if store_ds else None)
     _LAUNCH["_bwd_dkdv"]((triton.cdiv(s, bn), bsz * hkv),
         _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), _operand(do, bm, tma), *o_lse_delta,
-        dk, dv, _ds_operand(ds, blocks, transposed, ds_tma) if ds is not None else dk,
+        dk, dv, ds if ds is not None else dk,
         scale, s, window, hq // hkv, hq, hkv, nqb, slots,
         *_qkv_strides(q, k, v, do), D=d, BLOCK_M=bm, BLOCK_N=bn, STORE_DS=store_ds, TMA=tma,
-        FUSED_DELTA=delta is None, TRANSPOSED=transposed, DS_TMA=ds_tma and ds is not None,
-        PDL=pdl, num_warps=blocks.warps, num_stages=blocks.stages, launch_pdl=pdl)
+        FUSED_DELTA=delta is None, TRANSPOSED=transposed, num_warps=blocks.warps,
+        num_stages=blocks.stages)
     return dk, dv, ds
-
-
-def _ds_operand(ds: Tensor, blocks: Blocks, transposed: bool, tma: bool) -> object:
-    """The dS buffer as the kernels take it: the tensor, or (``tma``) a descriptor over its rows
-    of one tile's width that moves one whole tile (key-major when ``transposed``)."""
-    if not tma:
-        return ds
-    rows, cols = (blocks.block_n, blocks.block_m) if transposed else (blocks.block_m, blocks.block_n)
-    return TensorDescriptor.from_tensor(ds.view(-1, cols), [rows, cols])
 
 
 def _delta_args(q: Tensor, o: Tensor | None, delta: Tensor | None, lse2: Tensor, rows: int, tma: bool
@@ -671,7 +614,7 @@ def _delta_args(q: Tensor, o: Tensor | None, delta: Tensor | None, lse2: Tensor,
 
 
 def launch_dq(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: Tensor | None, window: int,
-              scale: float, blocks: Blocks, *, o: Tensor | None = None, pdl: bool = False) -> Tensor:
+              scale: float, blocks: Blocks, *, o: Tensor | None = None) -> Tensor:
     """Run the dQ kernel that recomputes the probabilities (one program per query block and head);
     ``delta=None``: it computes delta from ``o`` (see :func:`launch_dkdv`)."""
     bsz, hq, s, d = q.shape
@@ -681,25 +624,23 @@ def launch_dq(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: 
     _LAUNCH["_bwd_dq"]((triton.cdiv(s, bm), bsz * hq),
         _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), _operand(do, bm, tma), *o_lse_delta, dq,
         scale, s, window, hq // k.shape[1], hq, k.shape[1], *_qkv_strides(q, k, v, do), D=d, BLOCK_M=bm,
-        BLOCK_N=bn, TMA=tma, FUSED_DELTA=delta is None, PDL=pdl, num_warps=blocks.warps, num_stages=blocks.stages,
-        launch_pdl=pdl)
+        BLOCK_N=bn, TMA=tma, FUSED_DELTA=delta is None, num_warps=blocks.warps, num_stages=blocks.stages)
     return dq
 
 
 def launch_dq_from_ds(q: Tensor, k: Tensor, ds: Tensor, window: int, scale: float, blocks: Blocks,
-                      warps: int = 4, stages: int = 2, tma: bool = False, transposed: bool = False,
-                      ds_tma: bool = False, pdl: bool = False) -> Tensor:
+                      warps: int = 4, stages: int = 2, tma: bool = False, transposed: bool = False) -> Tensor:
     """dQ = dS @ K from the tiles :func:`launch_dkdv` stored with the same ``blocks`` (and the
-    same ``transposed``); ``tma``: K loaded through a descriptor, ``ds_tma``: dS too."""
+    same ``transposed``)."""
     bsz, hq, s, d = q.shape
     nqb, slots = ds_layout(s, window, blocks)
     if tuple(ds.shape) != (bsz * hq, nqb, slots, blocks.block_m, blocks.block_n):
         raise AttentionInputError(f"dS buffer of shape {tuple(ds.shape)} was not written with blocks {blocks}")
     dq = torch.empty_like(q)
     _LAUNCH["_bwd_dq_from_ds"]((nqb, bsz * hq),
-        _operand(k, blocks.block_n, tma), _ds_operand(ds, blocks, transposed, ds_tma), dq, scale, s, window, hq // k.shape[1], hq, k.shape[1], nqb, slots,
+        _operand(k, blocks.block_n, tma), ds, dq, scale, s, window, hq // k.shape[1], hq, k.shape[1], nqb, slots,
         *_qkv_strides(q, k), D=d, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, TMA=tma, DS_T=transposed,
-        DS_TMA=ds_tma, PDL=pdl, num_warps=warps, num_stages=stages, launch_pdl=pdl)
+        num_warps=warps, num_stages=stages)
     return dq
 
 
@@ -710,16 +651,16 @@ def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse2: Tensor, do: Tenso
     dQ comes from the dS tiles the dK/dV kernel stores when ``cfg.dq_from_ds`` is set and the
     buffer fits in ``DS_BUFFER_LIMIT_BYTES``, else from a kernel that recomputes them. With
     ``cfg.fused_delta`` the kernels compute delta from O themselves (no delta kernel)."""
-    delta = None if cfg.fused_delta else launch_delta(o, do, cfg.dq, pdl=cfg.pdl)
+    delta = None if cfg.fused_delta else launch_delta(o, do, cfg.dq)
     o_in = o if cfg.fused_delta else None
     via_ds = cfg.dq_from_ds is not None and ds_bytes(q, window, cfg.dkdv) <= DS_BUFFER_LIMIT_BYTES
     dk, dv, ds = launch_dkdv(q, k, v, do, lse2, delta, window, scale, cfg.dkdv, store_ds=via_ds, o=o_in,
-                             transposed=cfg.dkdv_transposed, ds_tma=cfg.ds_tma, pdl=cfg.pdl)
+                             transposed=cfg.dkdv_transposed)
     if ds is not None and cfg.dq_from_ds is not None:
         dq = launch_dq_from_ds(q, k, ds, window, scale, cfg.dkdv, cfg.dq_from_ds.warps, cfg.dq_from_ds.stages,
-                               cfg.dq_from_ds.tma, transposed=cfg.dkdv_transposed, ds_tma=cfg.ds_tma, pdl=cfg.pdl)
+                               cfg.dq_from_ds.tma, transposed=cfg.dkdv_transposed)
     else:
-        dq = launch_dq(q, k, v, do, lse2, delta, window, scale, cfg.dq, o=o_in, pdl=cfg.pdl)
+        dq = launch_dq(q, k, v, do, lse2, delta, window, scale, cfg.dq, o=o_in)
     return dq, dk, dv
 
 
@@ -728,7 +669,7 @@ class _WindowAttention(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, window: int, scale: float):  # type: ignore[override]
         q, k, v = (aligned(t.contiguous()) for t in (q, k, v))
         cfg = window_config(q.device, q.shape[-1])
-        o, lse2 = launch_forward(q, k, v, window, scale, cfg.fwd, pdl=cfg.pdl)
+        o, lse2 = launch_forward(q, k, v, window, scale, cfg.fwd)
         ctx.save_for_backward(q, k, v, o, lse2)
         ctx.window, ctx.scale, ctx.cfg = window, scale, cfg
         ctx.mark_non_differentiable(lse2)

@@ -31,8 +31,7 @@ interpreter_config = wt.window_config
 # past a head's end then belong to the next head, or to no tensor: batch 2 puts heads behind it),
 # two query blocks per forward program, dQ both from stored dS and recomputed, and delta
 # computed inside the backward kernels (TMA and pointer loads of O, dQ from dS and recomputed),
-# the dK/dV kernel on transposed tiles (its key-major dS read by dQ, and dQ recomputed), and the
-# dS tiles stored and loaded through TMA descriptors (query- and key-major)
+# and the dK/dV kernel on transposed tiles (its key-major dS read by dQ, and dQ recomputed)
 T, P = dict(tma=True), dict(tma=True, pair=True)
 CASES = [(None, (1, 2, 1, 37, 16, 5)), (None, (2, 4, 2, 50, 32, 17)), (None, (1, 1, 1, 20, 16, 64)),
          (None, (1, 2, 2, 19, 16, 1)), (None, (1, 2, 1, 96, 16, 48)),
@@ -53,13 +52,7 @@ CASES = [(None, (1, 2, 1, 37, 16, 5)), (None, (2, 4, 2, 50, 32, 17)), (None, (1,
          (wt.WindowConfig(B(16, 16, 1, 1), B(32, 16, 1, 1), B(16, 32, 1, 1), B(16, 16, 1, 1), dkdv_transposed=True),
           (1, 2, 1, 37, 16, 5)),
          (wt.WindowConfig(B(16, 16, 1, 1), B(16, 32, 1, 1), B(16, 16, 1, 1), dkdv_transposed=True),
-          (1, 2, 2, 19, 16, 1)),
-         (wt.WindowConfig(B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T),
-                          dkdv_transposed=True, ds_tma=True), (2, 4, 2, 50, 32, 17)),
-         (wt.WindowConfig(B(16, 16, 1, 1), B(32, 16, 1, 1), B(16, 32, 1, 1), B(16, 16, 1, 1), ds_tma=True),
-          (1, 2, 1, 37, 16, 5)),
-         (wt.WindowConfig(B(16, 16, 1, 1), B(16, 32, 1, 1), B(16, 16, 1, 1), B(16, 16, 1, 1), dkdv_transposed=True,
-                          ds_tma=True), (1, 2, 2, 19, 16, 1))]
+          (1, 2, 2, 19, 16, 1))]
 for config, case in CASES:
     wt.window_config = interpreter_config if config is None else (lambda dev, d, config=config: config)
     b, hq, hkv, s, d, w = case
@@ -103,7 +96,7 @@ def test_gpus_without_tma_get_the_same_shapes_with_pointer_loads() -> None:
         plain = wt.pointer_loads(cfg)
         for name in ("fwd", "dkdv", "dq", "dq_from_ds"):
             shipped, fallback = getattr(cfg, name), getattr(plain, name)
-            assert (shipped is None) == (fallback is None) and not plain.ds_tma and not plain.pdl
+            assert (shipped is None) == (fallback is None)
             if shipped is not None:
                 assert not fallback.tma and (fallback.block_m, fallback.block_n, fallback.warps, fallback.stages,
                                              fallback.pair) == (shipped.block_m, shipped.block_n, shipped.warps,
@@ -156,8 +149,7 @@ def test_window_backend_refuses_what_it_cannot_compute() -> None:
 _B, _C = wt.Blocks, wt.WindowConfig
 #: every form of each kernel, on a GPU: pointer loads, TMA loads, paired forward blocks, dQ from
 #: stored dS and recomputed, dK/dV on untransposed tiles and on transposed ones with pointer loads
-#: (beside the shipped configuration: transposed tiles, TMA loads), dS through TMA descriptors, and
-#: every kernel launched as a programmatic dependent launch (both dQ kernels)
+#: (beside the shipped configuration: transposed tiles, TMA loads)
 GPU_FORMS = {
     "pointers+ds": _C(_B(64, 32, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2)),
     "tma+pair+recompute": _C(_B(64, 32, 4, 2, tma=True, pair=True), _B(64, 64, 4, 2, tma=True),
@@ -169,12 +161,6 @@ GPU_FORMS = {
     "pointers+recompute+fused_delta": _C(_B(64, 64, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2), fused_delta=True),
     "pointers+ds+transposed": _C(_B(64, 64, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2),
                                  dkdv_transposed=True),
-    "tma+ds_tma+pdl": _C(_B(64, 64, 4, 3, tma=True), _B(64, 64, 4, 2, tma=True), _B(64, 64, 4, 2, tma=True),
-                         _B(64, 64, 4, 4, tma=True), dkdv_transposed=True, ds_tma=True, pdl=True),
-    "untransposed+ds_tma": _C(_B(64, 64, 4, 3, tma=True), _B(64, 64, 4, 2, tma=True), _B(64, 64, 4, 2, tma=True),
-                              _B(64, 64, 4, 4, tma=True), ds_tma=True),
-    "tma+pair+recompute+pdl": _C(_B(64, 32, 4, 2, tma=True, pair=True), _B(64, 64, 4, 2, tma=True),
-                                 _B(64, 64, 4, 2, tma=True), dkdv_transposed=True, pdl=True),
 }
 
 
