@@ -33,6 +33,7 @@ from attn_bench import QUEUED_MS, time_ms  # noqa: E402
 from kernels.attention import attention  # noqa: E402
 from kernels.attention import masks as M  # noqa: E402
 from kernels.attention import window_triton as wt  # noqa: E402
+from kernels.attention.window import WindowAttentionFunction  # noqa: E402
 
 B = wt.Blocks
 #: every shape with pointer loads and with TMA loads (the shipped shapes use TMA on Hopper)
@@ -225,7 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         baseline = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = baseline  # dataclasses look their module up there
         spec.loader.exec_module(baseline)  # type: ignore[union-attr]
-        contenders["baseline"] = lambda: baseline.window_attention(*leaves, w, scale=scale)[0]
+        if hasattr(baseline, "window_attention"):  # before 2026-12-01 the entry point lived beside the kernels
+            contenders["baseline"] = lambda: baseline.window_attention(*leaves, w, scale=scale)[0]
+        else:
+            contenders["baseline"] = lambda: WindowAttentionFunction.apply(*leaves, w, scale, baseline)[0]
     if args.flex:
         contenders["flex_stock"] = lambda: attention(*leaves, mask, backend="flex")
     outs = {}

@@ -34,7 +34,7 @@ from .masks import Causal, Full, Mask, SlidingWindow
 from .reference import math_attention
 from .window_triton import GPU_CONFIGS as WINDOW_TUNED
 from .window_triton import unsupported as window_unsupported
-from .window_triton import window_attention
+from .window import window_attention
 
 __all__ = ["attention", "select_backend", "Backend"]
 

@@ -664,27 +664,6 @@ def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse2: Tensor, do: Tenso
     return dq, dk, dv
 
 
-class _WindowAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, window: int, scale: float):  # type: ignore[override]
-        q, k, v = (aligned(t.contiguous()) for t in (q, k, v))
-        cfg = window_config(q.device, q.shape[-1])
-        o, lse2 = launch_forward(q, k, v, window, scale, cfg.fwd)
-        ctx.save_for_backward(q, k, v, o, lse2)
-        ctx.window, ctx.scale, ctx.cfg = window, scale, cfg
-        ctx.mark_non_differentiable(lse2)
-        ctx.set_materialize_grads(False)  # no zeros for the LSE's gradient, which is never used
-        return o, lse2
-
-    @staticmethod
-    def backward(ctx, do: Tensor | None, _dlse: Tensor | None):  # type: ignore[override]
-        if do is None:  # only the LSE was used downstream: it has no gradient
-            return None, None, None, None, None
-        q, k, v, o, lse2 = ctx.saved_tensors
-        dq, dk, dv = backward(q, k, v, o, lse2, aligned(do.contiguous()), ctx.window, ctx.scale, ctx.cfg)
-        return dq, dk, dv, None, None
-
-
 def unsupported(q: Tensor, k: Tensor, v: Tensor, window: object) -> str | None:
     """``None`` if the kernel computes this problem, else why not."""
     why = available(q.device)
@@ -698,19 +677,3 @@ def unsupported(q: Tensor, k: Tensor, v: Tensor, window: object) -> str | None:
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         return f"window must be a positive int, got {window!r}"
     return None
-
-
-def window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, scale: float | None = None,
-                     return_lse: bool = True) -> tuple[Tensor, Tensor | None]:
-    """Causal sliding-window attention (``q - window < kv <= q``): ``(out, lse)``.
-
-    q: (B, Hq, S, D); k, v: (B, Hkv, S, D) with Hq a multiple of Hkv; D a power of two from 16
-    to 256. ``lse`` is float32, natural log (None with ``return_lse=False``, which saves its
-    conversion from the kernel's log2 units). Differentiable in q, k and v."""
-    why = unsupported(q, k, v, window)
-    if why is not None:
-        raise AttentionInputError(why)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    with on_device(q.device):  # the kernels launch on the current device; q's may be another
-        out, lse2 = _WindowAttention.apply(q, k, v, window, scale)
-    return out, (lse2 * math.log(2.0) if return_lse else None)

@@ -200,6 +200,24 @@ def test_window_kernel_backward_is_bit_identical_run_to_run_on_gpu(form: str, mo
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs a CUDA GPU and triton")
+def test_window_kernel_compiles_in_one_graph_with_inductor_on_gpu() -> None:
+    torch.manual_seed(2)
+    q = torch.randn(2, 8, 1000, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(2, 2, 1000, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    g = torch.randn_like(q)
+
+    def f(q, k, v):
+        return attention(q * 1.5, k, v, SlidingWindow(256), backend="triton_window").float().tanh()
+
+    compiled = torch.compile(f, fullgraph=True)
+    for out in (compiled(q, k, v), compiled(q, k, v)):  # the second call reuses the graph
+        eager = f(q, k, v)
+        assert torch.allclose(out, eager, atol=2e-2, rtol=0)
+        for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(eager, (q, k, v), g)):
+            assert float((a.float() - b.float()).norm() / b.float().norm()) <= 1e-2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs a CUDA GPU and triton")
 def test_auto_takes_the_window_kernel_for_causal_windows_in_half_precision_on_cuda() -> None:
     from kernels.attention import select_backend
 
@@ -268,6 +286,36 @@ print("ok")
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_misaligned_inputs_are_copied_to_an_aligned_base_under_the_interpreter() -> None:
     proc = run_interpreted(MISALIGNED_SCRIPT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "ok" in proc.stdout
+
+
+COMPILE_SCRIPT = r'''
+import torch
+from kernels.attention import attention
+from kernels.attention.masks import SlidingWindow
+torch.manual_seed(0)
+q = torch.randn(1, 4, 40, 16, requires_grad=True)
+k, v = (torch.randn(1, 2, 40, 16, requires_grad=True) for _ in range(2))
+g = torch.randn(1, 4, 40, 16)
+def f(q, k, v):
+    out, lse = attention(q * 1.5, k, v, SlidingWindow(9), backend="triton_window", return_lse=True)
+    return out.tanh(), lse
+eager = f(q, k, v)
+# fullgraph: one graph, the kernels an opaque operator in it (a Function of Triton launches broke it)
+compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+got = compiled(q, k, v)
+assert not got[1].requires_grad  # the LSE is not differentiable, as in eager mode
+for a, b in zip((*got, *torch.autograd.grad(got[0], (q, k, v), g)),
+                (*eager, *torch.autograd.grad(eager[0], (q, k, v), g))):
+    assert torch.equal(a, b)
+print("ok")
+'''
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_window_kernel_compiles_in_one_graph_under_the_interpreter() -> None:
+    proc = run_interpreted(COMPILE_SCRIPT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "ok" in proc.stdout
 
