@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import torch
 
 from ..triton_launch import on_device
-from .chunked import ChunkedResult, chunked_linear_cross_entropy, default_chunk_size
+from .chunked import default_chunk_size
 from .config import IMPLEMENTATIONS, LossConfig, compute_dtype_for, reduction_coefficients
 from .errors import (
     BackwardTwiceError,
@@ -17,8 +17,10 @@ from .errors import (
     LCEValueError,
     UnsupportedFeatureError,
 )
+from .ops import linear_cross_entropy_op
+from .plan import Plan, check_targets_on_cpu, combine, run
 from .reference import reference_linear_cross_entropy
-from .rowwise import RowPass, torch_row_pass
+from .rowwise import torch_row_pass
 from .triton_kernels import triton_importable, triton_row_pass, triton_scale_, triton_usable
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -163,16 +165,6 @@ def _validate(
         )
 
 
-def _check_targets_on_cpu(target: torch.Tensor, num_classes: int, ignore_index: int) -> None:
-    """Range check for CPU targets (free there; on CUDA it would cost a host sync)."""
-    if target.device.type != "cpu" or target.numel() == 0 or target.is_floating_point():
-        return
-    bad = (target != ignore_index) & ((target < 0) | (target >= num_classes))
-    if bool(bad.any()):
-        value = int(target[bad][0])
-        raise LCEValueError(f"target value {value} is out of range [0, {num_classes}) and not ignore_index={ignore_index}")
-
-
 def _apply_autocast(
     input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:
@@ -198,60 +190,6 @@ def _apply_autocast(
     return cast(input), weight if master else cast(weight), cast(bias), master
 
 
-@dataclass(frozen=True)
-class _Plan:
-    cfg: LossConfig
-    row_pass: RowPass
-    chunk_size: int
-    accum_dtype: torch.dtype
-    target_shape: tuple[int, ...]
-    return_dtype: torch.dtype
-
-
-def _combine(cfg: LossConfig, coefs: torch.Tensor, res: ChunkedResult) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reduce the per-row terms into (loss, z_loss) in the compute dtype."""
-    if cfg.reduction == "none":
-        per_row = coefs[0] * res.nll
-        if cfg.label_smoothing > 0.0:
-            per_row = per_row + coefs[1] * res.smooth
-        z = coefs[2] * res.lse_sq
-        return (per_row + z if cfg.z_loss > 0.0 else per_row), z
-    loss = coefs[0] * res.nll.sum()
-    if cfg.label_smoothing > 0.0:
-        loss = loss + coefs[1] * res.smooth.sum()
-    z = coefs[2] * res.lse_sq.sum()
-    return (loss + z if cfg.z_loss > 0.0 else loss), z
-
-
-def _run(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    target: torch.Tensor,
-    bias: torch.Tensor | None,
-    class_weight: torch.Tensor | None,
-    plan: _Plan,
-    coefs: torch.Tensor,
-    grads: tuple[bool, bool, bool] = (False, False, False),
-    row_scale: torch.Tensor | None = None,
-) -> ChunkedResult:
-    return chunked_linear_cross_entropy(
-        x,
-        weight,
-        target,
-        bias,
-        plan.cfg,
-        class_weight,
-        coefs,
-        plan.row_pass,
-        chunk_size=plan.chunk_size,
-        need_input_grad=grads[0],
-        need_weight_grad=grads[1],
-        need_bias_grad=grads[2],
-        row_scale=row_scale,
-        accum_dtype=plan.accum_dtype,
-    )
-
-
 class LinearCrossEntropyFunction(torch.autograd.Function):
     """Autograd Function over the chunked driver.
 
@@ -262,7 +200,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, x, weight, target, bias, class_weight, plan: _Plan):  # type: ignore[override]
+    def forward(ctx: Any, x, weight, target, bias, class_weight, plan: Plan):  # type: ignore[override]
         cfg = plan.cfg
         ct = compute_dtype_for(x.dtype)
         coefs = reduction_coefficients(cfg, target, class_weight, weight.shape[0], ct)
@@ -270,12 +208,12 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         ctx.plan = plan
         ctx.need = need
         if cfg.reduction == "none":
-            res = _run(x, weight, target, bias, class_weight, plan, coefs)
+            res = run(x, weight, target, bias, class_weight, plan, coefs)
             ctx.save_for_backward(x, weight, target, bias, class_weight, coefs)
         else:
-            res = _run(x, weight, target, bias, class_weight, plan, coefs, grads=need)
+            res = run(x, weight, target, bias, class_weight, plan, coefs, grads=need)
             ctx.grads = (res.grad_input, res.grad_weight, res.grad_bias)
-        loss, z = _combine(cfg, coefs, res)
+        loss, z = combine(cfg, coefs, res)
         loss = loss.to(plan.return_dtype).reshape(plan.target_shape if cfg.reduction == "none" else ())
         z = z.to(plan.return_dtype).reshape(loss.shape)
         ctx.mark_non_differentiable(z)
@@ -283,11 +221,11 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor, _grad_z: torch.Tensor):  # type: ignore[override]
-        plan: _Plan = ctx.plan
+        plan: Plan = ctx.plan
         if plan.cfg.reduction == "none":
             x, weight, target, bias, class_weight, coefs = ctx.saved_tensors
             row_scale = grad_loss.reshape(-1)
-            res = _run(x, weight, target, bias, class_weight, plan, coefs, grads=ctx.need, row_scale=row_scale)
+            res = run(x, weight, target, bias, class_weight, plan, coefs, grads=ctx.need, row_scale=row_scale)
             gx, gw, gb = res.grad_input, res.grad_weight, res.grad_bias
         else:
             if ctx.grads is None:
@@ -377,8 +315,10 @@ def linear_cross_entropy(
             "class-probability targets take none (as F.cross_entropy)"
         )
     route = select_implementation(implementation, input, weight, probabilities)
-    _check_targets_on_cpu(target, weight.shape[0], ignore_index)
-    if route.fallback:
+    compiling = torch.compiler.is_compiling()
+    if not compiling:  # under torch.compile the operator checks them (a data-dependent branch)
+        check_targets_on_cpu(target, weight.shape[0], ignore_index)
+    if route.fallback and not compiling:  # Dynamo cannot trace a warning (select_implementation tells)
         warnings.warn(f"linear_cross_entropy: using the {route.implementation} implementation ({route.reason})",
                       stacklevel=2)
     if route.implementation == "reference":
@@ -400,7 +340,7 @@ def linear_cross_entropy(
     wide = weight.requires_grad and torch.promote_types(accum_dtype, weight.dtype) != weight.dtype
     rows = chunk_size or default_chunk_size(n, num_classes, input.dtype, input.device,
                                             accumulator_bytes=num_classes * x2d.shape[1] * 4 if wide else 0)
-    plan = _Plan(
+    plan = Plan(
         cfg=cfg,
         row_pass=triton_row_pass if route.implementation == "triton" else torch_row_pass,
         chunk_size=rows,
@@ -412,12 +352,20 @@ def linear_cross_entropy(
     needs_grad = torch.is_grad_enabled() and (
         input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
+    if compiling:
+        need = [needs_grad and input.requires_grad, needs_grad and weight.requires_grad,
+                needs_grad and bias is not None and bias.requires_grad]
+        loss, z, *_ = linear_cross_entropy_op(x2d, w2d, flat_target, bias, cw, *astuple(cfg),
+                                              route.implementation == "triton", rows, accum_dtype, need)
+        shape = plan.target_shape if cfg.reduction == "none" else ()
+        loss, z = loss.reshape(shape), z.detach().reshape(shape)
+        return (loss, z) if return_z_loss else loss
     with on_device(x2d.device):  # the Triton row kernels launch on the current device
         if needs_grad:
             loss, z = LinearCrossEntropyFunction.apply(x2d, w2d, flat_target, bias, cw, plan)
         else:
             coefs = reduction_coefficients(cfg, flat_target, cw, num_classes, compute_dtype_for(input.dtype))
-            loss, z = _combine(cfg, coefs, _run(x2d, w2d, flat_target, bias, cw, plan, coefs))
+            loss, z = combine(cfg, coefs, run(x2d, w2d, flat_target, bias, cw, plan, coefs))
             shape = plan.target_shape if cfg.reduction == "none" else ()
             loss, z = loss.reshape(shape), z.reshape(shape)
     return (loss, z) if return_z_loss else loss

@@ -566,3 +566,47 @@ def test_module_constructor_validates():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert "z_loss=0.5" in repr(LinearCrossEntropyLoss(4, 10, z_loss=0.5))
+
+
+# --------------------------------------------------------------------------- torch.compile
+COMPILE_CASES = {
+    "mean": ("mean", {}, True, True),
+    "sum, input without grad": ("sum", {}, True, False),
+    "none": ("none", {}, True, True),
+    "mean, every feature, no bias": ("mean", {"label_smoothing": 0.1, "z_loss": 1e-3, "softcap": 20.0}, False, True),
+}
+
+
+@pytest.mark.parametrize("case", list(COMPILE_CASES), ids=list(COMPILE_CASES))
+def test_compiles_in_one_graph_with_the_eager_numbers(case):
+    # fullgraph: the chunked driver is one operator in the graph (before, its CPU target check's
+    # .item() and the Function's chunk loop broke the graph)
+    reduction, kw, with_bias, input_grad = COMPILE_CASES[case]
+    x = torch.randn(300, 64, requires_grad=input_grad)
+    w = torch.randn(1000, 64, requires_grad=True)
+    b = torch.randn(1000, requires_grad=True) if with_bias else None
+    t = torch.randint(0, 1000, (300,))
+    t[::7] = -100
+
+    def f(x, w, b, t):
+        out = linear_cross_entropy(torch.tanh(x), w, t, b, reduction=reduction, chunk_size=128,
+                                   implementation="chunked", return_z_loss=True, **kw)
+        return (out[0].square().sum() if reduction == "none" else out[0]), out[1]
+
+    leaves = [p for p in (x, w, b) if p is not None and p.requires_grad]
+    eager = f(x, w, b, t)
+    torch._dynamo.reset()
+    got = torch.compile(f, backend="aot_eager", fullgraph=True)(x, w, b, t)
+    assert not got[1].requires_grad  # the z-loss term is returned detached, as in eager mode
+    for a, e in zip((*got, *torch.autograd.grad(got[0] * 3, leaves)), (*eager, *torch.autograd.grad(eager[0] * 3, leaves))):
+        assert torch.equal(a, e)
+
+
+def test_compiled_call_checks_targets_and_runs_without_grad():
+    x, w = torch.randn(50, 64), torch.randn(100, 64)
+    f = torch.compile(lambda x, w, t: linear_cross_entropy(x, w, t, z_loss=1e-2), backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        t = torch.randint(0, 100, (50,))
+        assert torch.equal(f(x, w, t), linear_cross_entropy(x, w, t, z_loss=1e-2))
+        with pytest.raises(LCEValueError, match="target value 100 is out of range"):
+            f(x, w, torch.full((50,), 100))

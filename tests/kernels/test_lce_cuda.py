@@ -146,3 +146,24 @@ def test_probability_targets_on_cuda_take_the_chunked_route_and_say_so(dtype):
     rx, rw = torch.autograd.grad(ref, (xr, wr))
     for a, r in ((loss, ref), (gx, rx), (gw, rw)):
         assert _rel(a, r) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_triton_route_compiles_in_one_graph_with_inductor(reduction):
+    torch.manual_seed(3)
+    x = (torch.randn(700, 128, device="cuda") * 0.5).bfloat16().requires_grad_()
+    w = (torch.randn(3001, 128, device="cuda") * 128**-0.5).bfloat16().requires_grad_()
+    t = torch.randint(0, 3001, (700,), device="cuda")
+    t[::9] = -100
+
+    def f(x, w, t):
+        out = linear_cross_entropy(torch.tanh(x), w, t, reduction=reduction, label_smoothing=0.1,
+                                   implementation="triton", chunk_size=256)
+        return out.square().sum() if reduction == "none" else out
+
+    compiled = torch.compile(f, fullgraph=True)
+    for _ in range(2):  # the second call reuses the graph
+        got, eager = compiled(x, w, t), f(x, w, t)
+        assert _rel(got, eager) <= 1e-5
+        for a, b in zip(torch.autograd.grad(got, (x, w)), torch.autograd.grad(eager, (x, w))):
+            assert _rel(a, b) <= 1e-2

@@ -1,0 +1,80 @@
+"""One call's plan over the chunked driver, shared by the eager autograd Function and the
+custom operators that ``torch.compile`` records (``ops.py``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .chunked import ChunkedResult, chunked_linear_cross_entropy
+from .config import LossConfig
+from .errors import LCEValueError
+from .rowwise import RowPass
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How the driver runs one call: the loss, the row pass, rows per chunk, the dW accumulator's
+    dtype, the target's shape (the loss's, for ``"none"``) and the loss's dtype."""
+
+    cfg: LossConfig
+    row_pass: RowPass
+    chunk_size: int
+    accum_dtype: torch.dtype
+    target_shape: tuple[int, ...]
+    return_dtype: torch.dtype
+
+
+def check_targets_on_cpu(target: torch.Tensor, num_classes: int, ignore_index: int) -> None:
+    """Range check for CPU targets (free there; on CUDA it would cost a host sync)."""
+    if target.device.type != "cpu" or target.numel() == 0 or target.is_floating_point():
+        return
+    bad = (target != ignore_index) & ((target < 0) | (target >= num_classes))
+    if bool(bad.any()):
+        value = int(target[bad][0])
+        raise LCEValueError(f"target value {value} is out of range [0, {num_classes}) and not ignore_index={ignore_index}")
+
+
+def combine(cfg: LossConfig, coefs: torch.Tensor, res: ChunkedResult) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reduce the per-row terms into (loss, z_loss) in the compute dtype."""
+    if cfg.reduction == "none":
+        per_row = coefs[0] * res.nll
+        if cfg.label_smoothing > 0.0:
+            per_row = per_row + coefs[1] * res.smooth
+        z = coefs[2] * res.lse_sq
+        return (per_row + z if cfg.z_loss > 0.0 else per_row), z
+    loss = coefs[0] * res.nll.sum()
+    if cfg.label_smoothing > 0.0:
+        loss = loss + coefs[1] * res.smooth.sum()
+    z = coefs[2] * res.lse_sq.sum()
+    return (loss + z if cfg.z_loss > 0.0 else loss), z
+
+
+def run(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None,
+    class_weight: torch.Tensor | None,
+    plan: Plan,
+    coefs: torch.Tensor,
+    grads: tuple[bool, bool, bool] = (False, False, False),
+    row_scale: torch.Tensor | None = None,
+) -> ChunkedResult:
+    """The chunked driver over ``plan``; ``grads``: which of dX, dW, db to produce."""
+    return chunked_linear_cross_entropy(
+        x,
+        weight,
+        target,
+        bias,
+        plan.cfg,
+        class_weight,
+        coefs,
+        plan.row_pass,
+        chunk_size=plan.chunk_size,
+        need_input_grad=grads[0],
+        need_weight_grad=grads[1],
+        need_bias_grad=grads[2],
+        row_scale=row_scale,
+        accum_dtype=plan.accum_dtype,
+    )
