@@ -15,6 +15,10 @@ and peak memory. Prints a table last and writes JSON.
 
   python benchmarks/step_bench.py                      # ~1B model, seq 8192 and 32768, CUDA
   python benchmarks/step_bench.py --smoke              # tiny CPU run (CI)
+
+``--compile-blocks`` also times each configuration with every transformer block compiled
+(``torch.compile(block, fullgraph=True)``, the per-block pattern FSDP2 uses): rows
+``<config>/compiled``; a configuration that cannot be traced in one graph reports its error.
 """
 from __future__ import annotations
 
@@ -99,7 +103,7 @@ def attn_path(cfg: LlamaConfig, seq: int, device: torch.device) -> str:
 
 
 def run_config(name: str, cfg: LlamaConfig, seq: int, batch: int, steps: int, warmup: int,
-               device: torch.device) -> dict[str, Any]:
+               device: torch.device, compile_blocks: bool = False) -> dict[str, Any]:
     torch.manual_seed(0)
     cuda = device.type == "cuda"
     if cuda:
@@ -107,6 +111,9 @@ def run_config(name: str, cfg: LlamaConfig, seq: int, batch: int, steps: int, wa
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     model = Llama(cfg).to(device)
+    if compile_blocks:
+        for blk in model.blocks:
+            blk.compile(fullgraph=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device)
     inp, tgt = tokens[:, :-1], tokens[:, 1:]
@@ -141,7 +148,7 @@ def run_config(name: str, cfg: LlamaConfig, seq: int, batch: int, steps: int, wa
     del model, opt
     return {
         "params": n_params,
-        "config": name, "seq": seq, "batch": batch, "attn": attn_path(cfg, seq, device),
+        "config": name + ("/compiled" if compile_blocks else ""), "seq": seq, "batch": batch, "attn": attn_path(cfg, seq, device),
         "loss_impl": cfg.loss_impl, "step_s": median, "tokens_per_s": batch * seq / median,
         "useful_tflop": flops / 1e12, "achieved_tflops": flops / median / 1e12,
         "peak_gib": peak, "first_loss": losses[0], "last_loss": losses[-1],
@@ -159,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="default: all (all but the CUDA-only ones with --smoke)")
     ap.add_argument("--model", choices=["1b", "tiny"], default="1b")
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU, seq 96, 2 steps")
+    ap.add_argument("--compile-blocks", action="store_true",
+                    help="also time every configuration with its transformer blocks compiled (rows <config>/compiled)")
     ap.add_argument("--json", default="step_bench.json")
     ap.add_argument("--budget-s", type=float, default=None, help="start no new configuration after this")
     ap.add_argument("--ceiling", type=float, default=None, help="skip measuring; use this TFLOP/s")
@@ -182,18 +191,20 @@ def main(argv: list[str] | None = None) -> int:
         ceiling = matmul_ceiling_tflops(device)
     results = []
     t_start = time.time()
+    runs = [(name, compiled) for name in args.configs for compiled in ((False, True) if args.compile_blocks else (False,))]
     for seq in args.seq:
-        for name in args.configs:
+        for name, compiled in runs:
+            label = name + ("/compiled" if compiled else "")
             if args.budget_s is not None and time.time() - t_start > args.budget_s:
-                results.append({"config": name, "seq": seq, "error": f"skipped: over the {args.budget_s:.0f} s budget"})
+                results.append({"config": label, "seq": seq, "error": f"skipped: over the {args.budget_s:.0f} s budget"})
                 continue
             cfg = model_config(name, base, args.window, device)
             try:
-                r = run_config(name, cfg, seq, args.batch, args.steps, args.warmup, device)
+                r = run_config(name, cfg, seq, args.batch, args.steps, args.warmup, device, compile_blocks=compiled)
             except torch.cuda.OutOfMemoryError as exc:
-                r = {"config": name, "seq": seq, "error": f"OOM: {str(exc).splitlines()[0]}"}
+                r = {"config": label, "seq": seq, "error": f"OOM: {str(exc).splitlines()[0]}"}
             except Exception as exc:  # keep the other rows; report this one
-                r = {"config": name, "seq": seq, "error": f"{type(exc).__name__}: {exc}"[:300]}
+                r = {"config": label, "seq": seq, "error": f"{type(exc).__name__}: {exc}"[:300]}
             if "error" not in r and ceiling:
                 r["mfu_measured"] = r["achieved_tflops"] / ceiling
                 r["mfu_spec"] = r["achieved_tflops"] / SPEC_TFLOPS
@@ -218,18 +229,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nstep_bench  {meta['device']}  torch {meta['torch']}  model {meta['model']} "
           f"({base.matmul_params() / 1e9:.2f} B matmul params)  window {args.window}  "
           f"bf16 ceiling {ceiling or float('nan'):.0f} TFLOP/s (measured)")
-    hdr = f"{'seq':>6} {'config':<19} {'attention':<16} {'loss':<6} {'step ms':>9} {'tok/s':>9} " \
+    hdr = f"{'seq':>6} {'config':<28} {'attention':<16} {'loss':<6} {'step ms':>9} {'tok/s':>9} " \
           f"{'TFLOP/s':>8} {'MFU meas':>8} {'MFU spec':>8} {'peak GiB':>8} {'vs base':>7}"
     print(hdr)
     print("-" * len(hdr))
     for r in results:
         if "error" in r:
-            print(f"{r['seq']:>6} {r['config']:<19} {r['error'][:80]}")
+            print(f"{r['seq']:>6} {r['config']:<28} {r['error'][:80]}")
             continue
         b = base_rows.get(r["seq"])
         ratio = f"{b['step_s'] / r['step_s']:.2f}x" if b else "-"
         mfu = lambda k: f"{100 * r[k]:.1f}%" if k in r else "-"  # noqa: E731
-        print(f"{r['seq']:>6} {r['config']:<19} {r['attn']:<16} {r['loss_impl']:<6} {1e3 * r['step_s']:>9.1f} "
+        print(f"{r['seq']:>6} {r['config']:<28} {r['attn']:<16} {r['loss_impl']:<6} {1e3 * r['step_s']:>9.1f} "
               f"{r['tokens_per_s']:>9.0f} {r['achieved_tflops']:>8.1f} {mfu('mfu_measured'):>8} "
               f"{mfu('mfu_spec'):>8} {r['peak_gib']:>8.2f} {ratio:>7}")
     print(f"(JSON: {args.json}; causal_flash is a denser model, shown for context)")

@@ -98,6 +98,15 @@ class BlockMaskCache:
         b = batch if mask.batch_dependent else None
         h = heads if mask.head_dependent else None
         key = (mask.key, b, h, q_len, kv_len, str(device), bs)
+        if torch.compiler.is_compiling():
+            # traced: a cached mask enters the graph as an input (Dynamo guards on the entry); a
+            # missing one is built inside the graph, on every call, and not cached (a traced
+            # value must not outlive its graph). Build it eagerly first to avoid that cost.
+            hit = self._entries.get(key)
+            if hit is not None:
+                return hit
+            return create_block_mask(mask.to(device).as_mask_mod(), b, h, q_len, kv_len, device=device,
+                                     BLOCK_SIZE=bs)
         with self._lock:
             hit = self._entries.get(key)
             if hit is not None:

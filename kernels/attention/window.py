@@ -124,6 +124,9 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, scale: flo
         raise AttentionInputError(why)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if torch.compiler.is_compiling():
+        # contiguous before the operator, which saves its inputs for the backward: a view's
+        # base (a fused QKV projection, say) would otherwise stay alive until then
+        q, k, v = (t.contiguous() for t in (q, k, v))
         out, lse2 = _window_attention_op(q, k, v, window, scale)
         lse2 = lse2.detach()
     else:

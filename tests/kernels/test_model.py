@@ -74,6 +74,24 @@ def test_loss_decreases_over_cpu_steps(window):
     assert all(b < a for a, b in zip(losses[:6], losses[1:7]))
 
 
+@pytest.mark.parametrize("loss_impl", ["fused", "torch"])
+def test_model_compiles_in_one_graph_with_the_eager_numbers(loss_impl):
+    # fullgraph: attention (a window as SDPA's dense mask on CPU) and the fused loss trace
+    # without breaks (before, the operands' alignment check read data_ptr() and broke the graph)
+    torch.manual_seed(0)
+    cfg = LlamaConfig.tiny(max_seq_len=64).replace(attn_window=8, attn_backend="sdpa", loss_impl=loss_impl)
+    model = Llama(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (2, 40))
+    params = [p for p in model.parameters() if p.requires_grad]
+    eager = model(ids, ids)
+    eager_grads = torch.autograd.grad(eager, params)
+    torch._dynamo.reset()
+    got = torch.compile(model, backend="aot_eager", fullgraph=True)(ids, ids)
+    assert torch.allclose(got, eager, rtol=1e-6, atol=0)
+    for a, b in zip(torch.autograd.grad(got, params), eager_grads):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_window_limits_what_a_position_sees():
     """Changing a token outside every later position's window (through all layers) leaves
     those positions' logits unchanged; inside the window it changes them."""
