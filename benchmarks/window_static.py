@@ -36,11 +36,19 @@ _SMALL_INTS = ("GROUP",)
 
 
 def ptxas_path() -> str | None:
-    """Triton's bundled ptxas, if this install has one."""
+    """The ptxas Triton compiles for: ``TRITON_PTXAS_PATH`` when set, else its bundled one.
+
+    Triton writes PTX of the ISA version that assembler takes, so the report must use the same
+    one: TorchInductor sets ``TRITON_PTXAS_PATH`` to torch's own (newer) ptxas in any process
+    that compiled with it, and Triton's bundled 12.8 ptxas then refused the PTX (seen on the
+    H200 inside the kernels test suite, 2026-12-01)."""
     if wt.triton is None:
         return None
-    path = os.path.join(os.path.dirname(wt.triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    return path if os.access(path, os.X_OK) else None
+    try:
+        path = wt.triton.knobs.nvidia.ptxas.path
+    except Exception:  # no usable ptxas at all
+        return None
+    return path if path and os.access(path, os.X_OK) else None
 
 
 def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90, store_ds: bool = True,
@@ -81,8 +89,11 @@ def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90, sto
         ptx = os.path.join(tmp, "k.ptx")
         with open(ptx, "w") as f:
             f.write(compiled.asm["ptx"])
-        report = subprocess.run([ptxas_path() or "ptxas", "-v", f"--gpu-name=sm_{arch}a", ptx, "-o",
-                                 os.path.join(tmp, "k.cubin")], capture_output=True, text=True, check=True).stderr
+        done = subprocess.run([ptxas_path() or "ptxas", "-v", f"--gpu-name=sm_{arch}a", ptx, "-o",
+                               os.path.join(tmp, "k.cubin")], capture_output=True, text=True)
+        if done.returncode != 0:  # the assembler's own words, not only its exit status
+            raise RuntimeError(f"ptxas exited {done.returncode}: {(done.stderr or done.stdout).strip()[-300:]}")
+        report = done.stderr
 
     def number(pattern: str) -> int:
         found = re.search(pattern, report)
@@ -112,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dkdv_transposed is None:
         args.dkdv_transposed = wt.nearest_gpu_config(args.dim).dkdv_transposed
     if ptxas_path() is None:
-        print("window_static: needs Triton with its bundled ptxas", file=sys.stderr)
+        print("window_static: needs a ptxas (Triton's bundled one, or TRITON_PTXAS_PATH)", file=sys.stderr)
         return 2
     rows = []
     for kernel in args.kernels:
@@ -122,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                                       transposed=args.dkdv_transposed))
             except Exception as exc:  # a shape the compiler rejects is a row too
                 rows.append({"kernel": kernel, "blocks": str(blocks), "head_dim": args.dim,
-                             "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:160]})
+                             "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400]})
             print("[row]", json.dumps(rows[-1]), flush=True)
     if args.json:
         with open(args.json, "w") as f:

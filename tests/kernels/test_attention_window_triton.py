@@ -309,6 +309,13 @@ assert not got[1].requires_grad  # the LSE is not differentiable, as in eager mo
 for a, b in zip((*got, *torch.autograd.grad(got[0], (q, k, v), g)),
                 (*eager, *torch.autograd.grad(eager[0], (q, k, v), g))):
     assert torch.equal(a, b)
+# a model routing its attention through the kernel compiles in one graph too
+from kernels.model import Llama, LlamaConfig
+model = Llama(LlamaConfig.tiny(max_seq_len=64).replace(attn_window=8, attn_backend="triton_window", loss_impl="torch"))
+ids = torch.randint(0, model.cfg.vocab_size, (1, 40))
+eager = model(ids, ids)
+torch._dynamo.reset()
+assert torch.allclose(torch.compile(model, backend="aot_eager", fullgraph=True)(ids, ids), eager, rtol=1e-6, atol=0)
 print("ok")
 '''
 
@@ -336,6 +343,31 @@ def _bundled_ptxas() -> bool:
 
 
 @pytest.mark.skipif(not _bundled_ptxas(), reason="needs Triton with its bundled ptxas")
+def test_static_resource_report_assembles_with_the_ptxas_triton_compiles_for(tmp_path) -> None:
+    # TorchInductor points TRITON_PTXAS_PATH at torch's own ptxas in any process it compiled in;
+    # Triton then writes PTX for that assembler, and the report's hard-wired bundled ptxas refused
+    # it (the H200's kernels suite, 2026-12-01). The report must run the one Triton uses.
+    import subprocess
+    import sys
+
+    import triton
+
+    bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    log = tmp_path / "calls.log"
+    wrapper = tmp_path / "ptxas"
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec {bundled} "$@"\n')
+    wrapper.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_PTXAS_PATH"] = str(wrapper)
+    proc = subprocess.run([sys.executable, "benchmarks/window_static.py", "--dim", "64", "--kernels", "fwd",
+                           "--fwd-shapes", "64x32/w4/s2", "--json", str(tmp_path / "static.json")],
+                          capture_output=True, text=True, timeout=300, env=env,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--gpu-name=sm_90a" in log.read_text()
+
+
+@pytest.mark.skipif(not _bundled_ptxas(), reason="needs Triton with its bundled ptxas")
 def test_static_resource_report_reads_registers_and_spills_from_the_compiler(tmp_path) -> None:
     import json
     import subprocess
@@ -351,6 +383,7 @@ def test_static_resource_report_reads_registers_and_spills_from_the_compiler(tmp
     rows = json.loads(out.read_text())
     assert [r["kernel"] for r in rows] == ["fwd", "dq"]
     for row in rows:
+        assert "error" not in row, row
         assert 0 < row["registers"] <= 255 and row["shared_bytes"] > 0, row
         assert row["spill_stores"] >= 0 and row["spill_loads"] >= 0, row
     # compiled as a launch specializes (aligned tensors, strides of 16): the pointer loads of the
