@@ -23,8 +23,26 @@ def _socket_fds() -> dict[int, int]:
     return fds
 
 
-def _tcp_endpoints() -> dict[int, tuple[str, str, str]]:
-    """``{inode: (local, remote, state)}`` of the host's TCP sockets, as /proc/net/tcp{,6} writes them."""
+#: how many times the TCP table is read, at most, to find every socket asked for
+_TABLE_READS = 5
+
+
+def _tcp_endpoints(wanted: set[int] | frozenset[int] = frozenset()) -> dict[int, tuple[str, str, str]]:
+    """``{inode: (local, remote, state)}`` of the host's TCP sockets, as /proc/net/tcp{,6} write them.
+
+    The kernel writes those files a chunk per read, so on a host whose connections come and go
+    meanwhile one pass can skip entries: the table is read again (up to ``_TABLE_READS`` times,
+    the passes merged) while a socket of ``wanted`` is missing from it."""
+    table = _tcp_table()
+    for _ in range(_TABLE_READS - 1):
+        if wanted <= table.keys():
+            break
+        table = {**_tcp_table(), **table}
+    return table
+
+
+def _tcp_table() -> dict[int, tuple[str, str, str]]:
+    """One pass over /proc/net/tcp and /proc/net/tcp6."""
     table: dict[int, tuple[str, str, str]] = {}
     for path in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -68,8 +86,8 @@ class EngineSockets:
 
     def device_created(self) -> None:
         """Find the listener the new device opened."""
-        endpoints = _tcp_endpoints()
         new = [ino for fd, ino in _socket_fds().items() if self._before.get(fd) != ino]
+        endpoints = _tcp_endpoints(set(new))
         listening = [endpoints[i][0] for i in new if i in endpoints and endpoints[i][2] == "0A"]
         self.listener = listening[0] if len(listening) == 1 else None
 
@@ -77,9 +95,10 @@ class EngineSockets:
         """Record the connections the engine opened towards its peers."""
         if self.listener is None:
             return
-        endpoints = _tcp_endpoints()
-        for fd, ino in _socket_fds().items():
-            if self._before.get(fd) == ino or ino not in endpoints:
+        fds = {fd: ino for fd, ino in _socket_fds().items() if self._before.get(fd) != ino}
+        endpoints = _tcp_endpoints(set(fds.values()))
+        for fd, ino in fds.items():
+            if ino not in endpoints:
                 continue
             local, remote, state = endpoints[ino]
             if state == "0A":
