@@ -38,9 +38,8 @@ except ImportError:  # pragma: no cover - exercised where triton is missing
     tl = None  # type: ignore[assignment]
     TensorDescriptor = None  # type: ignore[assignment,misc]
 
-from ..triton_launch import Launcher, on_device
+from ..triton_launch import Launcher
 from .errors import AttentionInputError
-from .layout import aligned
 
 
 def available(device: torch.device) -> str | None:
