@@ -9,7 +9,7 @@ import torch
 
 from ..triton_launch import on_device
 from .chunked import default_chunk_size
-from .config import IMPLEMENTATIONS, LossConfig, compute_dtype_for, reduction_coefficients
+from .config import IMPLEMENTATIONS, LossConfig, compute_dtype_for
 from .errors import (
     BackwardTwiceError,
     LCEDeviceError,
@@ -18,7 +18,7 @@ from .errors import (
     UnsupportedFeatureError,
 )
 from .ops import linear_cross_entropy_op
-from .plan import Plan, check_targets_on_cpu, combine, run
+from .plan import Plan, check_targets_on_cpu, losses, run
 from .reference import reference_linear_cross_entropy
 from .rowwise import torch_row_pass
 from .triton_kernels import triton_importable, triton_row_pass, triton_scale_, triton_usable
@@ -201,21 +201,16 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x, weight, target, bias, class_weight, plan: Plan):  # type: ignore[override]
-        cfg = plan.cfg
-        ct = compute_dtype_for(x.dtype)
-        coefs = reduction_coefficients(cfg, target, class_weight, weight.shape[0], ct)
         need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3])
         ctx.plan = plan
         ctx.need = need
-        if cfg.reduction == "none":
-            res = run(x, weight, target, bias, class_weight, plan, coefs)
+        if plan.cfg.reduction == "none":
+            loss, z, coefs, _ = losses(x, weight, target, bias, class_weight, plan)
             ctx.save_for_backward(x, weight, target, bias, class_weight, coefs)
         else:
-            res = run(x, weight, target, bias, class_weight, plan, coefs, grads=need)
+            loss, z, _, res = losses(x, weight, target, bias, class_weight, plan, grads=need)
             ctx.grads = (res.grad_input, res.grad_weight, res.grad_bias)
-        loss, z = combine(cfg, coefs, res)
-        loss = loss.to(plan.return_dtype).reshape(plan.target_shape if cfg.reduction == "none" else ())
-        z = z.to(plan.return_dtype).reshape(loss.shape)
+        loss, z = loss.reshape(plan.loss_shape), z.reshape(plan.loss_shape)
         ctx.mark_non_differentiable(z)
         return loss, z
 
@@ -357,15 +352,12 @@ def linear_cross_entropy(
                 needs_grad and bias is not None and bias.requires_grad]
         loss, z, *_ = linear_cross_entropy_op(x2d, w2d, flat_target, bias, cw, *astuple(cfg),
                                               route.implementation == "triton", rows, accum_dtype, need)
-        shape = plan.target_shape if cfg.reduction == "none" else ()
-        loss, z = loss.reshape(shape), z.detach().reshape(shape)
+        loss, z = loss.reshape(plan.loss_shape), z.detach().reshape(plan.loss_shape)
         return (loss, z) if return_z_loss else loss
     with on_device(x2d.device):  # the Triton row kernels launch on the current device
         if needs_grad:
             loss, z = LinearCrossEntropyFunction.apply(x2d, w2d, flat_target, bias, cw, plan)
         else:
-            coefs = reduction_coefficients(cfg, flat_target, cw, num_classes, compute_dtype_for(input.dtype))
-            loss, z = combine(cfg, coefs, run(x2d, w2d, flat_target, bias, cw, plan, coefs))
-            shape = plan.target_shape if cfg.reduction == "none" else ()
-            loss, z = loss.reshape(shape), z.reshape(shape)
+            loss, z, _, _ = losses(x2d, w2d, flat_target, bias, cw, plan)
+            loss, z = loss.reshape(plan.loss_shape), z.reshape(plan.loss_shape)
     return (loss, z) if return_z_loss else loss

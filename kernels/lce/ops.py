@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..triton_launch import on_device
 from .config import LossConfig, compute_dtype_for, reduction_coefficients
-from .plan import Plan, check_targets_on_cpu, combine, run
+from .plan import Plan, check_targets_on_cpu, losses, run
 from .rowwise import torch_row_pass
 from .triton_kernels import triton_row_pass
 
@@ -45,11 +45,9 @@ def linear_cross_entropy_op(x: Tensor, weight: Tensor, target: Tensor, bias: Ten
     per row for ``"none"``; ``need`` says which gradients a ``"mean"``/``"sum"`` call produces."""
     plan = _plan(x, reduction, ignore_index, label_smoothing, z_loss, softcap, triton, chunk_size, accum_dtype)
     check_targets_on_cpu(target, weight.shape[0], ignore_index)
-    coefs = reduction_coefficients(plan.cfg, target, class_weight, weight.shape[0], plan.return_dtype)
     grads = (False, False, False) if reduction == "none" else (need[0], need[1], need[2] and bias is not None)
     with on_device(x.device):  # the Triton row kernels launch on the current device
-        res = run(x, weight, target, bias, class_weight, plan, coefs, grads=grads)
-    loss, z = combine(plan.cfg, coefs, res)
+        loss, z, _, res = losses(x, weight, target, bias, class_weight, plan, grads=grads)
     return (loss, z, *_grads_or_empty(x, (res.grad_input, res.grad_weight, res.grad_bias)))
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from .chunked import ChunkedResult, chunked_linear_cross_entropy
-from .config import LossConfig
+from .config import LossConfig, reduction_coefficients
 from .errors import LCEValueError
 from .rowwise import RowPass
 
@@ -23,6 +23,11 @@ class Plan:
     accum_dtype: torch.dtype
     target_shape: tuple[int, ...]
     return_dtype: torch.dtype
+
+    @property
+    def loss_shape(self) -> tuple[int, ...]:
+        """The loss's shape: the target's (its rows) for ``"none"``, else a scalar's."""
+        return self.target_shape if self.cfg.reduction == "none" else ()
 
 
 def check_targets_on_cpu(target: torch.Tensor, num_classes: int, ignore_index: int) -> None:
@@ -48,6 +53,24 @@ def combine(cfg: LossConfig, coefs: torch.Tensor, res: ChunkedResult) -> tuple[t
         loss = loss + coefs[1] * res.smooth.sum()
     z = coefs[2] * res.lse_sq.sum()
     return (loss + z if cfg.z_loss > 0.0 else loss), z
+
+
+def losses(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None,
+    class_weight: torch.Tensor | None,
+    plan: Plan,
+    grads: tuple[bool, bool, bool] = (False, False, False),
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, ChunkedResult]:
+    """``(loss, z_loss, coefs, result)`` of one call: the reduction's coefficients, the chunked
+    pass (producing the gradients ``grads`` asks for) and the reduced terms, flat (per row for
+    ``"none"``), in ``plan.return_dtype``."""
+    coefs = reduction_coefficients(plan.cfg, target, class_weight, weight.shape[0], plan.return_dtype)
+    res = run(x, weight, target, bias, class_weight, plan, coefs, grads=grads)
+    loss, z = combine(plan.cfg, coefs, res)
+    return loss, z, coefs, res
 
 
 def run(
