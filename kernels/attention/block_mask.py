@@ -103,20 +103,15 @@ class BlockMaskCache:
             # missing one is built inside the graph, on every call, and not cached (a traced
             # value must not outlive its graph). Build it eagerly first to avoid that cost.
             hit = self._entries.get(key)
-            if hit is not None:
-                return hit
-            return create_block_mask(mask.to(device).as_mask_mod(), b, h, q_len, kv_len, device=device,
-                                     BLOCK_SIZE=bs)
+            return hit if hit is not None else _build(mask, b, h, q_len, kv_len, device, bs, compile=False)
         with self._lock:
             hit = self._entries.get(key)
             if hit is not None:
                 self._entries.move_to_end(key)
                 self.hits += 1
                 return hit
-        on_device = mask.to(device)
         use_compile = self.compile if self.compile is not None else device.type == "cuda"
-        bm = create_block_mask(on_device.as_mask_mod(), b, h, q_len, kv_len, device=device,
-                               BLOCK_SIZE=bs, _compile=use_compile)
+        bm = _build(mask, b, h, q_len, kv_len, device, bs, compile=use_compile)
         with self._lock:
             self.misses += 1
             self._entries[key] = bm
@@ -124,6 +119,13 @@ class BlockMaskCache:
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
         return bm
+
+
+def _build(mask: Mask, b: int | None, h: int | None, q_len: int, kv_len: int, device: torch.device,
+           block_size: tuple[int, int], *, compile: bool) -> BlockMask:
+    """``create_block_mask`` for ``mask`` on ``device`` (``compile``: its compiled build)."""
+    return create_block_mask(mask.to(device).as_mask_mod(), b, h, q_len, kv_len, device=device,
+                             BLOCK_SIZE=block_size, _compile=compile)
 
 
 default_cache = BlockMaskCache()
