@@ -248,8 +248,9 @@ def attention(
     opts = dict(kernel_options or {})
     if torch.are_deterministic_algorithms_enabled() and _flex_has_backend_option():
         opts.setdefault("BACKEND", "TRITON")  # its backward has no atomics without score_mod grads
-    result = _compiled_flex(opts or None)(q, k, v, bm, scale, k.shape[1] != q.shape[1], return_lse,
-                              opts or None)
+    # traced already (a caller's torch.compile): flex is called in that graph, no compiled wrapper
+    flex = _flex_guarded if torch.compiler.is_compiling() else _compiled_flex(opts or None)
+    result = flex(q, k, v, bm, scale, k.shape[1] != q.shape[1], return_lse, opts or None)
     if return_lse:
         out, lse = result
         return out, lse.float()

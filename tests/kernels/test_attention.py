@@ -127,6 +127,21 @@ def test_compiled_flex_cpu_inference_matches_reference():
     assert cache.hits == 1 and cache.misses == 2
 
 
+def test_flex_inside_a_callers_compiled_graph_from_cold_caches(monkeypatch):
+    """attention(backend="flex") traced by the caller's torch.compile(fullgraph=True) with no
+    compiled flex wrapper and no block mask built yet: flex joins that graph (building the
+    wrapper inside a trace broke it), the block mask is built in the graph and not cached."""
+    from kernels.attention import functional
+
+    monkeypatch.setattr(functional, "_COMPILED", {})
+    cache = BlockMaskCache()
+    q, k, v = rand_qkv(1, 2, 2, 200, 16, grad=False)
+    mask = M.sliding_window(37)
+    compiled = torch.compile(lambda q, k, v: attention(q, k, v, mask, backend="flex", cache=cache), fullgraph=True)
+    assert rel(compiled(q, k, v), sdpa_ref(q.double(), k.double(), v.double(), mask)) < 1e-5
+    assert len(cache) == 0 and functional._COMPILED == {}
+
+
 def test_eager_flex_fallback_is_refused():
     q, k, v = rand_qkv(1, 2, 2, 64, 8, grad=False)
     with torch.compiler.set_stance("force_eager"), pytest.raises(FlexEagerFallbackError, match="64×64"):
