@@ -168,3 +168,11 @@ def test_window_tune_keeps_the_shipped_kernel_forms_in_its_tuned_configuration()
     assert tuned.dq == shipped.dq  # no shape timed: the shipped one
     assert (tuned.dkdv, tuned.dq_from_ds) == (wt.Blocks(32, 64, 4, 2), None)
     assert tuned.dkdv_transposed and tuned.fused_delta
+
+
+def test_custom_op_overhead_prints_both_paths_and_their_ratio() -> None:
+    out = run_script("custom_op_overhead", "--reps", "50", "--rounds", "2").stdout
+    rows = {line.split("  ")[0].strip(): line.split()[-2:] for line in out.splitlines()[2:5]}
+    assert set(rows) == {"autograd.Function", "custom operator", "ratio op/Function"}, out
+    for name in ("autograd.Function", "custom operator"):
+        assert all(float(v) > 0 for v in rows[name]), out
