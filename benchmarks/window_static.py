@@ -52,7 +52,7 @@ def ptxas_path() -> str | None:
 
 
 def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90, store_ds: bool = True,
-              fused_delta: bool = False, transposed: bool = False, packed_ds: bool = False) -> dict[str, Any]:
+              fused_delta: bool = False, transposed: bool = False) -> dict[str, Any]:
     """Compile one kernel at one launch shape for ``sm_<arch>a`` (bf16 inputs) and read ptxas's report."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -70,8 +70,6 @@ def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90, sto
         consts["TRANSPOSED"] = transposed
     if "DS_T" in names:
         consts["DS_T"] = transposed
-    if "PACK_DS" in names:
-        consts["PACK_DS"] = packed_ds
     signature = {n: "constexpr" if n in consts else "*bf16" if n in _POINTERS else "*fp32" if n in _FLOAT32_POINTERS
                  else "fp32" if n == "sm_scale" else "i32" for n in names}
     if blocks.tma:  # the loaded operands are descriptors of (rows per tile) x D tiles
@@ -120,14 +118,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the backward kernels computing delta from O themselves (WindowConfig.fused_delta)")
     ap.add_argument("--dkdv-transposed", action=argparse.BooleanOptionalAction, default=None,
                     help="the dK/dV kernel on transposed tiles (default: as the shipped configuration)")
-    ap.add_argument("--packed-ds", action=argparse.BooleanOptionalAction, default=None,
-                    help="the dS buffer's far-edge and diagonal tiles in one slot (default: as shipped)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.dkdv_transposed is None:
         args.dkdv_transposed = wt.nearest_gpu_config(args.dim).dkdv_transposed
-    if args.packed_ds is None:
-        args.packed_ds = wt.nearest_gpu_config(args.dim).packed_ds
     if ptxas_path() is None:
         print("window_static: needs a ptxas (Triton's bundled one, or TRITON_PTXAS_PATH)", file=sys.stderr)
         return 2
@@ -136,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         for blocks in getattr(args, f"{kernel}_shapes") or KERNELS[kernel][1]:
             try:
                 rows.append(resources(kernel, blocks, args.dim, fused_delta=args.fused_delta,
-                                      transposed=args.dkdv_transposed, packed_ds=args.packed_ds))
+                                      transposed=args.dkdv_transposed))
             except Exception as exc:  # a shape the compiler rejects is a row too
                 rows.append({"kernel": kernel, "blocks": str(blocks), "head_dim": args.dim,
                              "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400]})

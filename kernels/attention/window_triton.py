@@ -92,10 +92,6 @@ class WindowConfig:
     #: registers' layout instead of going through shared memory behind a CTA barrier each; its dS
     #: tiles are then stored key-major, and the dQ-from-dS kernel reads them so
     dkdv_transposed: bool = False
-    #: the dS buffer holds each query block's two masked tiles, the window's far edge and the
-    #: diagonal, in one slot (their pairs are complementary when block_m == block_n divides the
-    #: window: :func:`packs_edge_tiles`), so one tile in (slots + 1) less is written and read
-    packed_ds: bool = False
 
 
 #: the interpreter (tests): small tiles keep it fast; the dS path for dQ, TMA loads and paired
@@ -165,25 +161,6 @@ if triton is not None:
         """Which (query, key) pairs of the tile attend: q - W < kv <= q, both inside the sequence."""
         diff = offs_m[:, None] - offs_n[None, :]
         return (diff >= 0) & (diff < W) & (offs_m[:, None] < S) & (offs_n[None, :] < S)
-
-    @triton.jit
-    def _pairs_in_window(offs_m, offs_n, S, W, KEY_MAJOR: tl.constexpr):
-        """:func:`_in_window` as a (query, key) tile, or as a (key, query) tile (``KEY_MAJOR``)."""
-        if KEY_MAJOR:
-            diff = offs_m[None, :] - offs_n[:, None]
-            return (diff >= 0) & (diff < W) & (offs_m[None, :] < S) & (offs_n[:, None] < S)
-        else:
-            return _in_window(offs_m, offs_n, S, W)
-
-    @triton.jit
-    def _ds_slot(key_block, query_block, first_key_block, W, BLOCK_N: tl.constexpr, PACK: tl.constexpr):
-        """The slot of key block ``key_block``'s dS tile in query block ``query_block``'s row:
-        in order from the first key block the window reaches, or (``PACK``) with the far edge's
-        and the diagonal's tiles sharing slot 0 (``packs_edge_tiles``)."""
-        if PACK:
-            return (key_block - query_block + W // BLOCK_N) % (W // BLOCK_N)
-        else:
-            return key_block - first_key_block
 
     @triton.jit
     def _key_spans(start_m, S, W, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -411,8 +388,7 @@ if triton is not None:
     def _bwd_dkdv(Q, K, V, DO, O, LSE, DELTA, DK, DV, DS, sm_scale, S, W, GROUP, HQ, HKV, NQB, NSLOT,
                   sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_DS: tl.constexpr,
-                  TMA: tl.constexpr, FUSED_DELTA: tl.constexpr, TRANSPOSED: tl.constexpr = False,
-                  PACK_DS: tl.constexpr = False):
+                  TMA: tl.constexpr, FUSED_DELTA: tl.constexpr, TRANSPOSED: tl.constexpr = False):
         start_n = tl.program_id(0)
         bhk = tl.program_id(1)
         b = bhk // HKV
@@ -455,15 +431,8 @@ if triton is not None:
                 dk = tl.dot(tl.trans(ds), q, dk)
             if STORE_DS:  # for the dQ kernel (one matrix product per tile); dS^T when TRANSPOSED
                 qb = start_m // BLOCK_M
-                slot = _ds_slot(start_n, qb, _first_key_block(qb, W, BLOCK_M, BLOCK_N), W, BLOCK_N, PACK_DS)
-                ds_ptrs = _ds_tile_base(DS, bh, qb, slot, NQB, NSLOT, BLOCK_M, BLOCK_N) + offs_ds
-                if PACK_DS:
-                    if slot == 0:  # the far edge or the diagonal: each writes its own pairs only
-                        tl.store(ds_ptrs, ds, mask=_pairs_in_window(offs_m, offs_n, S, W, TRANSPOSED))
-                    else:
-                        tl.store(ds_ptrs, ds)
-                else:
-                    tl.store(ds_ptrs, ds)
+                slot = start_n - _first_key_block(qb, W, BLOCK_M, BLOCK_N)
+                tl.store(_ds_tile_base(DS, bh, qb, slot, NQB, NSLOT, BLOCK_M, BLOCK_N) + offs_ds, ds)
         _store_tile(DK + b * skb + hk * skh, offs_n, sks, offs_d, S, dk * sm_scale)
         _store_tile(DV + b * svb + hk * svh, offs_n, svs, offs_d, S, dv)
 
@@ -499,17 +468,17 @@ if triton is not None:
     def _bwd_dq_from_ds(K, DS, DQ, sm_scale, S, W, GROUP, HQ, HKV, NQB, NSLOT,
                         sqb, sqh, sqs, skb, skh, sks,
                         D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-                        DS_T: tl.constexpr = False, PACK_DS: tl.constexpr = False):
+                        DS_T: tl.constexpr = False):
         """dQ from the dS tiles the dK/dV kernel stored (one matrix product per tile; ``DS_T``:
         the tiles are key-major, as the transposed dK/dV kernel stores them)."""
         start_m, bh, b, h, hk = _query_program(HQ, GROUP)
         _dq_block(K, _head(K, b, hk, skb, skh, TMA), DS, DQ, sm_scale, start_m, bh, b, h, hk, S, W, HKV, NQB, NSLOT,
-                  sqb, sqh, sqs, sks, D, BLOCK_M, BLOCK_N, TMA, DS_T, PACK_DS)
+                  sqb, sqh, sqs, sks, D, BLOCK_M, BLOCK_N, TMA, DS_T)
 
     @triton.jit
     def _dq_block(K, Kh, DS, DQ, sm_scale, start_m, bh, b, h, hk, S, W, HKV, NQB, NSLOT, sqb, sqh, sqs, sks,
                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-                  DS_T: tl.constexpr, PACK_DS: tl.constexpr):
+                  DS_T: tl.constexpr):
         """dQ of query block ``start_m`` of query head ``bh`` from its stored dS tiles, summed in
         slot order."""
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -521,13 +490,10 @@ if triton is not None:
         for start_n in range(lo, hi, BLOCK_N):
             # rows past S: zeros (pointer loads) or another head's keys, multiplied by dS = 0 either way
             k = _block(K, Kh, (b * HKV + hk) * S, start_n, sks, offs_d, S, BLOCK_N, TMA)
-            slot = _ds_slot(start_n // BLOCK_N, start_m, lo // BLOCK_N, W, BLOCK_N, PACK_DS)
-            ds = tl.load(row + slot * (BLOCK_M * BLOCK_N) + offs_tile)
+            tile = row + ((start_n - lo) // BLOCK_N) * (BLOCK_M * BLOCK_N) + offs_tile
+            ds = tl.load(tile)
             if DS_T:
                 ds = tl.trans(ds)
-            if PACK_DS:
-                if slot == 0:  # shared by the far edge and the diagonal: this tile's pairs only
-                    ds = tl.where(_in_window(offs_m, start_n + tl.arange(0, BLOCK_N), S, W), ds, 0.0)
             dq = tl.dot(ds, k, dq)
         _store_tile(DQ + b * sqb + h * sqh, offs_m, sqs, offs_d, S, dq * sm_scale)
 
@@ -579,29 +545,14 @@ def launch_delta(o: Tensor, do: Tensor, blocks: Blocks) -> Tensor:
     return delta
 
 
-def packs_edge_tiles(s: int, window: int, blocks: Blocks) -> bool:
-    """Whether a dS buffer for dK/dV tiles ``blocks`` can be packed: with block_m == block_n
-    dividing the window, row r of query block i attends column c of key block i - W/bn (the
-    far edge) iff c > r, and of key block i (the diagonal) iff c <= r, so both tiles fit in one
-    slot; and some query block has a far edge (else there is nothing to pack)."""
-    bm, bn = blocks.block_m, blocks.block_n
-    return bm == bn and window % bn == 0 and -(-s // bm) > window // bn
-
-
 @functools.lru_cache(maxsize=256)
-def ds_layout(s: int, window: int, blocks: Blocks, pack: bool = False) -> tuple[int, int]:
+def ds_layout(s: int, window: int, blocks: Blocks) -> tuple[int, int]:
     """``(query blocks, slots per query block)`` of the dS buffer for dK/dV tiles ``blocks``.
 
     Slot ``j - first(i)`` of query block ``i`` holds the (block_m x block_n) tile of key block
-    ``j``, where ``first(i)`` is the first key block the window of query block ``i`` reaches.
-    With ``pack`` (where :func:`packs_edge_tiles`), slot ``(j - i + W/bn) mod (W/bn)``: the far
-    edge's and the diagonal's tiles share slot 0, each holding its own pairs."""
+    ``j``, where ``first(i)`` is the first key block the window of query block ``i`` reaches."""
     bm, bn = blocks.block_m, blocks.block_n
     nqb = -(-s // bm)
-    if pack:
-        if not packs_edge_tiles(s, window, blocks):
-            raise AttentionInputError(f"a dS buffer for blocks {blocks} and window {window} cannot be packed")
-        return nqb, window // bn
     # the largest number of key blocks one query block reaches: its key range [m0 - W + 1, m0 + bm)
     # (clipped at 0 and S) starts at m0 - W + 1, whose offset inside a key block repeats with
     # period bn / gcd(bm, bn) in the query block index
@@ -613,28 +564,27 @@ def ds_layout(s: int, window: int, blocks: Blocks, pack: bool = False) -> tuple[
     return nqb, slots
 
 
-def ds_bytes(q: Tensor, window: int, blocks: Blocks, pack: bool = False) -> int:
+def ds_bytes(q: Tensor, window: int, blocks: Blocks) -> int:
     """Bytes of the dS buffer the backward would hold for ``q`` (its dtype, all query heads)."""
-    nqb, slots = ds_layout(q.shape[2], window, blocks, pack)
+    nqb, slots = ds_layout(q.shape[2], window, blocks)
     return q.shape[0] * q.shape[1] * nqb * slots * blocks.block_m * blocks.block_n * q.element_size()
 
 
 def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: Tensor | None, window: int,
                 scale: float, blocks: Blocks, *, store_ds: bool = False, o: Tensor | None = None,
-                transposed: bool = False, pack: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+                transposed: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
     """Run the dK/dV kernel (one program per key block and kv head): ``(dk, dv, ds)``.
 
     ``delta`` is :func:`launch_delta`'s output; with ``delta=None`` the kernel computes it per
     query tile from ``o`` (laid out as ``q``), which saves the delta kernel's pass over O and dO.
     With ``store_ds`` it also writes every tile's dS (the input dtype; the values the dQ
-    product uses) into a buffer laid out by :func:`ds_layout` (packed with ``pack``), else ``ds``
-    is None."""
+    product uses) into a buffer laid out by :func:`ds_layout`, else ``ds`` is None."""
     bsz, hq, s, d = q.shape
     hkv = k.shape[1]
     bm, bn, tma = blocks.block_m, blocks.block_n, blocks.tma
     o_lse_delta = _delta_args(q, o, delta, lse2, bm, tma)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    nqb, slots = ds_layout(s, window, blocks, pack and store_ds)
+    nqb, slots = ds_layout(s, window, blocks)
     ds = (torch.empty((bsz * hq, nqb, slots, blocks.block_m, blocks.block_n), device=q.device, dtype=q.dtype)
           if store_ds else None)
     _LAUNCH["_bwd_dkdv"]((triton.cdiv(s, bn), bsz * hkv),
@@ -642,7 +592,7 @@ def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta
         dk, dv, ds if ds is not None else dk,
         scale, s, window, hq // hkv, hq, hkv, nqb, slots,
         *_qkv_strides(q, k, v, do), D=d, BLOCK_M=bm, BLOCK_N=bn, STORE_DS=store_ds, TMA=tma,
-        FUSED_DELTA=delta is None, TRANSPOSED=transposed, PACK_DS=pack and store_ds, num_warps=blocks.warps,
+        FUSED_DELTA=delta is None, TRANSPOSED=transposed, num_warps=blocks.warps,
         num_stages=blocks.stages)
     return dk, dv, ds
 
@@ -678,19 +628,18 @@ def launch_dq(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: 
 
 
 def launch_dq_from_ds(q: Tensor, k: Tensor, ds: Tensor, window: int, scale: float, blocks: Blocks,
-                      warps: int = 4, stages: int = 2, tma: bool = False, transposed: bool = False,
-                      pack: bool = False) -> Tensor:
+                      warps: int = 4, stages: int = 2, tma: bool = False, transposed: bool = False) -> Tensor:
     """dQ = dS @ K from the tiles :func:`launch_dkdv` stored with the same ``blocks`` (and the
-    same ``transposed`` and ``pack``)."""
+    same ``transposed``)."""
     bsz, hq, s, d = q.shape
-    nqb, slots = ds_layout(s, window, blocks, pack)
+    nqb, slots = ds_layout(s, window, blocks)
     if tuple(ds.shape) != (bsz * hq, nqb, slots, blocks.block_m, blocks.block_n):
         raise AttentionInputError(f"dS buffer of shape {tuple(ds.shape)} was not written with blocks {blocks}")
     dq = torch.empty_like(q)
     _LAUNCH["_bwd_dq_from_ds"]((nqb, bsz * hq),
         _operand(k, blocks.block_n, tma), ds, dq, scale, s, window, hq // k.shape[1], hq, k.shape[1], nqb, slots,
         *_qkv_strides(q, k), D=d, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, TMA=tma, DS_T=transposed,
-        PACK_DS=pack, num_warps=warps, num_stages=stages)
+        num_warps=warps, num_stages=stages)
     return dq
 
 
@@ -703,13 +652,12 @@ def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse2: Tensor, do: Tenso
     ``cfg.fused_delta`` the kernels compute delta from O themselves (no delta kernel)."""
     delta = None if cfg.fused_delta else launch_delta(o, do, cfg.dq)
     o_in = o if cfg.fused_delta else None
-    pack = cfg.packed_ds and packs_edge_tiles(q.shape[2], window, cfg.dkdv)
-    via_ds = cfg.dq_from_ds is not None and ds_bytes(q, window, cfg.dkdv, pack) <= DS_BUFFER_LIMIT_BYTES
+    via_ds = cfg.dq_from_ds is not None and ds_bytes(q, window, cfg.dkdv) <= DS_BUFFER_LIMIT_BYTES
     dk, dv, ds = launch_dkdv(q, k, v, do, lse2, delta, window, scale, cfg.dkdv, store_ds=via_ds, o=o_in,
-                             transposed=cfg.dkdv_transposed, pack=pack)
+                             transposed=cfg.dkdv_transposed)
     if ds is not None and cfg.dq_from_ds is not None:
         dq = launch_dq_from_ds(q, k, ds, window, scale, cfg.dkdv, cfg.dq_from_ds.warps, cfg.dq_from_ds.stages,
-                               cfg.dq_from_ds.tma, transposed=cfg.dkdv_transposed, pack=pack)
+                               cfg.dq_from_ds.tma, transposed=cfg.dkdv_transposed)
     else:
         dq = launch_dq(q, k, v, do, lse2, delta, window, scale, cfg.dq, o=o_in)
     return dq, dk, dv

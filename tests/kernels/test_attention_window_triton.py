@@ -68,35 +68,6 @@ for config, case in CASES:
         # relative, except where the reference is ~0 (window 1: softmax of one score, dq = dk = 0)
         err = float((a.detach().double() - r.detach()).norm() / max(float(r.detach().norm()), 1.0))
         worst[name] = max(worst.get(name, 0.0), err)
-# the packed dS buffer (far-edge and diagonal tiles in one slot, each writing its own pairs), with
-# fresh memory NaN-filled so that a pair read that no kernel wrote shows up: both dK/dV tile
-# orientations, TMA and pointer loads, GQA, ragged lengths, windows of 1, 2 and 3 key blocks
-_empty = torch.empty
-def _nan_empty(*args, **kwargs):
-    t = _empty(*args, **kwargs)
-    return t.fill_(float("nan")) if t.is_floating_point() else t
-torch.empty = _nan_empty
-PACKED = [(wt.WindowConfig(B(16, 16, 1, 1), B(16, 16, 1, 1), B(16, 16, 1, 1), B(16, 16, 1, 1), dkdv_transposed=True,
-                           packed_ds=True), (2, 4, 2, 50, 32, 32)),
-          (wt.WindowConfig(B(16, 16, 1, 1), B(16, 16, 1, 1), B(16, 16, 1, 1), B(16, 16, 1, 1), packed_ds=True),
-           (1, 2, 1, 37, 16, 16)),
-          (wt.WindowConfig(B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T),
-                           dkdv_transposed=True, packed_ds=True), (2, 4, 2, 83, 32, 48))]
-for config, (b, hq, hkv, s, d, w) in PACKED:
-    assert wt.packs_edge_tiles(s, w, config.dkdv), (s, w)
-    wt.window_config = lambda dev, dd, config=config: config
-    q = torch.randn(b, hq, s, d, requires_grad=True); k = torch.randn(b, hkv, s, d, requires_grad=True)
-    v = torch.randn(b, hkv, s, d, requires_grad=True)
-    out = attention(q, k, v, SlidingWindow(w), backend="triton_window")
-    g = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), g)
-    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    ref, _ = math_attention(*leaves, SlidingWindow(w), scale=1.0 / d ** 0.5)
-    ref_grads = torch.autograd.grad(ref, leaves, g.double())
-    for name, a, r in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads)):
-        err = float((a.detach().double() - r.detach()).norm() / max(float(r.detach().norm()), 1.0))
-        worst["packed " + name] = max(worst.get("packed " + name, 0.0), err)
-torch.empty = _empty
 # the model routes its attention through the kernel: same loss and gradients as SDPA's dense window
 from kernels.model import Llama, LlamaConfig
 wt.window_config = interpreter_config
@@ -142,14 +113,6 @@ def test_ds_layout_counts_the_key_blocks_every_query_block_reaches() -> None:
         nqb = -(-s // bm)
         reach = [(min(i * bm + bm, s) - 1) // bn - max(i * bm - w + 1, 0) // bn + 1 for i in range(nqb)]
         assert wt.ds_layout(s, w, wt.Blocks(bm, bn)) == (nqb, max(reach)), (s, w, bm, bn)
-        # packed: the far edge's and the diagonal's tiles share a slot, where their pairs are complementary
-        packs = bm == bn and w % bn == 0 and nqb > w // bn
-        assert wt.packs_edge_tiles(s, w, wt.Blocks(bm, bn)) == packs
-        if packs:
-            assert wt.ds_layout(s, w, wt.Blocks(bm, bn), pack=True) == (nqb, max(reach) - 1) == (nqb, w // bn)
-        else:
-            with pytest.raises(AttentionInputError, match="cannot be packed"):
-                wt.ds_layout(s, w, wt.Blocks(bm, bn), pack=True)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -185,8 +148,8 @@ def test_window_backend_refuses_what_it_cannot_compute() -> None:
 
 _B, _C = wt.Blocks, wt.WindowConfig
 #: every form of each kernel, on a GPU: pointer loads, TMA loads, paired forward blocks, dQ from
-#: stored dS and recomputed, dK/dV on untransposed tiles and on transposed ones with pointer loads,
-#: the packed dS buffer on either (beside the shipped configuration: transposed tiles, TMA loads)
+#: stored dS and recomputed, dK/dV on untransposed tiles and on transposed ones with pointer loads
+#: (beside the shipped configuration: transposed tiles, TMA loads)
 GPU_FORMS = {
     "pointers+ds": _C(_B(64, 32, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2)),
     "tma+pair+recompute": _C(_B(64, 32, 4, 2, tma=True, pair=True), _B(64, 64, 4, 2, tma=True),
@@ -198,9 +161,6 @@ GPU_FORMS = {
     "pointers+recompute+fused_delta": _C(_B(64, 64, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2), fused_delta=True),
     "pointers+ds+transposed": _C(_B(64, 64, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2),
                                  dkdv_transposed=True),
-    "tma+ds+transposed+packed": _C(_B(64, 64, 4, 3, tma=True), _B(64, 64, 4, 2, tma=True), _B(64, 64, 4, 2, tma=True),
-                                   _B(64, 64, 4, 4, tma=True), dkdv_transposed=True, packed_ds=True),
-    "pointers+ds+packed": _C(_B(64, 64, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2), packed_ds=True),
 }
 
 
