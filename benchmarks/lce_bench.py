@@ -84,6 +84,9 @@ GPU_CONTENDERS: dict[str, Callable[[], StepFn]] = {
     "ours (triton, fp32 dW accum)": lambda: ours(implementation="triton"),
     "ours (triton, bf16 dW accum)": lambda: ours(implementation="triton", accum_dtype=torch.bfloat16),
     "ours (chunked torch ops)": lambda: ours(implementation="chunked", accum_dtype=torch.bfloat16),
+    # the custom operator Inductor records (one pass over the gradients scales them in place)
+    "ours under torch.compile (triton, bf16 dW accum)": lambda: torch.compile(
+        ours(implementation="triton", accum_dtype=torch.bfloat16), fullgraph=True),
 }
 
 

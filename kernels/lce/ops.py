@@ -5,8 +5,11 @@ Under ``torch.compile`` Dynamo cannot trace that Function's chunk loop over Trit
 CPU-side target checks, so there the call becomes ``tc_kernels::linear_cross_entropy``: one
 opaque node with a fake implementation, which runs the same driver eagerly inside the compiled
 graph. As in eager mode, ``"mean"``/``"sum"`` produce the input gradients in the forward pass
-(returned as extra outputs and scaled by the upstream gradient in backward; out of place here,
-one elementwise pass over each gradient); ``"none"`` recomputes them in
+(returned as extra outputs and scaled by the upstream gradient in backward: Inductor writes
+the product into the saved gradients' own buffers, which the backward donates, so it costs
+no memory but one elementwise pass over each gradient, which the eager path skips on CUDA
+when the scale is 1; a mutating scale operator was tried and kept the pass, as a copy of each
+buffer onto itself); ``"none"`` recomputes them in
 ``tc_kernels::linear_cross_entropy_backward``. Gradients not asked for come back as empty
 tensors (an operator returns tensors only).
 """
