@@ -176,3 +176,14 @@ def test_custom_op_overhead_prints_both_paths_and_their_ratio() -> None:
     assert set(rows) == {"autograd.Function", "custom operator", "ratio op/Function"}, out
     for name in ("autograd.Function", "custom operator"):
         assert all(float(v) > 0 for v in rows[name]), out
+
+
+def test_window_forward_gaps_summarises_kernel_spans_and_refuses_without_a_gpu() -> None:
+    gaps = load("window_forward_gaps")
+    # three kernels of 10 us: idle 1 us, then 2 us between them
+    assert gaps.summary([(0.0, 10.0), (11.0, 10.0), (23.0, 10.0)]) == (10.0, 1.5, 3)
+    assert gaps.summary([(5.0, 7.0)]) == (7.0, 0.0, 1)
+    if not gaps.torch.cuda.is_available():
+        proc = subprocess.run([sys.executable, str(BENCH / "window_forward_gaps.py")], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
