@@ -6,7 +6,13 @@ For each form, a queued region of calls is profiled (torch.profiler): the median
 the forward kernel, the median idle gap between one call's kernel and the next, and the region's
 time per call from CUDA events (as ``attn_bench.py`` times "queued").
 
+With ``--bursts``, also the time per call of bursts of N queued calls after the GPU idled
+for a moment (CUDA events), for the window kernel's and stock compiled flex's forward and
+forward+backward through ``attention()``: whether a call gets slower the longer the GPU has
+been busy (its clocks under sustained load), which the profiled 40-call windows would miss.
+
   python3 benchmarks/window_forward_gaps.py --seq 32768 --rounds 3
+  python3 benchmarks/window_forward_gaps.py --seq 32768 --rounds 0 --bursts 5 20 80 320 1280
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import argparse
 import os
 import statistics
 import sys
+import time
 from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -52,6 +59,50 @@ def summary(spans: list[tuple[float, float]]) -> tuple[float, float, int]:
     return statistics.median(durations), (statistics.median(gaps) if gaps else 0.0), len(spans)
 
 
+def burst_us(fn: Callable[[], object], calls: int, idle_s: float = 0.3) -> float:
+    """Time per call (us, CUDA events) of ``calls`` queued calls after ``idle_s`` of idle GPU."""
+    torch.cuda.synchronize()
+    time.sleep(idle_s)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
+def burst_table(args: argparse.Namespace, leaves: list[torch.Tensor], mask: M.Mask) -> None:
+    """Time per call of bursts of each length, round-robin over the window kernel's and stock
+    compiled flex's forward and forward+backward (each burst after an idle moment), beside
+    ``attn_bench.py``'s queued timing of the same calls."""
+    g = torch.randn_like(leaves[0])
+    forms: dict[str, Callable[[], object]] = {}
+    for backend in ("triton_window", "flex"):
+        forms[f"{backend} fwd"] = lambda b=backend: attention(*leaves, mask, backend=b)
+        forms[f"{backend} f+b"] = lambda b=backend: torch.autograd.grad(attention(*leaves, mask, backend=b), leaves, g)
+    for fn in forms.values():  # compile and warm every form first
+        for _ in range(3):
+            fn()
+    queued = {name: time_ms(fn, target_ms=150, queued_ms=QUEUED_MS) * 1e3 for name, fn in forms.items()}
+    results: dict[tuple[str, int], list[float]] = {(name, n): [] for name in forms for n in args.bursts}
+    for _ in range(3):
+        for n in args.bursts:
+            for name, fn in forms.items():
+                results[(name, n)].append(burst_us(fn, n))
+    print(f"\nbursts of queued calls after 0.3 s idle (us per call, median of 3 round-robin repeats); "
+          f"'queued': attn_bench's timing\n| form | queued | " + " | ".join(f"{n} calls" for n in args.bursts)
+          + " |\n|---|---:|" + "---:|" * len(args.bursts))
+    for name in forms:
+        print(f"| {name} | {queued[name]:.1f} | "
+              + " | ".join(f"{statistics.median(results[(name, n)]):.1f}" for n in args.bursts) + " |")
+    for kind in ("fwd", "f+b"):
+        ratios = [statistics.median(results[(f"flex {kind}", n)]) / statistics.median(results[(f"triton_window {kind}", n)])
+                  for n in args.bursts]
+        print(f"| flex / window, {kind} | {queued[f'flex {kind}'] / queued[f'triton_window {kind}']:.2f}x | "
+              + " | ".join(f"{r:.2f}x" for r in ratios) + " |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq", type=int, default=32768)
@@ -60,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=256)
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bursts", type=int, nargs="*", default=[], help="burst lengths (calls) to time after idling")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("window_forward_gaps: needs a CUDA GPU", file=sys.stderr)
@@ -95,13 +147,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[round {rnd}] {name}: kernel {kernel_us:.1f} us, gap {gap_us:.1f} us, "
                   f"queued {queued_ms * 1e3:.1f} us per call ({profiled_ms * 1e3:.1f} while profiled), "
                   f"{others} other kernels", flush=True)
-    print(f"\nwindow forward  S={args.seq}  {args.heads}x{args.dim}  window {args.window}  "
-          f"medians over {args.rounds} rounds (us)")
-    print("| form | kernel (profiler) | gap to the next call's kernel | queued per call | queued, profiler on |\n"
-          "|---|---:|---:|---:|---:|")
-    for name, rs in rows.items():
-        med = [statistics.median(r[i] for r in rs) for i in range(4)]
-        print(f"| {name} | {med[0]:.1f} | {med[1]:.1f} | {med[2]:.1f} | {med[3]:.1f} |")
+    if args.rounds:
+        print(f"\nwindow forward  S={args.seq}  {args.heads}x{args.dim}  window {args.window}  "
+              f"medians over {args.rounds} rounds (us)")
+        print("| form | kernel (profiler) | gap to the next call's kernel | queued per call | queued, profiler on |\n"
+              "|---|---:|---:|---:|---:|")
+        for name, rs in rows.items():
+            med = [statistics.median(r[i] for r in rs) for i in range(4)]
+            print(f"| {name} | {med[0]:.1f} | {med[1]:.1f} | {med[2]:.1f} | {med[3]:.1f} |")
+    if args.bursts:
+        burst_table(args, leaves, mask)
     return 0
 
 
