@@ -152,17 +152,9 @@ if triton is not None:
         return tl.load(base + offs[:, None] * stride + offs_d[None, :], mask=offs[:, None] < S, other=0.0)
 
     @triton.jit
-    def _tile_read_once(base, offs, stride, offs_d, S):
-        """:func:`_tile` for a tile no other program reads: marked first to leave L2."""
-        return tl.load(base + offs[:, None] * stride + offs_d[None, :], mask=offs[:, None] < S, other=0.0,
-                       eviction_policy="evict_first")
-
-    @triton.jit
     def _store_tile(base, offs, stride, offs_d, S, value):
-        """Store an output tile; no kernel here reads it back, so it is marked first to leave
-        L2 (where the tiles that several programs share are kept)."""
         tl.store(base + offs[:, None] * stride + offs_d[None, :], value.to(base.dtype.element_ty),
-                 mask=offs[:, None] < S, eviction_policy="evict_first")
+                 mask=offs[:, None] < S)
 
     @triton.jit
     def _in_window(offs_m, offs_n, S, W):
@@ -359,8 +351,8 @@ if triton is not None:
         h = bh % HQ
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
-        o = _tile_read_once(O + b * sob + h * soh, offs_m, sos, offs_d, S)
-        do = _tile_read_once(DO + b * sdb + h * sdh, offs_m, sds, offs_d, S)
+        o = _tile(O + b * sob + h * soh, offs_m, sos, offs_d, S)
+        do = _tile(DO + b * sdb + h * sdh, offs_m, sds, offs_d, S)
         tl.store(DELTA + bh * S + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=offs_m < S)
 
     @triton.jit
@@ -440,9 +432,7 @@ if triton is not None:
             if STORE_DS:  # for the dQ kernel (one matrix product per tile); dS^T when TRANSPOSED
                 qb = start_m // BLOCK_M
                 slot = start_n - _first_key_block(qb, W, BLOCK_M, BLOCK_N)
-                # read once, by the dQ kernel, long after L2 has turned over: first to leave it
-                tl.store(_ds_tile_base(DS, bh, qb, slot, NQB, NSLOT, BLOCK_M, BLOCK_N) + offs_ds, ds,
-                         eviction_policy="evict_first")
+                tl.store(_ds_tile_base(DS, bh, qb, slot, NQB, NSLOT, BLOCK_M, BLOCK_N) + offs_ds, ds)
         _store_tile(DK + b * skb + hk * skh, offs_n, sks, offs_d, S, dk * sm_scale)
         _store_tile(DV + b * svb + hk * svh, offs_n, svs, offs_d, S, dv)
 
@@ -501,7 +491,7 @@ if triton is not None:
             # rows past S: zeros (pointer loads) or another head's keys, multiplied by dS = 0 either way
             k = _block(K, Kh, (b * HKV + hk) * S, start_n, sks, offs_d, S, BLOCK_N, TMA)
             tile = row + ((start_n - lo) // BLOCK_N) * (BLOCK_M * BLOCK_N) + offs_tile
-            ds = tl.load(tile, eviction_policy="evict_first")  # read once
+            ds = tl.load(tile)
             if DS_T:
                 ds = tl.trans(ds)
             dq = tl.dot(ds, k, dq)
