@@ -70,25 +70,22 @@ def time_ms(fn: Callable[[], Any], *, warmup: int = 3, min_reps: int = 5, target
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    fn()
-    e.record()
-    e.synchronize()
-    est = max(s.elapsed_time(e), 1e-3)
+    est = max(region_ms(fn, 1), 1e-3)
     batch = max(1, int(queued_ms / est)) if queued_ms > 0 else 1
     reps = max(min_reps, min(200, int(target_ms / (est * batch))))
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(batch):
-            fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / batch)
-    times.sort()
+    times = sorted(region_ms(fn, batch) for _ in range(reps))
     return times[len(times) // 2]
+
+
+def region_ms(fn: Callable[[], Any], calls: int) -> float:
+    """ms per call of ``calls`` calls issued back to back between two CUDA events."""
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(calls):
+        fn()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) / calls
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from attn_bench import QUEUED_MS, time_ms  # noqa: E402
+from attn_bench import QUEUED_MS, region_ms, time_ms  # noqa: E402
 
 from kernels.attention import attention  # noqa: E402
 from kernels.attention import masks as M  # noqa: E402
@@ -63,13 +63,7 @@ def burst_us(fn: Callable[[], object], calls: int, idle_s: float = 0.3) -> float
     """Time per call (us, CUDA events) of ``calls`` queued calls after ``idle_s`` of idle GPU."""
     torch.cuda.synchronize()
     time.sleep(idle_s)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / calls
+    return region_ms(fn, calls) * 1e3
 
 
 def burst_table(args: argparse.Namespace, leaves: list[torch.Tensor], mask: M.Mask) -> None:
