@@ -187,3 +187,32 @@ def test_window_forward_gaps_summarises_kernel_spans_and_refuses_without_a_gpu()
         proc = subprocess.run([sys.executable, str(BENCH / "window_forward_gaps.py")], capture_output=True, text=True,
                               timeout=120)
         assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
+
+
+def test_queued_timing_opens_each_region_behind_a_call_already_issued(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queued region must not start with the GPU idle, waiting for the host to launch its
+    first call: one call is issued ahead of each region. Single-call timing keeps the launch."""
+    bench = load("attn_bench")
+    log: list[str] = []
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            pass
+
+        def record(self) -> None:
+            log.append("r")
+
+        def synchronize(self) -> None:
+            pass
+
+        def elapsed_time(self, other: "Event") -> float:
+            return 1.0
+
+    monkeypatch.setattr(bench.torch.cuda, "Event", Event)
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    # 1 ms per call estimated: 4 calls per 4 ms region, 3 regions; the estimate's own region first
+    bench.time_ms(lambda: log.append("c"), warmup=0, min_reps=3, target_ms=3.0, queued_ms=4.0)
+    assert "".join(log) == "rcr" + "c" + "rccccr" + "c" + "rccccr" + "c" + "rccccr"
+    log.clear()
+    bench.time_ms(lambda: log.append("c"), warmup=0, min_reps=2, target_ms=1.0)
+    assert "".join(log) == "rcr" + "rcr" * 2
