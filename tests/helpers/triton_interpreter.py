@@ -29,3 +29,13 @@ def run_interpreted(script: str, timeout: float = 600) -> subprocess.CompletedPr
     env.pop("CUDA_VISIBLE_DEVICES", None)
     return subprocess.run([sys.executable, "-c", _PATCH + script], env=env, capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
+
+
+def assert_runs_interpreted(script: str, expect: str | None = "ok") -> subprocess.CompletedProcess[str]:
+    """Run ``script`` under the interpreter and assert it exited 0 (its output's tail is the
+    failure message) and, unless ``expect`` is None, printed ``expect``."""
+    proc = run_interpreted(script)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    if expect is not None:
+        assert expect in proc.stdout
+    return proc

@@ -12,7 +12,7 @@ import kernels.attention.window_triton as wt
 from kernels.attention import attention
 from kernels.attention.errors import AttentionInputError
 from kernels.attention.masks import Causal, SlidingWindow
-from tests.helpers.triton_interpreter import HAS_TRITON, run_interpreted
+from tests.helpers.triton_interpreter import HAS_TRITON, assert_runs_interpreted
 
 SCRIPT = r'''
 import random, torch
@@ -86,9 +86,7 @@ assert max(worst.values()) <= 1e-5, worst
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_window_kernel_under_interpreter_matches_float64_reference() -> None:
-    proc = run_interpreted(SCRIPT)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "worst" in proc.stdout
+    assert_runs_interpreted(SCRIPT, "worst")
 
 
 def test_gpus_without_tma_get_the_same_shapes_with_pointer_loads() -> None:
@@ -286,9 +284,7 @@ print("ok")
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_misaligned_inputs_are_copied_to_an_aligned_base_under_the_interpreter() -> None:
-    proc = run_interpreted(MISALIGNED_SCRIPT)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "ok" in proc.stdout
+    assert_runs_interpreted(MISALIGNED_SCRIPT)
 
 
 COMPILE_SCRIPT = r'''
@@ -323,16 +319,12 @@ print("ok")
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_window_kernel_compiles_in_one_graph_under_the_interpreter() -> None:
-    proc = run_interpreted(COMPILE_SCRIPT)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "ok" in proc.stdout
+    assert_runs_interpreted(COMPILE_SCRIPT)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_block_search_script_runs_and_checks_every_candidate_under_the_interpreter() -> None:
-    proc = run_interpreted(TUNE_SCRIPT)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "ok" in proc.stdout
+    assert_runs_interpreted(TUNE_SCRIPT)
 
 
 def _bundled_ptxas() -> bool:
