@@ -102,6 +102,11 @@ def attn_path(cfg: LlamaConfig, seq: int, device: torch.device) -> str:
     return chosen
 
 
+def run_label(name: str, compiled: bool) -> str:
+    """A result row's configuration name: ``<config>/compiled`` with the blocks compiled."""
+    return name + ("/compiled" if compiled else "")
+
+
 def run_config(name: str, cfg: LlamaConfig, seq: int, batch: int, steps: int, warmup: int,
                device: torch.device, compile_blocks: bool = False) -> dict[str, Any]:
     torch.manual_seed(0)
@@ -148,7 +153,7 @@ def run_config(name: str, cfg: LlamaConfig, seq: int, batch: int, steps: int, wa
     del model, opt
     return {
         "params": n_params,
-        "config": name + ("/compiled" if compile_blocks else ""), "seq": seq, "batch": batch, "attn": attn_path(cfg, seq, device),
+        "config": run_label(name, compile_blocks), "seq": seq, "batch": batch, "attn": attn_path(cfg, seq, device),
         "loss_impl": cfg.loss_impl, "step_s": median, "tokens_per_s": batch * seq / median,
         "useful_tflop": flops / 1e12, "achieved_tflops": flops / median / 1e12,
         "peak_gib": peak, "first_loss": losses[0], "last_loss": losses[-1],
@@ -194,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [(name, compiled) for name in args.configs for compiled in ((False, True) if args.compile_blocks else (False,))]
     for seq in args.seq:
         for name, compiled in runs:
-            label = name + ("/compiled" if compiled else "")
+            label = run_label(name, compiled)
             if args.budget_s is not None and time.time() - t_start > args.budget_s:
                 results.append({"config": label, "seq": seq, "error": f"skipped: over the {args.budget_s:.0f} s budget"})
                 continue
