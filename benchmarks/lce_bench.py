@@ -273,6 +273,108 @@ def run_sweep(args) -> dict:
     return {"rows": rows}
 
 
+def run_class_major_sweep(args) -> dict:
+    """The class-major layout (logits inside the weight gradient's buffer): its phases, the
+    column pass over tile shapes and programs per SM, dW over slab sizes, and the whole call
+    per slab size against the same call in row chunks, all at H=4096, V=128256, bf16."""
+    from kernels.lce import class_major, column_kernels
+    from kernels.lce.config import LossConfig, reduction_coefficients
+
+    h, v = 4096, 128256
+    rows: list[dict] = []
+
+    def report(name: str, ms: float, note: str = "") -> None:
+        rows.append({"n": n, "phase": name, "ms": ms})
+        print(f"  class-major N={n} {name:34s} {ms:8.3f} ms {note}", flush=True)
+
+    for n in args.n:
+        x, w, t = make_inputs(n, h, v, torch.bfloat16, "cuda")
+        xd, wd = x.detach(), w.detach()
+        cfg = LossConfig()
+        coefs = reduction_coefficients(cfg, t, None, v, torch.float32)
+        logits_t = torch.empty(v, n, dtype=torch.bfloat16, device="cuda")
+        dw = torch.empty_like(wd)
+        reps = max(5, args.reps)
+
+        def phase(name: str, fn: Callable[[], object], note: Callable[[float], str] = lambda ms: "") -> None:
+            fn()
+            torch.cuda.synchronize()
+            ms = statistics.median(_timed(fn) for _ in range(reps))
+            report(name, ms, note(ms))
+
+        flops = lambda ms: f"{2 * n * h * v / ms / 1e9:5.0f} TFLOP/s"  # noqa: E731
+        phase("logits^T = W x^T", lambda: torch.mm(wd, xd.t(), out=logits_t), flops)
+        phase("dX = dlogits W", lambda: torch.mm(logits_t.t(), wd), flops)
+        for slab in (1024, 2048, 4096, 8192):
+            def slabs(slab=slab):
+                for first in range(0, v, slab):
+                    torch.mm(logits_t[first:first + slab], xd, out=dw[first:first + slab])
+            phase(f"dW in {slab}-class slabs", slabs, flops)
+        phase("dW one product (reference)", lambda: torch.mm(logits_t, xd, out=dw), flops)
+        # the same products in the row layout (one chunk of every row), and per slab of classes
+        # held token-major (slab s: an N x slab block of its own), for comparison in one run
+        logits = logits_t.view(n, v)
+        phase("rows: logits = x W^T", lambda: torch.mm(xd, wd.t(), out=logits), flops)
+        phase("rows: dX = dlogits W", lambda: torch.mm(logits, wd), flops)
+        phase("rows: dW = dlogits^T x", lambda: torch.mm(logits.t(), xd, out=dw), flops)
+        from kernels.lce.triton_kernels import triton_row_pass
+        phase("rows: row kernel", lambda: triton_row_pass(logits, t, cfg, None, coefs, None, True), gbs)
+        slab = 8192
+        blocks = [logits_t.view(-1)[first * n: min(first + slab, v) * n].view(n, -1) for first in range(0, v, slab)]
+        dx32 = torch.empty(n, h, dtype=torch.float32, device="cuda")
+
+        def slab_logits():
+            for i, first in enumerate(range(0, v, slab)):
+                torch.mm(xd, wd[first:first + slab].t(), out=blocks[i])
+
+        def slab_dw():
+            for i, first in enumerate(range(0, v, slab)):
+                torch.mm(blocks[i].t(), xd, out=dw[first:first + slab])
+
+        def slab_dx():
+            for i, first in enumerate(range(0, v, slab)):
+                torch.addmm(dx32, blocks[i], wd[first:first + slab], beta=0.0 if i == 0 else 1.0,
+                            out_dtype=torch.float32, out=dx32)
+        phase("token-major slabs: logits", slab_logits, flops)
+        phase("token-major slabs: dW", slab_dw, flops)
+        try:
+            phase("token-major slabs: dX into fp32", slab_dx, flops)
+        except (RuntimeError, TypeError) as exc:
+            print(f"  mixed addmm unavailable: {exc}")
+        del blocks, dx32, logits
+        gbs = lambda ms: f"{3 * n * v * 2 / ms / 1e6:6.0f} GB/s (3 passes)"  # noqa: E731
+        default_per_sm = column_kernels.PROGRAMS_PER_SM
+        loss_gbs = lambda ms: f"{n * v * 2 / ms / 1e6:6.0f} GB/s (1 pass)"  # noqa: E731
+        for tiles in ((64, 32, 4), (64, 64, 4), (128, 64, 8), (64, 16, 4), (128, 32, 8)):
+            for per_sm in (16, 32):
+                column_kernels.PROGRAMS_PER_SM = per_sm
+                for grad in (True, False):  # without the gradient: the statistics kernel's pass
+                    phase(f"column pass {tiles[0]}x{tiles[1]}/w{tiles[2]} {per_sm}/SM" + ("" if grad else " loss"),
+                          lambda tiles=tiles, grad=grad: column_kernels.triton_column_pass(
+                              logits_t, t, cfg, None, coefs, None, grad, tiles=tiles), gbs if grad else loss_gbs)
+        column_kernels.PROGRAMS_PER_SM = default_per_sm
+        del logits_t, dw
+        torch.cuda.empty_cache()
+        default_slabs = class_major.SLAB_ROWS
+        for slab in (2048, 4096, 8192):
+            class_major.SLAB_ROWS = (slab,)
+            fn = ours(implementation="triton")
+            step(fn, x, w, t)
+            held = w.grad.untyped_storage().nbytes() > w.grad.numel() * 2
+            peak = peak_cuda(fn, x, w, t)
+            ms = statistics.median(time_cuda(fn, x, w, t, args.reps))
+            report(f"whole call, {slab}-class slabs", ms, f"{peak:7.1f} MiB" + ("" if held else " (row chunks)"))
+        class_major.SLAB_ROWS = default_slabs
+        fn = ours(implementation="triton", chunk_size=n)
+        step(fn, x, w, t)
+        peak = peak_cuda(fn, x, w, t)
+        report("whole call, one row chunk", statistics.median(time_cuda(fn, x, w, t, args.reps)), f"{peak:7.1f} MiB")
+        x.grad = w.grad = None
+        del x, w, t
+        torch.cuda.empty_cache()
+    return {"rows": rows}
+
+
 def run_profile(args) -> dict:
     """Where one fwd+bwd spends its GPU time: per-kernel totals from torch.profiler, and the
     GPU-busy time against the step's wall time (gaps = the GPU waiting on the host)."""
@@ -392,6 +494,8 @@ def main() -> None:
     p.add_argument("--chunks", type=int, nargs="+", default=[512, 896, 1024, 2048])
     p.add_argument("--accum", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"],
                    help="--sweep: dW accumulator dtypes")
+    p.add_argument("--class-major", action="store_true",
+                   help="CUDA: the class-major layout's phases, tiles and slab sizes at --n")
     p.add_argument("--profile", action="store_true", help="CUDA: per-kernel GPU time of one fwd+bwd per contender")
     p.add_argument("--cpu-worker", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -399,8 +503,8 @@ def main() -> None:
     if args.cpu_worker:
         print(json.dumps(cpu_worker(args.cpu_worker, 4096, 1024, 32768)))
         return
-    if args.sweep or args.profile:
-        result = run_sweep(args) if args.sweep else run_profile(args)
+    if args.sweep or args.profile or args.class_major:
+        result = run_sweep(args) if args.sweep else run_class_major_sweep(args) if args.class_major else run_profile(args)
         if args.json:
             args.json.write_text(json.dumps(result, indent=2))
         return

@@ -9,6 +9,8 @@ import torch
 
 from ..triton_launch import on_device
 from .chunked import default_chunk_size
+from .class_major import class_major_grad_dtype, class_major_slab_rows
+from .column_kernels import triton_column_pass
 from .config import IMPLEMENTATIONS, LossConfig, compute_dtype_for
 from .errors import (
     BackwardTwiceError,
@@ -243,6 +245,16 @@ def _scale_(grad: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return grad.mul_(scale.to(grad.dtype))
 
 
+def _class_major_slab_rows(x: torch.Tensor, weight: torch.Tensor, accum_dtype: torch.dtype) -> int:
+    """Classes per dW slab when the weight gradient's buffer can hold every token's logits
+    (``class_major.py``), else 0 (row chunks)."""
+    grad_dtype = class_major_grad_dtype(x.dtype, weight.dtype, accum_dtype)
+    if grad_dtype is None:
+        return 0
+    grad_elem = torch.empty((), dtype=grad_dtype).element_size()
+    return class_major_slab_rows(x.shape[0], x.shape[1], weight.shape[0], x.element_size(), grad_elem)
+
+
 def linear_cross_entropy(
     input: torch.Tensor,
     weight: torch.Tensor,
@@ -332,26 +344,32 @@ def linear_cross_entropy(
         if flat_target.dtype != torch.int64:
             flat_target = flat_target.long()
     n, num_classes = x2d.shape[0], w2d.shape[0]
+    needs_grad = torch.is_grad_enabled() and (
+        input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )
     wide = weight.requires_grad and torch.promote_types(accum_dtype, weight.dtype) != weight.dtype
     rows = chunk_size or default_chunk_size(n, num_classes, input.dtype, input.device,
                                             accumulator_bytes=num_classes * x2d.shape[1] * 4 if wide else 0)
+    triton_route = route.implementation == "triton"
+    slab_rows = 0
+    if triton_route and chunk_size is None and not probabilities and needs_grad and weight.requires_grad:
+        slab_rows = _class_major_slab_rows(x2d, w2d, accum_dtype)
     plan = Plan(
         cfg=cfg,
-        row_pass=triton_row_pass if route.implementation == "triton" else torch_row_pass,
+        row_pass=triton_row_pass if triton_route else torch_row_pass,
         chunk_size=rows,
         accum_dtype=accum_dtype,
         target_shape=tuple(target.shape[:-1] if probabilities else target.shape),
         return_dtype=compute_dtype_for(input.dtype),
+        column_pass=triton_column_pass if slab_rows else None,
+        slab_rows=slab_rows,
     )
     cw = class_weight.to(compute_dtype_for(input.dtype)) if class_weight is not None else None
-    needs_grad = torch.is_grad_enabled() and (
-        input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    )
     if compiling:
         need = [needs_grad and input.requires_grad, needs_grad and weight.requires_grad,
                 needs_grad and bias is not None and bias.requires_grad]
         loss, z, *_ = linear_cross_entropy_op(x2d, w2d, flat_target, bias, cw, *astuple(cfg),
-                                              route.implementation == "triton", rows, accum_dtype, need)
+                                              triton_route, rows, slab_rows, accum_dtype, need)
         loss, z = loss.reshape(plan.loss_shape), z.detach().reshape(plan.loss_shape)
         return (loss, z) if return_z_loss else loss
     with on_device(x2d.device):  # the Triton row kernels launch on the current device

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from .chunked import ChunkedResult, chunked_linear_cross_entropy
+from .class_major import class_major_grad_dtype, class_major_linear_cross_entropy, class_major_runs_here
 from .config import LossConfig, reduction_coefficients
 from .errors import LCEValueError
 from .rowwise import RowPass
@@ -15,7 +16,9 @@ from .rowwise import RowPass
 @dataclass(frozen=True)
 class Plan:
     """How the driver runs one call: the loss, the row pass, rows per chunk, the dW accumulator's
-    dtype, the target's shape (the loss's, for ``"none"``) and the loss's dtype."""
+    dtype, the target's shape (the loss's, for ``"none"``), the loss's dtype and, where the
+    weight gradient's buffer can hold every token's logits, the class-major layout's column
+    pass and classes per dW slab (``slab_rows`` 0: row chunks)."""
 
     cfg: LossConfig
     row_pass: RowPass
@@ -23,6 +26,8 @@ class Plan:
     accum_dtype: torch.dtype
     target_shape: tuple[int, ...]
     return_dtype: torch.dtype
+    column_pass: RowPass | None = None
+    slab_rows: int = 0
 
     @property
     def loss_shape(self) -> tuple[int, ...]:
@@ -84,7 +89,16 @@ def run(
     grads: tuple[bool, bool, bool] = (False, False, False),
     row_scale: torch.Tensor | None = None,
 ) -> ChunkedResult:
-    """The chunked driver over ``plan``; ``grads``: which of dX, dW, db to produce."""
+    """The driver over ``plan``; ``grads``: which of dX, dW, db to produce. Calls that produce
+    dW take the class-major layout where the plan has one, the row chunks otherwise."""
+    if plan.slab_rows and plan.column_pass is not None and grads[1] and x.shape[0] > 0:
+        grad_dtype = class_major_grad_dtype(x.dtype, weight.dtype, plan.accum_dtype)
+        if grad_dtype is not None and class_major_runs_here(x, grad_dtype):
+            return class_major_linear_cross_entropy(
+                x, weight, target, bias, plan.cfg, class_weight, coefs, plan.column_pass,
+                slab_rows=plan.slab_rows, grad_dtype=grad_dtype, need_input_grad=grads[0],
+                need_bias_grad=grads[2], row_scale=row_scale, accum_dtype=plan.accum_dtype,
+            )
     return chunked_linear_cross_entropy(
         x,
         weight,

@@ -46,6 +46,16 @@ if triton is not None:
         return tl.where(x < 0, -t, t)
 
     @triton.jit
+    def _online_lse_step(m, s, z, mask):
+        """One element per lane of a running logsumexp (``m`` the max, ``s`` the sum of
+        ``exp(z - m)``) with one exponential: ``exp(-|z - m|)`` either rescales the old sum (a
+        new max) or is the new term. Masked lanes keep their state."""
+        e = tl.exp(-tl.abs(z - m))  # NaN only where z and m are both -inf: such lanes are masked or keep m
+        bigger = z > m
+        s_new = tl.where(bigger, s * e + 1.0, s + e)
+        return tl.where(mask & bigger, z, m), tl.where(mask, s_new, s)
+
+    @triton.jit
     def _lce_row_kernel(
         logits_ptr,
         stride_row,
@@ -90,12 +100,7 @@ if triton is not None:
                     wz_vec += tl.where(mask, w * z, 0.0)
                 else:
                     wz_vec += tl.where(mask, z, 0.0)
-            z = tl.where(mask, z, float("-inf"))
-            m_new = tl.maximum(m_vec, z)
-            alpha = tl.where(m_vec == m_new, 1.0, tl.exp(m_vec - m_new))
-            p = tl.where(mask, tl.exp(z - m_new), 0.0)
-            s_vec = s_vec * alpha + p
-            m_vec = m_new
+            m_vec, s_vec = _online_lse_step(m_vec, s_vec, z, mask)
         m = tl.max(m_vec, axis=0)
         s = tl.sum(tl.where(m_vec == float("-inf"), 0.0, s_vec * tl.exp(m_vec - m)), axis=0)
         lse = m + tl.log(s)

@@ -73,6 +73,48 @@ def test_triton_matches_float64_reference(dtype, reduction, feats):
         assert _rel(g, r) <= tol, name
 
 
+def _holds_logits_tail(grad_weight: torch.Tensor) -> bool:
+    """Whether a weight gradient is the front of a class-major buffer (its storage is larger)."""
+    return grad_weight.untyped_storage().nbytes() > grad_weight.numel() * grad_weight.element_size()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("feats", FEATURES, ids=lambda f: "+".join(f) or "plain")
+def test_class_major_layout_matches_float64_reference(dtype, reduction, feats):
+    out, grads, ref, ref_grads = _case(dtype, reduction, feats, "triton", chunk=None)
+    assert _holds_logits_tail(grads[1]), "the default took row chunks"
+    tol = TOL[dtype]
+    assert _rel(out, ref) <= tol
+    for name, g, r in zip(("dX", "dW", "dbias"), grads, ref_grads):
+        assert _rel(g, r) <= tol, name
+
+
+def test_class_major_layout_holds_only_its_tail_beyond_the_gradients():
+    from kernels.lce.class_major import class_major_slab_rows, slab_layout
+
+    n, h, v = 2048, 2048, 32000
+    x = (torch.randn(n, h, device="cuda") * 0.5).bfloat16().requires_grad_()
+    w = (torch.randn(v, h, device="cuda") * h**-0.5).bfloat16().requires_grad_()
+    t = torch.randint(0, v, (n,), device="cuda")
+    peaks = {}
+    for chunk in (None, 1024):
+        for _ in range(2):  # the second pass: kernels compiled, cuBLAS workspace in place
+            x.grad = w.grad = None
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            linear_cross_entropy(x, w, t, chunk_size=chunk).backward()
+            torch.cuda.synchronize()
+            grads = x.grad.numel() * 2 + w.grad.numel() * 2
+            peaks[chunk] = torch.cuda.max_memory_allocated() - base - grads
+    layout = slab_layout(n, h, v, 2, 2, class_major_slab_rows(n, h, v, 2, 2))
+    assert _holds_logits_tail(w.grad) is False  # the last call took 1024-row chunks
+    assert peaks[None] <= layout.extra_bytes + 4 * 2**20, (peaks, layout)
+    assert peaks[1024] >= 1024 * v * 2  # one chunk of logits
+    assert peaks[None] < peaks[1024]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunked_on_cuda_matches_reference(dtype):
     feats = {"label_smoothing": 0.1, "z_loss": 1e-3, "softcap": 4.0, "class_weight": True, "bias": True}
@@ -114,16 +156,18 @@ def test_auto_routes_to_triton_on_cuda():
     assert select_implementation("auto", x.double(), w.double()).implementation == "chunked"
 
 
-def test_autocast_accumulates_a_float32_weights_gradient_in_float32_on_cuda():
+@pytest.mark.parametrize("chunk", [128, None], ids=["row-chunks", "class-major"])
+def test_autocast_accumulates_a_float32_weights_gradient_in_float32_on_cuda(chunk):
     torch.manual_seed(torch.seed() % 2**31)
     n, h, v = 1024, 64, 1000
     x = torch.randn(n, h, device="cuda", requires_grad=True)
     w = (torch.randn(v, h, device="cuda") * h**-0.5).requires_grad_()
     t = torch.randint(0, v, (n,), device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = linear_cross_entropy(x, w, t, chunk_size=128, z_loss=1e-4)
+        loss = linear_cross_entropy(x, w, t, chunk_size=chunk, z_loss=1e-4)
     loss.backward()
     assert w.grad.dtype == torch.float32
+    assert _holds_logits_tail(w.grad) == (chunk is None)
     assert float((w.grad == w.grad.bfloat16().float()).float().mean()) < 0.5  # not rounded through bf16
     xb, wb = (p.detach().bfloat16().double().requires_grad_() for p in (x, w))
     ref, _ = reference_linear_cross_entropy(xb, wb, t, None, LossConfig("mean", -100, 0.0, 1e-4, None))
@@ -148,8 +192,9 @@ def test_probability_targets_on_cuda_take_the_chunked_route_and_say_so(dtype):
         assert _rel(a, r) <= TOL[dtype]
 
 
+@pytest.mark.parametrize("chunk", [256, None], ids=["row-chunks", "class-major"])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_triton_route_compiles_in_one_graph_with_inductor(reduction):
+def test_triton_route_compiles_in_one_graph_with_inductor(reduction, chunk):
     torch.manual_seed(3)
     x = (torch.randn(700, 128, device="cuda") * 0.5).bfloat16().requires_grad_()
     w = (torch.randn(3001, 128, device="cuda") * 128**-0.5).bfloat16().requires_grad_()
@@ -158,7 +203,7 @@ def test_triton_route_compiles_in_one_graph_with_inductor(reduction):
 
     def f(x, w, t):
         out = linear_cross_entropy(torch.tanh(x), w, t, reduction=reduction, label_smoothing=0.1,
-                                   implementation="triton", chunk_size=256)
+                                   implementation="triton", chunk_size=chunk)
         return out.square().sum() if reduction == "none" else out
 
     compiled = torch.compile(f, fullgraph=True)

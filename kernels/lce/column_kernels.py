@@ -1,0 +1,255 @@
+"""Triton column pass: the row kernel's math on class-major logits (``[C, N]``, tokens contiguous).
+
+The class-major driver (``class_major.py``) holds every token's logits transposed, so one
+token's logits are a column. Two kernels over ``BLOCK_C x BLOCK_T`` tiles (loads coalesced
+along the tokens), each on a grid of token blocks x class splits:
+
+1. partial statistics of each split's classes per token: running max, sum of exponentials
+   and (for label smoothing) the class-weighted logit sum;
+2. each program combines its tokens' partials into the logsumexp, the split-0 programs store
+   the per-token loss terms, and every program overwrites its split's logits with
+   d(loss)/d(logits) (label smoothing, class weights, z-loss, soft-cap, ignore_index, the
+   per-token upstream scale), exactly as ``triton_kernels._lce_row_kernel`` does per row.
+
+All math is float32. Works under ``TRITON_INTERPRET=1`` on CPU tensors.
+"""
+from __future__ import annotations
+
+import torch
+
+from .config import LossConfig
+from .rowwise import RowResult
+from .triton_kernels import triton
+
+if triton is not None:
+    import triton.language as tl
+
+    from .triton_kernels import _online_lse_step, _tanh
+
+    @triton.jit
+    def _lce_column_stats_kernel(
+        logits_ptr,
+        stride_c,
+        n_rows,
+        n_cols,
+        cols_per_split,
+        class_weight_ptr,
+        softcap,
+        m_ptr,
+        s_ptr,
+        wz_ptr,
+        HAS_WEIGHT: tl.constexpr,
+        HAS_SMOOTH: tl.constexpr,
+        HAS_SOFTCAP: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+    ):
+        split = tl.program_id(1)
+        toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        t_in = toks < n_rows
+        c_lo = split * cols_per_split
+        c_hi = tl.minimum(c_lo + cols_per_split, n_cols)
+        # running statistics per tile element, reduced over the classes once at the end (a
+        # reduction across warps every tile cost more than the tile's loads)
+        m_el = tl.full([BLOCK_C, BLOCK_T], float("-inf"), tl.float32)
+        s_el = tl.zeros([BLOCK_C, BLOCK_T], tl.float32)
+        wz_el = tl.zeros([BLOCK_C, BLOCK_T], tl.float32)
+        for start in range(c_lo, c_hi, BLOCK_C):
+            cols = start + tl.arange(0, BLOCK_C)
+            c_in = cols < c_hi
+            mask = c_in[:, None] & t_in[None, :]
+            ptrs = logits_ptr + cols[:, None].to(tl.int64) * stride_c + toks[None, :]
+            z = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+            if HAS_SOFTCAP:
+                z = softcap * _tanh(z / softcap)
+            if HAS_SMOOTH:
+                if HAS_WEIGHT:
+                    w = tl.load(class_weight_ptr + cols, mask=c_in, other=0.0)
+                    wz_el += tl.where(mask, w[:, None] * z, 0.0)
+                else:
+                    wz_el += tl.where(mask, z, 0.0)
+            m_el, s_el = _online_lse_step(m_el, s_el, z, mask)
+        m = tl.max(m_el, axis=0)
+        s = tl.sum(tl.where(m_el == float("-inf"), 0.0, s_el * tl.exp(m_el - m[None, :])), axis=0)
+        wz = tl.sum(wz_el, axis=0)
+        out = split * n_rows + toks
+        tl.store(m_ptr + out, m, mask=t_in)
+        tl.store(s_ptr + out, s, mask=t_in)
+        if HAS_SMOOTH:
+            tl.store(wz_ptr + out, wz, mask=t_in)
+
+    @triton.jit
+    def _lce_column_grad_kernel(
+        logits_ptr,
+        stride_c,
+        target_ptr,
+        class_weight_ptr,
+        coefs_ptr,
+        row_scale_ptr,
+        m_ptr,
+        s_ptr,
+        wz_ptr,
+        nll_ptr,
+        smooth_ptr,
+        lse_sq_ptr,
+        n_rows,
+        n_cols,
+        cols_per_split,
+        n_splits,
+        ignore_index,
+        softcap,
+        HAS_WEIGHT: tl.constexpr,
+        HAS_SMOOTH: tl.constexpr,
+        HAS_Z: tl.constexpr,
+        HAS_SOFTCAP: tl.constexpr,
+        HAS_ROW_SCALE: tl.constexpr,
+        WANT_GRAD: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+    ):
+        split = tl.program_id(1)
+        toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        t_in = toks < n_rows
+        big = tl.full([BLOCK_T], float("-inf"), tl.float32)
+        for k in range(n_splits):
+            big = tl.maximum(big, tl.load(m_ptr + k * n_rows + toks, mask=t_in, other=float("-inf")))
+        total = tl.zeros([BLOCK_T], tl.float32)
+        wz = tl.zeros([BLOCK_T], tl.float32)
+        for k in range(n_splits):
+            m_k = tl.load(m_ptr + k * n_rows + toks, mask=t_in, other=float("-inf"))
+            s_k = tl.load(s_ptr + k * n_rows + toks, mask=t_in, other=0.0)
+            total += tl.where(m_k == float("-inf"), 0.0, s_k * tl.exp(m_k - big))
+            if HAS_SMOOTH:
+                wz += tl.load(wz_ptr + k * n_rows + toks, mask=t_in, other=0.0)
+        lse = big + tl.log(total)
+
+        y = tl.load(target_ptr + toks, mask=t_in, other=ignore_index).to(tl.int64)
+        valid = (y != ignore_index) & t_in
+        in_range = (y >= 0) & (y < n_cols)
+        y_safe = tl.where(valid & in_range, y, 0)
+        z_y = tl.load(logits_ptr + y_safe * stride_c + toks, mask=t_in, other=0.0).to(tl.float32)
+        if HAS_SOFTCAP:
+            z_y = softcap * _tanh(z_y / softcap)
+        if HAS_WEIGHT:
+            w_y = tl.load(class_weight_ptr + y_safe, mask=t_in, other=0.0)
+        else:
+            w_y = tl.full([BLOCK_T], 1.0, tl.float32)
+        w_sum = tl.load(coefs_ptr + 3)
+        if split == 0:
+            nll = tl.where(valid, w_y * (lse - z_y), 0.0)
+            nll = tl.where(valid & (~in_range), float("nan"), nll)
+            tl.store(nll_ptr + toks, nll, mask=t_in)
+            if HAS_SMOOTH:
+                tl.store(smooth_ptr + toks, tl.where(valid, w_sum * lse - wz, 0.0), mask=t_in)
+            else:
+                tl.store(smooth_ptr + toks, tl.zeros([BLOCK_T], tl.float32), mask=t_in)
+            if HAS_Z:
+                tl.store(lse_sq_ptr + toks, tl.where(valid, lse * lse, 0.0), mask=t_in)
+            else:
+                tl.store(lse_sq_ptr + toks, tl.zeros([BLOCK_T], tl.float32), mask=t_in)
+
+        if WANT_GRAD:
+            a_nll = tl.load(coefs_ptr + 0)
+            nll_coef = a_nll * w_y
+            row_coef = nll_coef
+            if HAS_SMOOTH:
+                a_sm = tl.load(coefs_ptr + 1)
+                row_coef += a_sm * w_sum
+            if HAS_Z:
+                a_z = tl.load(coefs_ptr + 2)
+                row_coef += 2.0 * a_z * lse
+            if HAS_ROW_SCALE:
+                g = tl.load(row_scale_ptr + toks, mask=t_in, other=0.0).to(tl.float32)
+            else:
+                g = tl.full([BLOCK_T], 1.0, tl.float32)
+            g = tl.where(valid, g, 0.0)
+            c_lo = split * cols_per_split
+            c_hi = tl.minimum(c_lo + cols_per_split, n_cols)
+            for start in range(c_lo, c_hi, BLOCK_C):
+                cols = start + tl.arange(0, BLOCK_C)
+                c_in = cols < c_hi
+                mask = c_in[:, None] & t_in[None, :]
+                ptrs = logits_ptr + cols[:, None].to(tl.int64) * stride_c + toks[None, :]
+                z = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+                if HAS_SOFTCAP:
+                    t = _tanh(z / softcap)
+                    z = softcap * t
+                d = tl.exp(z - lse[None, :]) * row_coef[None, :]
+                d = tl.where(cols[:, None] == y_safe[None, :], d - nll_coef[None, :], d)
+                if HAS_SMOOTH:
+                    if HAS_WEIGHT:
+                        w = tl.load(class_weight_ptr + cols, mask=c_in, other=0.0)
+                        d -= a_sm * w[:, None]
+                    else:
+                        d -= a_sm
+                if HAS_SOFTCAP:
+                    d *= 1.0 - t * t
+                d = d * g[None, :]
+                tl.store(ptrs, d.to(logits_ptr.dtype.element_ty), mask=mask)
+
+
+#: (BLOCK_T, BLOCK_C, num_warps) of both kernels: 1.203 ms for both passes over 4096 x 128256
+#: bf16 logits on an H200, against 1.22-1.87 ms for the other shapes tried (lce_bench.py
+#: --class-major, 2026-12-01)
+COLUMN_TILES = (64, 32, 4)
+#: programs per streaming multiprocessor the class splits aim for (16: 1.203 ms, 8: 1.329)
+PROGRAMS_PER_SM = 16
+
+
+def column_splits(n_rows: int, n_cols: int, block_t: int, block_c: int, device: torch.device) -> tuple[int, int]:
+    """``(cols_per_split, n_splits)``: split the classes so the grid has about
+    ``PROGRAMS_PER_SM`` programs per SM (every split non-empty, a multiple of ``block_c`` wide)."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    token_blocks = triton.cdiv(max(n_rows, 1), block_t)
+    want = max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, token_blocks), triton.cdiv(n_cols, block_c)))
+    cols_per_split = triton.cdiv(triton.cdiv(n_cols, want), block_c) * block_c
+    return cols_per_split, triton.cdiv(n_cols, cols_per_split)
+
+
+def triton_column_pass(
+    logits_t: torch.Tensor,
+    target: torch.Tensor,
+    cfg: LossConfig,
+    class_weight: torch.Tensor | None,
+    coefs: torch.Tensor,
+    row_scale: torch.Tensor | None,
+    want_grad: bool,
+    *,
+    tiles: tuple[int, int, int] | None = None,
+) -> RowResult:
+    """:func:`triton_kernels.triton_row_pass` on class-major logits ``logits_t`` (``[C, N]``,
+    contiguous along the tokens); the gradient (``[C, N]``) overwrites ``logits_t``.
+
+    ``tiles`` overrides ``(BLOCK_T, BLOCK_C, num_warps)`` (for tuning)."""
+    if triton is None:
+        raise RuntimeError("triton is not installed")
+    n_cols, n = logits_t.shape
+    if logits_t.stride(1) != 1:
+        raise ValueError("class-major logits must be contiguous along the tokens")
+    ct = torch.float32
+    nll = torch.empty(n, dtype=ct, device=logits_t.device)
+    smooth = torch.empty_like(nll)
+    lse_sq = torch.empty_like(nll)
+    if n == 0:
+        return RowResult(nll, smooth, lse_sq, logits_t if want_grad else None)
+    block_t, block_c, warps = tiles or COLUMN_TILES
+    cols_per_split, splits = column_splits(n, n_cols, block_t, block_c, logits_t.device)
+    m = torch.empty((splits, n), dtype=ct, device=logits_t.device)
+    s = torch.empty_like(m)
+    has_smooth = cfg.label_smoothing > 0.0
+    wz = torch.empty_like(m) if has_smooth else m
+    cw = class_weight.to(ct).contiguous() if class_weight is not None else coefs
+    rs = row_scale.contiguous() if row_scale is not None else coefs
+    cap = float(cfg.softcap) if cfg.softcap is not None else 1.0
+    grid = (triton.cdiv(n, block_t), splits)
+    flags = dict(HAS_WEIGHT=class_weight is not None, HAS_SMOOTH=has_smooth, HAS_SOFTCAP=cfg.softcap is not None,
+                 BLOCK_T=block_t, BLOCK_C=block_c, num_warps=warps)
+    _lce_column_stats_kernel[grid](logits_t, logits_t.stride(0), n, n_cols, cols_per_split, cw, cap, m, s, wz,
+                                   **flags)
+    grad_grid = grid if want_grad else (grid[0], 1)
+    _lce_column_grad_kernel[grad_grid](
+        logits_t, logits_t.stride(0), target, cw, coefs.to(ct), rs, m, s, wz, nll, smooth, lse_sq,
+        n, n_cols, cols_per_split, splits, cfg.ignore_index, cap,
+        HAS_Z=cfg.z_loss > 0.0, HAS_ROW_SCALE=row_scale is not None, WANT_GRAD=want_grad, **flags,
+    )
+    return RowResult(nll, smooth, lse_sq, logits_t if want_grad else None)
