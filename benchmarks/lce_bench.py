@@ -90,6 +90,13 @@ GPU_CONTENDERS: dict[str, Callable[[], StepFn]] = {
 }
 
 
+#: profiled on request (``--profile --only ...``), not in the anchor table: the route the
+#: class-major layout replaced at N=4096 (one chunk of every row there)
+DIAGNOSTIC_CONTENDERS: dict[str, Callable[[], StepFn]] = {
+    "ours (triton, 4096-row chunks)": lambda: ours(implementation="triton", chunk_size=4096),
+}
+
+
 # --------------------------------------------------------------------------- measuring
 def make_inputs(n: int, h: int, v: int, dtype: torch.dtype, device: str, seed: int = 0):
     g = torch.Generator(device=device).manual_seed(seed)
@@ -303,6 +310,7 @@ def run_class_major_sweep(args) -> dict:
             report(name, ms, note(ms))
 
         flops = lambda ms: f"{2 * n * h * v / ms / 1e9:5.0f} TFLOP/s"  # noqa: E731
+        gbs = lambda ms: f"{3 * n * v * 2 / ms / 1e6:6.0f} GB/s (3 passes)"  # noqa: E731
         phase("logits^T = W x^T", lambda: torch.mm(wd, xd.t(), out=logits_t), flops)
         phase("dX = dlogits W", lambda: torch.mm(logits_t.t(), wd), flops)
         for slab in (1024, 2048, 4096, 8192):
@@ -342,17 +350,22 @@ def run_class_major_sweep(args) -> dict:
         except (RuntimeError, TypeError) as exc:
             print(f"  mixed addmm unavailable: {exc}")
         del blocks, dx32, logits
-        gbs = lambda ms: f"{3 * n * v * 2 / ms / 1e6:6.0f} GB/s (3 passes)"  # noqa: E731
-        default_per_sm = column_kernels.PROGRAMS_PER_SM
         loss_gbs = lambda ms: f"{n * v * 2 / ms / 1e6:6.0f} GB/s (1 pass)"  # noqa: E731
-        for tiles in ((64, 32, 4), (64, 64, 4), (128, 64, 8), (64, 16, 4), (128, 32, 8)):
-            for per_sm in (16, 32):
-                column_kernels.PROGRAMS_PER_SM = per_sm
-                for grad in (True, False):  # without the gradient: the statistics kernel's pass
-                    phase(f"column pass {tiles[0]}x{tiles[1]}/w{tiles[2]} {per_sm}/SM" + ("" if grad else " loss"),
-                          lambda tiles=tiles, grad=grad: column_kernels.triton_column_pass(
-                              logits_t, t, cfg, None, coefs, None, grad, tiles=tiles), gbs if grad else loss_gbs)
-        column_kernels.PROGRAMS_PER_SM = default_per_sm
+        tiles_of = column_kernels.ColumnTiles
+        grad_default = column_kernels.GRAD_TILES
+        for shape in ((64, 16, 4), (64, 32, 4), (128, 16, 8), (32, 32, 4), (64, 8, 4)):
+            for per_sm in (16, 32, 64):  # the statistics pass alone (loss only)
+                tiles = (tiles_of(*shape, per_sm), grad_default)
+                phase(f"column stats {shape[0]}x{shape[1]}/w{shape[2]} {per_sm}/SM",
+                      lambda tiles=tiles: column_kernels.triton_column_pass(
+                          logits_t, t, cfg, None, coefs, None, False, tiles=tiles), loss_gbs)
+        stats_default = column_kernels.STATS_TILES
+        for shape in ((128, 32, 8), (64, 32, 4), (128, 64, 8), (128, 16, 8), (256, 16, 8)):
+            for per_sm in (8, 16, 32):  # both passes, the statistics at its default shape
+                tiles = (stats_default, tiles_of(*shape, per_sm))
+                phase(f"column both, grad {shape[0]}x{shape[1]}/w{shape[2]} {per_sm}/SM",
+                      lambda tiles=tiles: column_kernels.triton_column_pass(
+                          logits_t, t, cfg, None, coefs, None, True, tiles=tiles), gbs)
         del logits_t, dw
         torch.cuda.empty_cache()
         default_slabs = class_major.SLAB_ROWS
@@ -375,6 +388,19 @@ def run_class_major_sweep(args) -> dict:
     return {"rows": rows}
 
 
+def idle_gaps(events) -> list[dict]:
+    """The GPU's idle intervals between consecutive kernels of a profile, longest first, with
+    the kernels on either side (where a call makes the device wait on the host)."""
+    kernels = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    gaps = []
+    for before, after in zip(kernels, kernels[1:]):
+        idle = after.time_range.start - max(before.time_range.end, 0)
+        if idle > 0:
+            gaps.append({"us": idle, "after": before.name, "before": after.name})
+    return sorted(gaps, key=lambda g: -g["us"])
+
+
 def run_profile(args) -> dict:
     """Where one fwd+bwd spends its GPU time: per-kernel totals from torch.profiler, and the
     GPU-busy time against the step's wall time (gaps = the GPU waiting on the host)."""
@@ -384,8 +410,8 @@ def run_profile(args) -> dict:
     result = []
     for n in args.n:
         x, w, t = make_inputs(n, h, v, torch.bfloat16, "cuda")
-        for name, make in GPU_CONTENDERS.items():
-            if args.only and not any(o in name for o in args.only):
+        for name, make in {**GPU_CONTENDERS, **DIAGNOSTIC_CONTENDERS}.items():
+            if not any(o in name for o in args.only or []) and (args.only or name in DIAGNOSTIC_CONTENDERS):
                 continue
             fn = make()
             for _ in range(max(2, args.warmup)):
@@ -405,7 +431,10 @@ def run_profile(args) -> dict:
             print(f"  profile N={n} {name}: wall {wall:.2f} ms/step (profiled), GPU busy {busy:.2f} ms/step", flush=True)
             for e in top:
                 print(f"    {e.self_device_time_total / 1e3 / steps:8.3f} ms  x{e.count // steps:<4d} {e.key[:90]}", flush=True)
-            result.append({"n": n, "name": name, "wall_ms": wall, "busy_ms": busy,
+            gaps = idle_gaps(prof.events())
+            for gap in gaps[:6]:
+                print(f"    idle {gap['us']:8.1f} us  after {gap['after'][:50]}  before {gap['before'][:50]}", flush=True)
+            result.append({"n": n, "name": name, "wall_ms": wall, "busy_ms": busy, "gaps": gaps[:20],
                            "top": [{"kernel": e.key, "ms": e.self_device_time_total / 1e3 / steps,
                                     "count": e.count // steps} for e in top]})
             del fn

@@ -126,8 +126,8 @@ def class_major_linear_cross_entropy(
     c = weight.shape[0]
     if n < 1:
         raise ValueError("the class-major layout needs at least one token")
-    layout = slab_layout(n, h, c, x.element_size(), torch.empty((), dtype=grad_dtype).element_size(), slab_rows)
-    grad_elem = torch.empty((), dtype=grad_dtype).element_size()
+    grad_elem = grad_dtype.itemsize
+    layout = slab_layout(n, h, c, x.element_size(), grad_elem, slab_rows)
     buffer = torch.empty(-(-layout.total_bytes // grad_elem), dtype=grad_dtype, device=x.device)
     grad_weight = buffer[: c * h].view(c, h)
     logits_t = (buffer.view(torch.uint8)[layout.logits_offset: layout.logits_offset + c * n * x.element_size()]

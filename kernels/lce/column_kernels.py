@@ -2,7 +2,7 @@
 
 The class-major driver (``class_major.py``) holds every token's logits transposed, so one
 token's logits are a column. Two kernels over ``BLOCK_C x BLOCK_T`` tiles (loads coalesced
-along the tokens), each on a grid of token blocks x class splits:
+along the tokens), each on a grid of token blocks x class splits with its own launch shape:
 
 1. partial statistics of each split's classes per token: running max, sum of exponentials
    and (for label smoothing) the class-weighted logit sum;
@@ -14,6 +14,8 @@ along the tokens), each on a grid of token blocks x class splits:
 All math is float32. Works under ``TRITON_INTERPRET=1`` on CPU tensors.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -94,8 +96,8 @@ if triton is not None:
         lse_sq_ptr,
         n_rows,
         n_cols,
-        cols_per_split,
-        n_splits,
+        cols_per_program,
+        n_stat_splits,
         ignore_index,
         softcap,
         HAS_WEIGHT: tl.constexpr,
@@ -111,11 +113,11 @@ if triton is not None:
         toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         t_in = toks < n_rows
         big = tl.full([BLOCK_T], float("-inf"), tl.float32)
-        for k in range(n_splits):
+        for k in range(n_stat_splits):  # combine the statistics kernel's partials
             big = tl.maximum(big, tl.load(m_ptr + k * n_rows + toks, mask=t_in, other=float("-inf")))
         total = tl.zeros([BLOCK_T], tl.float32)
         wz = tl.zeros([BLOCK_T], tl.float32)
-        for k in range(n_splits):
+        for k in range(n_stat_splits):
             m_k = tl.load(m_ptr + k * n_rows + toks, mask=t_in, other=float("-inf"))
             s_k = tl.load(s_ptr + k * n_rows + toks, mask=t_in, other=0.0)
             total += tl.where(m_k == float("-inf"), 0.0, s_k * tl.exp(m_k - big))
@@ -163,8 +165,8 @@ if triton is not None:
             else:
                 g = tl.full([BLOCK_T], 1.0, tl.float32)
             g = tl.where(valid, g, 0.0)
-            c_lo = split * cols_per_split
-            c_hi = tl.minimum(c_lo + cols_per_split, n_cols)
+            c_lo = split * cols_per_program
+            c_hi = tl.minimum(c_lo + cols_per_program, n_cols)
             for start in range(c_lo, c_hi, BLOCK_C):
                 cols = start + tl.arange(0, BLOCK_C)
                 c_in = cols < c_hi
@@ -188,22 +190,31 @@ if triton is not None:
                 tl.store(ptrs, d.to(logits_ptr.dtype.element_ty), mask=mask)
 
 
-#: (BLOCK_T, BLOCK_C, num_warps) of both kernels: 1.203 ms for both passes over 4096 x 128256
-#: bf16 logits on an H200, against 1.22-1.87 ms for the other shapes tried (lce_bench.py
-#: --class-major, 2026-12-01)
-COLUMN_TILES = (64, 32, 4)
-#: programs per streaming multiprocessor the class splits aim for (16: 1.203 ms, 8: 1.329)
-PROGRAMS_PER_SM = 16
+class ColumnTiles(NamedTuple):
+    """One column kernel's launch shape: tokens and classes per tile, warps, and the programs
+    per streaming multiprocessor its class splits aim for."""
+
+    block_t: int
+    block_c: int
+    warps: int
+    per_sm: int
 
 
-def column_splits(n_rows: int, n_cols: int, block_t: int, block_c: int, device: torch.device) -> tuple[int, int]:
-    """``(cols_per_split, n_splits)``: split the classes so the grid has about
-    ``PROGRAMS_PER_SM`` programs per SM (every split non-empty, a multiple of ``block_c`` wide)."""
+#: over 4096 x 128256 bf16 logits on an H200 (``lce_bench.py --class-major``, 2026-12-01) the
+#: statistics pass took 0.426 ms at this shape (0.440-0.575 at the others tried) ...
+STATS_TILES = ColumnTiles(64, 16, 4, 32)
+#: ... and both passes 0.989 ms with the gradient pass at this shape (1.008-1.202 at the others)
+GRAD_TILES = ColumnTiles(256, 16, 8, 8)
+
+
+def column_splits(n_rows: int, n_cols: int, tiles: ColumnTiles, device: torch.device) -> tuple[int, int]:
+    """``(cols_per_program, n_splits)``: split the classes so the grid has about ``tiles.per_sm``
+    programs per SM (every split non-empty, a multiple of ``tiles.block_c`` wide)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    token_blocks = triton.cdiv(max(n_rows, 1), block_t)
-    want = max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, token_blocks), triton.cdiv(n_cols, block_c)))
-    cols_per_split = triton.cdiv(triton.cdiv(n_cols, want), block_c) * block_c
-    return cols_per_split, triton.cdiv(n_cols, cols_per_split)
+    token_blocks = triton.cdiv(max(n_rows, 1), tiles.block_t)
+    want = max(1, min(triton.cdiv(tiles.per_sm * sms, token_blocks), triton.cdiv(n_cols, tiles.block_c)))
+    cols = triton.cdiv(triton.cdiv(n_cols, want), tiles.block_c) * tiles.block_c
+    return cols, triton.cdiv(n_cols, cols)
 
 
 def triton_column_pass(
@@ -215,12 +226,12 @@ def triton_column_pass(
     row_scale: torch.Tensor | None,
     want_grad: bool,
     *,
-    tiles: tuple[int, int, int] | None = None,
+    tiles: tuple[ColumnTiles, ColumnTiles] | None = None,
 ) -> RowResult:
     """:func:`triton_kernels.triton_row_pass` on class-major logits ``logits_t`` (``[C, N]``,
     contiguous along the tokens); the gradient (``[C, N]``) overwrites ``logits_t``.
 
-    ``tiles`` overrides ``(BLOCK_T, BLOCK_C, num_warps)`` (for tuning)."""
+    ``tiles`` overrides the (statistics, gradient) kernels' launch shapes (for tuning)."""
     if triton is None:
         raise RuntimeError("triton is not installed")
     n_cols, n = logits_t.shape
@@ -232,24 +243,25 @@ def triton_column_pass(
     lse_sq = torch.empty_like(nll)
     if n == 0:
         return RowResult(nll, smooth, lse_sq, logits_t if want_grad else None)
-    block_t, block_c, warps = tiles or COLUMN_TILES
-    cols_per_split, splits = column_splits(n, n_cols, block_t, block_c, logits_t.device)
-    m = torch.empty((splits, n), dtype=ct, device=logits_t.device)
+    stats_tiles, grad_tiles = tiles or (STATS_TILES, GRAD_TILES)
+    stat_cols, stat_splits = column_splits(n, n_cols, stats_tiles, logits_t.device)
+    grad_cols, grad_splits = column_splits(n, n_cols, grad_tiles, logits_t.device)
+    m = torch.empty((stat_splits, n), dtype=ct, device=logits_t.device)
     s = torch.empty_like(m)
     has_smooth = cfg.label_smoothing > 0.0
     wz = torch.empty_like(m) if has_smooth else m
     cw = class_weight.to(ct).contiguous() if class_weight is not None else coefs
     rs = row_scale.contiguous() if row_scale is not None else coefs
     cap = float(cfg.softcap) if cfg.softcap is not None else 1.0
-    grid = (triton.cdiv(n, block_t), splits)
-    flags = dict(HAS_WEIGHT=class_weight is not None, HAS_SMOOTH=has_smooth, HAS_SOFTCAP=cfg.softcap is not None,
-                 BLOCK_T=block_t, BLOCK_C=block_c, num_warps=warps)
-    _lce_column_stats_kernel[grid](logits_t, logits_t.stride(0), n, n_cols, cols_per_split, cw, cap, m, s, wz,
-                                   **flags)
-    grad_grid = grid if want_grad else (grid[0], 1)
-    _lce_column_grad_kernel[grad_grid](
+    flags = dict(HAS_WEIGHT=class_weight is not None, HAS_SMOOTH=has_smooth, HAS_SOFTCAP=cfg.softcap is not None)
+    _lce_column_stats_kernel[(triton.cdiv(n, stats_tiles.block_t), stat_splits)](
+        logits_t, logits_t.stride(0), n, n_cols, stat_cols, cw, cap, m, s, wz, **flags,
+        BLOCK_T=stats_tiles.block_t, BLOCK_C=stats_tiles.block_c, num_warps=stats_tiles.warps,
+    )
+    _lce_column_grad_kernel[(triton.cdiv(n, grad_tiles.block_t), grad_splits if want_grad else 1)](
         logits_t, logits_t.stride(0), target, cw, coefs.to(ct), rs, m, s, wz, nll, smooth, lse_sq,
-        n, n_cols, cols_per_split, splits, cfg.ignore_index, cap,
-        HAS_Z=cfg.z_loss > 0.0, HAS_ROW_SCALE=row_scale is not None, WANT_GRAD=want_grad, **flags,
+        n, n_cols, grad_cols, stat_splits, cfg.ignore_index, cap, **flags,
+        HAS_Z=cfg.z_loss > 0.0, HAS_ROW_SCALE=row_scale is not None, WANT_GRAD=want_grad,
+        BLOCK_T=grad_tiles.block_t, BLOCK_C=grad_tiles.block_c, num_warps=grad_tiles.warps,
     )
     return RowResult(nll, smooth, lse_sq, logits_t if want_grad else None)

@@ -251,8 +251,7 @@ def _class_major_slab_rows(x: torch.Tensor, weight: torch.Tensor, accum_dtype: t
     grad_dtype = class_major_grad_dtype(x.dtype, weight.dtype, accum_dtype)
     if grad_dtype is None:
         return 0
-    grad_elem = torch.empty((), dtype=grad_dtype).element_size()
-    return class_major_slab_rows(x.shape[0], x.shape[1], weight.shape[0], x.element_size(), grad_elem)
+    return class_major_slab_rows(x.shape[0], x.shape[1], weight.shape[0], x.element_size(), grad_dtype.itemsize)
 
 
 def linear_cross_entropy(
