@@ -294,7 +294,10 @@ def linear_cross_entropy(
         chunk_size: rows per chunk (default: the logits buffer stays within a fixed budget:
             on CUDA 256 MiB, or 512 MiB when a float32 weight-gradient accumulator is held
             anyway, or every row in one chunk when its logits take no more memory than that
-            accumulator, which one chunk does not need; 64 MiB elsewhere).
+            accumulator, which one chunk does not need; 64 MiB elsewhere). Unset, a Triton call
+            that produces the weight gradient holds no logits buffer at all where every row's
+            logits fit in that gradient's own buffer plus a tail of at most 64 MiB (about
+            N <= H tokens): the class-major layout of ``class_major.py``.
         accum_dtype: dtype of the weight/bias-gradient accumulator across chunks: float32
             (default), float64, or the input dtype to accumulate in the gradient itself (saves
             a weight-sized float32 buffer, at one rounding per chunk). Under bf16/fp16 autocast
