@@ -1,15 +1,22 @@
 """Entry point of one test rank: ``python -m tests.helpers.rank_main module:fn kwargs_json out``."""
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import json
+import signal
 import sys
 import time
 import traceback
 
+#: the runner sends this before killing a rank that outlived its timeout: every thread's stack
+#: goes to the rank's log (SIGUSR1 is the library's flight-recorder dump)
+STACKS_SIGNAL = signal.SIGUSR2
+
 
 def main() -> int:
     target, kwargs_json, out_path = sys.argv[1:4]
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
     module, _, fn_name = target.partition(":")
     t0 = time.monotonic()
     payload: dict = {}

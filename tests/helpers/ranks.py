@@ -85,10 +85,32 @@ class RankGroup:
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                report = self._hang_report()
                 self.kill_all()
-                raise AssertionError(f"rank {r} did not finish within {timeout} s") from None
+                raise AssertionError(f"rank {r} did not finish within {timeout} s\n{report}") from None
             results.append(self._result(r))
         return results
+
+    def _hang_report(self) -> str:
+        """Every rank's state for a timeout: the ranks still running dump their threads' stacks
+        first (``rank_main.STACKS_SIGNAL``), so the report shows where each one was waiting."""
+        from tests.helpers.rank_main import STACKS_SIGNAL
+
+        running = [p for p in self.procs if p.poll() is None]
+        for p in running:
+            try:
+                os.kill(p.pid, STACKS_SIGNAL)
+            except ProcessLookupError:
+                pass
+        if running:
+            time.sleep(1.0)  # time to write the stacks
+        parts = []
+        for r, p in enumerate(self.procs):
+            res = self._result(r)
+            state = "still running" if p.poll() is None else f"exited rc={p.returncode}"
+            error = f" error={res.error['type']}: {res.error['message'][:500]}" if res.error else ""
+            parts.append(f"--- rank {r}: {state}{error}\n{res.stderr[-4000:]}")
+        return "\n".join(parts)
 
     def _result(self, r: int) -> RankResult:
         p = self.procs[r]

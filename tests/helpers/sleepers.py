@@ -1,0 +1,19 @@
+"""Rank targets for the runner's own test (``tests/torchcomms/test_rank_runner.py``)."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+
+def rank0_returns_others_block() -> int:
+    """Rank 0 returns; every other rank blocks in a named function until it is killed."""
+    if os.environ["TORCHCOMM_RANK"] == "0":
+        return 0
+    return _blocked_forever()
+
+
+def _blocked_forever() -> int:
+    threading.Event().wait()  # never set
+    time.sleep(3600)
+    return 1

@@ -1,0 +1,17 @@
+"""The multi-process test runner: a rank that outlives its timeout is reported with every
+rank's state and the hung rank's stacks (before, the report named only the rank)."""
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.ranks import run_ranks
+
+
+def test_a_hung_rank_is_reported_with_its_stack_and_the_other_ranks_state():
+    with pytest.raises(AssertionError) as info:
+        run_ranks(2, "tests.helpers.sleepers:rank0_returns_others_block", timeout=3)
+    report = str(info.value)
+    assert "rank 1 did not finish within 3 s" in report
+    assert "--- rank 0: exited rc=0" in report
+    assert "--- rank 1: still running" in report
+    assert "_blocked_forever" in report  # the hung rank's stack, dumped before it was killed
