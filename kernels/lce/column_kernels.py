@@ -26,7 +26,16 @@ from .triton_kernels import triton
 if triton is not None:
     import triton.language as tl
 
-    from .triton_kernels import _online_lse_step, _tanh
+    from .triton_kernels import _grad_coefficients, _logit_grad, _loss_terms, _stats_step, _tanh
+
+    @triton.jit
+    def _column_tile(logits_ptr, stride_c, start, c_hi, toks, t_in, BLOCK_C: tl.constexpr):
+        """The ``BLOCK_C`` classes from ``start`` (up to ``c_hi``) x the program's tokens: the
+        classes, their mask, the tile's mask and its addresses."""
+        cols = start + tl.arange(0, BLOCK_C)
+        c_in = cols < c_hi
+        mask = c_in[:, None] & t_in[None, :]
+        return cols, c_in, mask, logits_ptr + cols[:, None].to(tl.int64) * stride_c + toks[None, :]
 
     @triton.jit
     def _lce_column_stats_kernel(
@@ -57,28 +66,21 @@ if triton is not None:
         s_el = tl.zeros([BLOCK_C, BLOCK_T], tl.float32)
         wz_el = tl.zeros([BLOCK_C, BLOCK_T], tl.float32)
         for start in range(c_lo, c_hi, BLOCK_C):
-            cols = start + tl.arange(0, BLOCK_C)
-            c_in = cols < c_hi
-            mask = c_in[:, None] & t_in[None, :]
-            ptrs = logits_ptr + cols[:, None].to(tl.int64) * stride_c + toks[None, :]
+            cols, c_in, mask, ptrs = _column_tile(logits_ptr, stride_c, start, c_hi, toks, t_in, BLOCK_C)
             z = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-            if HAS_SOFTCAP:
-                z = softcap * _tanh(z / softcap)
+            w = 0.0  # the class weights, broadcast to the tile, where weighted smoothing needs them
             if HAS_SMOOTH:
                 if HAS_WEIGHT:
-                    w = tl.load(class_weight_ptr + cols, mask=c_in, other=0.0)
-                    wz_el += tl.where(mask, w[:, None] * z, 0.0)
-                else:
-                    wz_el += tl.where(mask, z, 0.0)
-            m_el, s_el = _online_lse_step(m_el, s_el, z, mask)
+                    w = tl.load(class_weight_ptr + cols, mask=c_in, other=0.0)[:, None]
+            m_el, s_el, wz_el = _stats_step(m_el, s_el, wz_el, z, mask, w, softcap, HAS_SMOOTH, HAS_WEIGHT,
+                                            HAS_SOFTCAP)
         m = tl.max(m_el, axis=0)
         s = tl.sum(tl.where(m_el == float("-inf"), 0.0, s_el * tl.exp(m_el - m[None, :])), axis=0)
-        wz = tl.sum(wz_el, axis=0)
         out = split * n_rows + toks
         tl.store(m_ptr + out, m, mask=t_in)
         tl.store(s_ptr + out, s, mask=t_in)
         if HAS_SMOOTH:
-            tl.store(wz_ptr + out, wz, mask=t_in)
+            tl.store(wz_ptr + out, tl.sum(wz_el, axis=0), mask=t_in)
 
     @triton.jit
     def _lce_column_grad_kernel(
@@ -138,28 +140,13 @@ if triton is not None:
             w_y = tl.full([BLOCK_T], 1.0, tl.float32)
         w_sum = tl.load(coefs_ptr + 3)
         if split == 0:
-            nll = tl.where(valid, w_y * (lse - z_y), 0.0)
-            nll = tl.where(valid & (~in_range), float("nan"), nll)
+            nll, smooth, lse_sq = _loss_terms(lse, z_y, w_y, wz, w_sum, valid, in_range, HAS_SMOOTH, HAS_Z)
             tl.store(nll_ptr + toks, nll, mask=t_in)
-            if HAS_SMOOTH:
-                tl.store(smooth_ptr + toks, tl.where(valid, w_sum * lse - wz, 0.0), mask=t_in)
-            else:
-                tl.store(smooth_ptr + toks, tl.zeros([BLOCK_T], tl.float32), mask=t_in)
-            if HAS_Z:
-                tl.store(lse_sq_ptr + toks, tl.where(valid, lse * lse, 0.0), mask=t_in)
-            else:
-                tl.store(lse_sq_ptr + toks, tl.zeros([BLOCK_T], tl.float32), mask=t_in)
+            tl.store(smooth_ptr + toks, smooth, mask=t_in)
+            tl.store(lse_sq_ptr + toks, lse_sq, mask=t_in)
 
         if WANT_GRAD:
-            a_nll = tl.load(coefs_ptr + 0)
-            nll_coef = a_nll * w_y
-            row_coef = nll_coef
-            if HAS_SMOOTH:
-                a_sm = tl.load(coefs_ptr + 1)
-                row_coef += a_sm * w_sum
-            if HAS_Z:
-                a_z = tl.load(coefs_ptr + 2)
-                row_coef += 2.0 * a_z * lse
+            nll_coef, row_coef, a_sm = _grad_coefficients(coefs_ptr, w_y, w_sum, lse, HAS_SMOOTH, HAS_Z)
             if HAS_ROW_SCALE:
                 g = tl.load(row_scale_ptr + toks, mask=t_in, other=0.0).to(tl.float32)
             else:
@@ -168,26 +155,16 @@ if triton is not None:
             c_lo = split * cols_per_program
             c_hi = tl.minimum(c_lo + cols_per_program, n_cols)
             for start in range(c_lo, c_hi, BLOCK_C):
-                cols = start + tl.arange(0, BLOCK_C)
-                c_in = cols < c_hi
-                mask = c_in[:, None] & t_in[None, :]
-                ptrs = logits_ptr + cols[:, None].to(tl.int64) * stride_c + toks[None, :]
+                cols, c_in, mask, ptrs = _column_tile(logits_ptr, stride_c, start, c_hi, toks, t_in, BLOCK_C)
                 z = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-                if HAS_SOFTCAP:
-                    t = _tanh(z / softcap)
-                    z = softcap * t
-                d = tl.exp(z - lse[None, :]) * row_coef[None, :]
-                d = tl.where(cols[:, None] == y_safe[None, :], d - nll_coef[None, :], d)
+                w = 0.0
                 if HAS_SMOOTH:
                     if HAS_WEIGHT:
-                        w = tl.load(class_weight_ptr + cols, mask=c_in, other=0.0)
-                        d -= a_sm * w[:, None]
-                    else:
-                        d -= a_sm
-                if HAS_SOFTCAP:
-                    d *= 1.0 - t * t
-                d = d * g[None, :]
-                tl.store(ptrs, d.to(logits_ptr.dtype.element_ty), mask=mask)
+                        w = tl.load(class_weight_ptr + cols, mask=c_in, other=0.0)[:, None]
+                d = _logit_grad(z, lse[None, :], row_coef[None, :], nll_coef[None, :],
+                                cols[:, None] == y_safe[None, :], a_sm, w, softcap, HAS_SMOOTH, HAS_WEIGHT,
+                                HAS_SOFTCAP)
+                tl.store(ptrs, (d * g[None, :]).to(logits_ptr.dtype.element_ty), mask=mask)
 
 
 class ColumnTiles(NamedTuple):

@@ -56,6 +56,70 @@ if triton is not None:
         return tl.where(mask & bigger, z, m), tl.where(mask, s_new, s)
 
     @triton.jit
+    def _stats_step(m, s, wz, z, mask, w, softcap, HAS_SMOOTH: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                    HAS_SOFTCAP: tl.constexpr):
+        """The first sweep's step over one tile of raw logits ``z`` (``w``: the tile's class
+        weights, broadcast to it, when weighted smoothing needs them): the soft-cap, the
+        class-weighted logit sum of label smoothing, and the running logsumexp."""
+        if HAS_SOFTCAP:
+            z = softcap * _tanh(z / softcap)
+        if HAS_SMOOTH:
+            if HAS_WEIGHT:
+                wz += tl.where(mask, w * z, 0.0)
+            else:
+                wz += tl.where(mask, z, 0.0)
+        m, s = _online_lse_step(m, s, z, mask)
+        return m, s, wz
+
+    @triton.jit
+    def _loss_terms(lse, z_y, w_y, wz, w_sum, valid, in_range, HAS_SMOOTH: tl.constexpr, HAS_Z: tl.constexpr):
+        """Per row: ``w[y] * (lse - z[y])`` (NaN for a target out of range), the smoothing term
+        ``sum_c w[c] * lse - sum_c w[c] * z[c]`` and ``lse**2``; zeros where ignored or unused."""
+        nll = tl.where(valid, w_y * (lse - z_y), 0.0)
+        nll = tl.where(valid & (~in_range), float("nan"), nll)
+        if HAS_SMOOTH:
+            smooth = tl.where(valid, w_sum * lse - wz, 0.0)
+        else:
+            smooth = lse * 0.0
+        if HAS_Z:
+            lse_sq = tl.where(valid, lse * lse, 0.0)
+        else:
+            lse_sq = lse * 0.0
+        return nll, smooth, lse_sq
+
+    @triton.jit
+    def _grad_coefficients(coefs_ptr, w_y, w_sum, lse, HAS_SMOOTH: tl.constexpr, HAS_Z: tl.constexpr):
+        """Per row: the target's coefficient ``a_nll * w[y]``, the factor on ``softmax(z)``
+        (the nll, smoothing and z-loss terms') and the smoothing's per-class coefficient."""
+        nll_coef = tl.load(coefs_ptr + 0) * w_y
+        row_coef = nll_coef
+        a_sm = tl.load(coefs_ptr + 1)
+        if HAS_SMOOTH:
+            row_coef += a_sm * w_sum
+        if HAS_Z:
+            row_coef += 2.0 * tl.load(coefs_ptr + 2) * lse
+        return nll_coef, row_coef, a_sm
+
+    @triton.jit
+    def _logit_grad(z, lse, row_coef, nll_coef, is_target, a_sm, w, softcap, HAS_SMOOTH: tl.constexpr,
+                    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
+        """d(loss)/d(raw logit) of one tile before the row's upstream scale (every operand
+        broadcast to the tile; ``w`` as in :func:`_stats_step`)."""
+        if HAS_SOFTCAP:
+            t = _tanh(z / softcap)
+            z = softcap * t
+        d = tl.exp(z - lse) * row_coef
+        d = tl.where(is_target, d - nll_coef, d)
+        if HAS_SMOOTH:
+            if HAS_WEIGHT:
+                d -= a_sm * w
+            else:
+                d -= a_sm
+        if HAS_SOFTCAP:
+            d *= 1.0 - t * t
+        return d
+
+    @triton.jit
     def _lce_row_kernel(
         logits_ptr,
         stride_row,
@@ -92,15 +156,12 @@ if triton is not None:
             cols = start + offs
             mask = cols < n_cols
             z = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
-            if HAS_SOFTCAP:
-                z = softcap * _tanh(z / softcap)
+            w = 0.0  # the class weights' tile, where weighted label smoothing needs it
             if HAS_SMOOTH:
                 if HAS_WEIGHT:
                     w = tl.load(class_weight_ptr + cols, mask=mask, other=0.0)
-                    wz_vec += tl.where(mask, w * z, 0.0)
-                else:
-                    wz_vec += tl.where(mask, z, 0.0)
-            m_vec, s_vec = _online_lse_step(m_vec, s_vec, z, mask)
+            m_vec, s_vec, wz_vec = _stats_step(m_vec, s_vec, wz_vec, z, mask, w, softcap, HAS_SMOOTH, HAS_WEIGHT,
+                                               HAS_SOFTCAP)
         m = tl.max(m_vec, axis=0)
         s = tl.sum(tl.where(m_vec == float("-inf"), 0.0, s_vec * tl.exp(m_vec - m)), axis=0)
         lse = m + tl.log(s)
@@ -112,29 +173,15 @@ if triton is not None:
             w_y = tl.load(class_weight_ptr + y_safe)
         else:
             w_y = 1.0
-        nll = tl.where(valid, w_y * (lse - z_y), 0.0)
-        nll = tl.where(valid & (~in_range), float("nan"), nll)
-        tl.store(nll_ptr + row, nll)
         w_sum = tl.load(coefs_ptr + 3)
-        if HAS_SMOOTH:
-            tl.store(smooth_ptr + row, tl.where(valid, w_sum * lse - tl.sum(wz_vec, axis=0), 0.0))
-        else:
-            tl.store(smooth_ptr + row, 0.0)
-        if HAS_Z:
-            tl.store(lse_sq_ptr + row, tl.where(valid, lse * lse, 0.0))
-        else:
-            tl.store(lse_sq_ptr + row, 0.0)
+        nll, smooth, lse_sq = _loss_terms(lse, z_y, w_y, tl.sum(wz_vec, axis=0), w_sum, valid, in_range,
+                                          HAS_SMOOTH, HAS_Z)
+        tl.store(nll_ptr + row, nll)
+        tl.store(smooth_ptr + row, smooth)
+        tl.store(lse_sq_ptr + row, lse_sq)
 
         if WANT_GRAD:
-            a_nll = tl.load(coefs_ptr + 0)
-            nll_coef = a_nll * w_y
-            row_coef = nll_coef
-            if HAS_SMOOTH:
-                a_sm = tl.load(coefs_ptr + 1)
-                row_coef += a_sm * w_sum
-            if HAS_Z:
-                a_z = tl.load(coefs_ptr + 2)
-                row_coef += 2.0 * a_z * lse
+            nll_coef, row_coef, a_sm = _grad_coefficients(coefs_ptr, w_y, w_sum, lse, HAS_SMOOTH, HAS_Z)
             if HAS_ROW_SCALE:
                 g = tl.load(row_scale_ptr + row).to(tl.float32)
             else:
@@ -143,22 +190,14 @@ if triton is not None:
                 cols = start + offs
                 mask = cols < n_cols
                 z = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
-                if HAS_SOFTCAP:
-                    t = _tanh(z / softcap)
-                    z = softcap * t
-                d = tl.exp(z - lse) * row_coef
-                d = tl.where(cols == y_safe, d - nll_coef, d)
+                w = 0.0
                 if HAS_SMOOTH:
                     if HAS_WEIGHT:
                         w = tl.load(class_weight_ptr + cols, mask=mask, other=0.0)
-                        d -= a_sm * w
-                    else:
-                        d -= a_sm
-                if HAS_SOFTCAP:
-                    d *= 1.0 - t * t
+                d = _logit_grad(z, lse, row_coef, nll_coef, cols == y_safe, a_sm, w, softcap, HAS_SMOOTH,
+                                HAS_WEIGHT, HAS_SOFTCAP)
                 d = tl.where(valid, d * g, 0.0)
                 tl.store(base + cols, d.to(logits_ptr.dtype.element_ty), mask=mask)
-
 
     @triton.jit
     def _scale_unless_one_kernel(ptr, scale_ptr, n, BLOCK: tl.constexpr, HALF: tl.constexpr):
