@@ -83,7 +83,9 @@ def reduction_coefficients(
     dev = target.device
     probabilities = target.is_floating_point()  # (rows, C): every row counts, "mean" is per row
     valid = torch.ones(target.shape[0], dtype=torch.bool, device=dev) if probabilities else target != cfg.ignore_index
-    w_sum = class_weight.sum(dtype=dtype) if class_weight is not None else torch.tensor(float(num_classes), dtype=dtype, device=dev)
+    # torch.full, not torch.tensor(..., device=dev): a blocking host-to-device copy synchronises
+    # the host with the GPU's stream (every call would wait for all queued work)
+    w_sum = class_weight.sum(dtype=dtype) if class_weight is not None else torch.full((), float(num_classes), dtype=dtype, device=dev)
     one = torch.ones((), dtype=dtype, device=dev)
     if cfg.reduction != "mean":
         return torch.stack([one * (1.0 - eps), one * (eps / num_classes), one * cfg.z_loss, w_sum])

@@ -212,3 +212,29 @@ def test_triton_route_compiles_in_one_graph_with_inductor(reduction, chunk):
         assert _rel(got, eager) <= 1e-5
         for a, b in zip(torch.autograd.grad(got, (x, w)), torch.autograd.grad(eager, (x, w))):
             assert _rel(a, b) <= 1e-2
+
+
+@pytest.mark.parametrize("chunk", [None, 128], ids=["class-major", "row-chunks"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_a_call_never_makes_the_host_wait_for_the_gpu(reduction, chunk):
+    """Forward and backward under ``set_sync_debug_mode("error")``: any stream synchronisation
+    raises (the loss's coefficients once used a blocking host-to-device copy, which does)."""
+    n, h, v = 300, 64, 1000
+    x = (torch.randn(n, h, device="cuda") * 0.5).bfloat16().requires_grad_()
+    w = (torch.randn(v, h, device="cuda") * h**-0.5).bfloat16().requires_grad_()
+    t = torch.randint(0, v, (n,), device="cuda")
+    cw = torch.rand(v, device="cuda") + 0.5
+
+    def step() -> None:
+        out = linear_cross_entropy(x, w, t, reduction=reduction, chunk_size=chunk, label_smoothing=0.1,
+                                   class_weight=cw, z_loss=1e-4)
+        (out.sum() if reduction == "none" else out).backward()
+
+    step()  # kernels compiled, capability probes done
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.isfinite(w.grad).all()
