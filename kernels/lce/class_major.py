@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .chunked import ChunkedResult, _accumulate, _mixed_addmm_supported
+from .chunked import _HALF, ChunkedResult, _accumulate, _mixed_addmm_supported
 from .config import LossConfig
 from .rowwise import RowPass
 
@@ -32,7 +32,6 @@ CUDA_CLASS_MAJOR_EXTRA_BYTES = 64 * 2**20
 #: classes per dW slab, largest first (each slab is one product with K = all tokens)
 SLAB_ROWS = (8192, 4096, 2048, 1024, 512)
 _ALIGN = 256
-_HALF = (torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)

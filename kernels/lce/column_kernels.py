@@ -21,7 +21,7 @@ import torch
 
 from .config import LossConfig
 from .rowwise import RowResult
-from .triton_kernels import triton
+from .triton_kernels import kernel_operands, triton
 
 if triton is not None:
     import triton.language as tl
@@ -209,17 +209,31 @@ def triton_column_pass(
     contiguous along the tokens); the gradient (``[C, N]``) overwrites ``logits_t``.
 
     ``tiles`` overrides the (statistics, gradient) kernels' launch shapes (for tuning)."""
-    if triton is None:
-        raise RuntimeError("triton is not installed")
     n_cols, n = logits_t.shape
+    ops = kernel_operands(n, logits_t.device, cfg, class_weight, coefs, row_scale)
+    nll, smooth, lse_sq = ops.nll, ops.smooth, ops.lse_sq
     if logits_t.stride(1) != 1:
         raise ValueError("class-major logits must be contiguous along the tokens")
-    ct = torch.float32
-    nll = torch.empty(n, dtype=ct, device=logits_t.device)
-    smooth = torch.empty_like(nll)
-    lse_sq = torch.empty_like(nll)
     if n == 0:
         return RowResult(nll, smooth, lse_sq, logits_t if want_grad else None)
+    stats_tiles, grad_tiles = tiles or (STATS_TILES, GRAD_TILES)
+    stat_cols, stat_splits = column_splits(n, n_cols, stats_tiles, logits_t.device)
+    grad_cols, grad_splits = column_splits(n, n_cols, grad_tiles, logits_t.device)
+    m = torch.empty((stat_splits, n), dtype=torch.float32, device=logits_t.device)
+    s = torch.empty_like(m)
+    wz = torch.empty_like(m) if ops.features["HAS_SMOOTH"] else m
+    stats_features = {k: ops.features[k] for k in ("HAS_WEIGHT", "HAS_SMOOTH", "HAS_SOFTCAP")}
+    _lce_column_stats_kernel[(triton.cdiv(n, stats_tiles.block_t), stat_splits)](
+        logits_t, logits_t.stride(0), n, n_cols, stat_cols, ops.class_weight, ops.softcap, m, s, wz,
+        **stats_features, BLOCK_T=stats_tiles.block_t, BLOCK_C=stats_tiles.block_c, num_warps=stats_tiles.warps,
+    )
+    _lce_column_grad_kernel[(triton.cdiv(n, grad_tiles.block_t), grad_splits if want_grad else 1)](
+        logits_t, logits_t.stride(0), target, ops.class_weight, ops.coefs, ops.row_scale, m, s, wz,
+        nll, smooth, lse_sq, n, n_cols, grad_cols, stat_splits, cfg.ignore_index, ops.softcap,
+        **ops.features, WANT_GRAD=want_grad,
+        BLOCK_T=grad_tiles.block_t, BLOCK_C=grad_tiles.block_c, num_warps=grad_tiles.warps,
+    )
+    return RowResult(nll, smooth, lse_sq, logits_t if want_grad else None)
     stats_tiles, grad_tiles = tiles or (STATS_TILES, GRAD_TILES)
     stat_cols, stat_splits = column_splits(n, n_cols, stats_tiles, logits_t.device)
     grad_cols, grad_splits = column_splits(n, n_cols, grad_tiles, logits_t.device)

@@ -9,6 +9,7 @@ tensors, which is how it is checked without a GPU.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -237,6 +238,40 @@ def _launch_config(n_cols: int) -> tuple[int, int]:
     return block, warps
 
 
+class KernelOperands(NamedTuple):
+    """What the row and column passes hand their kernels besides the logits: per-row outputs,
+    the class weights, coefficients and per-row scale (an unused pointer's stand-in where a
+    feature is off), the soft-cap and the feature flags (constexprs)."""
+
+    nll: torch.Tensor
+    smooth: torch.Tensor
+    lse_sq: torch.Tensor
+    class_weight: torch.Tensor
+    coefs: torch.Tensor
+    row_scale: torch.Tensor
+    softcap: float
+    features: dict[str, bool]
+
+
+def kernel_operands(n: int, device: torch.device, cfg: LossConfig, class_weight: torch.Tensor | None,
+                    coefs: torch.Tensor, row_scale: torch.Tensor | None) -> KernelOperands:
+    """The float32 per-row outputs of ``n`` rows and the kernels' other operands."""
+    if triton is None:
+        raise RuntimeError("triton is not installed")
+    ct = torch.float32
+    nll = torch.empty(n, dtype=ct, device=device)
+    features = dict(HAS_WEIGHT=class_weight is not None, HAS_SMOOTH=cfg.label_smoothing > 0.0, HAS_Z=cfg.z_loss > 0.0,
+                    HAS_SOFTCAP=cfg.softcap is not None, HAS_ROW_SCALE=row_scale is not None)
+    return KernelOperands(
+        nll, torch.empty_like(nll), torch.empty_like(nll),
+        class_weight.to(ct).contiguous() if class_weight is not None else coefs,
+        coefs.to(ct),
+        row_scale.contiguous() if row_scale is not None else coefs,
+        float(cfg.softcap) if cfg.softcap is not None else 1.0,
+        features,
+    )
+
+
 def triton_row_pass(
     logits: torch.Tensor,
     target: torch.Tensor,
@@ -253,15 +288,20 @@ def triton_row_pass(
 
     ``block``/``num_warps`` override the launch configuration (for tuning).
     """
-    if triton is None:
-        raise RuntimeError("triton is not installed")
     n, n_cols = logits.shape
-    ct = torch.float32
-    nll = torch.empty(n, dtype=ct, device=logits.device)
-    smooth = torch.empty_like(nll)
-    lse_sq = torch.empty_like(nll)
+    ops = kernel_operands(n, logits.device, cfg, class_weight, coefs, row_scale)
+    nll, smooth, lse_sq = ops.nll, ops.smooth, ops.lse_sq
     if n == 0:
         return RowResult(nll, smooth, lse_sq, logits if want_grad else None)
+    if logits.stride(1) != 1:
+        raise ValueError("logits must be contiguous along the class dimension")
+    default_block, default_warps = _launch_config(n_cols)
+    _lce_row_kernel[(n,)](
+        logits, logits.stride(0), target, ops.class_weight, ops.coefs, ops.row_scale, nll, smooth, lse_sq,
+        n_cols, cfg.ignore_index, ops.softcap, **ops.features, WANT_GRAD=want_grad,
+        BLOCK=block or default_block, num_warps=num_warps or default_warps,
+    )
+    return RowResult(nll, smooth, lse_sq, logits if want_grad else None)
     if logits.stride(1) != 1:
         raise ValueError("logits must be contiguous along the class dimension")
     default_block, default_warps = _launch_config(n_cols)
