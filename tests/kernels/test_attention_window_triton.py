@@ -12,6 +12,7 @@ import kernels.attention.window_triton as wt
 from kernels.attention import attention
 from kernels.attention.errors import AttentionInputError
 from kernels.attention.masks import Causal, SlidingWindow
+from tests.helpers.cuda import returns_while_the_gpu_is_busy
 from tests.helpers.triton_interpreter import HAS_TRITON, assert_runs_interpreted
 
 SCRIPT = r'''
@@ -390,8 +391,6 @@ def test_static_resource_report_reads_registers_and_spills_from_the_compiler(tmp
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_window_attention_never_makes_the_host_wait_for_the_gpu() -> None:
     """Forward and backward of the window kernel return with earlier GPU work still queued."""
-    from tests.kernels.test_lce_cuda import returns_while_the_gpu_is_busy
-
     q, k, v = (torch.randn(1, 4, 1024, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
 

@@ -10,6 +10,7 @@ import torch
 
 from kernels.lce import linear_cross_entropy, reference_linear_cross_entropy, select_implementation
 from kernels.lce.config import LossConfig
+from tests.helpers.cuda import returns_while_the_gpu_is_busy
 
 pytestmark = [
     pytest.mark.gpu,
@@ -212,19 +213,6 @@ def test_triton_route_compiles_in_one_graph_with_inductor(reduction, chunk):
         assert _rel(got, eager) <= 1e-5
         for a, b in zip(torch.autograd.grad(got, (x, w)), torch.autograd.grad(eager, (x, w))):
             assert _rel(a, b) <= 1e-2
-
-
-def returns_while_the_gpu_is_busy(fn) -> bool:
-    """Run ``fn`` behind about a second of queued GPU work; True when that work is still running
-    when ``fn`` returns, i.e. ``fn`` never made the host wait for the stream (no timing bound:
-    the spin outlasts any call here by orders of magnitude, and a synchronising call waits it out).
-    ``set_sync_debug_mode`` is not enough: it does not see a blocking host-to-device copy."""
-    torch.cuda.synchronize()
-    torch.cuda._sleep(2_000_000_000)  # ~1 s of spinning at H200 clocks
-    fn()
-    busy = not torch.cuda.current_stream().query()
-    torch.cuda.synchronize()
-    return busy
 
 
 @pytest.mark.parametrize("chunk", [None, 128], ids=["class-major", "row-chunks"])
