@@ -7,13 +7,19 @@ import torch
 
 
 def returns_while_the_gpu_is_busy(fn: Callable[[], object]) -> bool:
-    """Run ``fn`` behind about a second of queued GPU work; True when that work is still running
-    when ``fn`` returns, i.e. ``fn`` never made the host wait for the stream (no timing bound:
-    the spin outlasts any call here by orders of magnitude, and a synchronising call waits it out).
-    ``set_sync_debug_mode`` is not enough: it does not see a blocking host-to-device copy."""
+    """Run ``fn`` behind about a second of queued GPU spinning; True when that spin has not yet
+    finished when ``fn`` returns, i.e. ``fn`` never made the host wait for the stream.
+
+    The end of the spin is marked by its own event: querying the whole stream is not enough,
+    since a call that waited for the spin has queued its own later kernels by the time it
+    returns, and they keep the stream busy. No timing bound: the spin outlasts any call here by
+    orders of magnitude. ``set_sync_debug_mode`` is not enough either: it does not see a
+    blocking host-to-device copy."""
     torch.cuda.synchronize()
     torch.cuda._sleep(2_000_000_000)  # ~1 s of spinning at H200 clocks
+    spin_done = torch.cuda.Event()
+    spin_done.record()
     fn()
-    busy = not torch.cuda.current_stream().query()
+    busy = not spin_done.query()
     torch.cuda.synchronize()
     return busy

@@ -215,16 +215,18 @@ def test_triton_route_compiles_in_one_graph_with_inductor(reduction, chunk):
             assert _rel(a, b) <= 1e-2
 
 
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "class-weights"])
 @pytest.mark.parametrize("chunk", [None, 128], ids=["class-major", "row-chunks"])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_a_call_never_makes_the_host_wait_for_the_gpu(reduction, chunk):
-    """Forward and backward return with earlier GPU work still queued (the loss's coefficients
-    once used torch.tensor(..., device=cuda): a blocking copy that waited for the stream)."""
+def test_a_call_never_makes_the_host_wait_for_the_gpu(reduction, chunk, weighted):
+    """Forward and backward return with earlier GPU work still queued (without class weights the
+    loss's coefficients once used torch.tensor(C, device=cuda): a blocking copy that waited for
+    the stream)."""
     n, h, v = 300, 64, 1000
     x = (torch.randn(n, h, device="cuda") * 0.5).bfloat16().requires_grad_()
     w = (torch.randn(v, h, device="cuda") * h**-0.5).bfloat16().requires_grad_()
     t = torch.randint(0, v, (n,), device="cuda")
-    cw = torch.rand(v, device="cuda") + 0.5
+    cw = torch.rand(v, device="cuda") + 0.5 if weighted else None
 
     def step() -> None:
         x.grad = w.grad = None
