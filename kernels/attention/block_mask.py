@@ -7,6 +7,7 @@ entries. :func:`get_block_mask` uses the process-wide cache.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -124,8 +125,15 @@ class BlockMaskCache:
 def _build(mask: Mask, b: int | None, h: int | None, q_len: int, kv_len: int, device: torch.device,
            block_size: tuple[int, int], *, compile: bool) -> BlockMask:
     """``create_block_mask`` for ``mask`` on ``device`` (``compile``: its compiled build)."""
-    return create_block_mask(mask.to(device).as_mask_mod(), b, h, q_len, kv_len, device=device,
-                             BLOCK_SIZE=block_size, _compile=compile)
+    build = _compiled_create_block_mask() if compile else create_block_mask
+    return build(mask.to(device).as_mask_mod(), b, h, q_len, kv_len, device=device, BLOCK_SIZE=block_size)
+
+
+@functools.cache
+def _compiled_create_block_mask() -> Any:
+    """``torch.compile(create_block_mask)``, made once (``create_block_mask``'s ``_compile``
+    flag does the same per call, is deprecated and warns on torch 2.11)."""
+    return torch.compile(create_block_mask)
 
 
 default_cache = BlockMaskCache()

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -164,6 +166,18 @@ def test_block_mask_cache_lru_and_keys():
         cache.get(M.causal(), 1, 1, 0, 64, "cpu")
     with pytest.raises(AttentionInputError, match="max_entries"):
         BlockMaskCache(max_entries=0)
+
+
+def test_compiled_block_mask_build_matches_eager_and_does_not_warn():
+    """The compiled build (default on CUDA) gives the eager build's blocks, without the
+    DeprecationWarning of create_block_mask's ``_compile`` flag, which it once passed."""
+    mask = M.sliding_window(37) & M.document_from_offsets([0, 70, 200])
+    eager = BlockMaskCache(compile=False).get(mask, 1, 1, 200, 200, "cpu", block_size=32)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*_compile flag", category=DeprecationWarning)
+        compiled = BlockMaskCache(compile=True).get(mask, 1, 1, 200, 200, "cpu", block_size=32)
+    assert torch.equal(compiled.to_dense(), eager.to_dense())
+    assert torch.equal(compiled.kv_num_blocks, eager.kv_num_blocks)
 
 
 @pytest.mark.parametrize(
