@@ -9,6 +9,6 @@ timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_lce_cuda
   > "$OUT/before.log" 2>&1
 echo "before rc=$?"; grep -E "passed|failed" "$OUT/before.log" | sort | uniq -c | head -5
 cp "$OUT/config_fixed.py" kernels/lce/config.py
-timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_lce_cuda.py tests/kernels/test_attention_window_triton.py tests/kernels/test_host_wait_check.py \
+timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_lce_cuda.py tests/kernels/test_attention_window_triton.py tests/kernels/test_host_wait_check.py tests/kernels/test_model.py \
   -k "never_makes_the_host_wait or seen_as" > "$OUT/after.log" 2>&1
 echo "after rc=$?"; tail -3 "$OUT/after.log"

@@ -223,3 +223,32 @@ def test_step_bench_smoke(tmp_path):
         assert r["tokens_per_s"] > 0 and r["step_s"] > 0 and r["useful_tflop"] > 0
         assert abs(r["first_loss"] - 6.24) < 0.5  # log(512) at init
     assert "step_bench" in proc.stdout and "MFU" in proc.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", ["triton_window", "flex", "sdpa"])
+def test_a_training_step_never_makes_the_host_wait_for_the_gpu(backend):
+    """Forward, backward, gradient clipping and an AdamW step of the model (fused loss, a window
+    kernel / flex / SDPA) all return with earlier GPU work still queued."""
+    from tests.helpers.cuda import returns_while_the_gpu_is_busy
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig.tiny(dim=128, n_heads=2, n_kv_heads=1, max_seq_len=512).replace(
+        attn_window=128, attn_backend=backend, loss_impl="fused")
+    model = Llama(cfg).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    ids = torch.randint(0, cfg.vocab_size, (2, 385), device="cuda")
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(ids[:, :-1], ids[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # kernels compiled, block masks built and cached, optimizer state allocated
+    step()
+    assert returns_while_the_gpu_is_busy(step)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
