@@ -15,10 +15,16 @@ from torchcomms import ReduceOp
 def reconfigure_flow() -> dict[str, Any]:
     """Handles exchanged through a store; re-form as [2, 0] (rank 1 left out), revoke, re-form
     with everyone in reversed order."""
+    # The handles go through the communicator's own rendezvous store (keys of their own): a
+    # second store would need a port nobody reserved, and its waits must end (60 s) well before
+    # the runner's limit, so that a rank that failed shows up as errors, not as a hang.
+    rendezvous = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), 3,
+                               int(os.environ["RANK"]) == 0, timeout=timedelta(seconds=60),
+                               wait_for_workers=False)
     comm = torchcomms.new_comm("gloo", torch.device("cpu"), "reconf", enable_reconfigure=True,
-                               timeout=timedelta(seconds=30))
+                               timeout=timedelta(seconds=30), store=rendezvous)
     me = comm.get_rank()
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1, 3, me == 0)
+    store = dist.PrefixStore("test/reconfigure_flow", rendezvous)
     store.set(f"h{me}", comm.get_init_handle())
     handles = [store.get(f"h{r}").decode() for r in range(3)]
     out: dict[str, Any] = {}
