@@ -76,20 +76,36 @@ class RankGroup:
     def signal(self, rank: int, sig: int) -> None:
         os.kill(self.procs[rank].pid, sig)
 
-    def wait(self, timeout: float = 120.0, ranks: list[int] | None = None) -> list[RankResult]:
+    def wait(self, timeout: float = 120.0, ranks: list[int] | None = None,
+             failed_grace: float | None = None) -> list[RankResult]:
+        """Every rank's result once all have exited; an ``AssertionError`` with every rank's state
+        and stacks (``_hang_report``) if one is still running at ``timeout``. With
+        ``failed_grace``, once a rank has failed (non-zero exit) the others get only that many
+        more seconds: a peer blocked on the failed rank is then reported at once, and the report's
+        first line names the rank that failed, not the one that was left waiting on it."""
         deadline = time.monotonic() + timeout
-        which = range(self.n) if ranks is None else ranks
-        results = []
-        for r in which:
-            p = self.procs[r]
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+        which = list(range(self.n) if ranks is None else ranks)
+        failed: int | None = None
+        while True:
+            running = [r for r in which if self.procs[r].poll() is None]
+            if not running:
+                return [self._result(r) for r in which]
+            if failed is None and failed_grace is not None:
+                failed = next((r for r in which if self.procs[r].returncode not in (None, 0)), None)
+                if failed is not None:
+                    deadline = min(deadline, time.monotonic() + failed_grace)
+            if time.monotonic() >= deadline:
                 report = self._hang_report()
                 self.kill_all()
-                raise AssertionError(f"rank {r} did not finish within {timeout} s\n{report}") from None
-            results.append(self._result(r))
-        return results
+                if failed is not None:
+                    res = self._result(failed)
+                    why = f": {res.error['type']}: {res.error['message'][:300]}" if res.error else ""
+                    head = (f"rank {failed} failed (rc={res.returncode}{why}); rank(s) "
+                            f"{', '.join(map(str, running))} had not finished {failed_grace:g} s later")
+                else:
+                    head = f"rank {running[0]} did not finish within {timeout} s"
+                raise AssertionError(f"{head}\n{report}") from None
+            time.sleep(0.05)
 
     def _hang_report(self) -> str:
         """Every rank's state for a timeout: the ranks still running dump their threads' stacks
@@ -150,10 +166,11 @@ class RankGroup:
 
 
 def run_ranks(n: int, target: str, kwargs: dict[str, Any] | None = None, timeout: float = 120.0,
-              env: dict[str, str] | None = None) -> list[RankResult]:
-    """Run ``target`` on ``n`` ranks and return every rank's result; asserts all succeeded."""
+              env: dict[str, str] | None = None, failed_grace: float = 20.0) -> list[RankResult]:
+    """Run ``target`` on ``n`` ranks and return every rank's result; asserts all succeeded (so
+    once one rank failed, the others are given only ``failed_grace`` more seconds)."""
     with RankGroup(n, target, kwargs, env) as g:
-        results = g.wait(timeout)
+        results = g.wait(timeout, failed_grace=failed_grace)
     bad = [r for r in results if not r.ok()]
     assert not bad, "\n".join(f"rank {r.rank}: rc={r.returncode} error={r.error}\n{r.stderr[-3000:]}" for r in bad)
     return results

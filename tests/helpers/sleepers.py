@@ -13,6 +13,13 @@ def rank0_returns_others_block() -> int:
     return _blocked_forever()
 
 
+def rank0_raises_others_block() -> int:
+    """Rank 0 fails at once; every other rank blocks (as a peer waiting on rank 0 would)."""
+    if os.environ["TORCHCOMM_RANK"] == "0":
+        raise RuntimeError("rank 0 gave up")
+    return _blocked_forever()
+
+
 def _blocked_forever() -> int:
     threading.Event().wait()  # never set
     time.sleep(3600)
