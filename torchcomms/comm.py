@@ -283,6 +283,7 @@ class TorchComm:
         self._epoch = 0
         self._failed_global: dict[int, str] = {}
         self._init_handle: str | None = None
+        self._reconf_work: TorchWork | None = None  # the reconfigure whose engine may still be bound
         self._base_prefix = ctx.store_prefix  # reconfigurations key off this, whatever came before
         self._check_engines = 0
         self._signatures = self._new_signature_check()
@@ -621,7 +622,7 @@ class TorchComm:
     def _break(self, cause: CommError) -> None:
         """A timeout or failure broke the communicator: fail every other in-flight op fast."""
         with self._lock:
-            if self._broken is not None or self._state in ("aborted", "finalized"):
+            if self._broken is not None or self._state in ("aborted", "revoked", "finalized"):
                 return
             self._broken = cause
             self._state = "broken"
@@ -779,15 +780,6 @@ class TorchComm:
             globals_.append(int(parts[4]))
         c.hints("reconfigure", hints)
         secs = c.timeout("reconfigure", timeout) or self._timeout_s
-        with self._lock:
-            if self._state in ("finalized", "expelled", "shrunk"):
-                raise CommAbortedError(f"communicator is {self._state}", comm=self._name, op="reconfigure")
-            pending = list(self._inflight.values())
-            self._state = "reconfiguring"
-        for w in pending:
-            rec = w.record
-            w._finish(WorkStatus.ERROR, CommAbortedError("communicator is being reconfigured", comm=self._name,
-                                                         op=str(rec.name), seq=rec.seq), state="aborted")
         import hashlib
 
         key = hashlib.sha1("\n".join(init_handles).encode()).hexdigest()[:12]
@@ -801,7 +793,20 @@ class TorchComm:
         rec.state = "started"
         rec.time_started_ns = rec.time_created_ns
         work = TorchWork(self, rec, time.monotonic() + secs)
-        old = self._backend
+        with self._lock:
+            if self._state in ("finalized", "expelled", "shrunk"):
+                raise CommAbortedError(f"communicator is {self._state}", comm=self._name, op="reconfigure")
+            pending = list(self._inflight.values())
+            earlier, self._reconf_work = self._reconf_work, work  # only the latest may rebind
+            old = self._backend
+            self._state = "reconfiguring"
+        for w in pending:
+            rec_w = w.record
+            w._finish(WorkStatus.ERROR, CommAbortedError("communicator is being reconfigured", comm=self._name,
+                                                         op=str(rec_w.name), seq=rec_w.seq), state="aborted")
+        if earlier is not None:
+            earlier._finish(WorkStatus.ERROR, CommAbortedError(
+                f"superseded by reconfigure({uuid!r})", comm=self._name, op="reconfigure"), state="aborted")
 
         def build() -> None:
             try:
@@ -809,17 +814,32 @@ class TorchComm:
             except BaseException as e:  # noqa: BLE001
                 work._engine_done(e)
                 return
+            if not self._rebind(backend, work):
+                # The reconfigure ended before its engine was ready (timed out, superseded, the
+                # communicator aborted): that engine is never used, and the communicator keeps
+                # the state the caller was told about.
+                backend.abort()
+                work._finish(WorkStatus.ERROR, CommAbortedError(
+                    f"communicator became {self._state} before the reconfigured engine was ready",
+                    comm=self._name, op="reconfigure"), state="aborted")
+                return
             old.abort()
-            self._rebind(backend)
             work._engine_done(None)
 
         threading.Thread(target=build, name=f"torchcomms-reconfigure-{self._name}", daemon=True).start()
         return work
 
-    def _rebind(self, backend: TorchCommBackend) -> None:
-        """Point this communicator at a new engine context (after reconfigure)."""
+    def _rebind(self, backend: TorchCommBackend, work: TorchWork) -> bool:
+        """Point this communicator at the engine ``work``'s reconfigure built, if that reconfigure
+        is still the one in progress (not timed out, superseded or aborted); returns whether it
+        did. Checked under the lock that ``_break`` takes: a timeout that lands after the check
+        breaks the communicator on the new engine, one before it leaves the new engine unused."""
         ctx = backend.ctx
         with self._lock:
+            if (self._reconf_work is not work or work.status is not WorkStatus.INPROGRESS
+                    or self._state not in ("reconfiguring", "broken")):
+                return False
+            self._reconf_work = None
             self._backend = backend
             self._ctx = ctx
             self._rank, self._size = ctx.rank, ctx.size
@@ -835,6 +855,7 @@ class TorchComm:
             old_check, self._signatures = self._signatures, self._new_signature_check()
         if old_check is not None:
             old_check.close(abort=True)
+        return True
 
     def _known_failed(self) -> set[int]:
         failed = set(self._failed_global)
@@ -935,6 +956,9 @@ class TorchComm:
                     return
                 self._state = "revoked" if revoke else "aborted"
                 pending = list(self._inflight.values())
+                if self._reconf_work is not None:  # a reconfigure in progress never binds its engine now
+                    pending.append(self._reconf_work)
+                    self._reconf_work = None
             for w in pending:
                 rec = w.record
                 w._finish(

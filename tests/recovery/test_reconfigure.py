@@ -46,3 +46,15 @@ def test_reconfigure_flow_needs_no_port_beside_master_port() -> None:
     with taken:
         res = run_ranks(3, "tests.recovery.workers:reconfigure_flow", timeout=90, env={"MASTER_PORT": str(port)})
     _check({r.rank: r.value for r in res})
+
+
+def test_a_reconfigure_that_timed_out_stays_failed_when_its_engine_arrives_late() -> None:
+    # The engine build of a reconfigure used to rebind the communicator whenever it finished: one
+    # that finished after the reconfigure had raised CommTimeoutError silently made the broken
+    # communicator usable again, on an engine the caller had been told was not formed.
+    res = run_ranks(2, "tests.recovery.workers:reconfigure_ending_after_its_timeout", timeout=120)
+    for r in res:
+        assert r.value["wait"] == "CommTimeoutError"
+        assert r.value["broken_after"] is True
+        assert r.value["op_after"] == "CommAbortedError"
+        assert r.value["retry_sum"] == 3.0

@@ -60,6 +60,62 @@ def reconfigure_flow() -> dict[str, Any]:
     return out
 
 
+def reconfigure_ending_after_its_timeout() -> dict[str, Any]:
+    """A reconfigure whose engine is ready only after the reconfigure timed out (the engine
+    build is held until the caller has seen the timeout), then a retry."""
+    import threading
+
+    from torchcomms.backends.gloo import GlooBackend
+
+    rendezvous = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), 2,
+                               int(os.environ["RANK"]) == 0, timeout=timedelta(seconds=60),
+                               wait_for_workers=False)
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "late", enable_reconfigure=True,
+                               timeout=timedelta(seconds=30), store=rendezvous)
+    me = comm.get_rank()
+    store = dist.PrefixStore("test/late", rendezvous)
+    store.set(f"h{me}", comm.get_init_handle())
+    handles = [store.get(f"h{r}").decode() for r in range(2)]
+    out: dict[str, Any] = {}
+    real_split, release = GlooBackend.split, threading.Event()
+
+    def held_split(self: GlooBackend, ctx: Any) -> GlooBackend:
+        child = real_split(self, ctx)  # the real engine, built over both ranks
+        release.wait(60)  # ...handed back only after the reconfigure's deadline
+        return child
+
+    GlooBackend.split = held_split  # type: ignore[method-assign]
+    try:
+        work = comm.reconfigure("late", handles, timeout=timedelta(seconds=1))
+        try:
+            work.wait()
+            out["wait"] = "ok"
+        except torchcomms.CommTimeoutError:
+            out["wait"] = "CommTimeoutError"
+    finally:
+        GlooBackend.split = real_split  # type: ignore[method-assign]
+        release.set()
+    for t in threading.enumerate():
+        if t.name == "torchcomms-reconfigure-late":
+            t.join(30)  # the build has handed its engine back
+    out["broken_after"] = comm.is_broken()
+    try:
+        comm.all_reduce(torch.ones(1), ReduceOp.SUM, False, timeout=timedelta(seconds=10))
+        out["op_after"] = "ran"
+    except torchcomms.CommError as e:
+        out["op_after"] = type(e).__name__
+    store.set(f"retry-{me}", b"1")
+    store.wait([f"retry-{r}" for r in range(2)])
+    comm.reconfigure("retry", handles).wait()
+    t = torch.tensor([float(me + 1)])
+    comm.all_reduce(t, ReduceOp.SUM, False)
+    out["retry_sum"] = t.item()
+    store.set(f"done-{me}", b"1")
+    store.wait([f"done-{r}" for r in range(2)])
+    comm.finalize()
+    return out
+
+
 def until_control_plane_lost() -> dict[str, Any]:
     """all_reduce in a loop until the communicator breaks; report how."""
     import time
