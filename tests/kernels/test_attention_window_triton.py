@@ -397,6 +397,5 @@ def test_window_attention_never_makes_the_host_wait_for_the_gpu() -> None:
     def step() -> None:
         attention(q, k, v, SlidingWindow(256), backend="triton_window").sum().backward()
 
-    step()
-    assert returns_while_the_gpu_is_busy(step)
+    assert returns_while_the_gpu_is_busy(step)  # after two warm-up calls (the second accumulates)
     assert torch.isfinite(q.grad).all()

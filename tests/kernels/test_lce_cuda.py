@@ -234,6 +234,5 @@ def test_a_call_never_makes_the_host_wait_for_the_gpu(reduction, chunk, weighted
                                    class_weight=cw, z_loss=1e-4)
         (out.sum() if reduction == "none" else out).backward()
 
-    step()  # kernels compiled, capability probes done
-    assert returns_while_the_gpu_is_busy(step)
+    assert returns_while_the_gpu_is_busy(step)  # after two warm-up calls
     assert torch.isfinite(w.grad).all()
