@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     from torchcomms.comm import TorchComm
     from torchcomms.op import OpRecord
 
+#: How long ``wait()`` past the deadline lets another thread finish ending the op (its
+#: post-hooks, breaking the communicator) before returning the outcome anyway.
+ENDING_GRACE_S = 1.0
+
 _TERMINAL_STATE = {
     WorkStatus.COMPLETED: "completed",
     WorkStatus.TIMEDOUT: "timed_out",
@@ -24,8 +28,9 @@ class TorchWork:
     """The handle of one operation.
 
     ``wait()`` returns ``True`` once the op completed, and raises its typed error when it failed.
-    It never blocks past the op's deadline (plus a few ms): at the deadline the op fails with
-    ``CommTimeoutError`` and its communicator is marked broken.
+    It never blocks past the op's deadline (plus a few ms, or at most ``ENDING_GRACE_S`` while
+    another thread that ended the op is still in its post-hooks): at the deadline the op fails
+    with ``CommTimeoutError`` and its communicator is marked broken.
     """
 
     __slots__ = ("_comm", "record", "deadline", "_event", "_done", "_status", "_exc", "_lock", "tracked",
@@ -97,7 +102,9 @@ class TorchWork:
             if user_limit is not None and limit == user_limit and user_limit < self.deadline:
                 return False
             self._comm._expire(self)
-            event.wait()
+            # The op has its outcome now. When another thread decided it, that thread may still
+            # be ending it (post-hooks, breaking the communicator): wait for that, but bounded.
+            event.wait(ENDING_GRACE_S)
         if self._exc is not None:
             raise self._exc
         return True

@@ -250,3 +250,26 @@ def test_ops_with_the_same_timeout_do_not_wake_the_watchdog_each_time() -> None:
         c.all_reduce(x, ReduceOp.SUM, False)
     assert _CountingCondition.notified <= 2, _CountingCondition.notified
     c.finalize()
+
+
+def test_wait_is_bounded_while_the_thread_that_ended_the_op_runs_a_slow_post_hook() -> None:
+    """The engine's thread completes the op, then blocks in a post-hook; the op's waiter must not
+    wait for that hook past the deadline (it used to wait for it without limit)."""
+    c = fake("slow-hook", **{"fake.hang_ops": "all_reduce"})
+    in_hook, release = threading.Event(), threading.Event()
+    c.register_post_hook(lambda op_id, rec: (in_hook.set(), release.wait(60)))
+    w = c.all_reduce(torch.ones(2), ReduceOp.SUM, True, timeout=timedelta(seconds=0.3))
+    engine = threading.Thread(target=lambda: c._backend._pending[0].set_result(None))  # the op completes
+    engine.start()
+    assert in_hook.wait(5)
+    returned: list[bool] = []
+    waiter = threading.Thread(target=lambda: returned.append(w.wait()))
+    waiter.start()
+    waiter.join(20)
+    blocked = waiter.is_alive()
+    release.set()
+    waiter.join()
+    engine.join()
+    assert not blocked, "wait() waited for another thread's post-hook past the op's deadline"
+    assert returned == [True] and w.status is WorkStatus.COMPLETED  # it completed before the deadline
+    c.finalize()
