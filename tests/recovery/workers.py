@@ -12,21 +12,32 @@ import torchcomms
 from torchcomms import ReduceOp
 
 
+def _reconfigurable_comm(name: str, world: int, prefix: str) -> tuple[torchcomms.TorchComm, Any, list[str]]:
+    """A reconfigurable gloo communicator, a store for the test's own keys and every rank's init
+    handle. The keys go through the communicator's own rendezvous store (under ``prefix``): a
+    second store would need a port nobody reserved, and its waits must end (60 s) well before
+    the runner's limit, so that a rank that failed shows up as errors, not as a hang."""
+    rendezvous = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                               int(os.environ["RANK"]) == 0, timeout=timedelta(seconds=60),
+                               wait_for_workers=False)
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), name, enable_reconfigure=True,
+                               timeout=timedelta(seconds=30), store=rendezvous)
+    store = dist.PrefixStore(prefix, rendezvous)
+    store.set(f"h{comm.get_rank()}", comm.get_init_handle())
+    return comm, store, [store.get(f"h{r}").decode() for r in range(world)]
+
+
+def _all_arrive(store: Any, key: str, me: int, world: int) -> None:
+    """A barrier through the test's store: wait until every rank has reached ``key``."""
+    store.set(f"{key}-{me}", b"1")
+    store.wait([f"{key}-{r}" for r in range(world)])
+
+
 def reconfigure_flow() -> dict[str, Any]:
     """Handles exchanged through a store; re-form as [2, 0] (rank 1 left out), revoke, re-form
     with everyone in reversed order."""
-    # The handles go through the communicator's own rendezvous store (keys of their own): a
-    # second store would need a port nobody reserved, and its waits must end (60 s) well before
-    # the runner's limit, so that a rank that failed shows up as errors, not as a hang.
-    rendezvous = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), 3,
-                               int(os.environ["RANK"]) == 0, timeout=timedelta(seconds=60),
-                               wait_for_workers=False)
-    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "reconf", enable_reconfigure=True,
-                               timeout=timedelta(seconds=30), store=rendezvous)
+    comm, store, handles = _reconfigurable_comm("reconf", 3, "test/reconfigure_flow")
     me = comm.get_rank()
-    store = dist.PrefixStore("test/reconfigure_flow", rendezvous)
-    store.set(f"h{me}", comm.get_init_handle())
-    handles = [store.get(f"h{r}").decode() for r in range(3)]
     out: dict[str, Any] = {}
     if me != 1:
         work = comm.reconfigure("cfg-a", [handles[2], handles[0]])
@@ -47,15 +58,13 @@ def reconfigure_flow() -> dict[str, Any]:
             comm.reconfigure("cfg-a", [handles[2], handles[0]])
         except torchcomms.CommValueError as e:
             out["excluded_error"] = str(e)
-    store.set(f"phase-b-{me}", b"1")
-    store.wait([f"phase-b-{r}" for r in range(3)])
+    _all_arrive(store, "phase-b", me, 3)
     comm.reconfigure("cfg-b", list(reversed(handles))).wait()
     out["b_rank"], out["b_size"] = comm.get_rank(), comm.get_size()
     t = torch.tensor([float(me + 1)])
     comm.all_reduce(t, ReduceOp.SUM, False)
     out["b_sum"] = t.item()
-    store.set(f"done-{me}", b"1")
-    store.wait([f"done-{r}" for r in range(3)])
+    _all_arrive(store, "done", me, 3)
     comm.finalize()
     return out
 
@@ -67,15 +76,8 @@ def reconfigure_ending_after_its_timeout() -> dict[str, Any]:
 
     from torchcomms.backends.gloo import GlooBackend
 
-    rendezvous = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), 2,
-                               int(os.environ["RANK"]) == 0, timeout=timedelta(seconds=60),
-                               wait_for_workers=False)
-    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "late", enable_reconfigure=True,
-                               timeout=timedelta(seconds=30), store=rendezvous)
+    comm, store, handles = _reconfigurable_comm("late", 2, "test/late")
     me = comm.get_rank()
-    store = dist.PrefixStore("test/late", rendezvous)
-    store.set(f"h{me}", comm.get_init_handle())
-    handles = [store.get(f"h{r}").decode() for r in range(2)]
     out: dict[str, Any] = {}
     real_split, release = GlooBackend.split, threading.Event()
 
@@ -104,14 +106,12 @@ def reconfigure_ending_after_its_timeout() -> dict[str, Any]:
         out["op_after"] = "ran"
     except torchcomms.CommError as e:
         out["op_after"] = type(e).__name__
-    store.set(f"retry-{me}", b"1")
-    store.wait([f"retry-{r}" for r in range(2)])
+    _all_arrive(store, "retry", me, 2)
     comm.reconfigure("retry", handles).wait()
     t = torch.tensor([float(me + 1)])
     comm.all_reduce(t, ReduceOp.SUM, False)
     out["retry_sum"] = t.item()
-    store.set(f"done-{me}", b"1")
-    store.wait([f"done-{r}" for r in range(2)])
+    _all_arrive(store, "done", me, 2)
     comm.finalize()
     return out
 
