@@ -131,17 +131,19 @@ class TorchWork:
         return self._exc
 
     def get_future(self):  # type: ignore[no-untyped-def]
-        """A ``torch.futures.Future`` completed with ``None`` (or the error) when the op ends."""
+        """A ``torch.futures.Future`` completed with ``None`` (or the error) when the op ends;
+        bounded like ``wait()``: by the deadline it holds the op's ``CommTimeoutError``."""
         import torch
 
         fut: torch.futures.Future = torch.futures.Future()
 
         def _complete() -> None:
-            event = self._waiter()
-            if event is not None:
-                event.wait()
-            if self._exc is not None:
-                fut.set_exception(self._exc)
+            # wait(), not the bare event: the event is set only once the thread that ended the
+            # op finished its post-hooks, and nothing expires an op no watchdog tracks.
+            try:
+                self.wait()
+            except CommError as e:
+                fut.set_exception(e)
             else:
                 fut.set_result(None)
 

@@ -273,3 +273,37 @@ def test_wait_is_bounded_while_the_thread_that_ended_the_op_runs_a_slow_post_hoo
     assert not blocked, "wait() waited for another thread's post-hook past the op's deadline"
     assert returned == [True] and w.status is WorkStatus.COMPLETED  # it completed before the deadline
     c.finalize()
+
+
+def test_get_future_is_bounded_while_the_thread_that_ended_the_op_runs_a_slow_post_hook() -> None:
+    """Same as above for ``get_future()``: its future must complete by the deadline (plus
+    ``ENDING_GRACE_S``), not when another thread's post-hook returns (it waited for it without limit)."""
+    c = fake("slow-hook-future", **{"fake.hang_ops": "all_reduce"})
+    in_hook, release = threading.Event(), threading.Event()
+    c.register_post_hook(lambda op_id, rec: (in_hook.set(), release.wait(60)))
+    w = c.all_reduce(torch.ones(2), ReduceOp.SUM, True, timeout=timedelta(seconds=0.3))
+    fut = w.get_future()
+    engine = threading.Thread(target=lambda: c._backend._pending[0].set_result(None))  # the op completes
+    engine.start()
+    assert in_hook.wait(5)
+    waiter = threading.Thread(target=fut.wait)
+    waiter.start()
+    waiter.join(5)
+    blocked = waiter.is_alive()
+    release.set()
+    waiter.join()
+    engine.join()
+    assert not blocked, "get_future()'s future waited for another thread's post-hook past the op's deadline"
+    assert fut.done() and fut.value() is None and w.status is WorkStatus.COMPLETED
+    c.finalize()
+
+
+def test_get_future_of_a_hung_op_fails_at_the_deadline() -> None:
+    c = fake("hung-future", **{"fake.hang_ops": "all_reduce"})
+    w = c.all_reduce(torch.ones(2), ReduceOp.SUM, True, timeout=timedelta(seconds=0.2))
+    fut = w.get_future()
+    t0 = time.monotonic()
+    with pytest.raises(CommTimeoutError):
+        fut.wait()
+    assert time.monotonic() - t0 < 3
+    c.abort()
