@@ -227,10 +227,12 @@ def test_step_bench_smoke(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("backend", ["triton_window", "flex", "sdpa"])
-def test_a_training_step_never_makes_the_host_wait_for_the_gpu(backend):
+@pytest.mark.parametrize("backend, compiled", [("triton_window", False), ("flex", False), ("sdpa", False),
+                                               ("triton_window", True), ("flex", True)])
+def test_a_training_step_never_makes_the_host_wait_for_the_gpu(backend, compiled):
     """Forward, backward, gradient clipping and an AdamW step of the model (fused loss, a window
-    kernel / flex / SDPA) all return with earlier GPU work still queued."""
+    kernel / flex / SDPA; eagerly, or the model under torch.compile, where the fused loss and
+    the window kernel run as custom operators) all return with earlier GPU work still queued."""
     from tests.helpers.cuda import returns_while_the_gpu_is_busy
 
     torch.manual_seed(0)
@@ -239,10 +241,11 @@ def test_a_training_step_never_makes_the_host_wait_for_the_gpu(backend):
     model = Llama(cfg).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     ids = torch.randint(0, cfg.vocab_size, (2, 385), device="cuda")
+    forward = torch.compile(model, fullgraph=True) if compiled else model
 
     def step() -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(ids[:, :-1], ids[:, 1:])
+            loss = forward(ids[:, :-1], ids[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
