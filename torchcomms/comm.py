@@ -873,28 +873,50 @@ class TorchComm:
             timeout=timedelta(seconds=max(1.0, deadline - time.monotonic())),
             hints=dict(self._hints), global_ranks=tuple(survivors),
         )
+        try:
+            return self._build_until(ctx, deadline)
+        except BaseException as e:  # noqa: BLE001 - the engine may throw anything
+            if self._known_failed() & set(survivors):
+                return None
+            raise self._translate_engine_error(e, OpRecord(
+                self._name, self._global_ranks, self._rank, self._size, self._backend_name, OpName.shrink, 0, 0,
+                0.0, False, 0)) from None
+
+    def _build_until(self, ctx: BackendContext, deadline: float) -> TorchCommBackend | None:
+        """``self._backend.split(ctx)`` on a thread, waited for until ``deadline`` or until one of
+        its members (``ctx.global_ranks``) is reported failed: then ``None`` (the build goes on
+        until the engine's own timeout; an engine it still makes is aborted, never used). The
+        engine's rendezvous waits on every member, and its timeout is the new communicator's op
+        timeout, not this deadline. Raises the build's error."""
+        members = set(ctx.global_ranks)
         box: dict[str, Any] = {}
+        lock = threading.Lock()
 
         def build() -> None:
             try:
-                box["backend"] = self._backend.split(ctx)
+                backend = self._backend.split(ctx)
             except BaseException as e:  # noqa: BLE001
-                box["error"] = e
+                with lock:
+                    box["error"] = e
+                return
+            with lock:
+                if "abandoned" not in box:
+                    box["backend"] = backend
+                    return
+            backend.abort()
 
-        t = threading.Thread(target=build, name=f"torchcomms-shrink-{self._name}", daemon=True)
+        t = threading.Thread(target=build, name=f"torchcomms-build-{ctx.name}", daemon=True)
         t.start()
         while t.is_alive():
             t.join(0.005)
-            if self._known_failed() & set(survivors):
-                return None  # abandon the build: its rendezvous waits on a dead rank
-            if time.monotonic() >= deadline:
-                return None
+            if self._known_failed() & members or time.monotonic() >= deadline:
+                with lock:
+                    if not box:
+                        box["abandoned"] = True
+                        return None  # e.g. its rendezvous waits on a dead or stalled rank
+                break
         if "error" in box:
-            if self._known_failed() & set(survivors):
-                return None
-            raise self._translate_engine_error(box["error"], OpRecord(
-                self._name, self._global_ranks, self._rank, self._size, self._backend_name, OpName.shrink, 0, 0,
-                0.0, False, 0))
+            raise box["error"]
         return box["backend"]
 
     def _become(self, backend: TorchCommBackend, survivors: list[int], epoch: int) -> TorchComm:
@@ -1240,7 +1262,14 @@ class TorchComm:
                 hints={**self._hints, **(hints or {})},
                 global_ranks=tuple(self._global_ranks[r] for r in members),
             )
-            child_backend = self._backend.split(child_ctx)
+            # The new engine's rendezvous waits on every member: bounded by this split's own
+            # deadline (which its exchange above already counted down), not by the engine's.
+            try:
+                child_backend = self._build_until(child_ctx, work.deadline)
+            except BaseException as e:  # noqa: BLE001 - the engine may throw anything
+                raise self._translate_engine_error(e, work.record) from None
+            if child_backend is None:
+                raise self._split_not_built(work.record, child_ctx.global_ranks)
             opts = self._derived_options(child_ctx.hints)
             child = TorchComm(child_backend, opts, self._store)
         except BaseException:
@@ -1248,6 +1277,20 @@ class TorchComm:
             raise
         self._adopt(child)
         return child
+
+    def _split_not_built(self, rec: OpRecord, members: tuple[int, ...]) -> CommError:
+        """Why ``split``'s new engine was abandoned: a member failed, or the deadline passed."""
+        failed = self._known_failed() & set(members)
+        ctx = dict(comm=self._name, op="split", seq=rec.seq)
+        if failed:
+            how = {**(dict(self._monitor.failed) if self._monitor is not None else {}), **self._failed_global}
+            return PeerFailureError(
+                "a member of the new communicator failed while its engine was built",
+                failed_ranks=[self._global_ranks.index(g) for g in sorted(failed) if g in self._global_ranks],
+                detected_by=",".join(sorted({how.get(g, "control") for g in failed})), **ctx)  # type: ignore[arg-type]
+        return CommTimeoutError(
+            f"the new communicator's engine was not ready within {rec.timeout_s:g} s "
+            "(a member never joined its rendezvous)", timeout_s=rec.timeout_s, **ctx)  # type: ignore[arg-type]
 
     def _derived_options(self, hints: dict[str, str]) -> CommOptions:
         """This communicator's options, with its current timeout, for one derived from it."""

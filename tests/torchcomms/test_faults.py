@@ -64,3 +64,17 @@ def test_sigkill_peer_raises_within_timeout() -> None:
         assert v["after"] == "CommAbortedError"
     # the killed rank's ring neighbours see the closed connection: a PeerFailureError
     assert any(res.value["raised"] == "PeerFailureError" for res in results)
+
+
+def test_split_is_bounded_by_its_timeout_when_a_member_never_builds_the_new_engine() -> None:
+    """A member stalls between the split's exchange and the new engine's rendezvous: the other
+    member's split raises CommTimeoutError within the split's timeout (it used to wait for the
+    communicator's timeout, 60 s here, and then raise the engine's untyped DistStoreError)."""
+    with RankGroup(2, "tests.torchcomms.workers:split_with_member_stalled_before_its_engine",
+                   {"split_timeout_s": 2.0}) as g:
+        res = g.wait(timeout=90, ranks=[0])[0]
+    assert res.ok(), res.stderr[-3000:]
+    v = res.value
+    assert v["raised"] == "CommTimeoutError" and v["is_comm_error"] and v["op"] == "split", v
+    assert v["elapsed"] < 2.0 + 3.0, v
+    assert v["name_free"], v

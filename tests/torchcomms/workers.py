@@ -343,3 +343,29 @@ def sync_op_aborted_from_another_thread() -> dict[str, Any]:
         return {"raised": None}
     except torchcomms.CommError as e:
         return {"raised": type(e).__name__, "message": str(e), "elapsed": time.monotonic() - t0}
+
+
+def split_with_member_stalled_before_its_engine(split_timeout_s: float) -> dict[str, Any]:
+    """Both ranks exchange the split's member lists; rank 1 then stalls (in a post-hook of the
+    split's exchange) before building the new communicator's engine. Rank 0 reports how its
+    split ended: bounded by the split's own timeout, not the communicator's 60 s."""
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "split-stall", timeout=timedelta(seconds=60))
+    r = comm.get_rank()
+    comm.all_reduce(torch.ones(4), ReduceOp.SUM, False)
+    if r == 1:
+        comm.register_post_hook(lambda op_id, rec: time.sleep(3600) if str(rec.name) == "split" else None)
+    t0 = time.monotonic()
+    try:
+        comm.split([0, 1], "child", timeout=timedelta(seconds=split_timeout_s))
+        out: dict[str, Any] = {"raised": None}
+    except Exception as e:  # noqa: BLE001 - report whatever it was
+        out = {"raised": type(e).__name__, "is_comm_error": isinstance(e, torchcomms.CommError),
+               "message": str(e)[:300], "op": getattr(e, "op", None)}
+    out["elapsed"] = time.monotonic() - t0
+    # the name is free again: a retry with the same name is not refused as a duplicate
+    try:
+        torchcomms.new_comm("fake", "cpu", "child", hints={"rank": "0", "size": "1"}).finalize()
+        out["name_free"] = True
+    except torchcomms.CommError:
+        out["name_free"] = False
+    return out
