@@ -41,7 +41,7 @@ from .exceptions import ControlPlaneLostError, LauncherError, UsageError
 from .output import STDERR, STDOUT, Console, OutputPump, StreamRoute
 from .rendezvous import KEY_ROOT, JoinRecord, NodeSlot, Plan, host_round, join_round, wait_plan
 from .summary import describe_end, job_exit_code, render_root_cause, render_table, root_cause
-from .supervisor import Worker, WorkerGroup, WorkerResult, WorkerSpec
+from .supervisor import KILL_WAIT_S, Worker, WorkerGroup, WorkerResult, WorkerSpec
 
 __all__ = ["Agent", "Decision"]
 
@@ -248,7 +248,7 @@ class Agent:
 
     def _teardown(self) -> None:
         if self.group is not None:
-            self.group.kill_all()
+            self._report_unkillable(self.group.kill_all())
         self._hb_stop.set()
         if self._hb_client is not None:
             try:
@@ -436,7 +436,13 @@ class Agent:
         if self._stopping_local:
             return
         self._stopping_local = True
-        self.group.stop(self.cfg.grace_period, first=first)
+        self._report_unkillable(self.group.stop(self.cfg.grace_period, first=first))
+
+    def _report_unkillable(self, left: list[Worker]) -> None:
+        for w in left:
+            self.console.event(
+                f"rank {w.result.rank} (pid {w.pid}) has not exited {KILL_WAIT_S:g} s after SIGKILL "
+                f"(uninterruptible sleep in a driver or file system?); not waiting for it any longer")
 
     def _local_results(self) -> list[WorkerResult]:
         assert self.group is not None

@@ -24,7 +24,11 @@ from typing import Any
 from .env import WorkerPlacement
 from .output import STDERR, STDOUT, OutputPump
 
-__all__ = ["WorkerSpec", "WorkerResult", "Worker", "WorkerGroup", "exit_code_of"]
+__all__ = ["WorkerSpec", "WorkerResult", "Worker", "WorkerGroup", "exit_code_of", "KILL_WAIT_S"]
+
+#: How long :meth:`WorkerGroup.kill_all` waits for SIGKILLed workers to exit: one in an
+#: uninterruptible sleep (a hung driver or file system) cannot exit until the kernel lets it.
+KILL_WAIT_S = 10.0
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -121,12 +125,26 @@ class Worker:
         return not self.done.is_set()
 
     def signal_group(self, sig: int) -> bool:
-        """Send ``sig`` to the worker's process group; False when nothing is left in it."""
+        """Send ``sig`` to the worker's process group, and to the worker itself when it moved
+        out of that group (no group signal reaches it then); False when nothing got it."""
+        sent = False
         try:
             os.killpg(self.proc.pid, sig)
-            return True
+            sent = True
         except (ProcessLookupError, PermissionError):
-            return False
+            pass
+        if not self.done.is_set():  # not reaped yet: the pid is still this worker's
+            try:
+                outside = os.getpgid(self.proc.pid) != self.proc.pid
+            except ProcessLookupError:
+                outside = False
+            if outside:
+                try:
+                    self.proc.send_signal(sig)
+                    sent = True
+                except (ProcessLookupError, PermissionError):
+                    pass
+        return sent
 
 
 class WorkerGroup:
@@ -182,10 +200,11 @@ class WorkerGroup:
             w.signal_group(sig)
 
     def stop(self, grace: float, first: int = signal.SIGTERM,
-             dump: int | None = signal.SIGUSR1) -> None:
+             dump: int | None = signal.SIGUSR1) -> list[Worker]:
         """Stop every worker: ``first`` now, ``dump`` to those still alive shortly before
         the grace period ends (a flight-recorder dump), SIGKILL when it ends. Returns when
-        every worker has exited and its process group is emptied."""
+        every worker has exited and its process group is emptied, or ``KILL_WAIT_S`` after
+        the SIGKILL (returns the workers still alive then)."""
         self.signal_all(first)
         deadline = time.monotonic() + grace
         dump_at = deadline - min(2.0, grace / 4)
@@ -200,15 +219,18 @@ class WorkerGroup:
             for w in self.alive():
                 w.done.wait(min(0.02, max(0.0, deadline - now)))
                 break
-        self.kill_all()
+        return self.kill_all()
 
-    def kill_all(self) -> None:
-        """SIGKILL every worker's process group (including stray grandchildren)."""
+    def kill_all(self, wait: float = KILL_WAIT_S) -> list[Worker]:
+        """SIGKILL every worker's process group (including stray grandchildren) and wait, at
+        most ``wait`` seconds in all, for the workers to exit; returns those still alive."""
         for w in self.workers:
             w.signal_group(signal.SIGKILL)
+        deadline = time.monotonic() + wait
         for w in self.workers:
-            w.done.wait()
+            w.done.wait(max(0.0, deadline - time.monotonic()))
         for w in self.workers:
             w.signal_group(signal.SIGKILL)  # children forked just before the leader died
             if w.spec.output is not None:
                 w.spec.output.join(timeout=2.0)
+        return self.alive()
