@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.ranks import RankGroup
+from tests.helpers.ranks import RankGroup, run_ranks
 
 TIMEOUT_S = 3.0
 
@@ -78,3 +78,14 @@ def test_split_is_bounded_by_its_timeout_when_a_member_never_builds_the_new_engi
     assert v["raised"] == "CommTimeoutError" and v["is_comm_error"] and v["op"] == "split", v
     assert v["elapsed"] < 2.0 + 3.0, v
     assert v["name_free"], v
+
+
+
+@pytest.mark.parametrize("after_shrink", [False, True], ids=["op-timeout-longer", "after-a-short-shrink"])
+def test_an_op_is_ended_by_its_own_deadline_not_by_the_timeout_its_engine_was_built_with(after_shrink: bool) -> None:
+    """gloo's engine took its op timeout from how it was built: the communicator's timeout when
+    created, what was left of the shrink after a shrink. An op with a longer timeout of its own,
+    or any op after a short shrink, failed early as a gloo timeout."""
+    results = run_ranks(2, "tests.torchcomms.workers:op_outlasting_the_engine_timeout",
+                        {"late_s": 4.0, "after_shrink": after_shrink}, timeout=120)
+    assert [res.value for res in results] == ["sum=3", "sum=3"]

@@ -369,3 +369,27 @@ def split_with_member_stalled_before_its_engine(split_timeout_s: float) -> dict[
     except torchcomms.CommError:
         out["name_free"] = False
     return out
+
+
+def op_outlasting_the_engine_timeout(late_s: float, after_shrink: bool) -> str:
+    """Rank 1 enters an all_reduce ``late_s`` after rank 0: longer than the timeout the engine
+    was built with, within the op's own. Either on a communicator whose timeout is shorter than
+    the op's own, or on the communicator that a shrink with a short timeout built (nobody failed:
+    the same two ranks). The op must complete: only its own deadline may end it."""
+    base = late_s / 2 if not after_shrink else late_s + 30
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "outlast", timeout=timedelta(seconds=base))
+    r = comm.get_rank()
+    comm.all_reduce(torch.ones(4), ReduceOp.SUM, False)
+    op_timeout = timedelta(seconds=late_s + 30)
+    if after_shrink:
+        comm = comm.shrink(timeout=timedelta(seconds=late_s / 2))
+        op_timeout = None  # the communicator's own (late_s + 30)
+    if r == 1:
+        time.sleep(late_s)
+    t = torch.tensor([float(r + 1)])
+    try:
+        comm.all_reduce(t, ReduceOp.SUM, False, timeout=op_timeout)
+    except torchcomms.CommError as e:
+        return f"{type(e).__name__}: {str(e)[:200]}"
+    comm.finalize()
+    return f"sum={t.item():g}"

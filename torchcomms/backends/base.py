@@ -165,7 +165,11 @@ class EngineHandle:
 
 @dataclass
 class BackendContext:
-    """What a backend is created with."""
+    """What a backend is created with.
+
+    ``timeout`` bounds the engine's set-up (its rendezvous; after a shrink, what is left of the
+    shrink). It is not an op timeout: ``TorchComm`` ends each op at that op's own deadline, so
+    an engine must not end ops sooner by itself (gloo's own limit is set to a backstop)."""
 
     name: str
     rank: int

@@ -138,6 +138,13 @@ def _local_address_towards(host: str) -> str | None:
     return None
 
 
+#: gloo's own limit on an op once the engine is built. ``TorchComm`` ends every op at that op's
+#: deadline (and breaks, then aborts, the engine), so this only backs it up; it must not be the
+#: timeout the engine was built with, which bounds the rendezvous (for a shrink, what was left of
+#: it) and can be shorter than an op's own timeout.
+ENGINE_OP_BACKSTOP = timedelta(days=1)
+
+
 class GlooBackend(TorchCommBackend):
     backend_name = "gloo"
     capabilities = BackendCapabilities(devices=("cpu",), abort=False, shrink=True, dtypes=_GLOO_DTYPES)
@@ -157,6 +164,9 @@ class GlooBackend(TorchCommBackend):
         if ctx.size > 1:
             self._store.set(_LISTENER_KEY.format(ctx.rank), self._sockets.listener or "")
         self._pg = dist.ProcessGroupGloo(self._store, ctx.rank, ctx.size, opts)
+        # ctx.timeout bounded the rendezvous just done (after a shrink: what was left of it); the
+        # communicator ends each op at the op's own deadline, so gloo's own limit is a backstop
+        self._pg._set_default_timeout(ENGINE_OP_BACKSTOP)
         if ctx.size > 1:
             self._sockets.engine_created(self._peer_listeners())
         self._waiter = _BlockingWaiter()
