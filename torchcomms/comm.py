@@ -885,9 +885,8 @@ class TorchComm:
     def _build_until(self, ctx: BackendContext, deadline: float) -> TorchCommBackend | None:
         """``self._backend.split(ctx)`` on a thread, waited for until ``deadline`` or until one of
         its members (``ctx.global_ranks``) is reported failed: then ``None`` (the build goes on
-        until the engine's own timeout; an engine it still makes is aborted, never used). The
-        engine's rendezvous waits on every member, and its timeout is the new communicator's op
-        timeout, not this deadline. Raises the build's error."""
+        until ``ctx.timeout`` ends its rendezvous, which waits on every member, and an engine it
+        still makes is aborted, never used). Raises the build's error."""
         members = set(ctx.global_ranks)
         box: dict[str, Any] = {}
         lock = threading.Lock()
