@@ -244,6 +244,11 @@ class BatchSendRecv:
         return self._comm._batch_p2p(self.ops, async_op, opts.hints, opts.timeout)
 
 
+#: States a communicator never leaves: no op can start, every one in flight has been failed,
+#: so its watchdog thread ends.
+_RETIRED_STATES = frozenset({"finalized", "aborted", "shrunk", "expelled"})
+
+
 class TorchComm:
     """A communicator: every operation goes through :meth:`_run`, the one dispatch path."""
 
@@ -536,7 +541,7 @@ class TorchComm:
     def _watch(self) -> None:
         """Fail works whose deadline passed, even when nobody waits on them."""
         with self._lock:
-            while self._state not in ("finalized",):
+            while self._state not in _RETIRED_STATES:
                 now = time.monotonic()
                 expired: list[TorchWork] = []
                 while self._deadlines and (
@@ -684,6 +689,7 @@ class TorchComm:
             if self._state in ("finalized", "expelled"):
                 return
             self._state = "expelled"
+            self._wake.notify_all()  # its watchdog ends
             pending = list(self._inflight.values())
         for w in pending:
             rec = w.record
@@ -923,6 +929,7 @@ class TorchComm:
         self._close_engines(abort=True)
         with self._lock:
             self._state = "shrunk"
+            self._wake.notify_all()  # its watchdog ends
         NAMES.release(self._name, self)
         new = TorchComm(backend, self._derived_options(self._hints), self._store)
         new._epoch = epoch
@@ -993,7 +1000,7 @@ class TorchComm:
             except Exception:  # noqa: BLE001 - abort never raises
                 pass
             if not revoke:  # a revoked communicator can still be reconfigured
-                self._release()
+                self._release()  # (and its watchdog ends)
         except Exception:  # noqa: BLE001
             pass
 

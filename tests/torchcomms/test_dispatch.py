@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import torchcomms
 from torchcomms import CommAbortedError, CommTimeoutError, OpName, PeerFailureError, ReduceOp, WorkStatus
@@ -307,3 +308,29 @@ def test_get_future_of_a_hung_op_fails_at_the_deadline() -> None:
         fut.wait()
     assert time.monotonic() - t0 < 3
     c.abort()
+
+
+def _watchdogs(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"torchcomms-watchdog-{name}"]
+
+
+@pytest.mark.parametrize("retire", ["abort", "shrink", "finalize"])
+def test_a_retired_communicators_watchdog_thread_exits(retire: str) -> None:
+    """Aborted or shrunk communicators kept their watchdog thread for the life of the process
+    (only finalize ended it): an elastic job leaked one per shrink."""
+    c = torchcomms.new_comm("fake", "cpu", f"retire-{retire}", store=dist.HashStore(),
+                            hints={"rank": "0", "size": "1", "fake.hang_ops": "barrier"})
+    c.barrier(True, timeout=timedelta(seconds=0.2))  # in flight: the watchdog starts
+    (watchdog,) = _watchdogs(f"retire-{retire}")
+    if retire == "abort":
+        c.abort()
+    elif retire == "shrink":
+        new = c.shrink(timeout=timedelta(seconds=0.3))
+        new.barrier(True, timeout=timedelta(seconds=0.2))
+    else:
+        c.finalize()
+    watchdog.join(5)
+    assert not watchdog.is_alive()
+    if retire == "shrink":
+        assert len(_watchdogs(f"retire-{retire}")) == 1  # the new communicator's own
+        new.finalize()
