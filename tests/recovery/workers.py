@@ -33,6 +33,17 @@ def _all_arrive(store: Any, key: str, me: int, world: int) -> None:
     store.wait([f"{key}-{r}" for r in range(world)])
 
 
+def _leave_together(store: Any, comm: torchcomms.TorchComm, me: int, world: int) -> None:
+    """Finalize together, the store's host (rank 0) leaving last: a rank still waiting on the
+    store when the host's process ends sees 'Connection reset by peer' (seen once in a suite)."""
+    _all_arrive(store, "done", me, world)
+    comm.finalize()
+    if me == 0:
+        store.wait([f"left-{r}" for r in range(1, world)])
+    else:
+        store.set(f"left-{me}", b"1")
+
+
 def reconfigure_flow() -> dict[str, Any]:
     """Handles exchanged through a store; re-form as [2, 0] (rank 1 left out), revoke, re-form
     with everyone in reversed order."""
@@ -64,8 +75,7 @@ def reconfigure_flow() -> dict[str, Any]:
     t = torch.tensor([float(me + 1)])
     comm.all_reduce(t, ReduceOp.SUM, False)
     out["b_sum"] = t.item()
-    _all_arrive(store, "done", me, 3)
-    comm.finalize()
+    _leave_together(store, comm, me, 3)
     return out
 
 
@@ -111,8 +121,7 @@ def reconfigure_ending_after_its_timeout() -> dict[str, Any]:
     t = torch.tensor([float(me + 1)])
     comm.all_reduce(t, ReduceOp.SUM, False)
     out["retry_sum"] = t.item()
-    _all_arrive(store, "done", me, 2)
-    comm.finalize()
+    _leave_together(store, comm, me, 2)
     return out
 
 
