@@ -664,7 +664,7 @@ class TorchComm:
         If any is a member, every in-flight op ends with ``PeerFailureError`` at once and the
         communicator is broken."""
         members = [self._global_ranks.index(g) for g in failed_global_ranks if g in self._global_ranks]
-        if not members or self._state in ("aborted", "finalized", "shrunk", "expelled"):
+        if not members or self._state in _RETIRED_STATES:
             return
         for g in failed_global_ranks:
             self._failed_global.setdefault(g, detected_by)
@@ -863,11 +863,14 @@ class TorchComm:
             old_check.close(abort=True)
         return True
 
-    def _known_failed(self) -> set[int]:
-        failed = set(self._failed_global)
-        if self._monitor is not None:
-            failed |= self._monitor.known_failed()
+    def _known_failures(self) -> dict[int, str]:
+        """Job ranks (global) known to have failed, each with how it was seen to fail."""
+        failed = self._monitor.known_failures() if self._monitor is not None else {}
+        failed.update(self._failed_global)
         return failed
+
+    def _known_failed(self) -> set[int]:
+        return set(self._known_failures())
 
     def _build_engine(self, survivors: list[int], epoch: int, deadline: float) -> TorchCommBackend | None:
         """A fresh engine over ``survivors`` under the epoch's store prefix; ``None`` when a
@@ -952,7 +955,7 @@ class TorchComm:
     # lifecycle
     def finalize(self) -> None:
         """Drain outstanding work and release the engine. Idempotent."""
-        if self._state in ("finalized", "aborted", "shrunk", "expelled"):
+        if self._state in _RETIRED_STATES:
             self._release()
             return
         if self._state == "active":
@@ -1286,14 +1289,14 @@ class TorchComm:
 
     def _split_not_built(self, rec: OpRecord, members: tuple[int, ...]) -> CommError:
         """Why ``split``'s new engine was abandoned: a member failed, or the deadline passed."""
-        failed = self._known_failed() & set(members)
+        how = self._known_failures()
+        failed = how.keys() & set(members)
         ctx = dict(comm=self._name, op="split", seq=rec.seq)
         if failed:
-            how = {**(dict(self._monitor.failed) if self._monitor is not None else {}), **self._failed_global}
             return PeerFailureError(
                 "a member of the new communicator failed while its engine was built",
                 failed_ranks=[self._global_ranks.index(g) for g in sorted(failed) if g in self._global_ranks],
-                detected_by=",".join(sorted({how.get(g, "control") for g in failed})), **ctx)  # type: ignore[arg-type]
+                detected_by=",".join(sorted({how[g] for g in failed})), **ctx)  # type: ignore[arg-type]
         return CommTimeoutError(
             f"the new communicator's engine was not ready within {rec.timeout_s:g} s "
             "(a member never joined its rendezvous)", timeout_s=rec.timeout_s, **ctx)  # type: ignore[arg-type]

@@ -52,9 +52,10 @@ class FailureMonitor:
             self._comms.add(comm)
         comm._monitor = self
 
-    def known_failed(self) -> set[int]:
+    def known_failures(self) -> dict[int, str]:
+        """Failed job ranks (global) and how each was seen to fail, as of now."""
         with self._lock:
-            return set(self.failed)
+            return dict(self.failed)
 
     def _on_event(self, topic: str, payload: dict[str, Any]) -> None:
         if topic == "node_lost":
