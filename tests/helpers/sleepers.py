@@ -20,6 +20,13 @@ def rank0_raises_others_block() -> int:
     return _blocked_forever()
 
 
+def imports_from_pythonpath(module: str) -> str:
+    """Import a module that only the parent's ``PYTHONPATH`` can find; return its file."""
+    import importlib
+
+    return importlib.import_module(module).__file__
+
+
 def _blocked_forever() -> int:
     threading.Event().wait()  # never set
     time.sleep(3600)

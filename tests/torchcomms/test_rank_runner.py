@@ -30,3 +30,13 @@ def test_a_failed_rank_is_named_first_and_its_waiting_peers_are_not_waited_on_fo
     assert report.startswith("rank 0 failed (rc=1: RuntimeError: rank 0 gave up); rank(s) 1 had not finished 2 s later")
     assert "--- rank 1: still running" in report
     assert "_blocked_forever" in report
+
+
+def test_ranks_keep_the_parents_python_path(tmp_path, monkeypatch):
+    # The runner used to set PYTHONPATH to the repository alone, so every rank on the GPU
+    # machine, whose dependencies sit on PYTHONPATH (carried wheels), failed to import them.
+    (tmp_path / "tc_only_on_parent_path.py").write_text("VALUE = 1\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    results = run_ranks(2, "tests.helpers.sleepers:imports_from_pythonpath",
+                        {"module": "tc_only_on_parent_path"}, timeout=60)
+    assert [r.value for r in results] == [str(tmp_path / "tc_only_on_parent_path.py")] * 2
