@@ -15,7 +15,7 @@ from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO, child_pythonpath
 BENCH = REPO / "benchmarks"
 OPS = ("all_reduce", "all_gather_single", "reduce_scatter_single", "all_to_all_single", "broadcast")
 
@@ -30,7 +30,7 @@ def load(name: str) -> ModuleType:
 
 
 def run_script(name: str, *args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO), TORCHCOMM_LOG_EVENTS="0")
+    env = dict(os.environ, PYTHONPATH=child_pythonpath(), TORCHCOMM_LOG_EVENTS="0")
     env.pop("TORCHCOMM_TRACING_DISABLE", None)
     proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO, child_pythonpath
 
 
 def free_port() -> int:
@@ -55,10 +55,7 @@ class RankGroup:
             e = dict(os.environ)
             e.update(
                 TORCHCOMM_RANK=str(r), TORCHCOMM_SIZE=str(n), RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r),
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                # the repository first, then whatever the parent's path held (where its
-                # dependencies may live: carried wheels on the GPU machine, a --target install)
-                PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=child_pythonpath(),
                 TORCHCOMM_FR_DUMP_TEMP_FILE=str(self.dir / "fr_rank_"),
             )
             e.pop("TORCHCOMM_CONTROL_ADDR", None)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.paths import child_pythonpath
 from tests.helpers.ranks import REPO
 
 WORKER = REPO / "tests" / "recovery" / "chaos_worker.py"
@@ -64,7 +65,7 @@ def run_chaos(sig: str, when: str, op: str, world: int, second: bool) -> dict:
     second_victim = 1 if second else -1
     cfg = {"op": op, "victim": victim, "signal": sig, "when": when, "step": 2, "dir": str(out),
            "timeout_s": 30, "second_victim": second_victim}
-    env = dict(os.environ, TC_CHAOS_CFG=json.dumps(cfg), TORCHCOMM_TRACING_DISABLE="1", PYTHONPATH=str(REPO))
+    env = dict(os.environ, TC_CHAOS_CFG=json.dumps(cfg), TORCHCOMM_TRACING_DISABLE="1", PYTHONPATH=child_pythonpath())
     cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", str(world), "--on-failure", "shrink",
            "--no-summary", str(WORKER)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -21,7 +21,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO, child_pythonpath
 STOPPED = 1
 
 
@@ -34,7 +34,7 @@ def _wait_for(paths: list[Path], procs: list[subprocess.Popen], deadline: float)
 
 
 def test_abandoned_engine_survives_a_peer_dying_at_interpreter_exit(tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=child_pythonpath())
     procs = [
         subprocess.Popen([sys.executable, __file__, str(rank), str(tmp_path)], cwd=REPO, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO, child_pythonpath
 
 
 def free_port() -> int:
@@ -27,7 +27,7 @@ def run_ranks(scenario: str, n: int, dump_dir: Path, *, extra_env: dict[str, str
         env = dict(os.environ)
         env.update(
             TORCHCOMM_RANK=str(r), TORCHCOMM_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-            PYTHONPATH=str(REPO), TORCHCOMM_FR_DUMP_TEMP_FILE=str(dump_dir / "fr_rank_"),
+            PYTHONPATH=child_pythonpath(), TORCHCOMM_FR_DUMP_TEMP_FILE=str(dump_dir / "fr_rank_"),
             TORCHCOMM_FR_DUMP_ON_EXIT="1", TORCHCOMM_RUN_ID="trace-test", TORCHCOMM_LOG_FORMAT="json",
         )
         env.pop("TORCHCOMM_CONTROL_ADDR", None)

@@ -20,6 +20,7 @@ from torchcomms.tracing.spans import (
     parse_otel_env,
 )
 
+from tests.helpers.paths import child_pythonpath
 from tests.tracing._support import REPO, Rec
 
 
@@ -135,7 +136,7 @@ c.barrier(async_op=False)
 
 
 def test_sigusr1_dumps_and_chains_and_exit_dump(tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(REPO), TORCHCOMM_FR_DUMP_TEMP_FILE=str(tmp_path / "fr_"),
+    env = dict(os.environ, PYTHONPATH=child_pythonpath(), TORCHCOMM_FR_DUMP_TEMP_FILE=str(tmp_path / "fr_"),
                TORCHCOMM_FR_DUMP_ON_EXIT="0", TORCHCOMM_RUN_ID="sig-run")
     res = subprocess.run([sys.executable, "-c", _SIGNAL_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -178,7 +179,7 @@ print(json.dumps(out))
 
 def test_debug_endpoints_answer_through_torchs_worker_server(tmp_path: Path) -> None:
     sock = tmp_path / "w.sock"
-    env = dict(os.environ, PYTHONPATH=str(REPO), TORCHCOMM_FR_DUMP_TEMP_FILE=str(tmp_path / "fr_"))
+    env = dict(os.environ, PYTHONPATH=child_pythonpath(), TORCHCOMM_FR_DUMP_TEMP_FILE=str(tmp_path / "fr_"))
     res = subprocess.run([sys.executable, "-c", _DEBUG_SCRIPT, str(sock)], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
