@@ -136,6 +136,12 @@ def collective_matrix(async_op: bool = False) -> dict[str, Any]:
         run(comm.all_to_all(outs, lists[r], async_op))
         for q in range(n):
             check(f"all_to_all[{q}] {dname}", outs[q], lists[q][r])
+        # pieces of their own size per pair (rank q sends q + k + 1 rows to rank k)
+        vlists = [[data(q, rows(q, k) * 2, dt, salt + 20 + k).view(-1, 2) for k in range(n)] for q in range(n)]
+        outs = [torch.empty(rows(q, r), 2, dtype=dt) for q in range(n)]
+        run(comm.all_to_all(outs, vlists[r], async_op))
+        for q in range(n):
+            check(f"all_to_all sized[{q}] {dname}", outs[q], vlists[q][r])
         for root in range(n):
             out = torch.empty(2, dtype=dt)
             run(comm.scatter(out, lists[root] if r == root else [], root, async_op))

@@ -2,7 +2,8 @@
 
 The engine object is created directly over a (prefixed) store; ``init_process_group`` and
 torch.distributed's global state are never touched. Ops gloo lacks are composed from ops it
-has (AVG = SUM then divide, PREMUL_SUM = scale then SUM, all_gather_v = one broadcast per rank).
+has (AVG = SUM then divide, PREMUL_SUM = scale then SUM, all_gather_v = one broadcast per rank,
+the list all-to-all = one packed ``alltoall_base``).
 """
 from __future__ import annotations
 
@@ -366,7 +367,20 @@ class GlooBackend(TorchCommBackend):
         )
 
     def all_to_all(self, output_list: list[torch.Tensor], input_list: list[torch.Tensor]) -> EngineHandle:
-        return self._handle([self._pg.alltoall(output_list, input_list, dist.AllToAllOptions())])
+        """Through ``alltoall_base`` on packed buffers: gloo's list form (``alltoall``) is missing
+        from torch 2.11 ("Backend gloo does not support alltoall"). Each peer's piece may have
+        its own size; the outputs are filled when the op finishes."""
+        send = torch.cat([t.reshape(-1) for t in input_list]) if input_list else torch.empty(0)
+        recv = torch.empty(sum(t.numel() for t in output_list), dtype=send.dtype)
+        out_splits = [t.numel() for t in output_list]
+
+        def unpack() -> None:
+            for t, piece in zip(output_list, recv.split(out_splits)):
+                t.copy_(piece.view(t.shape))
+
+        work = self._pg.alltoall_base(recv, send, out_splits, [t.numel() for t in input_list],
+                                      dist.AllToAllOptions())
+        return self._handle([work], unpack)
 
     def barrier(self) -> EngineHandle:
         return self._handle([self._pg.barrier(dist.BarrierOptions())])
