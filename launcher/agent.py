@@ -41,7 +41,7 @@ from .exceptions import ControlPlaneLostError, LauncherError, UsageError
 from .output import STDERR, STDOUT, Console, OutputPump, StreamRoute
 from .rendezvous import KEY_ROOT, JoinRecord, NodeSlot, Plan, host_round, join_round, wait_plan
 from .summary import describe_end, job_exit_code, render_root_cause, render_table, root_cause
-from .supervisor import KILL_WAIT_S, Worker, WorkerGroup, WorkerResult, WorkerSpec
+from .supervisor import Worker, WorkerGroup, WorkerResult, WorkerSpec
 
 __all__ = ["Agent", "Decision"]
 
@@ -439,10 +439,12 @@ class Agent:
         self._report_unkillable(self.group.stop(self.cfg.grace_period, first=first))
 
     def _report_unkillable(self, left: list[Worker]) -> None:
+        assert self.group is not None
         for w in left:
             self.console.event(
-                f"rank {w.result.rank} (pid {w.pid}) has not exited {KILL_WAIT_S:g} s after SIGKILL "
-                f"(uninterruptible sleep in a driver or file system?); not waiting for it any longer")
+                f"rank {w.result.rank} (pid {w.pid}) has not exited {self.group.kill_wait:g} s "
+                f"after SIGKILL (uninterruptible sleep in a driver or file system?); not waiting "
+                f"for it any longer")
 
     def _local_results(self) -> list[WorkerResult]:
         assert self.group is not None

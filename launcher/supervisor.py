@@ -19,15 +19,17 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import IO, Any, Protocol
 
 from .env import WorkerPlacement
 from .output import STDERR, STDOUT, OutputPump
 
-__all__ = ["WorkerSpec", "WorkerResult", "Worker", "WorkerGroup", "exit_code_of", "KILL_WAIT_S"]
+__all__ = ["WorkerSpec", "WorkerResult", "Worker", "WorkerGroup", "ProcessHandle",
+           "spawn_process", "exit_code_of", "KILL_WAIT_S"]
 
 #: How long :meth:`WorkerGroup.kill_all` waits for SIGKILLed workers to exit: one in an
 #: uninterruptible sleep (a hung driver or file system) cannot exit until the kernel lets it.
+#: Read when a :class:`WorkerGroup` is made.
 KILL_WAIT_S = 10.0
 
 _PR_SET_PDEATHSIG = 1
@@ -107,12 +109,35 @@ class WorkerSpec:
     cwd: str | None = None
 
 
+class ProcessHandle(Protocol):
+    """What the supervisor needs of a started worker process (a ``subprocess.Popen``)."""
+
+    pid: int
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+def spawn_process(spec: WorkerSpec, preexec_fn: Callable[[], None]) -> ProcessHandle:
+    """Start one worker's process (the seam :class:`WorkerGroup` starts workers through)."""
+    pipe = subprocess.PIPE if spec.output is not None else None
+    return subprocess.Popen(  # noqa: S603 - the user's own command line
+        list(spec.argv), env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL,
+        stdout=pipe, stderr=pipe, preexec_fn=preexec_fn, close_fds=True,
+    )
+
+
 @dataclass
 class Worker:
     """A running (or finished) worker."""
 
     spec: WorkerSpec
-    proc: subprocess.Popen[bytes]
+    proc: ProcessHandle
     result: WorkerResult
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -148,22 +173,23 @@ class Worker:
 
 
 class WorkerGroup:
-    """The workers of one node for one attempt."""
+    """The workers of one node for one attempt. ``spawn`` starts a process (default
+    :func:`spawn_process`); ``kill_wait`` defaults to ``KILL_WAIT_S``."""
 
-    def __init__(self, on_exit: Callable[[Worker], None] | None = None) -> None:
+    def __init__(self, on_exit: Callable[[Worker], None] | None = None, *,
+                 spawn: Callable[[WorkerSpec, Callable[[], None]], ProcessHandle] | None = None,
+                 kill_wait: float | None = None) -> None:
         self.workers: list[Worker] = []
         self.exits: queue.Queue[Worker] = queue.Queue()
+        self.kill_wait = KILL_WAIT_S if kill_wait is None else kill_wait
         self._on_exit = on_exit
+        self._spawn = spawn_process if spawn is None else spawn
 
     def start(self, specs: Iterable[WorkerSpec]) -> list[Worker]:
         """Start every worker (call from the main thread, see the module docstring)."""
         setup = _child_setup(os.getpid())
         for spec in specs:
-            pipe = subprocess.PIPE if spec.output is not None else None
-            proc = subprocess.Popen(  # noqa: S603 - the user's own command line
-                list(spec.argv), env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL,
-                stdout=pipe, stderr=pipe, preexec_fn=setup, close_fds=True,
-            )
+            proc = self._spawn(spec, setup)
             p = spec.placement
             result = WorkerResult(rank=p.rank, local_rank=p.local_rank, node_rank=p.node_rank,
                                   host=spec.host, pid=proc.pid, started=time.time(),
@@ -203,7 +229,7 @@ class WorkerGroup:
              dump: int | None = signal.SIGUSR1) -> list[Worker]:
         """Stop every worker: ``first`` now, ``dump`` to those still alive shortly before
         the grace period ends (a flight-recorder dump), SIGKILL when it ends. Returns when
-        every worker has exited and its process group is emptied, or ``KILL_WAIT_S`` after
+        every worker has exited and its process group is emptied, or ``kill_wait`` after
         the SIGKILL (returns the workers still alive then)."""
         self.signal_all(first)
         deadline = time.monotonic() + grace
@@ -221,12 +247,13 @@ class WorkerGroup:
                 break
         return self.kill_all()
 
-    def kill_all(self, wait: float = KILL_WAIT_S) -> list[Worker]:
+    def kill_all(self, wait: float | None = None) -> list[Worker]:
         """SIGKILL every worker's process group (including stray grandchildren) and wait, at
-        most ``wait`` seconds in all, for the workers to exit; returns those still alive."""
+        most ``wait`` seconds in all (default ``kill_wait``), for the workers to exit; returns
+        those still alive."""
         for w in self.workers:
             w.signal_group(signal.SIGKILL)
-        deadline = time.monotonic() + wait
+        deadline = time.monotonic() + (self.kill_wait if wait is None else wait)
         for w in self.workers:
             w.done.wait(max(0.0, deadline - time.monotonic()))
         for w in self.workers:
