@@ -634,3 +634,34 @@ def test_compiled_call_checks_targets_and_runs_without_grad():
         assert torch.equal(f(x, w, t), linear_cross_entropy(x, w, t, z_loss=1e-2))
         with pytest.raises(LCEValueError, match="target value 100 is out of range"):
             f(x, w, torch.full((50,), 100))
+
+
+def test_column_blocks_cover_every_column_once_in_tile_multiples():
+    from kernels.lce.chunked import MIN_BLOCK_COLUMNS, column_blocks
+
+    for cols in (1, 127, 1024, 2047, 2048, 2176, 4096, 5000, 16384):
+        for blocks in (1, 2, 3, 4, 8):
+            spans = column_blocks(cols, blocks)
+            assert spans[0].start == 0 and spans[-1].stop == cols
+            assert all(a.stop == b.start for a, b in zip(spans, spans[1:]))
+            assert len(spans) <= blocks
+            if len(spans) > 1:
+                assert all((s.stop - s.start) % 128 == 0 for s in spans[:-1])
+                assert all(s.stop - s.start >= MIN_BLOCK_COLUMNS for s in spans[:-1])
+
+
+@pytest.mark.parametrize("acc_dtype,dtype", [(torch.float64, torch.float64), (torch.float32, torch.bfloat16)])
+def test_an_accumulating_product_in_column_blocks_equals_the_whole_product(acc_dtype, dtype):
+    from kernels.lce.chunked import _accumulate
+
+    a = torch.randn(300, 64).to(dtype)
+    b = torch.randn(64, 2176).to(dtype)
+    acc = torch.randn(300, 2176, dtype=acc_dtype)
+    whole = acc.clone()
+    _accumulate(whole, a, b, first=False, blocks=1)
+    _accumulate(acc, a, b, first=False, blocks=2)
+    assert torch.allclose(acc, whole, rtol=1e-6, atol=1e-6)
+    start = torch.randn(300, 2176, dtype=acc_dtype)
+    acc = start.clone()
+    _accumulate(acc, a, b, first=False, blocks=2)
+    assert torch.allclose(acc, start + a.to(acc_dtype) @ b.to(acc_dtype), rtol=1e-5, atol=1e-4)

@@ -35,7 +35,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def _case(dtype, reduction, feats, implementation, n=333, h=96, v=1003, chunk=128, all_ignored=False):
+def _case(dtype, reduction, feats, implementation, n=333, h=96, v=1003, chunk=128, all_ignored=False, **extra):
     dev = "cuda"
     x = (torch.randn(n, h, device=dev) * 0.5).to(dtype)
     w = (torch.randn(v, h, device=dev) * h**-0.5).to(dtype)
@@ -49,7 +49,7 @@ def _case(dtype, reduction, feats, implementation, n=333, h=96, v=1003, chunk=12
     leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()] + ([b.clone().requires_grad_()] if b is not None else [])
     out = linear_cross_entropy(
         leaves[0], leaves[1], t, leaves[2] if b is not None else None, reduction=reduction,
-        class_weight=cw, chunk_size=chunk, implementation=implementation, **kw,
+        class_weight=cw, chunk_size=chunk, implementation=implementation, **kw, **extra,
     )
     grad_out = torch.randn(out.shape, device=dev, dtype=torch.float64)
     grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
@@ -72,6 +72,20 @@ def test_triton_matches_float64_reference(dtype, reduction, feats):
     assert _rel(out, ref) <= tol
     for name, g, r in zip(("dX", "dW", "dbias"), grads, ref_grads):
         assert _rel(g, r) <= tol, name
+
+
+@pytest.mark.parametrize("accum", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("feats", [{}, FEATURES[-1]], ids=["plain", "every-feature"])
+def test_row_chunks_accumulate_dw_in_column_blocks_like_the_reference(accum, feats):
+    from kernels.lce.chunked import ACCUMULATE_COLUMN_BLOCKS, column_blocks
+
+    h = 2176  # wide enough to split: blocks of 1152 and 1024 columns
+    assert len(column_blocks(h, ACCUMULATE_COLUMN_BLOCKS)) == 2
+    out, grads, ref, ref_grads = _case(torch.bfloat16, "sum", feats, "triton", n=700, h=h, chunk=128,
+                                       accum_dtype=accum)
+    assert _rel(out, ref) <= 1e-2
+    for name, g, r in zip(("dX", "dW", "dbias"), grads, ref_grads):
+        assert _rel(g, r) <= 1e-2, name
 
 
 def _holds_logits_tail(grad_weight: torch.Tensor) -> bool:
