@@ -11,6 +11,13 @@ every agent to stop its workers; JSON ``{action, reason}``), ``failed/<rank>``,
 ``result/<node_rank>`` (a node's worker results, JSON list), ``decision`` (JSON
 ``{action: restart|exit, exit_code, reason}``) and ``ack/<node_rank>``. Agent heartbeats are
 counters under ``torchcomms-run/hb/<agent_id>``.
+
+A worker that SIGKILL cannot end is given up as unreapable after the supervisor's bounded
+wait and counts as a failed worker that ended then (policy, results and exit code as usual;
+the agent never waits for it again, at exit neither). A restarted group runs beside it
+without sharing anything with it: new attempt directories (logs, error files), a master port
+picked afresh, its heartbeat member forgotten, and its late exit, if the kernel ever lets it
+go, ignored (it is never taken for its successor's).
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from .exceptions import ControlPlaneLostError, LauncherError, UsageError
 from .output import STDERR, STDOUT, Console, OutputPump, StreamRoute
 from .rendezvous import KEY_ROOT, JoinRecord, NodeSlot, Plan, host_round, join_round, wait_plan
 from .summary import describe_end, job_exit_code, render_root_cause, render_table, root_cause
-from .supervisor import Worker, WorkerGroup, WorkerResult, WorkerSpec
+from .supervisor import Worker, WorkerGroup, WorkerResult, WorkerSpec, proc_state
 
 __all__ = ["Agent", "Decision"]
 
@@ -138,6 +145,7 @@ class Agent:
         self._hb_stop = threading.Event()
         self._hb_client: Any = None
         self._old_handlers: dict[int, Any] = {}
+        self._abandoned: list[tuple[int, Worker]] = []  # (attempt, worker) given up unreaped
 
     # ------------------------------------------------------------------ entry point
 
@@ -248,7 +256,12 @@ class Agent:
 
     def _teardown(self) -> None:
         if self.group is not None:
-            self._report_unkillable(self.group.kill_all())
+            self.group.kill_all()  # never waits again for a worker given up already
+        for attempt, w in self._abandoned:
+            self.console.event(
+                f"exiting without reaping rank {w.result.rank} of attempt {attempt} (pid {w.pid}, "
+                f"state {proc_state(w.pid) or 'unknown'}): SIGKILL is pending, so it ends when "
+                f"the kernel lets it go, and its new parent (init) reaps it")
         self._hb_stop.set()
         if self._hb_client is not None:
             try:
@@ -300,20 +313,26 @@ class Agent:
             self.events.put(("stop", payload))
 
     def _on_worker_exit(self, worker: Worker) -> None:
-        """Runs on the worker's waiter thread, right after it exited."""
+        """Runs on the worker's waiter thread, right after it exited, or on the thread that
+        gave it up as unreapable (it is never called again for that worker)."""
         r = worker.result
         assert self.control is not None
+        if r.unreapable:
+            self._abandoned.append((self._round, worker))
+            self._log_unreapable(worker)
         try:  # its heartbeats (if any) stopped for a reason we already know
             self.control.forget_member(f"rank/{r.rank}")
         except ControlError:
             pass
         if not r.failed or self._stopping_local:
             return
+        reason = "unreapable" if r.unreapable else "killed" if r.signal is not None else "exited"
         payload: dict[str, Any] = {
             "rank": r.rank, "host": r.host, "node_rank": r.node_rank, "round": self._round,
-            "reason": "killed" if r.signal is not None else "exited",
-            "exit_code": r.exit_code, "signal": r.signal,
+            "reason": reason, "exit_code": r.exit_code, "signal": r.signal,
         }
+        if r.unreapable:
+            payload.update(pid=r.pid, state=r.state)
         assert self.control is not None
         try:
             self.control.publish("rank_failed", payload)
@@ -436,15 +455,23 @@ class Agent:
         if self._stopping_local:
             return
         self._stopping_local = True
-        self._report_unkillable(self.group.stop(self.cfg.grace_period, first=first))
+        self.group.stop(self.cfg.grace_period, first=first)  # gives up the unkillable ones
 
-    def _report_unkillable(self, left: list[Worker]) -> None:
+    def _log_unreapable(self, w: Worker) -> None:
+        r = w.result
         assert self.group is not None
-        for w in left:
-            self.console.event(
-                f"rank {w.result.rank} (pid {w.pid}) has not exited {self.group.kill_wait:g} s "
-                f"after SIGKILL (uninterruptible sleep in a driver or file system?); not waiting "
-                f"for it any longer")
+        state = r.state or f"unknown (/proc/{r.pid}/stat unreadable)"
+        hint = " - stuck in the kernel (a hung driver or file system call?)" \
+            if state.startswith("D") else ""
+        self.console.event(
+            f"rank {r.rank} (pid {r.pid}) on {r.host} is UNREAPABLE: not exited "
+            f"{self.group.kill_wait:g} s after SIGKILL; process state {state}{hint}. "
+            f"Giving it up as lost: nothing waits for it any longer",
+            rank=r.rank, pid=r.pid, state=r.state)
+
+    @staticmethod
+    def _failure(r: WorkerResult) -> str:
+        return f"rank {r.rank} is unreapable" if r.unreapable else f"rank {r.rank} failed"
 
     def _local_results(self) -> list[WorkerResult]:
         assert self.group is not None
@@ -465,7 +492,7 @@ class Agent:
 
     def _log_exit(self, w: Worker) -> None:
         r = w.result
-        if r.failed and not self._stopping_local:
+        if r.failed and not r.unreapable and not self._stopping_local:
             self.console.event(f"rank {r.rank} on {r.host} failed ({describe_end(r)})")
 
     def _handle_signal(self, signum: int) -> None:
@@ -496,11 +523,17 @@ class Agent:
                 self._hung[rank] = time.monotonic() + min(2.0, self.cfg.grace_period)
 
     def _reap_hung(self) -> None:
+        """SIGKILL hung ranks whose dump window ended; give up those that still have not
+        exited ``kill_wait`` later (reported like an exit, see ``WorkerGroup.abandon``)."""
         assert self.group is not None
         now = time.monotonic()
         for w in self.group.workers:
             deadline = self._hung.get(w.result.rank)
-            if deadline is not None and now >= deadline and w.alive:
+            if deadline is None or now < deadline or not w.alive:
+                continue
+            if now >= deadline + self.group.kill_wait:
+                self.group.abandon(w)
+            else:
                 w.signal_group(signal.SIGKILL)
 
     # ------------------------------------------------------------------ decider (host)
@@ -562,16 +595,22 @@ class Agent:
             elif kind == "remote_failed":
                 rank = item.get("rank")
                 if item.get("round") == self._round and item.get("node_rank") != me \
-                        and item.get("reason") in ("exited", "killed") \
+                        and item.get("reason") in ("exited", "killed", "unreapable") \
                         and rank not in known_failed:
                     known_failed.add(rank)
-                    self.console.event(f"rank {rank} on {item.get('host')} failed "
-                                       f"({self._describe_event(item)})")
-                    self._apply_policy(f"rank {rank} failed")
+                    if item.get("reason") == "unreapable":
+                        self.console.event(
+                            f"rank {rank} (pid {item.get('pid')}) on {item.get('host')} is "
+                            f"unreapable (state {item.get('state') or 'unknown'})")
+                        self._apply_policy(f"rank {rank} is unreapable")
+                    else:
+                        self.console.event(f"rank {rank} on {item.get('host')} failed "
+                                           f"({self._describe_event(item)})")
+                        self._apply_policy(f"rank {rank} failed")
             self._reap_hung()
             for w in self._drain_exits():
                 if w.result.failed and not self._stopping_local:
-                    self._apply_policy(f"rank {w.result.rank} failed")
+                    self._apply_policy(self._failure(w.result))
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + min(cfg.monitor_interval, cfg.rdzv_conf.heartbeat_interval)

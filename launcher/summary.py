@@ -1,7 +1,8 @@
 """End of job: the root cause, the launcher's exit code and the summary table.
 
 Root cause: the failed worker that ended first (ties broken by rank). The launcher exits
-with its code (exit code, 128 + signal, or 1 for a worker lost with its node).
+with its code (exit code, 128 + signal, or 1 for a worker lost with its node or given up as
+unreapable: still alive after SIGKILL, its "end" is when the agent gave it up).
 
 Under ``--on-failure shrink`` a failure is *tolerated* when at least one other worker of the
 job was still running when it happened (the survivors can shrink and carry on). The job
@@ -49,9 +50,12 @@ def job_exit_code(results: Sequence[WorkerResult], policy: str) -> int:
 
 
 def describe_end(r: WorkerResult) -> str:
-    """``exit 0``, ``exit 3``, ``SIGKILL``, ``node lost`` or ``running``."""
+    """``exit 0``, ``exit 3``, ``SIGKILL``, ``node lost``, ``unreapable, state D`` or
+    ``running``."""
     if r.lost:
         return "node lost"
+    if r.unreapable:
+        return f"unreapable, state {r.state.split(' ', 1)[0] if r.state else 'unknown'}"
     if r.signal is not None:
         try:
             return signal.Signals(r.signal).name
@@ -93,6 +97,11 @@ def render_root_cause(cause: WorkerResult, error: WorkerError | None = None) -> 
         text += f"  {error.message}\n"
         if error.traceback:
             text += "".join(f"  | {ln}\n" for ln in error.traceback.rstrip().splitlines())
+    elif cause.unreapable:
+        state = cause.state or "unknown"
+        hint = ": stuck in the kernel (a hung driver or file system call?)" \
+            if state.startswith("D") else ""
+        text += f"  pid {cause.pid} was still alive after SIGKILL (process state {state}){hint}\n"
     elif not cause.lost:
         text += ("  (no error file: decorate the entry point with launcher.record to get "
                  "the exception here)\n")

@@ -4,6 +4,12 @@ Each worker runs in its own process group with ``PR_SET_PDEATHSIG = SIGKILL``, s
 it nor anything it forks outlives the agent, even when the agent is SIGKILLed. Exits are
 seen at once (one waiter thread per worker) and reported through ``on_exit`` and a queue.
 
+A worker that is still not reaped ``KILL_WAIT_S`` after its SIGKILL (a process in
+uninterruptible sleep, state D, in a hung driver or file system call, cannot exit until the
+kernel lets it) is *given up*: it is reported once, like an exit, with
+``WorkerResult.unreapable`` set and its state from ``/proc/<pid>/stat``, and nothing waits for
+it again. Should it exit later, that exit is ignored: it must not be taken for its successor.
+
 Workers must be started from the agent's main thread: the kernel delivers the death signal
 when the *thread* that forked the child ends, and the main thread lives as long as the agent.
 """
@@ -25,12 +31,16 @@ from .env import WorkerPlacement
 from .output import STDERR, STDOUT, OutputPump
 
 __all__ = ["WorkerSpec", "WorkerResult", "Worker", "WorkerGroup", "ProcessHandle",
-           "spawn_process", "exit_code_of", "KILL_WAIT_S"]
+           "spawn_process", "exit_code_of", "proc_state", "KILL_WAIT_S"]
 
-#: How long :meth:`WorkerGroup.kill_all` waits for SIGKILLed workers to exit: one in an
-#: uninterruptible sleep (a hung driver or file system) cannot exit until the kernel lets it.
-#: Read when a :class:`WorkerGroup` is made.
+#: How long a SIGKILLed worker may take to exit before it is given up as unreapable: one in
+#: an uninterruptible sleep (a hung driver or file system) cannot exit until the kernel lets
+#: it. Read when a :class:`WorkerGroup` is made.
 KILL_WAIT_S = 10.0
+
+_STATES = {"R": "running", "S": "sleeping", "D": "uninterruptible sleep", "Z": "zombie",
+           "T": "stopped", "t": "tracing stop", "X": "dead", "I": "idle", "P": "parked",
+           "W": "paging", "K": "wakekill"}
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -49,6 +59,24 @@ def _child_setup(parent_pid: int) -> Callable[[], None]:
     return setup
 
 
+def proc_state(pid: int) -> str | None:
+    """The process's state from ``/proc/<pid>/stat``, e.g. ``"D (uninterruptible sleep),
+    wchan nfs_wait_bit_killable"``; ``None`` where /proc cannot tell (not Linux, gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+        code = stat.rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+    text = f"{code} ({_STATES.get(code, 'unknown state')})"
+    try:
+        with open(f"/proc/{pid}/wchan", "rb") as f:
+            wchan = f.read().decode("ascii", "replace").strip()
+    except OSError:
+        wchan = ""
+    return f"{text}, wchan {wchan}" if wchan and wchan != "0" else text
+
+
 def exit_code_of(returncode: int) -> int:
     """Shell convention: a signal N becomes 128 + N."""
     return 128 - returncode if returncode < 0 else returncode
@@ -56,7 +84,9 @@ def exit_code_of(returncode: int) -> int:
 
 @dataclass
 class WorkerResult:
-    """How one worker ended (``exit_code`` or ``signal``; ``lost`` when its node vanished)."""
+    """How one worker ended: ``exit_code`` or ``signal``; ``lost`` when its node vanished;
+    ``unreapable`` when it was given up still alive after SIGKILL (``state`` is its process
+    state then, from /proc, where known)."""
 
     rank: int
     local_rank: int
@@ -71,15 +101,18 @@ class WorkerResult:
     lost: bool = False
     error_message: str | None = None
     error_traceback: str | None = None
+    unreapable: bool = False
+    state: str | None = None
 
     @property
     def failed(self) -> bool:
-        return self.lost or self.signal is not None or bool(self.exit_code)
+        return self.lost or self.unreapable or self.signal is not None or bool(self.exit_code)
 
     @property
     def code(self) -> int:
-        """The process-style code: exit code, 128 + signal, or 1 for a lost node."""
-        if self.lost:
+        """The process-style code: exit code, 128 + signal, or 1 for a lost node or a worker
+        given up as unreapable (it never ended, so it has no code of its own)."""
+        if self.lost or self.unreapable:
             return 1
         if self.signal is not None:
             return 128 + self.signal
@@ -134,12 +167,14 @@ def spawn_process(spec: WorkerSpec, preexec_fn: Callable[[], None]) -> ProcessHa
 
 @dataclass
 class Worker:
-    """A running (or finished) worker."""
+    """A running (or finished) worker. ``done`` is set once it is reaped; ``abandoned`` once
+    it was given up unreaped (see the module docstring)."""
 
     spec: WorkerSpec
     proc: ProcessHandle
     result: WorkerResult
     done: threading.Event = field(default_factory=threading.Event)
+    abandoned: bool = False
 
     @property
     def pid(self) -> int:
@@ -147,7 +182,8 @@ class Worker:
 
     @property
     def alive(self) -> bool:
-        return not self.done.is_set()
+        """Still supervised: neither reaped nor given up."""
+        return not self.done.is_set() and not self.abandoned
 
     def signal_group(self, sig: int) -> bool:
         """Send ``sig`` to the worker's process group, and to the worker itself when it moved
@@ -158,7 +194,7 @@ class Worker:
             sent = True
         except (ProcessLookupError, PermissionError):
             pass
-        if not self.done.is_set():  # not reaped yet: the pid is still this worker's
+        if not self.done.is_set():  # not reaped (maybe abandoned): the pid is still its
             try:
                 outside = os.getpgid(self.proc.pid) != self.proc.pid
             except ProcessLookupError:
@@ -173,8 +209,11 @@ class Worker:
 
 
 class WorkerGroup:
-    """The workers of one node for one attempt. ``spawn`` starts a process (default
-    :func:`spawn_process`); ``kill_wait`` defaults to ``KILL_WAIT_S``."""
+    """The workers of one node for one attempt.
+
+    ``on_exit`` and the ``exits`` queue hear of every worker exactly once: when it is reaped,
+    or when it is given up as unreapable (:meth:`abandon`). ``spawn`` starts a process
+    (default :func:`spawn_process`); ``kill_wait`` defaults to ``KILL_WAIT_S``."""
 
     def __init__(self, on_exit: Callable[[Worker], None] | None = None, *,
                  spawn: Callable[[WorkerSpec, Callable[[], None]], ProcessHandle] | None = None,
@@ -184,6 +223,7 @@ class WorkerGroup:
         self.kill_wait = KILL_WAIT_S if kill_wait is None else kill_wait
         self._on_exit = on_exit
         self._spawn = spawn_process if spawn is None else spawn
+        self._lock = threading.Lock()  # a worker is reaped or abandoned, never both
 
     def start(self, specs: Iterable[WorkerSpec]) -> list[Worker]:
         """Start every worker (call from the main thread, see the module docstring)."""
@@ -205,18 +245,42 @@ class WorkerGroup:
 
     def _wait(self, worker: Worker) -> None:
         rc = worker.proc.wait()
-        worker.result.ended = time.time()
-        if rc < 0:
-            worker.result.signal = -rc
-        else:
-            worker.result.exit_code = rc
-        worker.done.set()
+        with self._lock:
+            if worker.abandoned:  # reported as unreapable already: its late exit changes
+                worker.done.set()  # nothing, but the pid may be reused from now on
+                return
+            worker.result.ended = time.time()
+            if rc < 0:
+                worker.result.signal = -rc
+            else:
+                worker.result.exit_code = rc
+            worker.done.set()
+        self._report(worker)
+
+    def _report(self, worker: Worker) -> None:
         if self._on_exit is not None:
             try:
                 self._on_exit(worker)
             except Exception:  # noqa: BLE001 - a reporting failure must not lose the exit
                 pass
         self.exits.put(worker)
+
+    def abandon(self, worker: Worker) -> bool:
+        """Give up a worker that is not reaped (call it some time after its SIGKILL): it gets
+        one more SIGKILL, so that it dies the moment the kernel lets it go, its result becomes
+        ``unreapable`` with its /proc state, and it is reported like an exit. False when it
+        was reaped (or given up) already."""
+        if worker.alive:
+            worker.signal_group(signal.SIGKILL)
+        with self._lock:
+            if worker.done.is_set() or worker.abandoned:
+                return False
+            worker.abandoned = True
+            worker.result.unreapable = True
+            worker.result.state = proc_state(worker.pid)
+            worker.result.ended = time.time()
+        self._report(worker)
+        return True
 
     def alive(self) -> list[Worker]:
         return [w for w in self.workers if w.alive]
@@ -230,7 +294,7 @@ class WorkerGroup:
         """Stop every worker: ``first`` now, ``dump`` to those still alive shortly before
         the grace period ends (a flight-recorder dump), SIGKILL when it ends. Returns when
         every worker has exited and its process group is emptied, or ``kill_wait`` after
-        the SIGKILL (returns the workers still alive then)."""
+        the SIGKILL (returns the workers given up as unreapable then, see :meth:`kill_all`)."""
         self.signal_all(first)
         deadline = time.monotonic() + grace
         dump_at = deadline - min(2.0, grace / 4)
@@ -249,15 +313,18 @@ class WorkerGroup:
 
     def kill_all(self, wait: float | None = None) -> list[Worker]:
         """SIGKILL every worker's process group (including stray grandchildren) and wait, at
-        most ``wait`` seconds in all (default ``kill_wait``), for the workers to exit; returns
-        those still alive."""
+        most ``wait`` seconds in all (default ``kill_wait``), for the workers to exit. Those
+        still not reaped then are given up (:meth:`abandon`) and returned; workers given up
+        before are not waited for again."""
+        pending = self.alive()
         for w in self.workers:
             w.signal_group(signal.SIGKILL)
         deadline = time.monotonic() + (self.kill_wait if wait is None else wait)
-        for w in self.workers:
+        for w in pending:
             w.done.wait(max(0.0, deadline - time.monotonic()))
+        left = [w for w in pending if self.abandon(w)]
         for w in self.workers:
             w.signal_group(signal.SIGKILL)  # children forked just before the leader died
-            if w.spec.output is not None:
+            if w.spec.output is not None and not w.abandoned:  # its pipes may never close
                 w.spec.output.join(timeout=2.0)
-        return self.alive()
+        return left

@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
 
 from launcher.env import WorkerPlacement
-from launcher.supervisor import WorkerGroup, WorkerSpec
+from launcher.supervisor import WorkerGroup, WorkerSpec, proc_state, spawn_process
 
-from conftest import base_env, worker
+from conftest import base_env, wait_for, worker
 
 
 def _spec(rank: int, script: str, **env: str) -> WorkerSpec:
@@ -40,3 +41,62 @@ def test_stop_kills_a_worker_that_left_its_process_group(tmp_path) -> None:
         stopper.join(10)
     assert not hung, "stop() waited forever for a worker outside its process group"
     assert not group.alive() and group.workers[0].result.signal == signal.SIGKILL
+
+
+def test_unreapable_worker_is_given_up_once_and_the_others_are_reaped(tmp_path) -> None:
+    """Rank 1 is a fake process handle (``unkillable.py``: a stand-in for a process in
+    uninterruptible sleep, which no test can make portably) whose wait/poll never report an
+    exit and which drops every signal. stop() gives it up after ``kill_wait``, reporting it
+    once as unreapable with its /proc state, while the real workers are reaped with their own
+    ends as before: rank 0 (ignores SIGTERM) SIGKILLed, rank 2 its exit code 3. An exit it
+    makes later is ignored, and nothing waits for it again."""
+    from unkillable import UnkillableProcess
+
+    fakes: list[UnkillableProcess] = []
+
+    def spawn(spec: WorkerSpec, preexec_fn):
+        if spec.placement.rank != 1:
+            return spawn_process(spec, preexec_fn)
+        fakes.append(UnkillableProcess(spec))
+        return fakes[0]
+
+    reported: list[tuple[int, bool]] = []
+    group = WorkerGroup(on_exit=lambda w: reported.append((w.result.rank, w.result.unreapable)),
+                        spawn=spawn, kill_wait=0.5)
+    env = {"PID_DIR": str(tmp_path), "IGNORE_TERM_RANKS": "0", "EXIT_RANK": "2", "SLEEP": "60"}
+    group.start([_spec(r, "sleeper.py", **env) for r in range(3)])
+    try:
+        assert wait_for(lambda: len(list(tmp_path.glob("*.pid"))) == 3, timeout=20)
+        t0 = time.monotonic()
+        left = group.stop(0.3, dump=None)
+        took = time.monotonic() - t0
+        w0, w1, w2 = group.workers
+        assert left == [w1] and not group.alive()
+        assert 0.8 <= took < 5, took  # grace 0.3 s + kill_wait 0.5 s, not forever
+        r0, r2 = w0.result, w2.result  # reaped as before, with their own ends
+        assert (r0.signal, r0.unreapable, w0.done.is_set()) == (signal.SIGKILL, False, True)
+        assert (r2.exit_code, r2.unreapable, w2.done.is_set()) == (3, False, True)
+        assert w1.result.unreapable and w1.abandoned and not w1.done.is_set()
+        assert w1.result.signal is None and w1.result.exit_code is None and w1.result.failed
+        assert w1.result.code == 1 and w1.result.state and w1.result.state[0] in "RSD"
+        assert w1.result.pid == fakes[0].pid and signal.SIGKILL in fakes[0].signals
+        assert sorted(reported) == [(0, False), (1, True), (2, False)]
+        assert sorted(group.exits.get_nowait().result.rank for _ in range(3)) == [0, 1, 2]
+        t0 = time.monotonic()
+        assert group.kill_all() == []  # it is not waited for again
+        assert time.monotonic() - t0 < 0.4
+        fakes[0].release()  # the kernel lets it go at last: the exit is not reported again
+        assert w1.done.wait(5)
+        time.sleep(0.05)
+        assert len(reported) == 3 and group.exits.empty()
+        assert w1.result.unreapable and w1.result.signal is None
+    finally:
+        for fake in fakes:
+            fake.release()
+
+
+def test_proc_state_reads_proc() -> None:
+    assert (proc_state(os.getpid()) or "R")[0] in "RS"  # None where there is no /proc
+    child = subprocess.Popen([sys.executable, "-c", ""])
+    child.wait()
+    assert proc_state(child.pid) is None  # reaped: nothing to read
