@@ -251,7 +251,7 @@ def test_console_script_is_the_same_cli():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1].endswith("rank 0 done")
     proc = subprocess.run([exe, "--standalon", "x.py"], capture_output=True, text=True,
-                          timeout=60)
+                          env=base_env(), timeout=60)
     assert proc.returncode == 2 and "did you mean --standalone?" in proc.stderr
 
 
