@@ -15,13 +15,14 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.utils.hooks import RemovableHandle
 
 from torchcomms import bootstrap, collective_check
 from torchcomms.backends.base import ENGINE_WAIT_SLICE_S, BackendContext, EngineHandle, TorchCommBackend
 from torchcomms.backends.registry import get_backend_class
 from torchcomms.collective_check import SignatureCheck
-from torchcomms.agreement import agree_on_survivors
+from torchcomms.agreement import StoreNotAnswering, agree_on_survivors, describe_store
 from torchcomms.failure_monitor import MONITORS
 from torchcomms.errors import (
     BackendError,
@@ -705,7 +706,9 @@ class TorchComm:
         """Survivors agree on who is left and carry on in a new communicator (this project's
         addition to the API). Collective over the surviving ranks; returns the new communicator
         (same name, ranks renumbered in the order of the old ranks). This communicator refuses
-        every later op. Raises ``CommAbortedError`` on a rank that was declared failed.
+        every later op. Raises ``CommAbortedError`` on a rank that was declared failed, and
+        ``CommTimeoutError`` when the survivors' engine is not rebuilt, or the store they agree
+        through does not answer, by the deadline (every store call is bounded by it).
 
         Communicators split from this one are independent: each breaks only when one of its own
         members fails, and is shrunk by its own ``shrink()``.
@@ -728,10 +731,13 @@ class TorchComm:
         epoch = self._epoch
         while True:
             epoch += 1
-            survivors = agree_on_survivors(
-                self._ctx.store, f"{self._ctx.store_prefix}/shrink{epoch}", me, list(self._global_ranks),
-                self._known_failed, deadline,
-            )
+            try:
+                survivors = agree_on_survivors(
+                    self._ctx.store, f"{self._ctx.store_prefix}/shrink{epoch}", me, list(self._global_ranks),
+                    self._known_failed, deadline,
+                )
+            except Exception as e:  # noqa: BLE001 - a store may raise anything
+                raise self._agreement_failed(e, secs) from e
             if me not in survivors:
                 self._expel("excluded from the survivor set")
                 raise CommAbortedError(
@@ -745,6 +751,25 @@ class TorchComm:
                 raise CommTimeoutError(f"could not rebuild the engine over the survivors within {secs:g} s",
                                        timeout_s=secs, comm=self._name, op="shrink")
         return self._become(backend, survivors, epoch)
+
+    def _agreement_failed(self, error: Exception, secs: float) -> CommError:
+        """The typed error of a shrink whose agreement failed with ``error``: the store did not
+        answer by the deadline (``StoreNotAnswering``), or raised."""
+        if isinstance(error, CommError):
+            return error
+        lost = self._monitor.control_lost if self._monitor is not None else None
+        if lost is not None:
+            return CommAbortedError(lost, comm=self._name, op="shrink")
+        store = describe_store(self._ctx.store)
+        if isinstance(error, StoreNotAnswering):
+            return CommTimeoutError(
+                f"{store} did not answer the survivor agreement's {error.call} within the shrink's {secs:g} s "
+                "(its host is stopped, overloaded or unreachable)", timeout_s=secs, comm=self._name, op="shrink")
+        if isinstance(error, (TimeoutError, dist.DistStoreError)):
+            return CommTimeoutError(f"{store} timed out in the survivor agreement: {error}", timeout_s=secs,
+                                    comm=self._name, op="shrink")
+        return CommAbortedError(f"{store} failed in the survivor agreement: {error}",
+                                comm=self._name, op="shrink")
 
     # ----------------------------------------------------------------------------------------
     # reconfigure (the reference API's fault-tolerance path, on the same machinery)

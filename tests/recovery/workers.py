@@ -159,3 +159,46 @@ def stuck_in_all_reduce() -> dict[str, Any]:
     except torchcomms.CommError as e:
         return {"raised": type(e).__name__, "message": str(e), "t": time.time()}
     return {"raised": None, "message": "", "t": time.time()}
+
+
+def op_with_store_host_stopped(op: str, store_kind: str, timeout_s: float) -> dict[str, Any]:
+    """Every rank forms a gloo communicator whose store is hosted outside the ranks, by the test
+    (a TCPStore server, or the control plane), runs one all_reduce, reports ready and waits until
+    the test has stopped (SIGSTOP) that host. Then it runs ``op`` (shrink, split or reconfigure)
+    with ``timeout_s`` and reports how and when that ended."""
+    import time
+
+    ready_dir = os.environ["TC_READY_DIR"]
+    world = int(os.environ["WORLD_SIZE"])
+    store = None  # "control": the control plane the launcher would advertise
+    if store_kind == "tcp":
+        store = dist.TCPStore("127.0.0.1", int(os.environ["TC_STORE_PORT"]), world, False,
+                              timeout=timedelta(seconds=120), wait_for_workers=False)
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "stalled-store", timeout=timedelta(seconds=120),
+                               store=store, enable_reconfigure=op == "reconfigure")
+    me = comm.get_rank()
+    comm.all_reduce(torch.ones(4), ReduceOp.SUM, False)
+    with open(os.path.join(ready_dir, f"handle{me}.tmp"), "w") as f:
+        f.write(comm.get_init_handle() if op == "reconfigure" else "")
+    os.replace(os.path.join(ready_dir, f"handle{me}.tmp"), os.path.join(ready_dir, f"ready{me}"))
+    while not os.path.exists(os.path.join(ready_dir, "go")):
+        time.sleep(0.01)
+    timeout = timedelta(seconds=timeout_s)
+    t0 = time.monotonic()
+    try:
+        if op == "shrink":
+            comm.shrink(timeout=timeout)
+        elif op == "split":
+            comm.split(list(range(world)), "child", timeout=timeout)
+        else:
+            handles = []
+            for r in range(world):
+                with open(os.path.join(ready_dir, f"ready{r}")) as f:
+                    handles.append(f.read())
+            comm.reconfigure("after-stop", handles, timeout=timeout).wait()
+        out: dict[str, Any] = {"raised": None}
+    except Exception as e:  # noqa: BLE001 - report whatever it was
+        out = {"raised": type(e).__name__, "is_comm_error": isinstance(e, torchcomms.CommError),
+               "op": getattr(e, "op", None), "comm": getattr(e, "comm", None), "message": str(e)[:600]}
+    out["elapsed"] = time.monotonic() - t0
+    return out
