@@ -100,6 +100,14 @@ class _NameRegistry:
 NAMES = _NameRegistry()
 
 
+def _publish_quietly(client: Any, topic: str, payload: dict[str, Any]) -> None:
+    """Publish an informative event that nobody waits for; a failure to publish is ignored."""
+    try:
+        client.publish(topic, payload)
+    except Exception:  # noqa: BLE001 - the event is informative only
+        pass
+
+
 def _env_flag(var: str, default: bool) -> bool:
     raw = os.environ.get(var)
     if raw is None or raw == "":
@@ -968,11 +976,11 @@ class TorchComm:
         if self._monitor is not None:
             self._monitor.watch(new)
             if new._rank == 0:
-                try:
-                    self._monitor._client.publish(
-                        "membership", {"comm": self._name, "epoch": epoch, "ranks": survivors})
-                except Exception:  # noqa: BLE001 - the event is informative only
-                    pass
+                # informative only, so published on a thread of its own: a control plane that
+                # stops answering now must not hold the shrink past its deadline
+                threading.Thread(target=_publish_quietly, name=f"torchcomms-membership-{self._name}", daemon=True,
+                                 args=(self._monitor._client, "membership",
+                                       {"comm": self._name, "epoch": epoch, "ranks": survivors})).start()
         self._adopt(new)
         return new
 
