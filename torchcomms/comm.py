@@ -756,8 +756,10 @@ class TorchComm:
             if backend is not None:
                 break
             if time.monotonic() >= deadline:
-                raise CommTimeoutError(f"could not rebuild the engine over the survivors within {secs:g} s",
-                                       timeout_s=secs, comm=self._name, op="shrink")
+                raise CommTimeoutError(
+                    f"could not rebuild the engine over the survivors within {secs:g} s (a survivor never joined "
+                    f"its rendezvous, or {describe_store(self._ctx.store)} did not answer)",
+                    timeout_s=secs, comm=self._name, op="shrink")
         return self._become(backend, survivors, epoch)
 
     def _agreement_failed(self, error: Exception, secs: float) -> CommError:
@@ -1332,7 +1334,8 @@ class TorchComm:
                 detected_by=",".join(sorted({how[g] for g in failed})), **ctx)  # type: ignore[arg-type]
         return CommTimeoutError(
             f"the new communicator's engine was not ready within {rec.timeout_s:g} s "
-            "(a member never joined its rendezvous)", timeout_s=rec.timeout_s, **ctx)  # type: ignore[arg-type]
+            f"(a member never joined its rendezvous, or {describe_store(self._ctx.store)} did not answer)",
+            timeout_s=rec.timeout_s, **ctx)  # type: ignore[arg-type]
 
     def _derived_options(self, hints: dict[str, str]) -> CommOptions:
         """This communicator's options, with its current timeout, for one derived from it."""

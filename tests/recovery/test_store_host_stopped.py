@@ -97,3 +97,16 @@ def test_shrink_raises_a_typed_error_when_the_store_host_is_gone(kind: str) -> N
         assert ("TCPStore at 127.0.0.1:" if kind == "tcp" else "control plane") in v["message"], v
         assert v["elapsed"] <= TIMEOUT_S + GRACE_S, v
 
+
+@pytest.mark.parametrize("op", ["split", "reconfigure"])
+def test_split_and_reconfigure_end_by_their_deadline_when_the_store_host_is_stopped(op: str) -> None:
+    """Their store calls are the new engine's rendezvous, made on a thread that is waited for
+    only until the op's deadline: bounded before the shrink's fix too; kept so that they stay so."""
+    for res in _run_with_store_stopped(op, "tcp"):
+        v = res.value
+        assert v is not None, res.stderr[-3000:]
+        assert v["raised"] == "CommTimeoutError" and v["is_comm_error"], v
+        assert v["op"] == op and v["comm"] == "stalled-store", v
+        assert v["elapsed"] <= TIMEOUT_S + GRACE_S, v
+        if op == "split":  # the store may be why the new engine was not made: the error says so
+            assert "or the TCPStore at 127.0.0.1:" in v["message"] and "did not answer" in v["message"], v
