@@ -67,6 +67,7 @@ def test_unreapable_worker_is_given_up_once_and_the_others_are_reaped(tmp_path) 
     group.start([_spec(r, "sleeper.py", **env) for r in range(3)])
     try:
         assert wait_for(lambda: len(list(tmp_path.glob("*.pid"))) == 3, timeout=20)
+        assert group.workers[2].done.wait(20)  # exited 3 by itself, before any signal
         t0 = time.monotonic()
         left = group.stop(0.3, dump=None)
         took = time.monotonic() - t0
