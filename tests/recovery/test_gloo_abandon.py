@@ -28,7 +28,9 @@ STOPPED = 1
 def _wait_for(paths: list[Path], procs: list[subprocess.Popen], deadline: float) -> None:
     while not all(p.exists() for p in paths):
         exited = {i: p.returncode for i, p in enumerate(procs) if p.poll() is not None}
-        assert not exited, f"a rank exited early: {exited}"
+        if exited:
+            logs = {i: procs[i].stdout.read().decode(errors="replace")[-3000:] for i in exited}  # type: ignore[union-attr]
+            raise AssertionError(f"a rank exited early: {exited}\n{logs}")
         assert time.monotonic() < deadline, f"ranks never wrote {[str(p) for p in paths if not p.exists()]}"
         time.sleep(0.05)
 
@@ -67,16 +69,29 @@ def test_abandoned_engine_survives_a_peer_dying_at_interpreter_exit(tmp_path: Pa
 
 class _ExitProbe:
     """Lives in ``__main__``; its finalizer runs during interpreter finalization, where it
-    tells the test, then keeps the interpreter finalizing until the stopped peer was killed."""
+    tells the test, then keeps the interpreter finalizing until the stopped peer was killed.
+
+    Everything the finalizer calls is bound when the probe is made: by the time ``__main__``'s
+    globals are cleared, other modules' dicts may already be, and a finalizer that looked up
+    ``Path.touch`` or ``time.sleep`` then could fail, be ignored, and let the rank exit 0
+    without ever telling the test. Its failure is written to stderr so the test can show it."""
 
     def __init__(self, out: Path, rank: int) -> None:
-        self.out, self.rank = out, rank
+        self._finalizing = str(out / f"finalizing{rank}")
+        self._killed = str(out / "killed")
+        self._open, self._close, self._access, self._write = os.open, os.close, os.access, os.write
+        self._sleep, self._monotonic = time.sleep, time.monotonic
+        self._create = os.O_CREAT | os.O_WRONLY
 
     def __del__(self) -> None:
-        (self.out / f"finalizing{self.rank}").touch()
-        while not (self.out / "killed").exists():
-            time.sleep(0.02)
-        time.sleep(2.0)  # the old engine's connection to the dead peer resets meanwhile
+        try:
+            self._close(self._open(self._finalizing, self._create, 0o644))
+            while not self._access(self._killed, 0):
+                self._sleep(0.02)
+            self._sleep(2.0)  # the old engine's connection to the dead peer resets meanwhile
+        except BaseException as e:  # noqa: BLE001 - a finalizer's exception would be ignored
+            self._write(2, f"exit probe failed: {e!r}\n".encode())
+            raise
 
 
 def _rank_main(rank: int, out: Path) -> int:
