@@ -62,32 +62,51 @@ class ControlPlane:
     @classmethod
     def join(cls, *, address: str, secret: bytes, timeout: float, secret_source: str,
              request_timeout: float = 10.0) -> ControlPlane:
-        """Connect to the rendezvous host's store, retrying until ``timeout``; a refused
-        secret fails at once with :class:`AuthenticationError`."""
+        """Connect to the rendezvous host's store, retrying until ``timeout``.
+
+        A refused secret fails at once with :class:`AuthenticationError`. A host that accepts
+        connections but never completes the handshake (its agent stopped or hung: the kernel
+        still completes TCP connections) is retried like an absent one, and the
+        :class:`RendezvousTimeoutError` at ``timeout`` says so. ``request_timeout`` bounds
+        each probe and, afterwards, every call of the returned client."""
         deadline = time.monotonic() + timeout
-        # Probe with short requests so a missing host is noticed at the join timeout.
-        client = ControlClient(address, secret, timeout=max(0.2, min(request_timeout, timeout)))
+        probe = max(0.2, min(request_timeout, timeout))
+        client = ControlClient(address, secret, timeout=probe)
+        silent = False
         while True:
+            started = time.monotonic()
+            # A fresh connection's handshake interval is its call's budget, so a silent host
+            # fails each probe by the deadline at the latest.
+            client.timeout = max(0.2, min(probe, deadline - started))
             try:
                 client.check([_PROBE_KEY])
                 client.timeout = request_timeout
                 return cls(client, address)
             except ControlAuthError as exc:
-                client.close()
-                raise AuthenticationError(
-                    f"the rendezvous host at {address} refused this agent's job secret "
-                    f"(from {secret_source}): every node of a job must use the same secret "
-                    f"({exc})"
-                ) from None
-            except (ControlTimeoutError, ControlUnavailableError) as exc:
-                if time.monotonic() >= deadline:
+                # A refusal is an answer and comes within a round trip; a handshake that
+                # timed out is silence, whatever the client makes of it.
+                if time.monotonic() - started < client.timeout / 2:
                     client.close()
-                    raise RendezvousTimeoutError(
-                        address, [], 1, timeout,
-                        message=f"rendezvous host at {address} did not answer within "
-                                f"{timeout:g} s (is the agent of the rendezvous node running "
-                                f"and reachable?): {exc}") from exc
-                time.sleep(0.2)
+                    raise AuthenticationError(
+                        f"the rendezvous host at {address} refused this agent's job secret "
+                        f"(from {secret_source}): every node of a job must use the same secret "
+                        f"({exc})"
+                    ) from None
+                silent, last = True, exc
+            except (ControlTimeoutError, ControlUnavailableError) as exc:
+                silent, last = False, exc
+            now = time.monotonic()
+            if now >= deadline:
+                client.close()
+                why = ("it accepts connections but never completes the handshake (is its agent "
+                       "stopped, e.g. by SIGSTOP, or hung? or is another program listening "
+                       "there?)" if silent else
+                       f"is the agent of the rendezvous node running and reachable? ({last})")
+                raise RendezvousTimeoutError(
+                    address, [], 1, timeout,
+                    message=f"rendezvous host at {address} did not answer within "
+                            f"{timeout:g} s: {why}") from last
+            time.sleep(min(0.2, deadline - now))
 
     def publish(self, topic: str, payload: dict[str, Any]) -> None:
         """Publish an event (in-process on the host, over the network elsewhere)."""
