@@ -22,7 +22,7 @@ from torchcomms import bootstrap, collective_check
 from torchcomms.backends.base import ENGINE_WAIT_SLICE_S, BackendContext, EngineHandle, TorchCommBackend
 from torchcomms.backends.registry import get_backend_class
 from torchcomms.collective_check import SignatureCheck
-from torchcomms.agreement import StoreNotAnswering, agree_on_survivors, describe_store
+from torchcomms.agreement import agree_on_survivors
 from torchcomms.failure_monitor import MONITORS
 from torchcomms.errors import (
     BackendError,
@@ -36,6 +36,7 @@ from torchcomms.errors import (
     PeerFailureError,
 )
 from torchcomms.op import OpRecord
+from torchcomms.store_calls import StoreNotAnswering, describe_store
 from torchcomms.types import BatchP2POptions, CommOptions, OpName, P2POp, P2POpType, ReduceOp, WorkStatus
 from torchcomms.validation import Checker
 from torchcomms.work import TorchWork

@@ -1,0 +1,163 @@
+"""Store calls bounded by a deadline, whatever the store's own timeout.
+
+A TCPStore client blocks in ``check``/``get``/``add``/``compare_set``/``wait`` (and in its
+constructor) for as long as its host is stopped: the store's own timeout does not bound it. A
+control-plane client holds a call until it sees the connection lost (~6 s) or its own per-call
+timeout. Changing a shared store's timeout would change it for every other thread that uses the
+store, so instead the call runs on a helper (daemon) thread and the caller waits for it only
+until its own deadline. A call not answered by then is abandoned: its thread stays blocked in it
+(until the store's own timeout ends it, or a stopped host resumes) and exits afterwards.
+"""
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+_T = TypeVar("_T")
+
+#: How long past a deadline a store call may still be answered, where a step is due at the
+#: deadline itself (the survivor agreement's proposal) and needs one round trip to the store.
+STORE_CALL_GRACE_S = 0.5
+#: How often a wait that can also be given up early (``give_up``) looks at it.
+_GIVE_UP_POLL_S = 0.005
+
+
+class StoreNotAnswering(TimeoutError):
+    """A store call was not answered by its caller's deadline (the store's host is stopped,
+    overloaded or unreachable). ``call`` names the call, ``waited_s`` how long it was waited for."""
+
+    def __init__(self, call: str, waited_s: float) -> None:
+        self.call = call
+        self.waited_s = waited_s
+        super().__init__(f"the store did not answer {call} within {waited_s:.2f} s")
+
+
+def describe_store(store: Any) -> str:
+    """``store`` in words for an error message: its kind, and its address where it has one."""
+    inner = store
+    while getattr(inner, "underlying_store", None) is not None:  # PrefixStore
+        inner = inner.underlying_store
+    address = getattr(getattr(inner, "client", None), "address", None)
+    if isinstance(address, str):
+        return f"the control-plane store at {address}"
+    host, port = getattr(inner, "host", None), getattr(inner, "port", None)
+    if host is not None and port is not None:
+        return f"the {type(inner).__name__} at {host}:{port}"
+    return f"the {type(inner).__name__}"
+
+
+class PendingCall(Generic[_T]):
+    """One call, made on a thread of its own or handed to a helper; any number of callers may
+    wait for it, each until its own deadline (:meth:`wait`)."""
+
+    __slots__ = ("_fn", "_on_end", "_lock", "done", "result", "error", "_abandoned")
+
+    def __init__(self, fn: Callable[[], _T], on_end: Callable[[PendingCall[_T]], None] | None = None) -> None:
+        self._fn = fn
+        self._on_end = on_end  # called on the call's thread once it ended (before waiters wake)
+        self._lock = threading.Lock()
+        self.done = threading.Event()
+        self.result: _T | None = None
+        self.error: BaseException | None = None
+        self._abandoned: Callable[[_T], None] | None = None
+
+    def start(self, thread_name: str) -> PendingCall[_T]:
+        """Run the call on a new daemon thread; returns self."""
+        threading.Thread(target=self.run, name=thread_name, daemon=True).start()
+        return self
+
+    def run(self) -> None:
+        try:
+            result = self._fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the waiters
+            self.error = e
+        else:
+            self.result = result
+        if self._on_end is not None:
+            self._on_end(self)
+        with self._lock:
+            self.done.set()
+            late = self._abandoned if self.error is None else None
+        if late is not None:
+            late(self.result)  # type: ignore[arg-type]
+
+    def wait(self, what: str, until: float, give_up: Callable[[], bool] | None = None) -> _T:
+        """The call's result (or its error, raised) once it ends; :class:`StoreNotAnswering`
+        naming ``what`` when it has not ended by ``until`` (``time.monotonic()`` seconds), or
+        as soon as ``give_up()`` turns true. The call itself goes on."""
+        start = time.monotonic()
+        while True:
+            left = until - time.monotonic()
+            if math.isinf(left) and give_up is None:
+                self.done.wait()
+            else:
+                step = max(0.0, left) if give_up is None else max(0.0, min(left, _GIVE_UP_POLL_S))
+                self.done.wait(step)
+            if self.done.is_set():
+                break
+            if time.monotonic() >= until or (give_up is not None and give_up()):
+                raise StoreNotAnswering(what, time.monotonic() - start)
+        if self.error is not None:
+            raise self.error
+        return self.result  # type: ignore[return-value]
+
+    def abandon(self, on_late: Callable[[_T], None]) -> bool:
+        """Nobody will use the result: ``on_late(result)`` disposes of it when (if) the call
+        succeeds later. Returns False, and does nothing, when the call has ended already."""
+        with self._lock:
+            if self.done.is_set():
+                return False
+            self._abandoned = on_late
+            return True
+
+
+def call_until(what: str, fn: Callable[[], _T], until: float, *, thread_name: str,
+               give_up: Callable[[], bool] | None = None, on_late: Callable[[_T], None] | None = None) -> _T:
+    """``fn()`` on a daemon thread of its own, waited for until ``until`` or until ``give_up()``
+    (see :meth:`PendingCall.wait`). When it is abandoned, a result it still returns later is
+    handed to ``on_late`` (to abort an engine nobody will use, say)."""
+    call = PendingCall(fn).start(thread_name)
+    try:
+        return call.wait(what, until, give_up)
+    except StoreNotAnswering:
+        if call.abandon(on_late or (lambda _result: None)):
+            raise
+    # it ended just as it was abandoned
+    if call.error is not None:
+        raise call.error
+    return call.result  # type: ignore[return-value]
+
+
+class BoundedCalls:
+    """Store calls made one at a time on one helper (daemon) thread, each waited for until
+    ``until`` (``time.monotonic()`` seconds): for a sequence of calls under one deadline (the
+    survivor agreement's). A call that misses it is abandoned, and the helper exits after it."""
+
+    def __init__(self, until: float, thread_name: str = "torchcomms-store-calls") -> None:
+        self._until = until
+        self._thread_name = thread_name
+        self._jobs: queue.SimpleQueue[PendingCall[Any] | None] = queue.SimpleQueue()
+        self._helper: threading.Thread | None = None
+
+    def __call__(self, what: str, fn: Callable[[], _T]) -> _T:
+        if self._helper is None:
+            self._helper = threading.Thread(target=self._serve, args=(self._jobs,),
+                                            name=self._thread_name, daemon=True)
+            self._helper.start()
+        call = PendingCall(fn)
+        self._jobs.put(call)
+        return call.wait(what, self._until)
+
+    def close(self) -> None:
+        """Let the helper exit (after the call it may still be blocked in)."""
+        if self._helper is not None:
+            self._jobs.put(None)
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue[PendingCall[Any] | None]) -> None:
+        while (call := jobs.get()) is not None:
+            call.run()
