@@ -12,6 +12,11 @@ every agent to stop its workers; JSON ``{action, reason}``), ``failed/<rank>``,
 ``{action: restart|exit, exit_code, reason}``) and ``ack/<node_rank>``. Agent heartbeats are
 counters under ``torchcomms-run/hb/<agent_id>``.
 
+A follower waits about ``heartbeat_timeout`` (``--rdzv-conf``) for any answer of the
+rendezvous host, in every phase (its store calls and heartbeats are bounded by it, and its
+waits are polls of such calls): then it takes the host for lost, stops its workers and
+raises :class:`ControlPlaneLostError` naming the host's address and what it was doing.
+
 A worker that SIGKILL cannot end is given up as unreapable after the supervisor's bounded
 wait and counts as a failed worker that ended then (policy, results and exit code as usual;
 the agent never waits for it again, at exit neither). A restarted group runs beside it
@@ -35,7 +40,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from torchcomms.control.errors import ControlAuthError, ControlError, ControlUnavailableError
 from torchcomms.control.secrets import load_secret, new_secret, parse_secret, write_secret_file
@@ -241,7 +246,8 @@ class Agent:
         if self.control is None:
             self.control = ControlPlane.join(
                 address=f"tcp://{cfg.rdzv_host}:{cfg.rdzv_port}", secret=secret,
-                timeout=cfg.rdzv_conf.join_timeout, secret_source=source)
+                timeout=cfg.rdzv_conf.join_timeout, secret_source=source,
+                request_timeout=self._patience)
             self._start_heartbeats(secret)
         if cfg.local_addr:
             self._addr = cfg.local_addr
@@ -277,13 +283,17 @@ class Agent:
 
     # ------------------------------------------------------------------ heartbeats
 
+    @property
+    def _patience(self) -> float:
+        """How long a follower waits for any answer of the rendezvous host (each store call
+        and heartbeat) before it takes the host for lost: the heartbeat timeout."""
+        return max(self.cfg.rdzv_conf.heartbeat_timeout, 0.5)
+
     def _start_heartbeats(self, secret: bytes) -> None:
         from torchcomms.control.client import ControlClient
 
-        conf = self.cfg.rdzv_conf
         assert self.control is not None
-        self._hb_client = ControlClient(self.control.address, secret,
-                                        timeout=max(conf.heartbeat_timeout, 0.5))
+        self._hb_client = ControlClient(self.control.address, secret, timeout=self._patience)
         threading.Thread(target=self._heartbeat_loop, name="agent-heartbeat", daemon=True).start()
 
     def _heartbeat_loop(self) -> None:
@@ -359,6 +369,7 @@ class Agent:
         me = JoinRecord(agent_id=self.agent_id, host=self.hostname, addr=self._addr,
                         nproc=cfg.nproc_per_node, node_rank=cfg.node_rank,
                         master_port=_free_port())
+        doing = f"joining rendezvous round {round_}"
         try:
             join_round(kv, round_, me)
             if self.control.is_host:
@@ -368,10 +379,15 @@ class Agent:
                                   endpoint=cfg.rdzv_endpoint if cfg.rdzv_port else
                                   self.control.address)
             else:
+                doing = f"waiting for the plan of rendezvous round {round_}"
                 wait = cfg.rdzv_conf.join_timeout + cfg.rdzv_conf.last_call_timeout + 60.0
                 plan = wait_plan(kv, round_, me, timeout=wait)
-        except ControlUnavailableError as exc:
-            raise lost(exc, self.control.address) from None
+        except ControlError as exc:
+            # A follower's calls are bounded by its patience: any failure means the host is
+            # gone (stopped, dead or cut off). The host's own store is in-process.
+            if self.control.is_host and not isinstance(exc, ControlUnavailableError):
+                raise
+            raise lost(exc, self.control.address, doing) from None
         if cfg.is_multinode:
             slot = plan.slot_of(self.agent_id)
             assert slot is not None
@@ -433,6 +449,10 @@ class Agent:
         for rank in range(slot.rank_offset, slot.rank_offset + slot.nproc):
             try:  # a predecessor's stale heartbeat member must not outlive it
                 self.control.forget_member(f"rank/{rank}")
+            except ControlUnavailableError as exc:
+                if not self.control.is_host:  # gone since the plan: start no workers
+                    raise lost(exc, self.control.address,
+                               f"starting the workers of round {plan.round}") from None
             except ControlError:
                 pass
         specs = self._worker_specs(plan, slot)
@@ -760,6 +780,7 @@ class Agent:
         decision_key = _job_key(self._round, "decision")
         local_reported = False
         leaving: int | None = None
+        doing = f"supervising the workers of round {self._round}"
         while True:
             try:
                 kind, item = self.events.get(timeout=cfg.monitor_interval)
@@ -771,10 +792,8 @@ class Agent:
                     if item > 0:
                         leaving = item
                         self._stop_local(first=item)
-                elif kind == "host_lost":
-                    self.console.event(f"lost the rendezvous host: {item}; stopping the workers")
-                    self._stop_local()
-                    raise lost(item, self.control.address)
+                elif kind == "host_lost":  # the heartbeat thread heard nothing for too long
+                    self._leave_lost_host(item, doing)
                 elif kind == "stop" and item.get("round") == self._round:
                     self._stop_local()
                 elif kind == "hung":
@@ -784,19 +803,33 @@ class Agent:
                 if not self._stopping_local and kv.check([stop_key]):
                     self._stop_local()
                 if not local_reported and self._all_exits_seen():
+                    doing = f"publishing the results of round {self._round}"
                     self._report_local()
                     local_reported = True
                     if leaving is not None:
                         return Decision("exit", 128 + leaving, "signal")
+                    doing = f"waiting for the decision of round {self._round}"
                 if local_reported and kv.check([decision_key]):
-                    decision = Decision.from_json(kv.get(decision_key))
+                    decision = Decision.from_json(kv.get(decision_key, timeout=0))
                     if decision.action == "exit":
                         self.control.close_subscriptions()
+                    doing = f"acknowledging the decision of round {self._round}"
                     kv.set(_job_key(self._round, "ack", str(self._slot.node_rank)), b"1")
                     if decision.action == "exit":
                         self.console.event(f"job finished with exit code {decision.exit_code} "
                                            f"(summary on the rendezvous host)")
                     return decision
-            except ControlError as exc:  # the host stopped answering
-                self._stop_local()
-                raise lost(exc, self.control.address) from None
+            except ControlError as exc:  # the host stopped answering (each call is bounded)
+                self._leave_lost_host(exc, doing)
+
+    def _leave_lost_host(self, exc: BaseException, doing: str) -> NoReturn:
+        """Stop the local workers and raise :class:`ControlPlaneLostError` naming the host
+        and what this agent was ``doing``."""
+        assert self.control is not None and self.group is not None
+        err = lost(exc, self.control.address, doing)
+        if not self._stopping_local and self.group.alive():
+            self.console.event(f"the rendezvous host at {self.control.address} stopped "
+                               f"answering; stopping the workers "
+                               f"(grace {self.cfg.grace_period:g} s)")
+        self._stop_local()
+        raise err from None

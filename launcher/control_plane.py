@@ -121,7 +121,8 @@ class ControlPlane:
 
         The client has no public call for someone else's member yet; this sends the same
         ``heartbeat_stop`` request that ``ControlClient.heartbeat_stop`` sends for its own."""
-        self.kv._call("heartbeat_stop", {"member": member}, budget=5.0)  # noqa: SLF001
+        self.kv._call("heartbeat_stop", {"member": member},  # noqa: SLF001
+                      budget=min(5.0, self.kv.timeout))
 
     def subscribe(self, topics: list[str], callback: Callable[[str, dict[str, Any]], None]) -> None:
         """Deliver events of ``topics`` (replaying earlier ones) to ``callback``."""
@@ -159,6 +160,10 @@ class ControlPlane:
             self.server.stop()
 
 
-def lost(exc: BaseException, address: str) -> ControlPlaneLostError:
-    """The error an agent raises when the rendezvous host stops answering."""
-    return ControlPlaneLostError(f"lost the rendezvous host at {address}: {exc}")
+def lost(exc: BaseException, address: str, doing: str = "") -> ControlPlaneLostError:
+    """The error an agent raises when the rendezvous host stops answering ``while doing``."""
+    if isinstance(exc, ControlAuthError):  # this secret was accepted before: it is silence
+        exc = ControlUnavailableError("it accepted a new connection but never completed its "
+                                      "handshake")
+    during = f" while {doing}" if doing else ""
+    return ControlPlaneLostError(f"lost the rendezvous host at {address}{during}: {exc}")

@@ -96,9 +96,19 @@ def join_round(kv: KV, round_: int, me: JoinRecord) -> int:
     return n
 
 
-def wait_plan(kv: KV, round_: int, me: JoinRecord, timeout: float) -> Plan:
-    """Wait for the host's plan of ``round_`` and find this agent in it."""
-    raw = kv.get(_key(round_, "plan"), timeout=timeout)
+def wait_plan(kv: KV, round_: int, me: JoinRecord, timeout: float, poll: float = 0.05) -> Plan:
+    """Wait for the host's plan of ``round_`` and find this agent in it.
+
+    Polls with short calls rather than one long ``get``: each call is bounded by the client's
+    timeout, so a host that stops answering is noticed then, not at ``timeout``."""
+    key = _key(round_, "plan")
+    deadline = time.monotonic() + timeout
+    while not kv.check([key]):
+        if time.monotonic() >= deadline:
+            raise RendezvousError(
+                f"the rendezvous host published no plan for round {round_} within {timeout:g} s")
+        time.sleep(poll)
+    raw = kv.get(key, timeout=0)
     data = json.loads(raw)
     if isinstance(data, dict) and "failed" in data:
         raise RendezvousError(str(data["failed"]))

@@ -1,5 +1,7 @@
 """Two agents on loopback: the rendezvous host (and with it the control plane) is stopped
-(SIGSTOP) or killed, and the other agent must end within its bounds, naming the host.
+(SIGSTOP) or killed, and the other agent must end within its bounds, naming the host:
+at each phase of a job it notices within its heartbeat timeout, stops its workers and exits
+1 saying what it was doing; a join to a stopped host ends at the join timeout.
 
 The tests watch the job's own store keys (with the job secret) to stop the host at the
 exact phase, so nothing here depends on sleeping "long enough".
@@ -7,16 +9,25 @@ exact phase, so nothing here depends on sleeping "long enough".
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import REPO, base_env, free_port, launcher_cmd, wait_for, worker
+import pytest
+
+from conftest import REPO, base_env, free_port, launcher_cmd, pid_alive, read_pids, wait_for, worker
 from torchcomms.control.client import ControlClient
 from torchcomms.control.errors import ControlError
 from torchcomms.control.secrets import parse_secret
+
+HB = "heartbeat_interval=0.2,heartbeat_timeout=1.5"
+#: Detection (heartbeat_timeout 1.5 s, plus a monitor tick) + stopping workers that obey
+#: SIGTERM + teardown. Before the follower's calls were bounded by the heartbeat timeout,
+#: ZeroMQ's own 5 s heartbeat (or the 10 s request timeout) decided instead: ~5-6 s.
+BOUND_S = 4.5
 
 
 def _agent(node_rank: int, port: int, secret_file: Path, *extra: str, nnodes: str = "2",
@@ -52,6 +63,63 @@ def _cleanup(*procs: subprocess.Popen[str]) -> None:
         p.communicate(timeout=30)
 
 
+# (nnodes, extra rdzv-conf, host env, follower env, script, store key to stop at (None:
+#  when both workers run), what the follower says it was doing (a regular expression))
+PHASES = {
+    # the follower joined and waits for the plan; the host waits for a third node
+    "rendezvous": ("2:3", ",last_call_timeout=60,join_timeout=60", {}, {}, "ticker.py",
+                   "torchcomms-run/rdzv/0/node/2", "waiting for the plan of rendezvous round 0"),
+    # both nodes' workers run
+    "running": ("2", "", {"SLEEP": "60"}, {"SLEEP": "60"}, "sleeper.py", None,
+                "supervising the workers of round 0"),
+    # the host's rank 0 failed and the host decided to restart: the follower is reading the
+    # decision, acknowledging it or joining round 1
+    "restart": ("2", "", {"FAIL_RANK": "0"}, {"FAIL_RANK": "0"}, "fails_once.py",
+                "torchcomms-run/job/0/decision",
+                "(waiting for|acknowledging) the decision of round 0"
+                "|(joining|waiting for the plan of) rendezvous round 1"),
+    # the follower acknowledged the restart: it joins round 1 (or waits for its plan)
+    "rejoin": ("2", "", {"FAIL_RANK": "0"}, {"FAIL_RANK": "0"}, "fails_once.py",
+               "torchcomms-run/job/0/ack/1", "(joining|waiting for the plan of) rendezvous round 1"),
+    # the follower's workers are done and its results published; the host's still run
+    "job end": ("2", "", {"DURATION": "60"}, {"DURATION": "0"}, "ticker.py",
+                "torchcomms-run/job/0/result/1", "waiting for the decision of round 0"),
+}
+
+
+@pytest.mark.parametrize("how", [signal.SIGSTOP, signal.SIGKILL], ids=["sigstop", "sigkill"])
+@pytest.mark.parametrize("phase", list(PHASES))
+def test_follower_leaves_when_the_host_goes(phase, how, secret_file, tmp_path):
+    nnodes, conf, host_env, follower_env, script, key, doing = PHASES[phase]
+    port = free_port()
+    extra = ("--rdzv-conf", HB + conf, "--max-restarts",
+             "1" if phase in ("restart", "rejoin") else "0")
+    host = _agent(0, port, secret_file, *extra, nnodes=nnodes, script=script,
+                  env=base_env(PID_DIR=str(tmp_path), **host_env))
+    follower = _agent(1, port, secret_file, *extra, nnodes=nnodes, script=script,
+                      env=base_env(PID_DIR=str(tmp_path), **follower_env))
+    present = _store_has(port, secret_file, key or "unused")
+    try:
+        if key is None:
+            pids = read_pids(tmp_path, 2)
+        else:
+            assert wait_for(present, 60, interval=0.01), f"{key} never appeared"
+            pids = []
+        host.send_signal(how)
+        stopped = time.monotonic()
+        _, err = follower.communicate(timeout=60)
+        took = time.monotonic() - stopped
+    finally:
+        present.close()  # type: ignore[attr-defined]
+        _cleanup(host, follower)
+    print(f"{phase}, {signal.Signals(how).name}: the follower left {took:.2f} s later")
+    assert follower.returncode == 1, err
+    assert took < BOUND_S, f"the follower took {took:.1f} s to leave:\n{err}"
+    said = rf"error: lost the rendezvous host at tcp://127\.0\.0\.1:{port} while ({doing}): "
+    assert re.search(said, err), err
+    assert wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=10)
+
+
 def test_join_to_a_stopped_host_times_out_naming_it(secret_file):
     """A stopped host still accepts TCP connections (the kernel completes them) but never
     answers: that is a rendezvous timeout at join_timeout, not a refused secret."""
@@ -69,6 +137,7 @@ def test_join_to_a_stopped_host_times_out_naming_it(secret_file):
                          str(secret_file), "--rdzv-conf", "join_timeout=2", worker("ticker.py")),
             env=base_env(), cwd=REPO, capture_output=True, text=True, timeout=60)
         took = time.monotonic() - start
+        print(f"join to a stopped host: the follower left {took:.2f} s later")
     finally:
         present.close()  # type: ignore[attr-defined]
         _cleanup(host)
