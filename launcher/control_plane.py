@@ -94,7 +94,7 @@ class ControlPlane:
                     ) from None
                 silent, last = True, exc
             except (ControlTimeoutError, ControlUnavailableError) as exc:
-                silent, last = False, exc
+                last = exc  # (a stopped host's full accept queue ends in this, too)
             now = time.monotonic()
             if now >= deadline:
                 client.close()
