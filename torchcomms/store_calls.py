@@ -36,11 +36,15 @@ class StoreNotAnswering(TimeoutError):
         super().__init__(f"the store did not answer {call} within {waited_s:.2f} s")
 
 
+def _innermost(store: Any) -> Any:
+    while getattr(store, "underlying_store", None) is not None:  # PrefixStore
+        store = store.underlying_store
+    return store
+
+
 def describe_store(store: Any) -> str:
     """``store`` in words for an error message: its kind, and its address where it has one."""
-    inner = store
-    while getattr(inner, "underlying_store", None) is not None:  # PrefixStore
-        inner = inner.underlying_store
+    inner = _innermost(store)
     address = getattr(getattr(inner, "client", None), "address", None)
     if isinstance(address, str):
         return f"the control-plane store at {address}"
@@ -50,11 +54,22 @@ def describe_store(store: Any) -> str:
     return f"the {type(inner).__name__}"
 
 
+def cancel_calls(store: Any, thread: threading.Thread) -> None:
+    """Where ``store`` can, fail the call ``thread`` is blocked in, and every later one it makes
+    through ``store``: an abandoned call then ends instead of waiting for a store that does not
+    answer. The control plane's client can (``cancel_calls_of``): its calls run Python code, and
+    a thread still doing so inside an engine's C++ frames when the interpreter exits aborts the
+    process. A TCPStore cannot, and need not: its calls wait in C++, without the interpreter."""
+    cancel = getattr(getattr(_innermost(store), "client", None), "cancel_calls_of", None)
+    if cancel is not None:
+        cancel(thread)
+
+
 class PendingCall(Generic[_T]):
     """One call, made on a thread of its own or handed to a helper; any number of callers may
     wait for it, each until its own deadline (:meth:`wait`)."""
 
-    __slots__ = ("_fn", "_on_end", "_lock", "done", "result", "error", "_abandoned")
+    __slots__ = ("_fn", "_on_end", "_lock", "done", "result", "error", "_abandoned", "thread")
 
     def __init__(self, fn: Callable[[], _T], on_end: Callable[[PendingCall[_T]], None] | None = None) -> None:
         self._fn = fn
@@ -64,10 +79,12 @@ class PendingCall(Generic[_T]):
         self.result: _T | None = None
         self.error: BaseException | None = None
         self._abandoned: Callable[[_T], None] | None = None
+        self.thread: threading.Thread | None = None  # the thread it runs on, once started
 
     def start(self, thread_name: str) -> PendingCall[_T]:
         """Run the call on a new daemon thread; returns self."""
-        threading.Thread(target=self.run, name=thread_name, daemon=True).start()
+        self.thread = threading.Thread(target=self.run, name=thread_name, daemon=True)
+        self.thread.start()
         return self
 
     def run(self) -> None:
@@ -116,15 +133,19 @@ class PendingCall(Generic[_T]):
 
 
 def call_until(what: str, fn: Callable[[], _T], until: float, *, thread_name: str,
-               give_up: Callable[[], bool] | None = None, on_late: Callable[[_T], None] | None = None) -> _T:
+               give_up: Callable[[], bool] | None = None, on_late: Callable[[_T], None] | None = None,
+               store: Any = None) -> _T:
     """``fn()`` on a daemon thread of its own, waited for until ``until`` or until ``give_up()``
-    (see :meth:`PendingCall.wait`). When it is abandoned, a result it still returns later is
-    handed to ``on_late`` (to abort an engine nobody will use, say)."""
+    (see :meth:`PendingCall.wait`). When it is abandoned, the calls it makes through ``store``
+    are cancelled where the store can (:func:`cancel_calls`), and a result it still returns
+    later is handed to ``on_late`` (to abort an engine nobody will use, say)."""
     call = PendingCall(fn).start(thread_name)
     try:
         return call.wait(what, until, give_up)
     except StoreNotAnswering:
         if call.abandon(on_late or (lambda _result: None)):
+            if store is not None and call.thread is not None:
+                cancel_calls(store, call.thread)
             raise
     # it ended just as it was abandoned
     if call.error is not None:
