@@ -9,7 +9,7 @@ import time
 import pytest
 
 from torchcomms.control.client import ControlClient
-from torchcomms.control.errors import ControlClosedError, ControlUnavailableError
+from torchcomms.control.errors import ControlCancelledError, ControlClosedError, ControlUnavailableError
 from torchcomms.control.secrets import new_secret
 from torchcomms.control.server import StoreServer
 
@@ -175,3 +175,33 @@ def test_too_many_blocked_requests_is_a_limit_error(secret: bytes) -> None:
 
 def _swallow(c: ControlClient, key: str) -> None:
     c.get(key, timeout=8)
+
+
+def test_cancel_calls_of_fails_only_that_threads_calls(client: ControlClient) -> None:
+    """A thread whose caller gave up on it (an abandoned engine rendezvous) is cancelled: its
+    blocked call ends within a poll slice, its later calls fail at once; other threads go on."""
+    errors: list[BaseException] = []
+    parked = threading.Event()
+
+    def blocked() -> None:
+        parked.set()
+        try:
+            client.get("never", timeout=30)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        try:
+            client.set("after", b"1")
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    t = threading.Thread(target=blocked)
+    t.start()
+    parked.wait(5)
+    time.sleep(0.2)  # parked in the get now
+    start = time.monotonic()
+    client.cancel_calls_of(t)
+    t.join(5)
+    assert not t.is_alive() and time.monotonic() - start < 1.0
+    assert [type(e) for e in errors] == [ControlCancelledError, ControlCancelledError], errors
+    client.set("mine", b"2")  # the other threads' calls are not affected
+    assert client.get("mine") == b"2" and not client.check(["after"])

@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "ControlProtocolError": "torchcomms.control.errors",
     "ControlUnavailableError": "torchcomms.control.errors",
     "ControlClosedError": "torchcomms.control.errors",
+    "ControlCancelledError": "torchcomms.control.errors",
     "ControlLimitError": "torchcomms.control.errors",
     "ControlValueError": "torchcomms.control.errors",
     "ControlArgumentError": "torchcomms.control.errors",

@@ -16,6 +16,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
@@ -28,6 +29,7 @@ from .errors import (
     ControlArgumentError,
     ControlArgumentTypeError,
     ControlAuthError,
+    ControlCancelledError,
     ControlClosedError,
     ControlError,
     ControlProtocolError,
@@ -275,6 +277,7 @@ class ControlClient:
         self._closed = False
         self._subscriptions: set[Subscription] = set()
         self._heartbeats: dict[str, _Heartbeat] = {}
+        self._cancelled: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
         self._pid = os.getpid()
 
     # ------------------------------------------------------------------ plumbing
@@ -291,6 +294,17 @@ class ControlClient:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def cancel_calls_of(self, thread: threading.Thread) -> None:
+        """Fail the call ``thread`` is blocked in (within ~0.1 s) and every later one it makes
+        through this client with :class:`ControlCancelledError`: for a thread whose caller gave
+        up on it (an engine's rendezvous abandoned at its deadline, say), so that it ends
+        instead of waiting on a server that does not answer. Other threads are not affected."""
+        with self._lock:
+            self._cancelled.add(thread)
+
+    def _cancelled_here(self) -> bool:
+        return bool(self._cancelled) and threading.current_thread() in self._cancelled
 
     def _new_channel(self) -> _Channel:
         with self._lock:
@@ -330,6 +344,8 @@ class ControlClient:
         if os.getpid() != self._pid:
             raise ControlUnavailableError(
                 "this ControlClient was created in another process (fork); create a new one")
+        if self._cancelled_here():
+            raise ControlCancelledError(f"{op}: this thread's calls to {self.address} were cancelled")
         request_id = next(self._ids)
         frame = proto.encode({"id": request_id, "op": op, **fields})
         if len(frame) > self.limits.max_message_bytes:
@@ -385,6 +401,8 @@ class ControlClient:
         while True:
             if self._closed or (stop is not None and stop.is_set()):
                 raise ControlClosedError(f"{op}: control client for {self.address} was closed")
+            if self._cancelled_here():
+                raise ControlCancelledError(f"{op}: this thread's calls to {self.address} were cancelled")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 chan.drain_monitor()

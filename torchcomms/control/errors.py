@@ -17,6 +17,7 @@ __all__ = [
     "ControlValueError",
     "ControlLimitError",
     "ControlClosedError",
+    "ControlCancelledError",
 ]
 
 
@@ -57,6 +58,11 @@ class ControlUnavailableError(ControlError):
 
 class ControlClosedError(ControlUnavailableError):
     """The client (or server) was closed; no further requests are possible."""
+
+
+class ControlCancelledError(ControlUnavailableError):
+    """The calling thread's calls were cancelled (``ControlClient.cancel_calls_of``): its
+    caller gave up on it."""
 
 
 class ControlArgumentError(ControlError, ValueError):
