@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
 import torch
 
 from torchcomms.errors import CommValueError
+from torchcomms.store_calls import PendingCall
 
 # (method, rank variable, size variable), in API.md's discovery order.
 _RANK_SIZE_SOURCES: list[tuple[str, str, str]] = [
@@ -88,18 +90,34 @@ class _StoreRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._stores: dict[tuple[str, int], Any] = {}
+        self._connecting: dict[tuple[str, int], PendingCall[Any]] = {}
         self._control: dict[str, Any] = {}
 
-    def tcp(self, host: str, port: int, rank: int, size: int, timeout: timedelta) -> Any:
+    def tcp(self, host: str, port: int, rank: int, size: int, timeout: timedelta, until: float) -> Any:
+        """The TCPStore at ``host:port`` (rank 0 hosts it), made once; waited for until ``until``
+        (``time.monotonic()``): its constructor blocks for as long as the host is stopped, so it
+        runs on a thread of its own, and a caller that gives up gets ``StoreNotAnswering`` while
+        the store is still made (and kept) if the host answers later."""
         import torch.distributed as dist
 
         key = (host, port)
         with self._lock:
             store = self._stores.get(key)
-            if store is None:
-                store = dist.TCPStore(host, port, size, rank == 0, timeout=timeout, wait_for_workers=False)
-                self._stores[key] = store
-            return store
+            if store is not None:
+                return store
+            pending = self._connecting.get(key)
+            if pending is None:
+                pending = self._connecting[key] = PendingCall(
+                    lambda: dist.TCPStore(host, port, size, rank == 0, timeout=timeout, wait_for_workers=False),
+                    on_end=lambda call: self._connected(key, call),
+                ).start(f"torchcomms-tcpstore-{host}:{port}")
+        return pending.wait("the connection to it", until)
+
+    def _connected(self, key: tuple[str, int], call: PendingCall[Any]) -> None:
+        with self._lock:
+            self._connecting.pop(key, None)
+            if call.error is None:
+                self._stores[key] = call.result
 
     def control(self, addr: str, secret: bytes, timeout: timedelta) -> Any:
         with self._lock:
@@ -107,7 +125,7 @@ class _StoreRegistry:
             if store is None:
                 from torchcomms.control.store import ControlStore
 
-                store = ControlStore.connect(addr, secret, timeout=timeout)
+                store = ControlStore.connect(addr, secret, timeout=timeout)  # no I/O until first used
                 self._control[addr] = store
             return store
 
@@ -141,9 +159,20 @@ def control_plane_secret(env: dict[str, str] | None = None) -> bytes:
         raise CommValueError("the control-plane secret must be hex") from None
 
 
-def resolve_store(store: Any, rank: int, size: int, timeout: timedelta) -> tuple[Any, str]:
+def describe_default_store(env: dict[str, str] | None = None) -> str:
+    """The store :func:`resolve_store` picks when none is given, in words (for error messages)."""
+    env = dict(os.environ) if env is None else env
+    addr = control_plane_address(env)
+    if addr:
+        return f"the control-plane store at {addr}"
+    return f"the TCPStore at {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"
+
+
+def resolve_store(store: Any, rank: int, size: int, timeout: timedelta,
+                  until: float | None = None) -> tuple[Any, str]:
     """(store, kind): the given store; else the control plane's; else a TCPStore at
-    MASTER_ADDR:MASTER_PORT hosted by rank 0."""
+    MASTER_ADDR:MASTER_PORT hosted by rank 0, connected to by ``until`` (``time.monotonic()``;
+    default: ``timeout`` from now) or ``StoreNotAnswering``."""
     if store is not None:
         return store, "given"
     addr = control_plane_address()
@@ -164,4 +193,6 @@ def resolve_store(store: Any, rank: int, size: int, timeout: timedelta) -> tuple
         port = int(port_raw)
     except ValueError:
         raise CommValueError(f"MASTER_PORT={port_raw!r} is not an integer") from None
-    return STORES.tcp(host, port, rank, size, timeout), "tcp"
+    if until is None:
+        until = time.monotonic() + timeout.total_seconds()
+    return STORES.tcp(host, port, rank, size, timeout, until), "tcp"

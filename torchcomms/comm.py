@@ -36,7 +36,7 @@ from torchcomms.errors import (
     PeerFailureError,
 )
 from torchcomms.op import OpRecord
-from torchcomms.store_calls import StoreNotAnswering, describe_store
+from torchcomms.store_calls import StoreNotAnswering, call_until, describe_store
 from torchcomms.types import BatchP2POptions, CommOptions, OpName, P2POp, P2POpType, ReduceOp, WorkStatus
 from torchcomms.validation import Checker
 from torchcomms.work import TorchWork
@@ -181,10 +181,19 @@ def new_comm(
         hints=hints,
         enable_reconfigure=enable_reconfigure,
     )
+    secs = timeout_td.total_seconds()
+    deadline = time.monotonic() + secs  # bounds every store call below, whatever the store's own timeout
+    where: dict[str, Any] = dict(comm=name, op="new_comm")
     incarnation = NAMES.claim(name)
     try:
+        store_words = describe_store(store) if store is not None else bootstrap.describe_default_store()
         if cls.needs_store(size):
-            the_store, _kind = bootstrap.resolve_store(store, rank, size, timeout_td)
+            try:
+                the_store, _kind = bootstrap.resolve_store(store, rank, size, timeout_td, until=deadline)
+            except (StoreNotAnswering, dist.DistError) as e:
+                raise _store_failure(e, store_words, secs, **where) or CommAbortedError(
+                    f"could not connect to {store_words}: {e}", **where) from None
+            store_words = describe_store(the_store)
         else:
             the_store = store
         prefix = f"torchcomms/{name}/{incarnation}"
@@ -200,16 +209,77 @@ def new_comm(
             global_ranks=tuple(range(size)),
         )
         engine = cls(ctx)
-        engine.init()
+        _init_engine(engine, deadline, store_words, secs, where)
+        monitor = None
+        if size > 1:
+            try:
+                monitor = MONITORS.for_store(the_store, rank, until=deadline)
+            except Exception as e:  # noqa: BLE001 - the control plane may raise anything
+                engine.abort()
+                raise _monitor_start_failed(e, store_words, secs, deadline, where) from None
         comm = TorchComm(engine, options, the_store)
     except BaseException:
         NAMES.release(name, None)  # type: ignore[arg-type]
         raise
-    monitor = MONITORS.for_store(the_store, rank) if size > 1 else None
     if monitor is not None:
         monitor.watch(comm)
     _attach_default_observers(comm)
     return comm
+
+
+def _init_engine(engine: TorchCommBackend, deadline: float, store_words: str, secs: float,
+                 where: dict[str, Any]) -> None:
+    """``engine.init()`` (its rendezvous), waited for until ``deadline``: on a thread of its own
+    when it rendezvous through a store, which may stop answering. An engine that is ready only
+    after the deadline is aborted, never used. Raises a typed error."""
+    if not type(engine).needs_store(engine.ctx.size):
+        engine.init()
+        return
+    try:
+        call_until("the engine's rendezvous", engine.init, deadline, thread_name=f"torchcomms-init-{engine.ctx.name}",
+                   on_late=lambda _none: engine.abort(), store=engine.ctx.store)
+    except StoreNotAnswering:
+        raise CommTimeoutError(
+            f"the engine was not ready within {secs:g} s (a rank never joined its rendezvous, or {store_words} "
+            "did not answer)", timeout_s=secs, **where) from None
+    except Exception as e:  # noqa: BLE001 - the engine may throw anything
+        raise _store_failure(e, store_words, secs, **where) or _engine_failure(engine, e, secs, where) from None
+
+
+def _store_failure(error: BaseException, store_words: str, secs: float, **where: Any) -> CommError | None:
+    """The typed error of a set-up step that failed because of its store (``store_words`` names
+    it), else ``None``: not answered by the deadline, or its host gone (connection lost)."""
+    if isinstance(error, StoreNotAnswering):
+        return CommTimeoutError(
+            f"{store_words} did not answer {error.call} within {secs:g} s (its host is stopped, overloaded or "
+            "unreachable)", timeout_s=secs, **where)
+    if isinstance(error, dist.DistNetworkError):
+        return CommAbortedError(f"{store_words} failed: {error} (its host is gone or unreachable)", **where)
+    return None
+
+
+def _engine_failure(engine: TorchCommBackend, error: BaseException, secs: float, where: dict[str, Any]) -> CommError:
+    """The typed error of an engine that failed to start (not because of its store)."""
+    if isinstance(error, CommError):
+        return error
+    kind = engine.classify_error(error)
+    msg = f"engine error: {error}".strip()
+    if kind == "timeout":
+        return CommTimeoutError(msg, timeout_s=secs, **where)
+    if kind == "peer":
+        return PeerFailureError(msg, detected_by="engine", **where)
+    return BackendError(msg, **where)
+
+
+def _monitor_start_failed(error: BaseException, store_words: str, secs: float, deadline: float,
+                          where: dict[str, Any]) -> CommError:
+    """The typed error of a failure monitor that could not start: its store calls are bounded
+    by ``deadline``, so one that fails at it was not answered in time."""
+    if time.monotonic() >= deadline:
+        return CommTimeoutError(
+            f"{store_words} did not answer the failure monitor's start within {secs:g} s (its host is stopped, "
+            f"overloaded or unreachable): {error}", timeout_s=secs, **where)
+    return CommAbortedError(f"{store_words} failed when the failure monitor started: {error}", **where)
 
 
 def _ranks_key(ranks: list[int]) -> str:

@@ -24,7 +24,13 @@ _TOPICS = ["rank_failed", "node_lost"]
 class FailureMonitor:
     """Routes failure events to the communicators of this process."""
 
-    def __init__(self, client: Any, global_rank: int) -> None:
+    def __init__(self, client: Any, global_rank: int, until: float | None = None) -> None:
+        """Subscribe and send the first heartbeat; with ``until`` (``time.monotonic()``) both
+        are answered by then or raise (the control-plane client's error), whatever the client's
+        own timeout."""
+        def budget() -> float | None:
+            return None if until is None else max(0.0, until - time.monotonic())
+
         self.global_rank = global_rank
         self._client = client
         self._lock = threading.Lock()
@@ -33,17 +39,22 @@ class FailureMonitor:
         self.failed: dict[int, str] = {}
         self.expelled: str | None = None
         self.control_lost: str | None = None
-        self._sub = client.subscribe(_TOPICS, self._on_event, since=None, on_error=self._on_control_lost)
+        since = int(client.hello(timeout=budget())["last_event_seq"])  # only events from now on
+        self._sub = client.subscribe(_TOPICS, self._on_event, since=since, on_error=self._on_control_lost)
         self._heartbeat = False
         interval = float(os.environ.get("TORCHCOMM_HEARTBEAT_S", "0.25") or 0)
         limit = float(os.environ.get("TORCHCOMM_HEARTBEAT_LIMIT_S", "2.0"))
         # How long an engine-reported connection loss waits for the control plane to say who failed.
         self.attribution_wait_s = max(0.0, float(os.environ.get("TORCHCOMM_FAILURE_ATTRIBUTION_S", "1.0")))
         if interval > 0:
-            client.heartbeat_start(
-                f"rank/{global_rank}", interval, limit=limit,
-                info={"host": socket.gethostname(), "pid": os.getpid()},
-            )
+            try:
+                client.heartbeat_start(
+                    f"rank/{global_rank}", interval, limit=limit,
+                    info={"host": socket.gethostname(), "pid": os.getpid()}, timeout=budget(),
+                )
+            except BaseException:
+                self._sub.close()
+                raise
             self._heartbeat = True
             atexit.register(self.stop)
 
@@ -158,15 +169,16 @@ class _MonitorRegistry:
         self._lock = threading.Lock()
         self._monitors: dict[int, FailureMonitor] = {}
 
-    def for_store(self, store: Any, global_rank: int) -> FailureMonitor | None:
-        """The monitor of a control-plane store (``None`` for other stores: no event bus)."""
+    def for_store(self, store: Any, global_rank: int, until: float | None = None) -> FailureMonitor | None:
+        """The monitor of a control-plane store (``None`` for other stores: no event bus); one
+        started now is started by ``until`` (``time.monotonic()``) or raises."""
         client = getattr(store, "client", None)
         if client is None or not hasattr(client, "subscribe"):
             return None
         with self._lock:
             mon = self._monitors.get(id(client))
             if mon is None:
-                mon = FailureMonitor(client, global_rank)
+                mon = FailureMonitor(client, global_rank, until)
                 self._monitors[id(client)] = mon
             return mon
 

@@ -164,8 +164,11 @@ def stuck_in_all_reduce() -> dict[str, Any]:
 def op_with_store_host_stopped(op: str, store_kind: str, timeout_s: float) -> dict[str, Any]:
     """Every rank forms a gloo communicator whose store is hosted outside the ranks, by the test
     (a TCPStore server, or the control plane), runs one all_reduce, reports ready and waits until
-    the test has stopped (SIGSTOP) that host. Then it runs ``op`` (shrink, split or reconfigure)
-    with ``timeout_s`` and reports how and when that ended."""
+    the test has stopped (SIGSTOP) or killed that host. Then it runs ``op`` with ``timeout_s``
+    and reports how and when that ended: ``shrink``, ``split``, ``reconfigure``, ``new_comm``
+    (a second communicator over the same store), ``checked_op`` (the first collective of a
+    communicator made with the collective check on: its side engine rendezvous then),
+    ``finalize``, ``abort`` or ``exit`` (nothing: what is timed is the interpreter's exit)."""
     import time
 
     ready_dir = os.environ["TC_READY_DIR"]
@@ -174,10 +177,12 @@ def op_with_store_host_stopped(op: str, store_kind: str, timeout_s: float) -> di
     if store_kind == "tcp":
         store = dist.TCPStore("127.0.0.1", int(os.environ["TC_STORE_PORT"]), world, False,
                               timeout=timedelta(seconds=120), wait_for_workers=False)
+    hints = {"torchcomms.check_collectives": "1"} if op == "checked_op" else None
     comm = torchcomms.new_comm("gloo", torch.device("cpu"), "stalled-store", timeout=timedelta(seconds=120),
-                               store=store, enable_reconfigure=op == "reconfigure")
+                               store=store, enable_reconfigure=op == "reconfigure", hints=hints)
     me = comm.get_rank()
-    comm.all_reduce(torch.ones(4), ReduceOp.SUM, False)
+    if op != "checked_op":  # (its first collective must come after the stop)
+        comm.all_reduce(torch.ones(4), ReduceOp.SUM, False)
     with open(os.path.join(ready_dir, f"handle{me}.tmp"), "w") as f:
         f.write(comm.get_init_handle() if op == "reconfigure" else "")
     os.replace(os.path.join(ready_dir, f"handle{me}.tmp"), os.path.join(ready_dir, f"ready{me}"))
@@ -190,12 +195,82 @@ def op_with_store_host_stopped(op: str, store_kind: str, timeout_s: float) -> di
             comm.shrink(timeout=timeout)
         elif op == "split":
             comm.split(list(range(world)), "child", timeout=timeout)
-        else:
+        elif op == "reconfigure":
             handles = []
             for r in range(world):
                 with open(os.path.join(ready_dir, f"ready{r}")) as f:
                     handles.append(f.read())
             comm.reconfigure("after-stop", handles, timeout=timeout).wait()
+        elif op == "new_comm":
+            torchcomms.new_comm("gloo", torch.device("cpu"), "second", timeout=timeout, store=store)
+        elif op == "checked_op":
+            comm.all_reduce(torch.ones(4), ReduceOp.SUM, False, timeout=timeout)
+        elif op == "finalize":
+            comm.finalize()
+        elif op == "abort":
+            comm.abort()
+        elif op == "exit":
+            pass  # the rank then leaves through the interpreter's exit (TC_RANK_EXIT_NORMALLY)
+        else:
+            raise ValueError(f"unknown op {op!r}")
+        out: dict[str, Any] = {"raised": None}
+    except Exception as e:  # noqa: BLE001 - report whatever it was
+        out = {"raised": type(e).__name__, "is_comm_error": isinstance(e, torchcomms.CommError),
+               "op": getattr(e, "op", None), "comm": getattr(e, "comm", None), "message": str(e)[:600]}
+    out["elapsed"] = time.monotonic() - t0
+    return out
+
+
+def new_comm_while_store_rank_stopped(timeout_s: float) -> dict[str, Any] | None:
+    """The bootstrap's own TCPStore: rank 0 hosts it at MASTER_ADDR:MASTER_PORT (as ``new_comm``
+    would), reports ready and waits to be stopped by the test. The other ranks, once the test
+    has stopped rank 0, call ``new_comm`` (no store given: they connect to rank 0's) with
+    ``timeout_s`` and report how and when that ended."""
+    import time
+
+    from torchcomms import bootstrap
+
+    ready_dir = os.environ["TC_READY_DIR"]
+    rank, size, _ = bootstrap.discover_rank_size()
+    if rank == 0:
+        bootstrap.resolve_store(None, rank, size, timedelta(seconds=120))
+    open(os.path.join(ready_dir, f"ready{rank}"), "w").close()
+    if rank == 0:
+        time.sleep(600)  # stopped, then killed, by the test
+        return None
+    while not os.path.exists(os.path.join(ready_dir, "go")):
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    try:
+        torchcomms.new_comm("gloo", torch.device("cpu"), "late", timeout=timedelta(seconds=timeout_s))
+        out: dict[str, Any] = {"raised": None}
+    except Exception as e:  # noqa: BLE001 - report whatever it was
+        out = {"raised": type(e).__name__, "is_comm_error": isinstance(e, torchcomms.CommError),
+               "op": getattr(e, "op", None), "comm": getattr(e, "comm", None), "message": str(e)[:600]}
+    out["elapsed"] = time.monotonic() - t0
+    return out
+
+
+def monitor_start_with_control_plane_stopped(timeout_s: float) -> dict[str, Any]:
+    """A communicator over the control plane whose engine needs no rendezvous (``fake``, pinned
+    to a world of 2), created once the test has stopped the control plane's host: all that
+    ``new_comm`` still asks of the store is the failure monitor's start (the event bus's
+    position, the first heartbeat). Reports how and when ``new_comm`` ended."""
+    import time
+
+    from torchcomms.control.store import ControlStore
+
+    ready_dir = os.environ["TC_READY_DIR"]
+    store = ControlStore.from_env()  # the store's own (default) timeout: 300 s
+    assert store is not None
+    store.set("warm", b"1")  # the connection is up before the host is stopped
+    open(os.path.join(ready_dir, "ready0"), "w").close()
+    while not os.path.exists(os.path.join(ready_dir, "go")):
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    try:
+        torchcomms.new_comm("fake", torch.device("cpu"), "monitored", timeout=timedelta(seconds=timeout_s),
+                            store=store, hints={"rank": "0", "size": "2"})
         out: dict[str, Any] = {"raised": None}
     except Exception as e:  # noqa: BLE001 - report whatever it was
         out = {"raised": type(e).__name__, "is_comm_error": isinstance(e, torchcomms.CommError),

@@ -220,8 +220,9 @@ class _Heartbeat:
         self._thread = threading.Thread(target=self._run, name=f"torchcomms-heartbeat-{member}",
                                         daemon=True)
 
-    def beat_once(self) -> None:
-        self._client._call("heartbeat", self._fields, budget=self._client.timeout)
+    def beat_once(self, budget: float | None = None) -> None:
+        self._client._call("heartbeat", self._fields,
+                           budget=self._client.timeout if budget is None else budget)
 
     def start(self) -> None:
         self._thread.start()
@@ -472,9 +473,11 @@ class ControlClient:
 
     # ------------------------------------------------------------------ key-value API
 
-    def hello(self) -> dict[str, Any]:
-        """Handshake with the server; returns its protocol version, run id and limits."""
-        info = self._call("hello", {}, budget=self.timeout)
+    def hello(self, timeout: float | timedelta | None = None) -> dict[str, Any]:
+        """Handshake with the server (within ``timeout``, default the client's); returns its
+        protocol version, run id, limits and the last event's sequence number."""
+        budget = _seconds(timeout, "timeout")
+        info = self._call("hello", {}, budget=self.timeout if budget is None else budget)
         if not isinstance(info, dict):
             raise ControlProtocolError("malformed hello reply from the control server")
         return info
@@ -679,11 +682,14 @@ class ControlClient:
 
     def heartbeat_start(self, member: str, interval: float | timedelta | None = None, *,
                         limit: float | timedelta | None = None,
-                        info: dict[str, Any] | None = None) -> None:
+                        info: dict[str, Any] | None = None,
+                        timeout: float | timedelta | None = None) -> None:
         """Send heartbeats for ``member`` (e.g. ``"rank/3"``) every ``interval`` seconds
         (default ``TORCHCOMM_HEARTBEAT_S`` or 0.25) from a background thread. The first one
-        is sent before returning. ``limit`` overrides the server's silence limit for this
-        member; ``info`` (e.g. ``{"host": ..., "pid": ...}``) is attached to loss events."""
+        is sent before returning (within ``timeout``, default the client's). ``limit``
+        overrides the server's silence limit for this member; ``info`` (e.g. ``{"host": ...,
+        "pid": ...}``) is attached to loss events."""
+        first_budget = _seconds(timeout, "timeout")
         if not isinstance(member, str) or not member or len(member) > proto.MAX_NAME_CHARS:
             raise ControlArgumentError(f"member must be a non-empty str of at most "
                                        f"{proto.MAX_NAME_CHARS} characters, got {member!r}")
@@ -710,7 +716,7 @@ class ControlClient:
             if member in self._heartbeats:
                 raise ControlArgumentError(f"heartbeats for {member!r} are already running")
         heartbeat = _Heartbeat(self, member, beat, silence, info)
-        heartbeat.beat_once()
+        heartbeat.beat_once(first_budget)
         with self._lock:
             self._heartbeats[member] = heartbeat
         heartbeat.start()
