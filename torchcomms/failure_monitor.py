@@ -44,6 +44,10 @@ class FailureMonitor:
         self._heartbeat = False
         interval = float(os.environ.get("TORCHCOMM_HEARTBEAT_S", "0.25") or 0)
         limit = float(os.environ.get("TORCHCOMM_HEARTBEAT_LIMIT_S", "2.0"))
+        # Deregistering at exit waits no longer than a heartbeat does: a server that cannot
+        # answer within that is already failing this rank's heartbeats (and a stopped one never
+        # answers), so exit is not held for the client's longer default.
+        self._deregister_s = max(4 * interval, 1.0)
         # How long an engine-reported connection loss waits for the control plane to say who failed.
         self.attribution_wait_s = max(0.0, float(os.environ.get("TORCHCOMM_FAILURE_ATTRIBUTION_S", "1.0")))
         if interval > 0:
@@ -155,7 +159,7 @@ class FailureMonitor:
         try:
             if self._heartbeat:
                 self._heartbeat = False
-                self._client.heartbeat_stop(f"rank/{self.global_rank}")
+                self._client.heartbeat_stop(f"rank/{self.global_rank}", timeout=self._deregister_s)
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
         try:

@@ -12,6 +12,8 @@ import traceback
 #: the runner sends this before killing a rank that outlived its timeout: every thread's stack
 #: goes to the rank's log (SIGUSR1 is the library's flight-recorder dump)
 STACKS_SIGNAL = signal.SIGUSR2
+#: "1": the rank leaves through the interpreter's normal exit (for tests of what runs at exit)
+EXIT_NORMALLY_ENV = "TC_RANK_EXIT_NORMALLY"
 
 
 def main() -> int:
@@ -36,6 +38,8 @@ def main() -> int:
     os.replace(out_path + ".tmp", out_path)
     sys.stdout.flush()
     sys.stderr.flush()
+    if os.environ.get(EXIT_NORMALLY_ENV) == "1":
+        return code  # the interpreter's own exit: atexit handlers, thread joins, teardown
     os._exit(code)  # skip interpreter teardown: engines of broken comms may still be blocked
 
 

@@ -207,3 +207,26 @@ def test_finalize_and_abort_do_not_wait_for_a_stopped_store_host(op: str) -> Non
         v = res.value
         assert v is not None, res.stderr[-3000:]
         assert v["raised"] is None and v["elapsed"] <= 1.0, v
+
+
+#: How long after its last call a rank may take to leave the interpreter (torch's teardown on a
+#: loaded 2-core machine included).
+EXIT_S = 3.0
+
+
+@pytest.mark.parametrize(("op", "kind"), [("exit", "tcp"), ("exit", "control"), ("new_comm", "tcp"),
+                                          ("new_comm", "control")])
+def test_ranks_exit_promptly_when_the_store_host_is_stopped(op: str, kind: str) -> None:
+    """The interpreter's own exit (atexit: the failure monitor's stop, the flight recorder's
+    dump, the span exporter; then its teardown) with the store's host stopped, straight away or
+    after an op that timed out while its engine's rendezvous was blocked on the store. The
+    failure monitor's heartbeat deregistration used to wait 5 s for a stopped control plane."""
+    tmp_spans = Path(tempfile.mkdtemp(prefix="tc-store-exit-"))
+    env = {"TC_RANK_EXIT_NORMALLY": "1", "TORCHCOMM_TRACING_DISABLE": "0", "TORCHCOMM_FR_DUMP_ON_EXIT": "1",
+           "TORCHCOMM_OTEL": f"file:{tmp_spans / 'spans.jsonl'}"}
+    results, exited_after = _run("tests.recovery.workers:op_with_store_host_stopped",
+                                 {"op": op, "store_kind": kind, "timeout_s": TIMEOUT_S}, kind, signal.SIGSTOP, env=env)
+    for res in results:
+        assert res.returncode == 0 and res.value is not None, res.stderr[-3000:]
+    last_call = max(res.value["elapsed"] for res in results)
+    assert exited_after <= last_call + EXIT_S, (exited_after, [r.value for r in results])
