@@ -14,7 +14,6 @@ debugging aid, like c10d's ``TORCH_DISTRIBUTED_DEBUG=DETAIL``.
 from __future__ import annotations
 
 import os
-import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -180,11 +179,17 @@ def compare(gathered: torch.Tensor, op: str) -> tuple[str, list[int]] | None:
     return "collective mismatch: " + " | ".join(lines), odd
 
 
+class EngineNotReady(TimeoutError):
+    """The side engine was not built by the op's deadline (a rank never joined its rendezvous,
+    or the store did not answer), or a member failed meanwhile."""
+
+
 class SignatureCheck:
     """One communicator's check: a side engine (made on first use, collectively) that
-    all-gathers the signatures."""
+    all-gathers the signatures. ``make_engine(deadline)`` builds it, or returns ``None`` when it
+    was not ready by ``deadline``."""
 
-    def __init__(self, make_engine: Callable[[float], TorchCommBackend], size: int) -> None:
+    def __init__(self, make_engine: Callable[[float], TorchCommBackend | None], size: int) -> None:
         self._make_engine = make_engine
         self._size = size
         self._engine: TorchCommBackend | None = None
@@ -192,9 +197,12 @@ class SignatureCheck:
     def run(self, rec: OpRecord, deadline: float) -> tuple[str, list[int]] | None:
         """Exchange and compare ``rec``'s signature with every rank's, by ``deadline``
         (``time.monotonic()``). Returns ``None`` or ``(message, ranks that differ)``. Raises
-        ``TimeoutError`` when not every rank arrived in time, the engine's error otherwise."""
+        ``TimeoutError`` when not every rank arrived in time (:class:`EngineNotReady` when the
+        side engine was not built in time), the engine's error otherwise."""
         if self._engine is None:
-            self._engine = self._make_engine(max(0.001, deadline - time.monotonic()))
+            self._engine = self._make_engine(deadline)
+            if self._engine is None:
+                raise EngineNotReady("the collective check's engine was not ready before the deadline")
         out = torch.empty(self._size * SLOTS, dtype=torch.int64)
         error = self._engine.all_gather_single(out, encode(rec)).wait_until(deadline)
         if error is not None:

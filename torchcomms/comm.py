@@ -554,13 +554,15 @@ class TorchComm:
         assert self._signatures is not None
         try:
             verdict = self._signatures.run(rec, work.deadline)
+        except collective_check.EngineNotReady:
+            return self._engine_not_built(rec, self._global_ranks, "the collective check's engine")
         except TimeoutError:
             return CommTimeoutError(
                 f"did not complete within {rec.timeout_s:g} s (not every rank reached this collective)",
                 timeout_s=rec.timeout_s, comm=self._name, op=str(rec.name), seq=rec.seq,
             )
         except BaseException as e:  # noqa: BLE001 - the engine may throw anything
-            return self._translate_engine_error(e, rec)
+            return self._build_error(e, rec)
         if verdict is None:
             return None
         message, ranks = verdict
@@ -571,14 +573,15 @@ class TorchComm:
             return SignatureCheck(self._make_check_engine, self._size)
         return None
 
-    def _make_check_engine(self, timeout_s: float) -> TorchCommBackend:
-        """The collective check's side engine: same members, its own rendezvous prefix."""
+    def _make_check_engine(self, deadline: float) -> TorchCommBackend | None:
+        """The collective check's side engine: same members, its own rendezvous prefix; built
+        by ``deadline`` (``time.monotonic()``), else ``None`` (see :meth:`_build_until`)."""
         self._check_engines += 1  # every rank makes them at the same ops: the prefixes agree
         ctx = dataclasses.replace(
             self._ctx, name=f"{self._name}/check", store_prefix=f"{self._ctx.store_prefix}/check{self._check_engines}",
-            timeout=timedelta(seconds=timeout_s), hints=dict(self._hints),
+            timeout=timedelta(seconds=max(0.001, deadline - time.monotonic())), hints=dict(self._hints),
         )
-        return self._backend.split(ctx)
+        return self._build_until(ctx, deadline)
 
     def _close_engines(self, abort: bool) -> None:
         """Release (or abandon, after a failure) the engine and the collective check's."""
@@ -922,9 +925,17 @@ class TorchComm:
 
         def build() -> None:
             try:
-                backend = old.split(ctx)
+                # waited for until the deadline, or until the reconfigure ends otherwise
+                # (superseded, aborted): then abandoned, its store calls cancelled
+                backend = call_until(
+                    "the reconfigured engine's rendezvous", lambda: old.split(ctx), work.deadline,
+                    thread_name=f"torchcomms-reconfigure-{self._name}", store=ctx.store,
+                    give_up=lambda: work.status is not WorkStatus.INPROGRESS, on_late=lambda b: b.abort())
+            except StoreNotAnswering:
+                self._expire(work)  # its deadline passed (or it ended already: nothing to do)
+                return
             except BaseException as e:  # noqa: BLE001
-                work._engine_done(e)
+                work._engine_done(self._build_error(e, rec))
                 return
             if not self._rebind(backend, work):
                 # The reconfigure ended before its engine was ready (timed out, superseded, the
@@ -993,45 +1004,37 @@ class TorchComm:
         except BaseException as e:  # noqa: BLE001 - the engine may throw anything
             if self._known_failed() & set(survivors):
                 return None
-            raise self._translate_engine_error(e, OpRecord(
+            raise self._build_error(e, OpRecord(
                 self._name, self._global_ranks, self._rank, self._size, self._backend_name, OpName.shrink, 0, 0,
                 0.0, False, 0)) from None
 
     def _build_until(self, ctx: BackendContext, deadline: float) -> TorchCommBackend | None:
         """``self._backend.split(ctx)`` on a thread, waited for until ``deadline`` or until one of
         its members (``ctx.global_ranks``) is reported failed: then ``None`` (the build goes on
-        until ``ctx.timeout`` ends its rendezvous, which waits on every member, and an engine it
-        still makes is aborted, never used). Raises the build's error."""
+        until ``ctx.timeout`` ends its rendezvous, which waits on every member and on the store,
+        or for as long as a stopped store host does not answer; an engine it still makes is
+        aborted, never used). Raises the build's error."""
         members = set(ctx.global_ranks)
-        box: dict[str, Any] = {}
-        lock = threading.Lock()
+        try:
+            return call_until(f"the rendezvous of {ctx.name!r}'s engine", lambda: self._backend.split(ctx), deadline,
+                              thread_name=f"torchcomms-build-{ctx.name}",
+                              give_up=lambda: bool(self._known_failed() & members),
+                              on_late=lambda backend: backend.abort(), store=ctx.store)
+        except StoreNotAnswering:
+            return None  # e.g. its rendezvous waits on a dead or stalled rank, or a stopped store
 
-        def build() -> None:
-            try:
-                backend = self._backend.split(ctx)
-            except BaseException as e:  # noqa: BLE001
-                with lock:
-                    box["error"] = e
-                return
-            with lock:
-                if "abandoned" not in box:
-                    box["backend"] = backend
-                    return
-            backend.abort()
-
-        t = threading.Thread(target=build, name=f"torchcomms-build-{ctx.name}", daemon=True)
-        t.start()
-        while t.is_alive():
-            t.join(0.005)
-            if self._known_failed() & members or time.monotonic() >= deadline:
-                with lock:
-                    if not box:
-                        box["abandoned"] = True
-                        return None  # e.g. its rendezvous waits on a dead or stalled rank
-                break
-        if "error" in box:
-            raise box["error"]
-        return box["backend"]
+    def _build_error(self, error: BaseException, rec: OpRecord) -> CommError:
+        """The typed error of an engine build (split, shrink, reconfigure, the collective check)
+        that raised ``error``: the store's connection failed (its host is gone), or the engine's."""
+        if isinstance(error, dist.DistNetworkError):  # raised by a store client, not by an engine's peers
+            where = dict(comm=self._name, op=str(rec.name), seq=rec.seq or None)
+            lost = self._monitor.control_lost if self._monitor is not None else None
+            if lost is not None:
+                return CommAbortedError(lost, **where)  # type: ignore[arg-type]
+            return CommAbortedError(
+                f"{describe_store(self._ctx.store)} failed while the new engine rendezvoused: {error} "
+                "(its host is gone or unreachable)", **where)  # type: ignore[arg-type]
+        return self._translate_engine_error(error, rec)
 
     def _become(self, backend: TorchCommBackend, survivors: list[int], epoch: int) -> TorchComm:
         """Retire this communicator in favour of one over ``survivors``."""
@@ -1382,9 +1385,9 @@ class TorchComm:
             try:
                 child_backend = self._build_until(child_ctx, work.deadline)
             except BaseException as e:  # noqa: BLE001 - the engine may throw anything
-                raise self._translate_engine_error(e, work.record) from None
+                raise self._build_error(e, work.record) from None
             if child_backend is None:
-                raise self._split_not_built(work.record, child_ctx.global_ranks)
+                raise self._engine_not_built(work.record, child_ctx.global_ranks, "the new communicator's engine")
             opts = self._derived_options(child_ctx.hints)
             child = TorchComm(child_backend, opts, self._store)
         except BaseException:
@@ -1393,18 +1396,19 @@ class TorchComm:
         self._adopt(child)
         return child
 
-    def _split_not_built(self, rec: OpRecord, members: tuple[int, ...]) -> CommError:
-        """Why ``split``'s new engine was abandoned: a member failed, or the deadline passed."""
+    def _engine_not_built(self, rec: OpRecord, members: tuple[int, ...], what: str) -> CommError:
+        """Why the engine ``what`` (``split``'s new one, the collective check's) was abandoned: a
+        member failed, or the op's deadline passed."""
         how = self._known_failures()
         failed = how.keys() & set(members)
-        ctx = dict(comm=self._name, op="split", seq=rec.seq)
+        ctx = dict(comm=self._name, op=str(rec.name), seq=rec.seq)
         if failed:
             return PeerFailureError(
-                "a member of the new communicator failed while its engine was built",
+                f"a member failed while {what} was built",
                 failed_ranks=[self._global_ranks.index(g) for g in sorted(failed) if g in self._global_ranks],
                 detected_by=",".join(sorted({how[g] for g in failed})), **ctx)  # type: ignore[arg-type]
         return CommTimeoutError(
-            f"the new communicator's engine was not ready within {rec.timeout_s:g} s "
+            f"{what} was not ready within {rec.timeout_s:g} s "
             f"(a member never joined its rendezvous, or {describe_store(self._ctx.store)} did not answer)",
             timeout_s=rec.timeout_s, **ctx)  # type: ignore[arg-type]
 

@@ -199,6 +199,32 @@ def test_new_comm_failure_monitor_start_is_bounded_by_its_timeout(sig: int) -> N
     assert v["elapsed"] <= TIMEOUT_S + GRACE_S, v
 
 
+@pytest.mark.parametrize("kind", ["tcp", "control"])
+def test_the_collective_check_ends_by_the_op_timeout_when_the_store_host_is_stopped(kind: str) -> None:
+    """The collective check's side engine rendezvous at the first checked collective: it used
+    to block the op for ever on a TCPStore, ~6 s on the control plane (then a BackendError)."""
+    for res in _run_with_store_stopped("checked_op", kind):
+        v = res.value
+        assert v is not None, res.stderr[-3000:]
+        assert v["raised"] == "CommTimeoutError" and v["is_comm_error"], v
+        assert v["op"] == "all_reduce" and v["comm"] == "stalled-store", v
+        _assert_names_the_store(v, kind)
+        assert v["elapsed"] <= TIMEOUT_S + GRACE_S, v
+
+
+@pytest.mark.parametrize("op", ["split", "reconfigure"])
+def test_split_and_reconfigure_name_the_store_when_its_host_is_gone(op: str) -> None:
+    """The new engine's rendezvous fails at once on a killed store host ("Broken pipe"): that
+    used to be reported as a peer's failure (PeerFailureError, no rank named)."""
+    for res in _run_with_store_stopped(op, "tcp", signal.SIGKILL):
+        v = res.value
+        assert v is not None, res.stderr[-3000:]
+        assert v["raised"] == "CommAbortedError" and v["is_comm_error"], v
+        assert v["op"] == op and v["comm"] == "stalled-store", v
+        _assert_names_the_store(v, "tcp")
+        assert v["elapsed"] <= TIMEOUT_S + GRACE_S, v
+
+
 @pytest.mark.parametrize("op", ["finalize", "abort"])
 def test_finalize_and_abort_do_not_wait_for_a_stopped_store_host(op: str) -> None:
     """Neither asks anything of the store: they end at once (measured at ~30 ms and <1 ms
@@ -215,12 +241,14 @@ EXIT_S = 3.0
 
 
 @pytest.mark.parametrize(("op", "kind"), [("exit", "tcp"), ("exit", "control"), ("new_comm", "tcp"),
-                                          ("new_comm", "control")])
+                                          ("new_comm", "control"), ("split", "control"), ("reconfigure", "control")])
 def test_ranks_exit_promptly_when_the_store_host_is_stopped(op: str, kind: str) -> None:
     """The interpreter's own exit (atexit: the failure monitor's stop, the flight recorder's
     dump, the span exporter; then its teardown) with the store's host stopped, straight away or
     after an op that timed out while its engine's rendezvous was blocked on the store. The
-    failure monitor's heartbeat deregistration used to wait 5 s for a stopped control plane."""
+    failure monitor's heartbeat deregistration used to wait 5 s for a stopped control plane; an
+    abandoned rendezvous still calling the control plane's (Python) store from inside gloo used to
+    abort the process at exit ("terminate called without an active exception", or SIGSEGV)."""
     tmp_spans = Path(tempfile.mkdtemp(prefix="tc-store-exit-"))
     env = {"TC_RANK_EXIT_NORMALLY": "1", "TORCHCOMM_TRACING_DISABLE": "0", "TORCHCOMM_FR_DUMP_ON_EXIT": "1",
            "TORCHCOMM_OTEL": f"file:{tmp_spans / 'spans.jsonl'}"}
