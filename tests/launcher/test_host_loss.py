@@ -63,6 +63,9 @@ def _cleanup(*procs: subprocess.Popen[str]) -> None:
         p.communicate(timeout=30)
 
 
+#: Anything of round 1: joining it, waiting for its plan or, when the test was slow to stop
+#: the host, starting, supervising or reporting on its workers.
+ROUND_1 = "[a-z ]+ round 1"
 # (nnodes, extra rdzv-conf, host env, follower env, script, store key to stop at (None:
 #  when both workers run), what the follower says it was doing (a regular expression))
 PHASES = {
@@ -73,14 +76,13 @@ PHASES = {
     "running": ("2", "", {"SLEEP": "60"}, {"SLEEP": "60"}, "sleeper.py", None,
                 "supervising the workers of round 0"),
     # the host's rank 0 failed and the host decided to restart: the follower is reading the
-    # decision, acknowledging it or joining round 1
+    # decision, acknowledging it or (on a loaded machine) already in round 1
     "restart": ("2", "", {"FAIL_RANK": "0"}, {"FAIL_RANK": "0"}, "fails_once.py",
                 "torchcomms-run/job/0/decision",
-                "(waiting for|acknowledging) the decision of round 0"
-                "|(joining|waiting for the plan of) rendezvous round 1"),
+                f"(waiting for|acknowledging) the decision of round 0|{ROUND_1}"),
     # the follower acknowledged the restart: it joins round 1 (or waits for its plan)
     "rejoin": ("2", "", {"FAIL_RANK": "0"}, {"FAIL_RANK": "0"}, "fails_once.py",
-               "torchcomms-run/job/0/ack/1", "(joining|waiting for the plan of) rendezvous round 1"),
+               "torchcomms-run/job/0/ack/1", ROUND_1),
     # the follower's workers are done and its results published; the host's still run
     "job end": ("2", "", {"DURATION": "60"}, {"DURATION": "0"}, "ticker.py",
                 "torchcomms-run/job/0/result/1", "waiting for the decision of round 0"),
