@@ -7,7 +7,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.ports import free_port  # noqa: F401 - the launcher tests import it from here
+
 WORKERS = Path(__file__).parent / "workers"
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,10 +26,18 @@ def worker(name: str) -> str:
     return str(WORKERS / name)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def communicate_all(procs: Sequence[subprocess.Popen], timeout: float) -> list[tuple[str, str]]:
+    """Every agent's (stdout, stderr) once all exited; past ``timeout`` they are killed and
+    the assertion shows what each had said (a bare TimeoutExpired shows nothing)."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [p.communicate(timeout=max(0.1, deadline - time.monotonic())) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        outs = [p.communicate() for p in procs]
+        said = "\n".join(f"--- agent {i} stderr:\n{err[-3000:]}" for i, (_, err) in enumerate(outs))
+        raise AssertionError(f"the agents had not all exited after {timeout:g} s:\n{said}") from None
 
 
 def launcher_cmd(*args: str) -> list[str]:

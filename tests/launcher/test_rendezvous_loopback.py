@@ -6,7 +6,7 @@ import secrets
 import socket
 import subprocess
 
-from conftest import REPO, base_env, free_port, launcher_cmd, read_pids, run_launcher, worker
+from conftest import REPO, base_env, communicate_all, free_port, launcher_cmd, read_pids, run_launcher, worker
 
 
 def test_wrong_secret_is_refused_clearly(tmp_path, secret_file):
@@ -68,7 +68,7 @@ def test_two_agents_on_loopback(tmp_path, secret_file):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     b = subprocess.Popen(launcher_cmd(*common, worker("ticker.py")), env=env, cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    outs = [p.communicate(timeout=120) for p in (a, b)]
+    outs = communicate_all((a, b), timeout=120)
     assert (a.returncode, b.returncode) == (0, 0), outs
     text = outs[0][0] + outs[1][0]
     for rank in range(4):
@@ -89,7 +89,7 @@ def _pair(secret_file, *extra, env):
 def test_restart_across_nodes(secret_file):
     a, b = _pair(secret_file, "--nnodes", "2", "--max-restarts", "1",
                  worker("restart_once.py"), env=base_env())
-    (out_a, err_a), (out_b, err_b) = a.communicate(timeout=120), b.communicate(timeout=120)
+    (out_a, err_a), (out_b, err_b) = communicate_all((a, b), timeout=120)
     assert (a.returncode, b.returncode) == (0, 0), err_a + err_b
     assert "rank 1 failed; restarting all workers (restart 1 of 1)" in err_a
     for rank in range(4):  # every rank of both nodes ran a second attempt

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -10,12 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers.paths import REPO, child_pythonpath
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.helpers.ports import free_port
 
 
 def run_ranks(scenario: str, n: int, dump_dir: Path, *, extra_env: dict[str, str] | None = None, limit_s: float = 90) -> list[tuple[int, str]]:
