@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,6 +90,19 @@ def _assert_names_the_store(v: dict, kind: str) -> None:
     assert any(n in v["message"] for n in names), v
 
 
+def _assert_typed_in_time(res: Any, raised: str, op: str, comm: str, store_kind: str | None) -> dict:
+    """One rank's outcome: ``raised`` (a ``CommError``) from ``op`` on ``comm``, naming the
+    store of ``store_kind`` (``None``: not checked), within the timeout and its grace."""
+    v = res.value
+    assert v is not None, res.stderr[-3000:]
+    assert v["raised"] == raised and v["is_comm_error"], v
+    assert v["op"] == op and v["comm"] == comm, v
+    if store_kind is not None:
+        _assert_names_the_store(v, store_kind)
+    assert v["elapsed"] <= TIMEOUT_S + GRACE_S, v
+    return v
+
+
 @pytest.mark.parametrize("kind", ["tcp", "control"])
 def test_shrink_ends_by_its_deadline_when_the_store_host_is_stopped(kind: str) -> None:
     """shrink(timeout=2 s) used to block in the agreement's store calls: for ever on a TCPStore
@@ -125,11 +139,7 @@ def test_split_and_reconfigure_end_by_their_deadline_when_the_store_host_is_stop
     """Their store calls are the new engine's rendezvous, made on a thread that is waited for
     only until the op's deadline: bounded before the shrink's fix too; kept so that they stay so."""
     for res in _run_with_store_stopped(op, "tcp"):
-        v = res.value
-        assert v is not None, res.stderr[-3000:]
-        assert v["raised"] == "CommTimeoutError" and v["is_comm_error"], v
-        assert v["op"] == op and v["comm"] == "stalled-store", v
-        assert v["elapsed"] <= TIMEOUT_S + GRACE_S, v
+        v = _assert_typed_in_time(res, "CommTimeoutError", op, "stalled-store", None)
         if op == "split":  # the store may be why the new engine was not made: the error says so
             assert "or the TCPStore at 127.0.0.1:" in v["message"] and "did not answer" in v["message"], v
 
@@ -139,12 +149,7 @@ def test_new_comm_ends_by_its_timeout_when_the_store_host_is_stopped(kind: str) 
     """new_comm(timeout=2 s) over a store that stopped answering used to block in the engine's
     rendezvous: for ever on a TCPStore, ~6 s on the control plane (then an untyped store error)."""
     for res in _run_with_store_stopped("new_comm", kind):
-        v = res.value
-        assert v is not None, res.stderr[-3000:]
-        assert v["raised"] == "CommTimeoutError" and v["is_comm_error"], v
-        assert v["op"] == "new_comm" and v["comm"] == "second", v
-        _assert_names_the_store(v, kind)
-        assert v["elapsed"] <= TIMEOUT_S + GRACE_S, v
+        _assert_typed_in_time(res, "CommTimeoutError", "new_comm", "second", kind)
 
 
 @pytest.mark.parametrize("kind", ["tcp", "control"])
@@ -152,12 +157,7 @@ def test_new_comm_raises_a_typed_error_when_the_store_host_is_gone(kind: str) ->
     """A killed store host: the rendezvous fails at once, and used to surface as the store's own
     error (DistNetworkError, ControlStoreUnavailableError), not a CommError."""
     for res in _run_with_store_stopped("new_comm", kind, signal.SIGKILL):
-        v = res.value
-        assert v is not None, res.stderr[-3000:]
-        assert v["raised"] == "CommAbortedError" and v["is_comm_error"], v
-        assert v["op"] == "new_comm" and v["comm"] == "second", v
-        _assert_names_the_store(v, kind)
-        assert v["elapsed"] <= TIMEOUT_S + GRACE_S, v
+        _assert_typed_in_time(res, "CommAbortedError", "new_comm", "second", kind)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["stopped", "killed"])
@@ -204,12 +204,7 @@ def test_the_collective_check_ends_by_the_op_timeout_when_the_store_host_is_stop
     """The collective check's side engine rendezvous at the first checked collective: it used
     to block the op for ever on a TCPStore, ~6 s on the control plane (then a BackendError)."""
     for res in _run_with_store_stopped("checked_op", kind):
-        v = res.value
-        assert v is not None, res.stderr[-3000:]
-        assert v["raised"] == "CommTimeoutError" and v["is_comm_error"], v
-        assert v["op"] == "all_reduce" and v["comm"] == "stalled-store", v
-        _assert_names_the_store(v, kind)
-        assert v["elapsed"] <= TIMEOUT_S + GRACE_S, v
+        _assert_typed_in_time(res, "CommTimeoutError", "all_reduce", "stalled-store", kind)
 
 
 @pytest.mark.parametrize("op", ["split", "reconfigure"])
@@ -217,12 +212,7 @@ def test_split_and_reconfigure_name_the_store_when_its_host_is_gone(op: str) -> 
     """The new engine's rendezvous fails at once on a killed store host ("Broken pipe"): that
     used to be reported as a peer's failure (PeerFailureError, no rank named)."""
     for res in _run_with_store_stopped(op, "tcp", signal.SIGKILL):
-        v = res.value
-        assert v is not None, res.stderr[-3000:]
-        assert v["raised"] == "CommAbortedError" and v["is_comm_error"], v
-        assert v["op"] == op and v["comm"] == "stalled-store", v
-        _assert_names_the_store(v, "tcp")
-        assert v["elapsed"] <= TIMEOUT_S + GRACE_S, v
+        _assert_typed_in_time(res, "CommAbortedError", op, "stalled-store", "tcp")
 
 
 @pytest.mark.parametrize("op", ["finalize", "abort"])

@@ -161,6 +161,12 @@ def stuck_in_all_reduce() -> dict[str, Any]:
     return {"raised": None, "message": "", "t": time.time()}
 
 
+def _outcome_of(e: Exception) -> dict[str, Any]:
+    """What a test needs to know of an op's error: its type, whether it is typed, its context."""
+    return {"raised": type(e).__name__, "is_comm_error": isinstance(e, torchcomms.CommError),
+            "op": getattr(e, "op", None), "comm": getattr(e, "comm", None), "message": str(e)[:600]}
+
+
 def op_with_store_host_stopped(op: str, store_kind: str, timeout_s: float) -> dict[str, Any]:
     """Every rank forms a gloo communicator whose store is hosted outside the ranks, by the test
     (a TCPStore server, or the control plane), runs one all_reduce, reports ready and waits until
@@ -215,8 +221,7 @@ def op_with_store_host_stopped(op: str, store_kind: str, timeout_s: float) -> di
             raise ValueError(f"unknown op {op!r}")
         out: dict[str, Any] = {"raised": None}
     except Exception as e:  # noqa: BLE001 - report whatever it was
-        out = {"raised": type(e).__name__, "is_comm_error": isinstance(e, torchcomms.CommError),
-               "op": getattr(e, "op", None), "comm": getattr(e, "comm", None), "message": str(e)[:600]}
+        out = _outcome_of(e)
     out["elapsed"] = time.monotonic() - t0
     return out
 
@@ -245,8 +250,7 @@ def new_comm_while_store_rank_stopped(timeout_s: float) -> dict[str, Any] | None
         torchcomms.new_comm("gloo", torch.device("cpu"), "late", timeout=timedelta(seconds=timeout_s))
         out: dict[str, Any] = {"raised": None}
     except Exception as e:  # noqa: BLE001 - report whatever it was
-        out = {"raised": type(e).__name__, "is_comm_error": isinstance(e, torchcomms.CommError),
-               "op": getattr(e, "op", None), "comm": getattr(e, "comm", None), "message": str(e)[:600]}
+        out = _outcome_of(e)
     out["elapsed"] = time.monotonic() - t0
     return out
 
@@ -273,7 +277,6 @@ def monitor_start_with_control_plane_stopped(timeout_s: float) -> dict[str, Any]
                             store=store, hints={"rank": "0", "size": "2"})
         out: dict[str, Any] = {"raised": None}
     except Exception as e:  # noqa: BLE001 - report whatever it was
-        out = {"raised": type(e).__name__, "is_comm_error": isinstance(e, torchcomms.CommError),
-               "op": getattr(e, "op", None), "comm": getattr(e, "comm", None), "message": str(e)[:600]}
+        out = _outcome_of(e)
     out["elapsed"] = time.monotonic() - t0
     return out
