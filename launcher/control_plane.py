@@ -16,6 +16,7 @@ from torchcomms.control.client import ControlClient
 from torchcomms.control.errors import (
     ControlAuthError,
     ControlError,
+    ControlHandshakeTimeoutError,
     ControlTimeoutError,
     ControlUnavailableError,
 )
@@ -93,6 +94,8 @@ class ControlPlane:
                         f"({exc})"
                     ) from None
                 silent, last = True, exc
+            except ControlHandshakeTimeoutError as exc:
+                silent, last = True, exc  # connected, never answered: a stopped or hung host
             except (ControlTimeoutError, ControlUnavailableError) as exc:
                 last = exc  # (a stopped host's full accept queue ends in this, too)
             now = time.monotonic()

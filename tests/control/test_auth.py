@@ -8,7 +8,7 @@ import pytest
 import zmq
 
 from torchcomms.control.client import ControlClient
-from torchcomms.control.errors import ControlAuthError
+from torchcomms.control.errors import ControlAuthError, ControlHandshakeTimeoutError
 from torchcomms.control.protocol import decode_reply, encode
 from torchcomms.control.secrets import derive_keys, new_secret
 from torchcomms.control.server import StoreServer
@@ -89,13 +89,17 @@ def test_authenticated_raw_socket_is_served(server: StoreServer, secret: bytes) 
         ctx.term()
 
 
-def test_silent_peer_is_reported_as_a_failed_handshake() -> None:
-    """A listener that accepts TCP but never speaks ZMTP/CURVE: auth error at the timeout."""
+def test_silent_peer_is_reported_as_an_unanswered_handshake_not_a_refused_secret() -> None:
+    """A listener that accepts TCP but never speaks ZMTP/CURVE (what a stopped server looks
+    like: the kernel accepts for it) is silence at the timeout. It used to be reported as a
+    refused job secret (``ControlAuthError``), which sent users after the wrong problem."""
     import socket
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)  # the kernel completes connections; nobody ever answers
         port = listener.getsockname()[1]
         with ControlClient(f"tcp://127.0.0.1:{port}", new_secret(), timeout=0.5) as c:
-            with pytest.raises(ControlAuthError, match="handshake"):
+            with pytest.raises(ControlHandshakeTimeoutError, match="handshake was not answered") as info:
                 c.ping()
+            assert "the server is stopped or hung" in str(info.value)
+            assert not isinstance(info.value, ControlAuthError)

@@ -26,6 +26,7 @@ _EXPORTS: dict[str, str] = {
     "ControlUnavailableError": "torchcomms.control.errors",
     "ControlClosedError": "torchcomms.control.errors",
     "ControlCancelledError": "torchcomms.control.errors",
+    "ControlHandshakeTimeoutError": "torchcomms.control.errors",
     "ControlLimitError": "torchcomms.control.errors",
     "ControlValueError": "torchcomms.control.errors",
     "ControlArgumentError": "torchcomms.control.errors",

@@ -10,6 +10,7 @@ instead of a silent hang.
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from typing import Any
@@ -99,7 +100,10 @@ class HandshakeWatch:
     ``established`` is true while a connection whose CURVE handshake succeeded is up;
     ``auth_failure`` holds a :class:`ControlAuthError` once the server refused us (ZAP
     denial, a cryptographic failure from a wrong secret, or a connection closed during the
-    handshake); ``lost`` is set when an established connection went down.
+    handshake); ``unanswered`` is set when a handshake ran out of its interval with no answer
+    at all (libzmq reports that as a failure with ``EAGAIN``: a stopped or hung server, or a
+    peer that does not speak ZMTP), which is silence, not a refusal; ``lost`` is set when an
+    established connection went down.
     """
 
     def __init__(self, address: str) -> None:
@@ -108,6 +112,7 @@ class HandshakeWatch:
         self.ever_established = False
         self.lost = False
         self.auth_failure: ControlAuthError | None = None
+        self.unanswered = False
         self._connected = False
 
     @property
@@ -123,21 +128,26 @@ class HandshakeWatch:
         )
 
     def feed(self, frames: list[Any]) -> None:
-        event = parse_monitor_message(frames)["event"]
+        message = parse_monitor_message(frames)
+        event, value = message["event"], int(message["value"])
         if event == zmq.EVENT_CONNECTED:
             self._connected = True
         elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.established = self.ever_established = True
             self.auth_failure = None
+            self.unanswered = False
         elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             self.auth_failure = self._refused("authentication denied")
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and value == errno.EAGAIN:
+            if not self.established:
+                self.unanswered = True  # the handshake interval ran out: silence
         elif event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
             if not self.established:
                 self.auth_failure = self._refused("handshake failed")
         elif event == zmq.EVENT_DISCONNECTED:
             if self.established:
                 self.lost = True
-            elif self._connected and self.auth_failure is None:
+            elif self._connected and self.auth_failure is None and not self.unanswered:
                 self.auth_failure = self._refused("connection closed during the handshake")
             self.established = False
             self._connected = False

@@ -5,7 +5,8 @@ threads can block in ``get``/``wait`` at once while others keep using the store.
 carry ids (stale replies are discarded), every call has a deadline, and failures are typed:
 :class:`ControlTimeoutError` (the server answered "not in time"), :class:`ControlAuthError`
 (the server refused our credentials), :class:`ControlUnavailableError` (no server, or it went
-away: requests are never silently retried), :class:`ControlProtocolError`.
+away: requests are never silently retried; :class:`ControlHandshakeTimeoutError` when a
+connection was made but its handshake never answered), :class:`ControlProtocolError`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from .errors import (
     ControlCancelledError,
     ControlClosedError,
     ControlError,
+    ControlHandshakeTimeoutError,
     ControlProtocolError,
     ControlUnavailableError,
 )
@@ -409,11 +411,12 @@ class ControlClient:
                 chan.drain_monitor()
                 if chan.watch.auth_failure is not None:
                     raise chan.watch.auth_failure
-                if chan.watch.connected and not chan.watch.established:
-                    raise ControlAuthError(
-                        f"{op}: connected to {self.address}, but the CURVE handshake did not "
-                        f"complete within {budget:.1f} s: the peer is not a torchcomms control "
-                        "server, or it refuses this job secret")
+                if chan.watch.unanswered or (chan.watch.connected and not chan.watch.established):
+                    raise ControlHandshakeTimeoutError(
+                        f"{op}: connected to {self.address}, but the CURVE handshake was not "
+                        f"answered within {budget:.1f} s: the server is stopped or hung (the "
+                        "kernel still accepts connections for it), or the peer is not a "
+                        "torchcomms control server")
                 if not chan.watch.ever_established:
                     raise ControlUnavailableError(
                         f"{op}: could not reach the control server at {self.address} "

@@ -18,6 +18,7 @@ __all__ = [
     "ControlLimitError",
     "ControlClosedError",
     "ControlCancelledError",
+    "ControlHandshakeTimeoutError",
 ]
 
 
@@ -63,6 +64,13 @@ class ControlClosedError(ControlUnavailableError):
 class ControlCancelledError(ControlUnavailableError):
     """The calling thread's calls were cancelled (``ControlClient.cancel_calls_of``): its
     caller gave up on it."""
+
+
+class ControlHandshakeTimeoutError(ControlUnavailableError):
+    """A TCP connection was made, but the peer never answered the CURVE handshake in time: the
+    server is stopped or hung (the kernel still accepts connections for it), or the peer is
+    not a torchcomms control server. Not a refused secret: a refusal comes within a round trip
+    as :class:`ControlAuthError`."""
 
 
 class ControlArgumentError(ControlError, ValueError):
