@@ -70,6 +70,18 @@ class RankGroup:
     def signal(self, rank: int, sig: int) -> None:
         os.kill(self.procs[rank].pid, sig)
 
+    def wait_ready(self, ready_dir: Path, n: int | None = None, timeout: float = 120.0) -> None:
+        """Until ``n`` ranks (default: all) created their ``ready*`` file in ``ready_dir``; an
+        ``AssertionError`` with the dead ranks' logs if one exits first, or at ``timeout``."""
+        n = self.n if n is None else n
+        deadline = time.monotonic() + timeout
+        while len(list(ready_dir.glob("ready*"))) < n:
+            assert time.monotonic() < deadline, "ranks never got ready"
+            dead = [r for r, p in enumerate(self.procs) if p.poll() is not None]
+            assert not dead, f"rank {dead} died early:\n" + "\n".join(
+                (self.dir / f"rank{r}.log").read_text(errors="replace")[-3000:] for r in dead)
+            time.sleep(0.05)
+
     def wait(self, timeout: float = 120.0, ranks: list[int] | None = None,
              failed_grace: float | None = None) -> list[RankResult]:
         """Every rank's result once all have exited; an ``AssertionError`` with every rank's state

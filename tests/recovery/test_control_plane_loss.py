@@ -27,11 +27,7 @@ def _start_server(tmp: Path) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
 
 
 def _wait_ready(tmp: Path, g: RankGroup) -> None:
-    deadline = time.monotonic() + 120
-    while len(list(tmp.glob("ready*"))) < 2:
-        assert time.monotonic() < deadline, "ranks never got ready"
-        assert all(p.poll() is None for p in g.procs), "a rank died early"
-        time.sleep(0.05)
+    g.wait_ready(tmp, 2)
     time.sleep(0.3)
 
 

@@ -50,16 +50,6 @@ def _start_store_host(kind: str, tmp: Path) -> tuple[subprocess.Popen[bytes], di
     return host, env
 
 
-def _wait_until_ready(g: RankGroup, tmp: Path, n: int) -> None:
-    deadline = time.monotonic() + 120
-    while len(list(tmp.glob("ready*"))) < n:
-        assert time.monotonic() < deadline, "ranks never got ready"
-        dead = [r for r, p in enumerate(g.procs) if p.poll() is not None]
-        assert not dead, f"rank {dead} died early:\n" + "\n".join(
-            (g.dir / f"rank{r}.log").read_text(errors="replace")[-3000:] for r in dead)
-        time.sleep(0.05)
-
-
 def _run(target: str, kwargs: dict, kind: str, sig: int, world: int = WORLD,
          env: dict[str, str] | None = None) -> tuple[list, float]:
     """Ranks running ``target`` over a store hosted by the test; once all are ready the host
@@ -69,7 +59,7 @@ def _run(target: str, kwargs: dict, kind: str, sig: int, world: int = WORLD,
     rank_env.update(env or {})
     try:
         with RankGroup(world, target, kwargs, env=rank_env) as g:
-            _wait_until_ready(g, tmp, world)
+            g.wait_ready(tmp, world)
             os.kill(host.pid, sig)
             signalled = time.monotonic()
             (tmp / "go").touch()
@@ -169,7 +159,7 @@ def test_new_comm_ends_by_its_timeout_when_the_rank_hosting_its_store_is_stopped
     env = {"TC_READY_DIR": str(tmp), "TORCHCOMM_TRACING_DISABLE": "1"}
     with RankGroup(WORLD, "tests.recovery.workers:new_comm_while_store_rank_stopped",
                    {"timeout_s": TIMEOUT_S}, env=env) as g:
-        _wait_until_ready(g, tmp, WORLD)
+        g.wait_ready(tmp, WORLD)
         g.signal(0, sig)
         (tmp / "go").touch()
         results = g.wait(timeout=TIMEOUT_S + 20, ranks=list(range(1, WORLD)), failed_grace=5)

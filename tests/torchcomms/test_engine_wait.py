@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -77,11 +76,7 @@ def test_a_blocked_sync_op_ends_when_the_control_plane_reports_the_peer() -> Non
         env = {"TORCHCOMM_CONTROL_ADDR": addr, "TORCHCOMM_CONTROL_SECRET_FILE": str(secret),
                "TC_READY_DIR": str(tmp), "TORCHCOMM_TRACING_DISABLE": "1"}
         with RankGroup(2, "tests.torchcomms.workers:sync_op_with_stopped_peer", env=env) as g:
-            deadline = time.monotonic() + 120
-            while len(list(tmp.glob("ready*"))) < 2:
-                assert time.monotonic() < deadline, "ranks never got ready"
-                assert all(p.poll() is None for p in g.procs), "a rank died early"
-                time.sleep(0.05)
+            g.wait_ready(tmp)
             g.signal(1, signal.SIGSTOP)
             (tmp / "go").touch()
             res = g.wait(timeout=100, ranks=[0])[0]

@@ -20,13 +20,7 @@ def _run_stall(world: int, victim: int, sig: int, op: str) -> list:
     with RankGroup(world, "tests.torchcomms.workers:stalled_peer",
                    {"op": op, "timeout_s": TIMEOUT_S, "victim": victim},
                    env={"TC_READY_DIR": str(ready)}) as g:
-        deadline = time.monotonic() + 120
-        while len(list(ready.glob("ready*"))) < world:
-            assert time.monotonic() < deadline, "ranks never got ready"
-            dead = [r for r, p in enumerate(g.procs) if p.poll() is not None]
-            assert not dead, f"rank {dead} died early:\n" + "\n".join(
-                (g.dir / f"rank{r}.log").read_text(errors="replace")[-3000:] for r in dead)
-            time.sleep(0.05)
+        g.wait_ready(ready)
         g.signal(victim, sig)
         time.sleep(0.2)
         (ready / "go").touch()
