@@ -114,7 +114,7 @@ def _accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, first: bool
     if blocks is None:
         blocks = ACCUMULATE_COLUMN_BLOCKS if acc.device.type == "cuda" else 1
     for cols in column_blocks(acc.shape[1], 1 if first else blocks):
-        out, right = (acc, b) if cols == slice(0, acc.shape[1]) else (acc[:, cols], b[:, cols])
+        out, right = acc[:, cols], b[:, cols]  # the whole width is a view of the same strides
         if mixed:
             torch.addmm(out, a, right, out_dtype=torch.float32, beta=0.0 if first else 1.0, out=out)
         elif first:
