@@ -15,7 +15,9 @@ counters under ``torchcomms-run/hb/<agent_id>``.
 A follower waits about ``heartbeat_timeout`` (``--rdzv-conf``) for any answer of the
 rendezvous host, in every phase (its store calls and heartbeats are bounded by it, and its
 waits are polls of such calls): then it takes the host for lost, stops its workers and
-raises :class:`ControlPlaneLostError` naming the host's address and what it was doing.
+raises :class:`ControlPlaneLostError` naming the host's address and what it was doing. Once
+it has read the job's final ``exit`` decision, though, the job's end is known: a host lost
+before the ack landed is only warned of, and the agent exits with the job's code.
 
 A worker that SIGKILL cannot end is given up as unreapable after the supervisor's bounded
 wait and counts as a failed worker that ended then (policy, results and exit code as usual;
@@ -811,16 +813,31 @@ class Agent:
                     doing = f"waiting for the decision of round {self._round}"
                 if local_reported and kv.check([decision_key]):
                     decision = Decision.from_json(kv.get(decision_key, timeout=0))
-                    if decision.action == "exit":
-                        self.control.close_subscriptions()
                     doing = f"acknowledging the decision of round {self._round}"
-                    kv.set(_job_key(self._round, "ack", str(self._slot.node_rank)), b"1")
+                    self._acknowledge(decision)
                     if decision.action == "exit":
                         self.console.event(f"job finished with exit code {decision.exit_code} "
                                            f"(summary on the rendezvous host)")
                     return decision
             except ControlError as exc:  # the host stopped answering (each call is bounded)
                 self._leave_lost_host(exc, doing)
+
+    def _acknowledge(self, decision: Decision) -> None:
+        """Tell the host this agent read ``decision``. An ``exit`` decision is the job's end:
+        a host lost before the ack landed is only warned of then (this agent exits with the
+        job's code); a ``restart`` needs the host, so losing it raises ``ControlError``."""
+        assert self.control is not None and self._slot is not None
+        if decision.action == "exit":
+            self.control.close_subscriptions()
+        try:
+            self.control.kv.set(_job_key(self._round, "ack", str(self._slot.node_rank)), b"1")
+        except ControlError as exc:
+            if decision.action != "exit":
+                raise
+            self.console.event(
+                f"warning: lost the rendezvous host at {self.control.address} after the job's "
+                f"decision (exit code {decision.exit_code}), before this agent's "
+                f"acknowledgement landed: {exc}")
 
     def _leave_lost_host(self, exc: BaseException, doing: str) -> NoReturn:
         """Stop the local workers and raise :class:`ControlPlaneLostError` naming the host

@@ -1,7 +1,8 @@
 """Two agents on loopback: the rendezvous host (and with it the control plane) is stopped
 (SIGSTOP) or killed, and the other agent must end within its bounds, naming the host:
 at each phase of a job it notices within its heartbeat timeout, stops its workers and exits
-1 saying what it was doing; a join to a stopped host ends at the join timeout.
+1 saying what it was doing; a join to a stopped host ends at the join timeout. A follower
+that already read the job's final decision exits with the job's code instead.
 
 The tests watch the job's own store keys (with the job secret) to stop the host at the
 exact phase, so nothing here depends on sleeping "long enough".
@@ -12,6 +13,7 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,14 +32,28 @@ HB = "heartbeat_interval=0.2,heartbeat_timeout=1.5"
 BOUND_S = 4.5
 
 
+def _agent_args(node_rank: int, port: int, secret_file: Path, *extra: str,
+                nnodes: str = "2") -> list[str]:
+    return ["--nnodes", nnodes, "--nproc-per-node", "1", "--node-rank", str(node_rank),
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "hostloss",
+            "--job-secret-file", str(secret_file), "--grace-period", "2", *extra]
+
+
 def _agent(node_rank: int, port: int, secret_file: Path, *extra: str, nnodes: str = "2",
            env: dict[str, str], script: str) -> subprocess.Popen[str]:
-    argv = launcher_cmd("--nnodes", nnodes, "--nproc-per-node", "1", "--node-rank",
-                        str(node_rank), "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
-                        "hostloss", "--job-secret-file", str(secret_file), "--grace-period",
-                        "2", *extra, worker(script))
+    argv = launcher_cmd(*_agent_args(node_rank, port, secret_file, *extra, nnodes=nnodes),
+                        worker(script))
     return subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+
+
+def _proc_code(pid: int) -> str | None:
+    """The one-letter state of ``pid`` from /proc (``T`` stopped), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _store_has(port: int, secret_file: Path, key: str) -> Callable[[], bool]:
@@ -148,3 +164,39 @@ def test_join_to_a_stopped_host_times_out_naming_it(secret_file):
     assert (f"rendezvous host at tcp://127.0.0.1:{port} did not answer within 2 s: it accepts "
             "connections but never completes the handshake") in follower.stderr, follower.stderr
     assert took < 2 + 3, f"took {took:.1f} s"  # the join timeout, plus starting Python
+
+
+ACK_RACE = str(Path(__file__).with_name("host_gone_before_ack.py"))
+
+
+@pytest.mark.parametrize("how", [signal.SIGSTOP, signal.SIGKILL], ids=["sigstop", "sigkill"])
+def test_follower_that_read_the_decision_exits_with_the_jobs_code(how, secret_file):
+    """The host goes after the follower read the job's final decision (exit 3: the host's
+    rank exits 3) and before its ack landed (``host_gone_before_ack.py`` stops or kills the
+    host right before the ack is sent): the job's end is known, so the follower exits 3,
+    warning that the host was lost after the decision, instead of failing the job with 1."""
+    port = free_port()
+    extra = ("--rdzv-conf", HB, "--max-restarts", "0")
+    host = _agent(0, port, secret_file, *extra, script="fails_once.py",
+                  env=base_env(FAIL_RANK="0", FAIL_AFTER="0"))
+    argv = [sys.executable, ACK_RACE, *_agent_args(1, port, secret_file, *extra),
+            worker("fails_once.py")]
+    follower = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=base_env(FAIL_RANK="0", HOST_PID=str(host.pid),
+                                                        HOST_SIGNAL=how.name))
+    gone = (lambda: host.poll() is not None) if how == signal.SIGKILL else \
+        (lambda: _proc_code(host.pid) == "T")
+    try:
+        assert wait_for(gone, 60, interval=0.01), "the follower never reached its ack"
+        stopped = time.monotonic()
+        _, err = follower.communicate(timeout=60)
+        took = time.monotonic() - stopped
+    finally:
+        _cleanup(host, follower)
+    print(f"host {how.name} before the final ack: the follower exited {took:.2f} s later")
+    assert f"[host-gone] {how.name} pid {host.pid}" in err, err
+    assert follower.returncode == 3, err
+    assert took < BOUND_S, f"the follower took {took:.1f} s to leave:\n{err}"
+    assert re.search(rf"warning: lost the rendezvous host at tcp://127\.0\.0\.1:{port} after "
+                     r"the job's decision \(exit code 3\)", err), err
+    assert "error:" not in err, err
