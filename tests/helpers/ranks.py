@@ -50,7 +50,7 @@ class RankGroup:
             e.update(
                 TORCHCOMM_RANK=str(r), TORCHCOMM_SIZE=str(n), RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r),
                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=child_pythonpath(),
-                TORCHCOMM_FR_DUMP_TEMP_FILE=str(self.dir / "fr_rank_"),
+                TORCHCOMM_FR_DUMP_TEMP_FILE=str(self.dir / "fr_rank_"), TC_GROUP_DIR=str(self.dir),
             )
             e.pop("TORCHCOMM_CONTROL_ADDR", None)
             e.update(env or {})

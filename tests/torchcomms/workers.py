@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 import torchcomms
+from tests.helpers.rank_sync import start_together
 from torchcomms import ReduceOp
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64}
@@ -224,6 +225,7 @@ def split_behaviour() -> dict[str, Any]:
 def stalled_peer(op: str, timeout_s: float, victim: int) -> dict[str, Any]:
     """Everyone runs one warm-up all_reduce, then ``op``; the victim is stopped or killed by the
     test in between (it sleeps forever), the others report how their op ended."""
+    start_together()
     comm = torchcomms.new_comm("gloo", torch.device("cpu"), "stall", timeout=timedelta(seconds=timeout_s))
     r = comm.get_rank()
     t = torch.ones(1024)
@@ -383,6 +385,7 @@ def op_outlasting_the_engine_timeout(late_s: float, after_shrink: bool) -> str:
     the op's own, or on the communicator that a shrink with a short timeout built (nobody failed:
     the same two ranks). The op must complete: only its own deadline may end it."""
     base = late_s / 2 if not after_shrink else late_s + 30
+    start_together()  # the 2 s timeout bounds the rendezvous too: not the ranks' start-up skew
     comm = torchcomms.new_comm("gloo", torch.device("cpu"), "outlast", timeout=timedelta(seconds=base))
     r = comm.get_rank()
     comm.all_reduce(torch.ones(4), ReduceOp.SUM, False)

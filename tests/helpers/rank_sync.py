@@ -1,0 +1,23 @@
+"""Rank-side synchronisation without the library: a start line on the runner's directory."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+#: the runner's per-group directory, exported to every rank (``RankGroup``)
+GROUP_DIR_ENV = "TC_GROUP_DIR"
+
+
+def start_together(timeout: float = 120.0) -> None:
+    """Return once every rank of the group has called this (a file per rank in the group's
+    directory), so a communicator whose timeout is shorter than the ranks' start-up skew
+    (interpreter and torch import on a loaded machine) is not failed by that skew alone."""
+    root = Path(os.environ[GROUP_DIR_ENV])
+    rank, size = int(os.environ["TORCHCOMM_RANK"]), int(os.environ["TORCHCOMM_SIZE"])
+    (root / f"started{rank}").touch()
+    deadline = time.monotonic() + timeout
+    while len(list(root.glob("started*"))) < size:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: the other ranks did not start within {timeout:g} s")
+        time.sleep(0.01)
