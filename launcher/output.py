@@ -1,6 +1,6 @@
 """Worker output: prefixed console lines, per-rank log files and optional JSON lines.
 
-Each worker's stdout and stderr are pipes read by one thread each. A line goes to the
+Each worker's stdout and stderr are pipes read by one thread per worker. A line goes to the
 agent's matching console stream (prefixed, e.g. ``[node1:3] loss 0.12``) unless it is
 redirected or filtered out, and to the worker's log file when logs are kept.
 """
@@ -8,6 +8,8 @@ redirected or filtered out, and to the worker's log file when logs are kept.
 from __future__ import annotations
 
 import json
+import os
+import selectors
 import sys
 import threading
 import time
@@ -81,8 +83,30 @@ class StreamRoute:
     log_file: Path | None
 
 
+class _Stream:
+    """One pipe being read: where its bytes go, and its unfinished last line."""
+
+    def __init__(self, stream: int, pipe: IO[bytes], route: StreamRoute) -> None:
+        self.stream = stream
+        self.pipe = pipe
+        self.route = route
+        log = route.log_file
+        self.log = open(log, "ab", buffering=0) if log else None  # noqa: SIM115
+        self.partial = b""
+
+    def close(self) -> None:
+        for f in (self.log, self.pipe):
+            if f is not None:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+
+
 class OutputPump:
-    """Copies a worker's stdout/stderr pipes to the console and its log files."""
+    """Copies a worker's stdout/stderr pipes to the console and its log files, on one reader
+    thread that ends when both pipes are closed, or at once on :meth:`detach` (for a worker
+    given up alive: its pipes would stay open as long as it lives)."""
 
     def __init__(self, console: Console, prefix: str, meta: dict[str, Any],
                  routes: dict[int, StreamRoute]) -> None:
@@ -90,37 +114,82 @@ class OutputPump:
         self._prefix = (prefix + " ").encode() if prefix else b""
         self._meta = meta
         self._routes = routes
-        self._threads: list[threading.Thread] = []
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._wake: int | None = None  # write end of the pipe that detach() hangs up
 
     def start(self, pipes: dict[int, IO[bytes]]) -> None:
-        """Start one reader thread per pipe."""
-        for stream, pipe in pipes.items():
-            t = threading.Thread(target=self._pump, args=(stream, pipe),
-                                 name=f"output-{self._meta.get('rank')}-{stream}", daemon=True)
-            t.start()
-            self._threads.append(t)
+        """Start the reader thread of ``pipes`` (stream bit -> pipe)."""
+        wake_r, self._wake = os.pipe()
+        self._thread = threading.Thread(target=self._pump, args=(pipes, wake_r),
+                                        name=f"output-{self._meta.get('rank')}", daemon=True)
+        self._thread.start()
 
-    def _pump(self, stream: int, pipe: IO[bytes]) -> None:
-        route = self._routes[stream]
-        log = open(route.log_file, "ab", buffering=0) if route.log_file else None  # noqa: SIM115
+    def _pump(self, pipes: dict[int, IO[bytes]], wake_r: int) -> None:
+        sel = selectors.DefaultSelector()
+        streams: dict[int, _Stream] = {}
         try:
-            for line in iter(pipe.readline, b""):
-                if log is not None:
-                    log.write(line)
-                if route.to_console:
-                    self._console.worker_line(stream, self._prefix, line, self._meta)
-        except (OSError, ValueError):
-            pass
+            sel.register(wake_r, selectors.EVENT_READ)
+            for stream, pipe in pipes.items():
+                s = streams[pipe.fileno()] = _Stream(stream, pipe, self._routes[stream])
+                sel.register(pipe.fileno(), selectors.EVENT_READ, s)
+            while streams:
+                for key, _ in sel.select():
+                    if key.fd == wake_r:
+                        return  # detached
+                    s = key.data
+                    try:
+                        chunk = os.read(key.fd, 65536)
+                    except OSError:
+                        chunk = b""
+                    if chunk:
+                        self._feed(s, chunk)
+                    else:  # the worker (and its children) closed it
+                        sel.unregister(key.fd)
+                        self._finish(streams.pop(key.fd))
         finally:
-            if log is not None:
-                log.close()
+            sel.close()
+            for s in streams.values():
+                self._finish(s)
+            for pipe in pipes.values():  # (closed already, unless a log file failed to open)
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+            os.close(wake_r)
+            with self._lock:
+                if self._wake is not None:
+                    os.close(self._wake)
+                    self._wake = None
+
+    def _feed(self, s: _Stream, chunk: bytes) -> None:
+        if s.log is not None:
             try:
-                pipe.close()
+                s.log.write(chunk)
             except OSError:
                 pass
+        if not s.route.to_console:
+            return
+        *lines, s.partial = (s.partial + chunk).split(b"\n")
+        for line in lines:
+            self._console.worker_line(s.stream, self._prefix, line + b"\n", self._meta)
+
+    def _finish(self, s: _Stream) -> None:
+        if s.partial and s.route.to_console:  # a last line without its newline
+            self._console.worker_line(s.stream, self._prefix, s.partial, self._meta)
+        s.partial = b""
+        s.close()
 
     def join(self, timeout: float | None = None) -> None:
         """Wait until the pipes are drained (the worker and its children closed them)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for t in self._threads:
-            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def detach(self, timeout: float = 2.0) -> None:
+        """Stop reading now, the pipes still open (what is unread is dropped; a last partial
+        line is printed), and wait up to ``timeout`` for the reader thread to end."""
+        with self._lock:
+            if self._wake is not None:
+                os.close(self._wake)  # the reader's end of it reads as closed: it returns
+                self._wake = None
+        self.join(timeout)

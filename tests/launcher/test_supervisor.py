@@ -1,14 +1,17 @@
 """WorkerGroup with real worker processes: stopping them is bounded whatever they do."""
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 from launcher.env import WorkerPlacement
+from launcher.output import STDERR, STDOUT, Console, OutputPump, StreamRoute
 from launcher.supervisor import WorkerGroup, WorkerSpec, proc_state, spawn_process
 
 from conftest import base_env, wait_for, worker
@@ -94,6 +97,28 @@ def test_unreapable_worker_is_given_up_once_and_the_others_are_reaped(tmp_path) 
     finally:
         for fake in fakes:
             fake.release()
+
+
+def test_output_lines_are_framed_across_reads_and_the_last_one_needs_no_newline(tmp_path):
+    """The reader gets bytes as the pipe has them: lines split over two writes come out
+    whole and prefixed, a last line without its newline still comes out, the log holds the
+    bytes as written, and stderr goes to its own stream."""
+    code = ("import sys, time\n"
+            "sys.stdout.write('one\\ntw'); sys.stdout.flush(); time.sleep(0.05)\n"
+            "sys.stdout.write('o\\nlast'); sys.stdout.flush()\n"
+            "sys.stderr.write('oops\\n')\n")
+    out, err = io.BytesIO(), io.BytesIO()
+    log = tmp_path / "stdout.log"
+    routes = {STDOUT: StreamRoute(True, log), STDERR: StreamRoute(True, None)}
+    spec = replace(_spec(0, "ticker.py"), argv=[sys.executable, "-c", code],
+                   output=OutputPump(Console(out=out, err=err), "[r0]", {"rank": 0}, routes))
+    group = WorkerGroup()
+    group.start([spec])
+    assert group.workers[0].done.wait(20)
+    spec.output.join(timeout=20)
+    assert out.getvalue() == b"[r0] one\n[r0] two\n[r0] last\n"
+    assert err.getvalue() == b"[r0] oops\n"
+    assert log.read_bytes() == b"one\ntwo\nlast"
 
 
 def test_proc_state_reads_proc() -> None:
