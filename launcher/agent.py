@@ -23,8 +23,9 @@ A worker that SIGKILL cannot end is given up as unreapable after the supervisor'
 wait and counts as a failed worker that ended then (policy, results and exit code as usual;
 the agent never waits for it again, at exit neither). A restarted group runs beside it
 without sharing anything with it: new attempt directories (logs, error files), a master port
-picked afresh, its heartbeat member forgotten, and its late exit, if the kernel ever lets it
-go, ignored (it is never taken for its successor's).
+picked afresh, its heartbeat member forgotten, its output no longer read (no reader thread
+stays behind for it), and its late exit, if the kernel ever lets it go, ignored (it is never
+taken for its successor's).
 """
 
 from __future__ import annotations

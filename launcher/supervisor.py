@@ -7,8 +7,9 @@ seen at once (one waiter thread per worker) and reported through ``on_exit`` and
 A worker that is still not reaped ``KILL_WAIT_S`` after its SIGKILL (a process in
 uninterruptible sleep, state D, in a hung driver or file system call, cannot exit until the
 kernel lets it) is *given up*: it is reported once, like an exit, with
-``WorkerResult.unreapable`` set and its state from ``/proc/<pid>/stat``, and nothing waits for
-it again. Should it exit later, that exit is ignored: it must not be taken for its successor.
+``WorkerResult.unreapable`` set and its state from ``/proc/<pid>/stat``, its output reader
+stops (its pipes stay open as long as it lives), and nothing waits for it again. Should it
+exit later, that exit is ignored: it must not be taken for its successor.
 
 Workers must be started from the agent's main thread: the kernel delivers the death signal
 when the *thread* that forked the child ends, and the main thread lives as long as the agent.
@@ -268,8 +269,9 @@ class WorkerGroup:
     def abandon(self, worker: Worker) -> bool:
         """Give up a worker that is not reaped (call it some time after its SIGKILL): it gets
         one more SIGKILL, so that it dies the moment the kernel lets it go, its result becomes
-        ``unreapable`` with its /proc state, and it is reported like an exit. False when it
-        was reaped (or given up) already."""
+        ``unreapable`` with its /proc state, its output is no longer read (its reader thread
+        ends), and it is reported like an exit. False when it was reaped (or given up)
+        already."""
         if worker.alive:
             worker.signal_group(signal.SIGKILL)
         with self._lock:
@@ -279,6 +281,8 @@ class WorkerGroup:
             worker.result.unreapable = True
             worker.result.state = proc_state(worker.pid)
             worker.result.ended = time.time()
+        if worker.spec.output is not None:  # its pipes stay open as long as it lives
+            worker.spec.output.detach()
         self._report(worker)
         return True
 

@@ -14,7 +14,7 @@ from launcher.env import WorkerPlacement
 from launcher.output import STDERR, STDOUT, Console, OutputPump, StreamRoute
 from launcher.supervisor import WorkerGroup, WorkerSpec, proc_state, spawn_process
 
-from conftest import base_env, wait_for, worker
+from conftest import base_env, pid_alive, wait_for, worker
 
 
 def _spec(rank: int, script: str, **env: str) -> WorkerSpec:
@@ -94,6 +94,48 @@ def test_unreapable_worker_is_given_up_once_and_the_others_are_reaped(tmp_path) 
         time.sleep(0.05)
         assert len(reported) == 3 and group.exits.empty()
         assert w1.result.unreapable and w1.result.signal is None
+    finally:
+        for fake in fakes:
+            fake.release()
+
+
+def _readers() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("output-") and t.is_alive()}
+
+
+def test_a_given_up_workers_output_reader_ends_while_its_pipes_stay_open(tmp_path) -> None:
+    """Three attempts, each with one worker that cannot be killed (``unkillable.py``: its
+    process keeps running, so its pipes never close): giving it up ends its output reader at
+    once, after what it printed reached the console and its log, so readers do not pile up
+    across attempts."""
+    from unkillable import UnkillableProcess
+
+    fakes: list[UnkillableProcess] = []
+
+    def spawn(spec: WorkerSpec, preexec_fn):
+        fakes.append(UnkillableProcess(spec))
+        return fakes[-1]
+
+    out = io.BytesIO()
+    console = Console(out=out, err=io.BytesIO())
+    before = _readers()
+    try:
+        for attempt in range(3):
+            log = tmp_path / f"stdout.{attempt}.log"
+            routes = {STDOUT: StreamRoute(True, log), STDERR: StreamRoute(True, None)}
+            pids = tmp_path / str(attempt)
+            pids.mkdir()
+            spec = replace(_spec(0, "sleeper.py", PID_DIR=str(pids), SLEEP="60"),
+                           output=OutputPump(console, f"[a{attempt}]", {"rank": 0}, routes))
+            group = WorkerGroup(spawn=spawn, kill_wait=0.2)
+            group.start([spec])
+            said = f"[a{attempt}] rank 0 pid {fakes[-1].pid} ready\n".encode()
+            assert wait_for(lambda: said in out.getvalue(), timeout=20), out.getvalue()
+            assert _readers() - before  # its output is being read
+            assert group.kill_all() == group.workers  # given up, still running
+            assert fakes[-1].poll() is None and pid_alive(fakes[-1].pid)
+            assert _readers() - before == set(), f"attempt {attempt}"
+            assert log.read_bytes() == said[len(f"[a{attempt}] "):]
     finally:
         for fake in fakes:
             fake.release()

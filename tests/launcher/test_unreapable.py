@@ -69,6 +69,23 @@ def test_unreapable_worker_is_given_up_and_the_group_restarts():
     assert elapsed < 25, elapsed
 
 
+def test_given_up_workers_leave_no_output_readers_behind():
+    """Rank 1 is unreapable in attempts 0 and 1 (rank 0 fails in both) and the job succeeds
+    in attempt 2: each given-up worker's output readers stop when it is given up (its pipes
+    stay open as long as it lives), so the agent's reader threads do not pile up across
+    restarts: none are alive when each attempt starts (before, each give-up left its two
+    reader threads blocked on its pipes until the agent exited)."""
+    proc, pid, elapsed = _run("--nproc-per-node", "2", "--max-restarts", "2",
+                              "--grace-period", "0.5", worker("fails_once.py"), rank=1,
+                              UNKILLABLE_ATTEMPTS="0,1", FAIL_ATTEMPTS="2")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("is UNREAPABLE") == 2, proc.stderr
+    alive = dict(re.findall(r"\[unkillable\] attempt (\d) rank 0: (\d+) output readers",
+                            proc.stderr))
+    assert alive == {"0": "0", "1": "0", "2": "0"}, proc.stderr
+    assert elapsed < 25, elapsed
+
+
 def test_unreapable_worker_without_restarts_left_fails_the_job_naming_it():
     """No restarts: the job exits with the root cause's code and its summary names the
     stuck rank, without waiting for it at exit."""

@@ -12,7 +12,8 @@ Run as a script, it is ``torchcomms-run`` (the real agent, in this process) whos
 ``$UNKILLABLE_RANK`` is such a process in the attempts listed in ``$UNKILLABLE_ATTEMPTS``
 (default ``0``); ``$KILL_WAIT_S`` shortens the agent's wait after SIGKILL. The fake worker's
 pid is printed to stderr as ``[unkillable] rank R pid P``. It dies with this process
-(``PR_SET_PDEATHSIG``).
+(``PR_SET_PDEATHSIG``). Before each worker is started, the agent's live output reader threads
+are counted: ``[unkillable] attempt A rank R: N output readers alive``.
 """
 
 from __future__ import annotations
@@ -75,7 +76,11 @@ def main() -> int:
     real_spawn = sup.spawn_process
 
     def spawn(spec: Any, preexec_fn: Any) -> Any:
-        if spec.placement.rank == rank and spec.env.get("TORCHELASTIC_RESTART_COUNT") in attempts:
+        attempt = spec.env.get("TORCHELASTIC_RESTART_COUNT")
+        readers = sum(t.name.startswith("output-") for t in threading.enumerate())
+        print(f"[unkillable] attempt {attempt} rank {spec.placement.rank}: {readers} output "
+              f"readers alive", file=sys.stderr, flush=True)
+        if spec.placement.rank == rank and attempt in attempts:
             proc = UnkillableProcess(spec)
             print(f"[unkillable] rank {rank} pid {proc.pid}", file=sys.stderr, flush=True)
             return proc
