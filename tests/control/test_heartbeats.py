@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import queue
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from torchcomms.control.client import ControlClient
-from torchcomms.control.errors import ControlArgumentError
+from torchcomms.control.errors import ControlArgumentError, ControlUnavailableError
+from torchcomms.control.secrets import parse_secret
 from torchcomms.control.server import StoreServer
 
-from .conftest import spawn_python, stop_process
+from .conftest import python_env, spawn_python, stop_process
 
 LIMIT = 0.6  # the server fixture's heartbeat_limit
 MARGIN = 3.0  # generous: CI machines are slow and shared
@@ -123,3 +127,32 @@ def test_heartbeat_argument_errors(client: ControlClient) -> None:
     client.heartbeat_stop("rank/0")
     with pytest.raises(ControlArgumentError, match="no heartbeats"):
         client.heartbeat_stop("rank/0")
+
+
+def test_deregistering_from_a_stopped_server_waits_one_interval_once_beats_fail(tmp_path: Path) -> None:
+    """A server that stopped answering (SIGSTOP: hung, or its host stopped) held every rank's
+    exit for the whole deregistration timeout, although the heartbeats had already gone
+    unanswered; once they have, the deregistration waits one heartbeat interval."""
+    secret_file = tmp_path / "secret"
+    srv = subprocess.Popen([sys.executable, "-m", "torchcomms.control", "--new-secret-file", str(secret_file)],
+                           env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert srv.stdout is not None
+        addr = srv.stdout.readline().strip()
+        c = ControlClient(addr, parse_secret(secret_file.read_text()), timeout=10.0)
+        c.heartbeat_start("rank/0", 0.1)
+        srv.send_signal(signal.SIGSTOP)
+        beat = c._heartbeats["rank/0"]
+        deadline = time.monotonic() + 30
+        while not beat.failing:  # one beat's budget (1 s) after the stop
+            assert time.monotonic() < deadline, "heartbeats never noticed the stopped server"
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        with pytest.raises(ControlUnavailableError):
+            c.heartbeat_stop(timeout=5.0)
+        took = time.monotonic() - t0
+        assert took < 2.5, took  # it was the whole 5 s
+        c.close()
+    finally:
+        srv.send_signal(signal.SIGCONT)
+        stop_process(srv)

@@ -212,19 +212,26 @@ class _Heartbeat:
                  limit: float | None, info: dict[str, Any] | None) -> None:
         self.member = member
         self._client = client
-        self._interval = interval
+        self.interval = interval
         self._fields: dict[str, Any] = {"member": member}
         if limit is not None:
             self._fields["limit"] = limit
         if info:
             self._fields["info"] = info
         self._stop = threading.Event()
+        #: the last beat went unanswered (set and cleared by the heartbeat thread only)
+        self.failing = False
         self._thread = threading.Thread(target=self._run, name=f"torchcomms-heartbeat-{member}",
                                         daemon=True)
 
     def beat_once(self, budget: float | None = None) -> None:
         self._client._call("heartbeat", self._fields,
                            budget=self._client.timeout if budget is None else budget)
+
+    @property
+    def beat_budget(self) -> float:
+        """How long one beat waits for the server's answer."""
+        return max(4 * self.interval, 1.0)
 
     def start(self) -> None:
         self._thread.start()
@@ -237,22 +244,21 @@ class _Heartbeat:
     def _run(self) -> None:
         client = self._client
         channel: _Channel | None = None
-        failing = False
-        while not self._stop.wait(self._interval):
+        while not self._stop.wait(self.interval):
             try:
                 if channel is None:
                     channel = client._new_channel()
-                client._call("heartbeat", self._fields, budget=max(4 * self._interval, 1.0),
+                client._call("heartbeat", self._fields, budget=self.beat_budget,
                              channel=channel, stop=self._stop)
-                failing = False
+                self.failing = False
             except ControlClosedError:
                 break
             except ControlError as exc:
                 if channel is not None:
                     client._discard_channel(channel)
                     channel = None
-                if not failing:
-                    failing = True
+                if not self.failing:
+                    self.failing = True
                     _log.warning("heartbeat for %s failed: %s", self.member, exc)
         if channel is not None:
             client._discard_channel(channel)
@@ -728,7 +734,9 @@ class ControlClient:
                        timeout: float | timedelta | None = None) -> None:
         """Stop heartbeats (of ``member``, or all) and deregister them from the server, so
         that a clean exit is not reported as a failure (``timeout``: for the deregistration,
-        default the client's, at most 5 s)."""
+        default the client's, at most 5 s). A heartbeat whose last beat went unanswered is
+        deregistered within one heartbeat interval instead: its server is stopped, hung or
+        gone, and an exit must not wait the whole timeout on it."""
         budget = _seconds(timeout, "timeout")
         budget = min(self.timeout, 5.0) if budget is None else budget
         with self._lock:
@@ -738,7 +746,8 @@ class ControlClient:
             raise ControlArgumentError(f"no heartbeats are running for {member!r}")
         for heartbeat in stopping:
             heartbeat.stop()
-            self._call("heartbeat_stop", {"member": heartbeat.member}, budget=budget)
+            wait = min(budget, heartbeat.interval) if heartbeat.failing else budget
+            self._call("heartbeat_stop", {"member": heartbeat.member}, budget=wait)
 
     # ------------------------------------------------------------------ lifecycle
 
