@@ -42,6 +42,8 @@ from torchcomms.validation import Checker
 from torchcomms.work import TorchWork
 
 _DEFAULT_TIMEOUT_S = 600.0
+#: the shortest sleep of a watchdog with no op in flight (a tiny default timeout must not make it spin)
+_IDLE_WATCH_MIN_S = 1.0
 _OP_IDS = itertools.count(1)
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
@@ -360,7 +362,7 @@ class TorchComm:
         self._deadlines: list[tuple[float, int]] = []
         self._watchdog: threading.Thread | None = None
         self._wake = threading.Condition(self._lock)
-        self._watch_until: float | None = None  # the deadline the watchdog sleeps until (None: no deadline)
+        self._watch_until: float | None = None  # when the watchdog next wakes (None: not started)
         self._broken: CommError | None = None
         self._state = "active"  # active | broken | aborted | finalized
         self._children: list[weakref.ref] = []
@@ -642,8 +644,11 @@ class TorchComm:
                     finally:
                         self._lock.acquire()
                     continue
-                self._watch_until = self._deadlines[0][0] if self._deadlines else None
-                self._wake.wait(None if self._watch_until is None else self._watch_until - now)
+                # With nothing in flight, sleep one default timeout: an op started from now on
+                # with that timeout ends later, so only a shorter one needs to wake the watchdog.
+                self._watch_until = (self._deadlines[0][0] if self._deadlines
+                                     else now + max(self._timeout_s, _IDLE_WATCH_MIN_S))
+                self._wake.wait(self._watch_until - now)
 
     def _work_ended(self, work: TorchWork, exc: CommError | None) -> None:
         """Called once per op from ``TorchWork`` when it reaches a terminal status."""
