@@ -37,6 +37,7 @@ from torchcomms.errors import (
 )
 from torchcomms.op import OpRecord
 from torchcomms.store_calls import StoreNotAnswering, call_until, describe_store
+from torchcomms.store_errors import store_error
 from torchcomms.types import BatchP2POptions, CommOptions, OpName, P2POp, P2POpType, ReduceOp, WorkStatus
 from torchcomms.validation import Checker
 from torchcomms.work import TorchWork
@@ -193,7 +194,7 @@ def new_comm(
             try:
                 the_store, _kind = bootstrap.resolve_store(store, rank, size, timeout_td, until=deadline)
             except (StoreNotAnswering, dist.DistError) as e:
-                raise _store_failure(e, store_words, secs, **where) or CommAbortedError(
+                raise store_error(e, store_words, secs, where) or CommAbortedError(
                     f"could not connect to {store_words}: {e}", **where) from None
             store_words = describe_store(the_store)
         else:
@@ -245,19 +246,7 @@ def _init_engine(engine: TorchCommBackend, deadline: float, store_words: str, se
             f"the engine was not ready within {secs:g} s (a rank never joined its rendezvous, or {store_words} "
             "did not answer)", timeout_s=secs, **where) from None
     except Exception as e:  # noqa: BLE001 - the engine may throw anything
-        raise _store_failure(e, store_words, secs, **where) or _engine_failure(engine, e, secs, where) from None
-
-
-def _store_failure(error: BaseException, store_words: str, secs: float, **where: Any) -> CommError | None:
-    """The typed error of a set-up step that failed because of its store (``store_words`` names
-    it), else ``None``: not answered by the deadline, or its host gone (connection lost)."""
-    if isinstance(error, StoreNotAnswering):
-        return CommTimeoutError(
-            f"{store_words} did not answer {error.call} within {secs:g} s (its host is stopped, overloaded or "
-            "unreachable)", timeout_s=secs, **where)
-    if isinstance(error, dist.DistNetworkError):
-        return CommAbortedError(f"{store_words} failed: {error} (its host is gone or unreachable)", **where)
-    return None
+        raise store_error(e, store_words, secs, where) or _engine_failure(engine, e, secs, where) from None
 
 
 def _engine_failure(engine: TorchCommBackend, error: BaseException, secs: float, where: dict[str, Any]) -> CommError:
@@ -847,13 +836,12 @@ class TorchComm:
         if isinstance(error, CommError):
             return error
         lost = self._monitor.control_lost if self._monitor is not None else None
-        if lost is not None:
+        if lost is not None:  # whatever the store raised: without the control plane nothing is agreed
             return CommAbortedError(lost, comm=self._name, op="shrink")
         store = describe_store(self._ctx.store)
-        if isinstance(error, StoreNotAnswering):
-            return CommTimeoutError(
-                f"{store} did not answer the survivor agreement's {error.call} within the shrink's {secs:g} s "
-                "(its host is stopped, overloaded or unreachable)", timeout_s=secs, comm=self._name, op="shrink")
+        typed = store_error(error, store, secs, dict(comm=self._name, op="shrink"), step=" in the survivor agreement")
+        if typed is not None:
+            return typed
         if isinstance(error, (TimeoutError, dist.DistStoreError)):
             return CommTimeoutError(f"{store} timed out in the survivor agreement: {error}", timeout_s=secs,
                                     comm=self._name, op="shrink")
@@ -1032,13 +1020,11 @@ class TorchComm:
         """The typed error of an engine build (split, shrink, reconfigure, the collective check)
         that raised ``error``: the store's connection failed (its host is gone), or the engine's."""
         if isinstance(error, dist.DistNetworkError):  # raised by a store client, not by an engine's peers
-            where = dict(comm=self._name, op=str(rec.name), seq=rec.seq or None)
-            lost = self._monitor.control_lost if self._monitor is not None else None
-            if lost is not None:
-                return CommAbortedError(lost, **where)  # type: ignore[arg-type]
-            return CommAbortedError(
-                f"{describe_store(self._ctx.store)} failed while the new engine rendezvoused: {error} "
-                "(its host is gone or unreachable)", **where)  # type: ignore[arg-type]
+            return store_error(  # type: ignore[return-value]
+                error, describe_store(self._ctx.store), rec.timeout_s,
+                dict(comm=self._name, op=str(rec.name), seq=rec.seq or None),
+                step=" while the new engine rendezvoused",
+                control_lost=self._monitor.control_lost if self._monitor is not None else None)
         return self._translate_engine_error(error, rec)
 
     def _become(self, backend: TorchCommBackend, survivors: list[int], epoch: int) -> TorchComm:
