@@ -116,8 +116,10 @@ def test_queue_ops(client: ControlClient) -> None:
 def test_get_waits_for_a_later_set(client: ControlClient, server: StoreServer,
                                    secret: bytes) -> None:
     with ControlClient(server.address, secret) as other:
-        threading.Timer(0.2, lambda: other.set("later", b"v")).start()
+        setter = threading.Timer(0.2, lambda: other.set("later", b"v"))
+        setter.start()
         assert client.get("later", timeout=5) == b"v"
+        setter.join(5)  # its reply may land after get's: closing `other` first failed the set
 
 
 def test_get_timeout_names_the_key(client: ControlClient) -> None:
