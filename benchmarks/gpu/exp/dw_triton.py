@@ -11,7 +11,6 @@ specialisation), against cuBLAS as shipped, and a dX product on a second stream 
 Each Triton form is checked against cuBLAS's result first."""
 from __future__ import annotations
 
-import argparse
 import statistics
 import traceback
 
@@ -19,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from common import chunk_shape_args, region_ms  # benchmarks/gpu/exp/common.py (the script's own folder)
 
 
 @triton.jit
@@ -76,25 +77,8 @@ def triton_dw(dw: torch.Tensor, g: torch.Tensor, x: torch.Tensor, cfg: dict, sms
     return run
 
 
-def region_ms(fn, reps: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn()  # the region opens behind one queued call
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
-
-
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--v", type=int, default=128256)
-    p.add_argument("--h", type=int, default=4096)
-    p.add_argument("--k", type=int, default=1024)
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--reps", type=int, default=5)
-    args = p.parse_args()
+    args = chunk_shape_args()
     v, h, k = args.v, args.h, args.k
     dev, bf = "cuda", torch.bfloat16
     sms = torch.cuda.get_device_properties(0).multi_processor_count

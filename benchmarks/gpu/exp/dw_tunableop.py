@@ -8,7 +8,6 @@ TunableOp, prints every candidate it timed, then times each product with Tunable
 on (tuning off, the chosen solutions kept), round-robin, medians of CUDA-event regions."""
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import tempfile
@@ -16,26 +15,11 @@ import tempfile
 import torch
 import torch.cuda.tunable as tunable
 
-
-def region_ms(fn, reps: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn()  # the region opens behind one queued call
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
+from common import chunk_shape_args, region_ms  # benchmarks/gpu/exp/common.py (the script's own folder)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--v", type=int, default=128256)
-    p.add_argument("--h", type=int, default=4096)
-    p.add_argument("--k", type=int, default=1024)
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--reps", type=int, default=5)
-    args = p.parse_args()
+    args = chunk_shape_args()
     v, h, k = args.v, args.h, args.k
     dev, bf = "cuda", torch.bfloat16
     torch.manual_seed(0)

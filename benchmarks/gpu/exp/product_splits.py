@@ -19,16 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-
-def region_ms(fn: Callable[[], None], reps: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn()  # the region opens behind one queued call
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
+from common import region_ms  # benchmarks/gpu/exp/common.py (the script's own folder)
 
 
 def blocks(n: int, parts: int) -> list[slice]:
