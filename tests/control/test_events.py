@@ -101,8 +101,10 @@ def test_events_are_kept_in_the_store(client: ControlClient, server: StoreServer
 
 def test_events_query_with_wait(client: ControlClient, server: StoreServer) -> None:
     assert client.events(0) == []
-    threading.Timer(0.2, lambda: server.publish("job_stopping", {"reason": "x"})).start()
+    publisher = threading.Timer(0.2, lambda: server.publish("job_stopping", {"reason": "x"}))
+    publisher.start()
     got = client.events(0, timeout=10)
+    publisher.join(5)  # done before the fixture stops the server
     assert [(seq, topic) for seq, topic, _ in got] == [(1, "job_stopping")]
 
 

@@ -109,8 +109,10 @@ def test_queue_ops(client: ControlClient) -> None:
     assert client.queue_pop("q") == b"2"
     with pytest.raises(ControlTimeoutError, match="empty"):
         client.queue_pop("q", block=False)
-    threading.Timer(0.2, lambda: client.queue_push("q", b"late")).start()
+    pusher = threading.Timer(0.2, lambda: client.queue_push("q", b"late"))
+    pusher.start()
     assert client.queue_pop("q", timeout=5) == b"late"
+    pusher.join(5)  # its reply may land after the pop's: the fixture closing the client failed the push
 
 
 def test_get_waits_for_a_later_set(client: ControlClient, server: StoreServer,
