@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     # communicator
-    "new_comm": "torchcomms.comm",
+    "new_comm": "torchcomms.create",
     "TorchComm": "torchcomms.comm",
     "BatchSendRecv": "torchcomms.comm",
     "TorchWork": "torchcomms.work",
