@@ -175,3 +175,75 @@ print("ok")
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_class_major_is_the_default_only_where_it_applies():
     assert_runs_interpreted(ROUTE_SCRIPT)
+
+
+def test_class_major_head_takes_what_the_buffer_holds_and_leaves_the_chunks_the_rest_of_the_budget():
+    from kernels.lce.class_major import HEAD_TAIL_BYTES, class_major_head
+
+    budget = 256 * 2**20
+    # the issue's N=16384 shape, bf16: 4096 head tokens (the buffer holds H rows of logits),
+    # the largest slab whose tail fits, chunks of what the budget has left after the tail
+    head, slab, chunk = class_major_head(16384, 4096, 128256, 2, 2, budget)
+    tail = slab_layout(head, 4096, 128256, 2, 2, slab).extra_bytes
+    assert head == 4096 and slab in SLAB_ROWS and tail <= HEAD_TAIL_BYTES
+    assert chunk % 64 == 0 and tail + chunk * 128256 * 2 <= budget < tail + (chunk + 64) * 128256 * 2
+    assert all(slab_layout(head, 4096, 128256, 2, 2, r).extra_bytes > HEAD_TAIL_BYTES for r in SLAB_ROWS if r > slab)
+    # a float32 master weight's gradient holds twice the bf16 logits
+    assert class_major_head(16384, 4096, 128256, 2, 4, budget)[0] == 8192
+    # all tokens fit: no head (the whole call takes the layout, or the chunks)
+    assert class_major_head(4096, 4096, 128256, 2, 2, budget) == (0, 0, 0)
+    assert class_major_head(100, 32, 1000, 2, 2, budget) == (0, 0, 0)  # H < 64: no head of 64 rows
+
+
+HEAD_SCRIPT = r'''
+import random, torch
+from kernels.lce import reference_linear_cross_entropy, LossConfig
+from kernels.lce.column_kernels import triton_column_pass
+from kernels.lce.triton_kernels import triton_row_pass
+from kernels.lce.config import reduction_coefficients, compute_dtype_for
+from kernels.lce.plan import Plan, run
+seed = random.SystemRandom().randrange(2**31); torch.manual_seed(seed)
+
+def rel(a, b):
+    return float((a.double() - b).norm() / b.norm().clamp_min(1e-30))
+
+worst = {torch.float32: 0.0, torch.bfloat16: 0.0}
+# (tokens, H, classes, head tokens, slab, chunk): a tail shorter than, equal to and longer than a chunk
+SHAPES = [(150, 64, 70, 64, 16, 48), (200, 64, 33, 128, 8, 64), (97, 64, 129, 64, 128, 96)]
+CASES = [("mean", {"label_smoothing": 0.2, "z_loss": 1e-3, "softcap": 3.0}, True, True),
+         ("sum", {}, False, True), ("none", {"z_loss": 1e-2}, True, False)]
+for (n, h, v, head, slab, chunk), (reduction, kw, use_cw, use_b) in zip(SHAPES, CASES):
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(n, h).to(dtype); w = (torch.randn(v, h) * h**-0.5).to(dtype)
+        b = (torch.randn(v) * 0.1).to(dtype) if use_b else None
+        t = torch.randint(0, v, (n,)); t[::3] = -100
+        cw = torch.rand(v) + 0.5 if use_cw else None
+        cfg = LossConfig(reduction, -100, kw.get("label_smoothing", 0.0), kw.get("z_loss", 0.0), kw.get("softcap"))
+        coefs = reduction_coefficients(cfg, t, cw, v, torch.float32)
+        plan = Plan(cfg=cfg, row_pass=triton_row_pass, chunk_size=chunk, accum_dtype=dtype, target_shape=(n,),
+                    return_dtype=compute_dtype_for(dtype), column_pass=triton_column_pass, slab_rows=slab,
+                    head_rows=head)
+        g = torch.randn(n if reduction == "none" else (), dtype=torch.float64)
+        scale = g.float().reshape(-1).expand(n).contiguous() if reduction == "none" else None
+        res = run(x, w, t, b, cw, plan, coefs, grads=(True, True, use_b), row_scale=scale)
+        leaves = [p.detach().double().requires_grad_() for p in (x, w) + ((b,) if use_b else ())]
+        ref, _ = reference_linear_cross_entropy(leaves[0], leaves[1], t, leaves[2] if use_b else None, cfg,
+                                                cw.double() if cw is not None else None)
+        ref_grads = torch.autograd.grad(ref, leaves, g)
+        got = [res.grad_input, res.grad_weight] + ([res.grad_bias] if use_b else [])
+        if reduction != "none":
+            got = [gr * g.float().to(gr.dtype) for gr in got]
+        for a, r in zip(got, ref_grads):
+            worst[dtype] = max(worst[dtype], rel(a, r))
+        # the head's gradient buffer (with its tail) is the one returned: the layout was taken
+        assert res.grad_weight.untyped_storage().nbytes() > v * h * x.element_size(), "no class-major head"
+        assert res.nll.shape == (n,) and res.grad_input.shape == x.shape
+print("seed", seed, "worst", worst)
+assert worst[torch.float32] <= 1e-5 and worst[torch.bfloat16] <= 1e-2, worst
+print("ok")
+'''
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_class_major_head_then_row_chunks_match_float64_reference_under_interpreter():
+    assert_runs_interpreted(HEAD_SCRIPT)
