@@ -139,8 +139,6 @@ def chunked_linear_cross_entropy(
     need_bias_grad: bool = False,
     row_scale: torch.Tensor | None = None,
     accum_dtype: torch.dtype = torch.float32,
-    grad_weight_into: torch.Tensor | None = None,
-    grad_input_into: torch.Tensor | None = None,
 ) -> ChunkedResult:
     """Loss terms for ``x [N, H]``, ``weight [C, H]``, ``target [N]``, and optionally gradients.
 
@@ -148,9 +146,6 @@ def chunked_linear_cross_entropy(
     contribution to the reduced loss (see :func:`config.reduction_coefficients`). A weight
     wider than ``x`` (a float32 master weight under autocast) is multiplied through a copy in
     ``x``'s dtype; its gradient accumulates in (at least) the weight's own dtype.
-    ``grad_weight_into``: a weight gradient that already holds other rows' part (its dtype
-    is the accumulator's); these rows' products are added to it, and it is returned.
-    ``grad_input_into``: where dX is written (``N x H``; default a new tensor).
     """
     n, _ = x.shape
     num_classes = weight.shape[0]
@@ -161,15 +156,10 @@ def chunked_linear_cross_entropy(
     lse_sq = torch.empty_like(nll)
     result = ChunkedResult(nll, smooth, lse_sq)
     if need_input_grad:
-        result.grad_input = torch.empty_like(x) if grad_input_into is None else grad_input_into
+        result.grad_input = torch.empty_like(x)
     dw_acc = db_acc = None
     chunk_size = max(1, min(chunk_size, n)) if n else 1
-    if need_weight_grad and grad_weight_into is not None:
-        if grad_weight_into.shape != weight.shape:
-            raise ValueError(f"grad_weight_into has shape {tuple(grad_weight_into.shape)}, the weight "
-                             f"{tuple(weight.shape)}")
-        dw_acc = grad_weight_into
-    elif need_weight_grad:
+    if need_weight_grad:
         dw_dtype = torch.promote_types(accum_dtype, weight.dtype)
         if n <= chunk_size and accum_dtype == torch.float32 and x.dtype == weight.dtype and x.dtype in _HALF:
             # one chunk: the one product accumulates in float32 and rounds once, which is what a
@@ -209,7 +199,7 @@ def chunked_linear_cross_entropy(
         if need_input_grad:
             torch.mm(g, w_mm, out=result.grad_input[start:stop])
         if need_weight_grad:
-            _accumulate(dw_acc, g.t(), x_c, first and grad_weight_into is None)
+            _accumulate(dw_acc, g.t(), x_c, first)
         if need_bias_grad:
             part = g.sum(dim=0, dtype=db_acc.dtype)
             if first:
@@ -218,7 +208,7 @@ def chunked_linear_cross_entropy(
                 db_acc.add_(part)
 
     if n == 0:  # degenerate batch: gradients are exactly zero
-        if dw_acc is not None and grad_weight_into is None:
+        if dw_acc is not None:
             dw_acc.zero_()
         if db_acc is not None:
             db_acc.zero_()

@@ -31,9 +31,6 @@ from .rowwise import RowPass
 CUDA_CLASS_MAJOR_EXTRA_BYTES = 64 * 2**20
 #: classes per dW slab, largest first (each slab is one product with K = all tokens)
 SLAB_ROWS = (8192, 4096, 2048, 1024, 512)
-#: the tail a class-major head (:func:`class_major_head`) may take: it stays allocated with the
-#: weight gradient, so the row chunks after it get the chunk budget less this
-HEAD_TAIL_BYTES = 16 * 2**20
 _ALIGN = 256
 
 
@@ -102,30 +99,6 @@ def class_major_slab_rows(n: int, h: int, c: int, logit_elem: int, grad_elem: in
     return 0
 
 
-def class_major_head(n: int, h: int, c: int, logit_elem: int, grad_elem: int, chunk_bytes: int,
-                     tail_budget: int | None = None) -> tuple[int, int, int]:
-    """``(head_rows, slab_rows, chunk_rows)`` for a call with more tokens than the layout takes
-    whole: its first ``head_rows`` tokens (as many as the weight gradient's buffer holds
-    logits of, a multiple of 64) take the class-major layout with ``slab_rows`` classes per
-    slab (its tail within ``tail_budget``, default :data:`HEAD_TAIL_BYTES`), the others row chunks of ``chunk_rows`` that add
-    to that gradient, their logits within ``chunk_bytes`` less the tail. ``(0, 0, 0)`` where
-    no head applies (then the call takes row chunks only).
-
-    The head's dW products run over ``head_rows`` tokens at once and need no pass over dW of
-    their own; each row chunk after it adds one product (K = ``chunk_rows``) that reads and
-    writes the whole gradient."""
-    tail_budget = HEAD_TAIL_BYTES if tail_budget is None else tail_budget
-    head = (h * grad_elem // logit_elem) // 64 * 64
-    if head < 64 or n <= head or c < 1:
-        return 0, 0, 0
-    for rows in SLAB_ROWS:
-        extra = slab_layout(head, h, c, logit_elem, grad_elem, rows).extra_bytes
-        if extra <= tail_budget:
-            chunk = (chunk_bytes - extra) // (c * logit_elem) // 64 * 64
-            return (head, rows, chunk) if chunk >= 64 else (0, 0, 0)
-    return 0, 0, 0
-
-
 def class_major_linear_cross_entropy(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -142,14 +115,12 @@ def class_major_linear_cross_entropy(
     need_bias_grad: bool = False,
     row_scale: torch.Tensor | None = None,
     accum_dtype: torch.dtype = torch.float32,
-    grad_input_into: torch.Tensor | None = None,
 ) -> ChunkedResult:
     """Loss terms and gradients (dW always; dX, db as asked) of ``x [N, H]``, ``weight [C, H]``,
     ``target [N]``, with the same contract as :func:`chunked.chunked_linear_cross_entropy`.
 
     ``column_pass`` has the row pass's contract on class-major logits (``[C, N]``, the gradient
-    written in place); the returned weight gradient is a view of the front of the buffer.
-    ``grad_input_into``: where dX is written (``N x H``; default a new tensor)."""
+    written in place); the returned weight gradient is a view of the front of the buffer."""
     n, h = x.shape
     c = weight.shape[0]
     if n < 1:
@@ -168,7 +139,7 @@ def class_major_linear_cross_entropy(
     rows = column_pass(logits_t, target, cfg, class_weight, coefs, row_scale, True)
     result = ChunkedResult(rows.nll, rows.smooth, rows.lse_sq)
     if need_input_grad:
-        result.grad_input = torch.mm(logits_t.t(), w_mm, out=grad_input_into)
+        result.grad_input = torch.mm(logits_t.t(), w_mm)
     if need_bias_grad:
         db = logits_t.sum(dim=1, dtype=torch.promote_types(accum_dtype, bias.dtype))
         result.grad_bias = db if db.dtype == bias.dtype else db.to(bias.dtype)

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from ..triton_launch import on_device
-from .chunked import CUDA_CHUNK_BYTES, default_chunk_size
-from .class_major import class_major_grad_dtype, class_major_head, class_major_slab_rows
+from .chunked import default_chunk_size
+from .class_major import class_major_grad_dtype, class_major_slab_rows
 from .column_kernels import triton_column_pass
 from .config import IMPLEMENTATIONS, LossConfig, compute_dtype_for
 from .errors import (
@@ -254,18 +254,6 @@ def _class_major_slab_rows(x: torch.Tensor, weight: torch.Tensor, accum_dtype: t
     return class_major_slab_rows(x.shape[0], x.shape[1], weight.shape[0], x.element_size(), grad_dtype.itemsize)
 
 
-def _class_major_head(x: torch.Tensor, weight: torch.Tensor, accum_dtype: torch.dtype) -> tuple[int, int, int]:
-    """``(head_rows, slab_rows, chunk_rows)`` of a class-major head before the row chunks
-    (``class_major.class_major_head``), or zeros: only where the chunks accumulate dW in the
-    head's own gradient dtype (not into a wider float32 accumulator) on CUDA."""
-    grad_dtype = class_major_grad_dtype(x.dtype, weight.dtype, accum_dtype)
-    if (grad_dtype is None or x.device.type != "cuda"
-            or torch.promote_types(accum_dtype, weight.dtype) != grad_dtype):
-        return 0, 0, 0
-    return class_major_head(x.shape[0], x.shape[1], weight.shape[0], x.element_size(), grad_dtype.itemsize,
-                            CUDA_CHUNK_BYTES)
-
-
 def linear_cross_entropy(
     input: torch.Tensor,
     weight: torch.Tensor,
@@ -365,12 +353,9 @@ def linear_cross_entropy(
     rows = chunk_size or default_chunk_size(n, num_classes, input.dtype, input.device,
                                             accumulator_bytes=num_classes * x2d.shape[1] * 4 if wide else 0)
     triton_route = route.implementation == "triton"
-    slab_rows = head_rows = 0
+    slab_rows = 0
     if triton_route and chunk_size is None and not probabilities and needs_grad and weight.requires_grad:
         slab_rows = _class_major_slab_rows(x2d, w2d, accum_dtype)
-        if not slab_rows:
-            head_rows, slab_rows, head_chunk = _class_major_head(x2d, w2d, accum_dtype)
-            rows = head_chunk or rows
     plan = Plan(
         cfg=cfg,
         row_pass=triton_row_pass if triton_route else torch_row_pass,
@@ -380,14 +365,13 @@ def linear_cross_entropy(
         return_dtype=compute_dtype_for(input.dtype),
         column_pass=triton_column_pass if slab_rows else None,
         slab_rows=slab_rows,
-        head_rows=head_rows,
     )
     cw = class_weight.to(compute_dtype_for(input.dtype)) if class_weight is not None else None
     if compiling:
         need = [needs_grad and input.requires_grad, needs_grad and weight.requires_grad,
                 needs_grad and bias is not None and bias.requires_grad]
         loss, z, *_ = linear_cross_entropy_op(x2d, w2d, flat_target, bias, cw, *astuple(cfg),
-                                              triton_route, rows, slab_rows, head_rows, accum_dtype, need)
+                                              triton_route, rows, slab_rows, accum_dtype, need)
         loss, z = loss.reshape(plan.loss_shape), z.detach().reshape(plan.loss_shape)
         return (loss, z) if return_z_loss else loss
     with on_device(x2d.device):  # the Triton row kernels launch on the current device

@@ -29,14 +29,12 @@ __all__ = ["linear_cross_entropy_op"]
 
 
 def _plan(x: Tensor, reduction: str, ignore_index: int, label_smoothing: float, z_loss: float,
-          softcap: float | None, triton: bool, chunk_size: int, slab_rows: int, head_rows: int,
-          accum_dtype: torch.dtype) -> Plan:
+          softcap: float | None, triton: bool, chunk_size: int, slab_rows: int, accum_dtype: torch.dtype) -> Plan:
     class_major = triton and slab_rows > 0
     return Plan(cfg=LossConfig(reduction, ignore_index, label_smoothing, z_loss, softcap),
                 row_pass=triton_row_pass if triton else torch_row_pass, chunk_size=chunk_size,
                 accum_dtype=accum_dtype, target_shape=(), return_dtype=compute_dtype_for(x.dtype),
-                column_pass=triton_column_pass if class_major else None, slab_rows=slab_rows if class_major else 0,
-                head_rows=head_rows if class_major else 0)
+                column_pass=triton_column_pass if class_major else None, slab_rows=slab_rows if class_major else 0)
 
 
 def _grads_or_empty(x: Tensor, grads: tuple[Tensor | None, ...]) -> tuple[Tensor, ...]:
@@ -47,12 +45,12 @@ def _grads_or_empty(x: Tensor, grads: tuple[Tensor | None, ...]) -> tuple[Tensor
 def linear_cross_entropy_op(x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None,
                             class_weight: Tensor | None, reduction: str, ignore_index: int, label_smoothing: float,
                             z_loss: float, softcap: float | None, triton: bool, chunk_size: int,
-                            slab_rows: int, head_rows: int, accum_dtype: torch.dtype, need: list[bool]
+                            slab_rows: int, accum_dtype: torch.dtype, need: list[bool]
                             ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(loss, z_loss, dx, dw, db)`` of 2-D ``x``, ``weight`` and flat ``target``; ``loss`` is
     per row for ``"none"``; ``need`` says which gradients a ``"mean"``/``"sum"`` call produces."""
     plan = _plan(x, reduction, ignore_index, label_smoothing, z_loss, softcap, triton, chunk_size, slab_rows,
-                 head_rows, accum_dtype)
+                 accum_dtype)
     check_targets_on_cpu(target, weight.shape[0], ignore_index)
     grads = (False, False, False) if reduction == "none" else (need[0], need[1], need[2] and bias is not None)
     with on_device(x.device):  # the Triton row kernels launch on the current device
@@ -63,7 +61,7 @@ def linear_cross_entropy_op(x: Tensor, weight: Tensor, target: Tensor, bias: Ten
 @linear_cross_entropy_op.register_fake
 def _(x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, class_weight: Tensor | None, reduction: str,
       ignore_index: int, label_smoothing: float, z_loss: float, softcap: float | None, triton: bool, chunk_size: int,
-      slab_rows: int, head_rows: int, accum_dtype: torch.dtype, need: list[bool]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+      slab_rows: int, accum_dtype: torch.dtype, need: list[bool]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     ct = compute_dtype_for(x.dtype)
     shape = (x.shape[0],) if reduction == "none" else ()
     on = reduction != "none"
@@ -77,11 +75,11 @@ def _(x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, class_weig
 def linear_cross_entropy_backward_op(x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None,
                                      class_weight: Tensor | None, row_scale: Tensor, ignore_index: int,
                                      label_smoothing: float, z_loss: float, softcap: float | None, triton: bool,
-                                     chunk_size: int, slab_rows: int, head_rows: int, accum_dtype: torch.dtype, need: list[bool]
+                                     chunk_size: int, slab_rows: int, accum_dtype: torch.dtype, need: list[bool]
                                      ) -> tuple[Tensor, Tensor, Tensor]:
     """``(dx, dw, db)`` of a ``"none"`` call, each row's loss weighted by ``row_scale``."""
     plan = _plan(x, "none", ignore_index, label_smoothing, z_loss, softcap, triton, chunk_size, slab_rows,
-                 head_rows, accum_dtype)
+                 accum_dtype)
     coefs = reduction_coefficients(plan.cfg, target, class_weight, weight.shape[0], plan.return_dtype)
     with on_device(x.device):
         res = run(x, weight, target, bias, class_weight, plan, coefs,
@@ -92,7 +90,7 @@ def linear_cross_entropy_backward_op(x: Tensor, weight: Tensor, target: Tensor, 
 @linear_cross_entropy_backward_op.register_fake
 def _(x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, class_weight: Tensor | None,
       row_scale: Tensor, ignore_index: int, label_smoothing: float, z_loss: float, softcap: float | None,
-      triton: bool, chunk_size: int, slab_rows: int, head_rows: int, accum_dtype: torch.dtype, need: list[bool]
+      triton: bool, chunk_size: int, slab_rows: int, accum_dtype: torch.dtype, need: list[bool]
       ) -> tuple[Tensor, Tensor, Tensor]:
     return _grads_or_empty(x, (x.new_empty(x.shape) if need[0] else None,
                                weight.new_empty(weight.shape) if need[1] else None,
@@ -118,7 +116,7 @@ def _backward(ctx, grad_loss: Tensor, _grad_z: Tensor, *_grads_of_grads: Tensor)
         scale = grad_loss.reshape(())
         gx, gw, gb = (g * scale.to(g.dtype) for g in ctx.saved_tensors)
     grads = (gx if need[0] else None, gw if need[1] else None, gb if need[2] and ctx.has_bias else None)
-    return (grads[0], grads[1], None, grads[2], *([None] * 12))
+    return (grads[0], grads[1], None, grads[2], *([None] * 11))
 
 
 linear_cross_entropy_op.register_autograd(_backward, setup_context=_setup_context)

@@ -18,9 +18,7 @@ class Plan:
     """How the driver runs one call: the loss, the row pass, rows per chunk, the dW accumulator's
     dtype, the target's shape (the loss's, for ``"none"``), the loss's dtype and, where the
     weight gradient's buffer can hold every token's logits, the class-major layout's column
-    pass and classes per dW slab (``slab_rows`` 0: row chunks). With ``head_rows``, only the
-    first ``head_rows`` tokens take that layout and the rest row chunks adding to its weight
-    gradient (``class_major.class_major_head``)."""
+    pass and classes per dW slab (``slab_rows`` 0: row chunks)."""
 
     cfg: LossConfig
     row_pass: RowPass
@@ -30,7 +28,6 @@ class Plan:
     return_dtype: torch.dtype
     column_pass: RowPass | None = None
     slab_rows: int = 0
-    head_rows: int = 0
 
     @property
     def loss_shape(self) -> tuple[int, ...]:
@@ -96,10 +93,7 @@ def run(
     dW take the class-major layout where the plan has one, the row chunks otherwise."""
     if plan.slab_rows and plan.column_pass is not None and grads[1] and x.shape[0] > 0:
         grad_dtype = class_major_grad_dtype(x.dtype, weight.dtype, plan.accum_dtype)
-        if (grad_dtype is not None and class_major_runs_here(x, grad_dtype) and 0 < plan.head_rows < x.shape[0]
-                and torch.promote_types(plan.accum_dtype, weight.dtype) == grad_dtype):  # the chunks' accumulator
-            return _head_then_chunks(x, weight, target, bias, class_weight, plan, coefs, grads, row_scale, grad_dtype)
-        if grad_dtype is not None and class_major_runs_here(x, grad_dtype) and not plan.head_rows:
+        if grad_dtype is not None and class_major_runs_here(x, grad_dtype):
             return class_major_linear_cross_entropy(
                 x, weight, target, bias, plan.cfg, class_weight, coefs, plan.column_pass,
                 slab_rows=plan.slab_rows, grad_dtype=grad_dtype, need_input_grad=grads[0],
@@ -121,40 +115,3 @@ def run(
         row_scale=row_scale,
         accum_dtype=plan.accum_dtype,
     )
-
-
-def _head_then_chunks(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    target: torch.Tensor,
-    bias: torch.Tensor | None,
-    class_weight: torch.Tensor | None,
-    plan: Plan,
-    coefs: torch.Tensor,
-    grads: tuple[bool, bool, bool],
-    row_scale: torch.Tensor | None,
-    grad_dtype: torch.dtype,
-) -> ChunkedResult:
-    """The first ``plan.head_rows`` tokens in the class-major layout, the others in row chunks
-    whose dW products add to the head's gradient; dX is written into one tensor, the per-row
-    terms are joined and the two bias gradients summed."""
-    k = plan.head_rows
-    grad_input = torch.empty_like(x) if grads[0] else None
-    head = class_major_linear_cross_entropy(
-        x[:k], weight, target[:k], bias, plan.cfg, class_weight, coefs, plan.column_pass,
-        slab_rows=plan.slab_rows, grad_dtype=grad_dtype, need_input_grad=grads[0], need_bias_grad=grads[2],
-        row_scale=row_scale[:k] if row_scale is not None else None, accum_dtype=plan.accum_dtype,
-        grad_input_into=grad_input[:k] if grad_input is not None else None,
-    )
-    tail = chunked_linear_cross_entropy(
-        x[k:], weight, target[k:], bias, plan.cfg, class_weight, coefs, plan.row_pass,
-        chunk_size=plan.chunk_size, need_input_grad=grads[0], need_weight_grad=True, need_bias_grad=grads[2],
-        row_scale=row_scale[k:] if row_scale is not None else None, accum_dtype=plan.accum_dtype,
-        grad_weight_into=head.grad_weight, grad_input_into=grad_input[k:] if grad_input is not None else None,
-    )
-    result = ChunkedResult(torch.cat([head.nll, tail.nll]), torch.cat([head.smooth, tail.smooth]),
-                           torch.cat([head.lse_sq, tail.lse_sq]), grad_input, tail.grad_weight)
-    if grads[2] and bias is not None:
-        wide = torch.promote_types(plan.accum_dtype, bias.dtype)
-        result.grad_bias = (head.grad_bias.to(wide) + tail.grad_bias.to(wide)).to(bias.dtype)
-    return result
