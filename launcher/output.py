@@ -83,6 +83,10 @@ class StreamRoute:
     log_file: Path | None
 
 
+#: how much of what a detached worker's pipe still holds is read (a pipe holds 64 KiB by default)
+DRAIN_LIMIT_BYTES = 1 << 20
+
+
 class _Stream:
     """One pipe being read: where its bytes go, and its unfinished last line."""
 
@@ -136,6 +140,7 @@ class OutputPump:
             while streams:
                 for key, _ in sel.select():
                     if key.fd == wake_r:
+                        self._drain(streams)
                         return  # detached
                     s = key.data
                     try:
@@ -162,6 +167,22 @@ class OutputPump:
                     os.close(self._wake)
                     self._wake = None
 
+    def _drain(self, streams: dict[int, _Stream]) -> None:
+        """Read what the pipes already hold, without waiting for more (at most
+        :data:`DRAIN_LIMIT_BYTES` a pipe: a worker given up alive may still be writing)."""
+        for fd, s in streams.items():
+            try:
+                os.set_blocking(fd, False)
+                taken = 0
+                while taken < DRAIN_LIMIT_BYTES:
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        break
+                    taken += len(chunk)
+                    self._feed(s, chunk)
+            except OSError:  # BlockingIOError: the pipe is empty
+                pass
+
     def _feed(self, s: _Stream, chunk: bytes) -> None:
         if s.log is not None:
             try:
@@ -186,8 +207,9 @@ class OutputPump:
             self._thread.join(timeout)
 
     def detach(self, timeout: float = 2.0) -> None:
-        """Stop reading now, the pipes still open (what is unread is dropped; a last partial
-        line is printed), and wait up to ``timeout`` for the reader thread to end."""
+        """Stop reading, the pipes still open: what they already hold is read (without waiting
+        for more; a last partial line is printed), and wait up to ``timeout`` for the reader
+        thread to end."""
         with self._lock:
             if self._wake is not None:
                 os.close(self._wake)  # the reader's end of it reads as closed: it returns

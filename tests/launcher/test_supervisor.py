@@ -168,3 +168,45 @@ def test_proc_state_reads_proc() -> None:
     child = subprocess.Popen([sys.executable, "-c", ""])
     child.wait()
     assert proc_state(child.pid) is None  # reaped: nothing to read
+
+
+class _HeldStream(io.BytesIO):
+    """A console stream whose first write waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.go.wait(20), "the test never let the first write go"
+        return super().write(data)
+
+
+def test_detach_keeps_what_the_pipes_already_hold(tmp_path) -> None:
+    """A worker given up alive may have written lines the reader has not read yet (the reader
+    was busy printing another stream's line). ``detach`` used to stop at the wake-up and drop
+    them; it reads what the pipes hold, without waiting for more, before it stops."""
+    out, err = _HeldStream(), io.BytesIO()
+    pump = OutputPump(Console(out=out, err=err), "[w]", {"rank": 0},
+                      {STDOUT: StreamRoute(True, None), STDERR: StreamRoute(True, tmp_path / "err.log")})
+    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+    try:
+        pump.start({STDOUT: os.fdopen(out_r, "rb", buffering=0), STDERR: os.fdopen(err_r, "rb", buffering=0)})
+        os.write(out_w, b"first\n")
+        assert out.entered.wait(20)  # the reader is inside the console's write of "first"
+        detacher = threading.Thread(target=pump.detach, kwargs={"timeout": 20})
+        detacher.start()
+        assert wait_for(lambda: pump._wake is None, timeout=20)  # the wake-up is sent ...
+        os.write(err_w, b"last words\n")  # ... and only then does the worker write again
+        out.go.set()
+        detacher.join(30)
+        assert not detacher.is_alive()
+        assert out.getvalue() == b"[w] first\n"
+        assert err.getvalue() == b"[w] last words\n"
+        assert (tmp_path / "err.log").read_bytes() == b"last words\n"
+    finally:
+        out.go.set()
+        os.close(out_w)
+        os.close(err_w)
