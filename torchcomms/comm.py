@@ -109,6 +109,17 @@ def _publish_quietly(client: Any, topic: str, payload: dict[str, Any]) -> None:
         pass
 
 
+def engine_error(kind: str, error: BaseException, timeout_s: float, where: dict[str, Any]) -> CommError:
+    """The typed error of an engine's ``error``, as its backend classified it (``kind``:
+    ``"timeout"``, ``"peer"`` or anything else); ``where`` names the comm and op."""
+    msg = f"engine error: {error}".strip()
+    if kind == "timeout":
+        return CommTimeoutError(msg, timeout_s=timeout_s, **where)
+    if kind == "peer":
+        return PeerFailureError(msg, detected_by="engine", **where)
+    return BackendError(msg, **where)
+
+
 def _ranks_key(ranks: list[int]) -> str:
     """A short, stable key of a member list, so that disjoint groups split under the same
     name rendezvous under different store keys."""
@@ -507,24 +518,18 @@ class TorchComm:
         if isinstance(error, CommError):
             return error
         kind = self._backend.classify_error(error)
-        ctx = dict(comm=self._name, op=str(rec.name), seq=rec.seq)
-        msg = f"engine error: {error}".strip()
-        if kind == "timeout":
-            return CommTimeoutError(msg, timeout_s=rec.timeout_s, **ctx)  # type: ignore[arg-type]
-        if kind == "peer":
-            verdict = None
-            if self._monitor is not None:
-                verdict = self._monitor.explain_connection_loss(
-                    list(self._global_ranks), min(self._monitor.attribution_wait_s, rec.timeout_s))
+        ctx: dict[str, Any] = dict(comm=self._name, op=str(rec.name), seq=rec.seq)
+        if kind == "peer" and self._monitor is not None:  # the control plane may know who failed
+            verdict = self._monitor.explain_connection_loss(
+                list(self._global_ranks), min(self._monitor.attribution_wait_s, rec.timeout_s))
             if verdict is not None and verdict[0] == "control_lost":
-                return CommAbortedError(f"{verdict[1]} (the engine then lost a peer: {error})", **ctx)  # type: ignore[arg-type]
+                return CommAbortedError(f"{verdict[1]} (the engine then lost a peer: {error})", **ctx)
             if verdict is not None:
                 failed = verdict[1]
                 return PeerFailureError(
-                    msg, failed_ranks=[self._global_ranks.index(g) for g in sorted(failed)],
-                    detected_by=",".join(sorted(set(failed.values()))), **ctx)  # type: ignore[arg-type]
-            return PeerFailureError(msg, detected_by="engine", **ctx)  # type: ignore[arg-type]
-        return BackendError(msg, **ctx)  # type: ignore[arg-type]
+                    f"engine error: {error}".strip(), failed_ranks=[self._global_ranks.index(g) for g in sorted(failed)],
+                    detected_by=",".join(sorted(set(failed.values()))), **ctx)
+        return engine_error(kind, error, rec.timeout_s, ctx)
 
     def _break(self, cause: CommError) -> None:
         """A timeout or failure broke the communicator: fail every other in-flight op fast."""

@@ -13,15 +13,13 @@ import torch.distributed as dist
 from torchcomms import bootstrap
 from torchcomms.backends.base import BackendContext, TorchCommBackend
 from torchcomms.backends.registry import get_backend_class
-from torchcomms.comm import NAMES, TorchComm
+from torchcomms.comm import NAMES, TorchComm, engine_error
 from torchcomms.errors import (
-    BackendError,
     CommAbortedError,
     CommError,
     CommTimeoutError,
     CommTypeError,
     CommValueError,
-    PeerFailureError,
 )
 from torchcomms.failure_monitor import MONITORS
 from torchcomms.store_calls import StoreNotAnswering, call_until, describe_store
@@ -172,13 +170,7 @@ def _engine_failure(engine: TorchCommBackend, error: BaseException, secs: float,
     """The typed error of an engine that failed to start (not because of its store)."""
     if isinstance(error, CommError):
         return error
-    kind = engine.classify_error(error)
-    msg = f"engine error: {error}".strip()
-    if kind == "timeout":
-        return CommTimeoutError(msg, timeout_s=secs, **where)
-    if kind == "peer":
-        return PeerFailureError(msg, detected_by="engine", **where)
-    return BackendError(msg, **where)
+    return engine_error(engine.classify_error(error), error, secs, where)
 
 
 def _monitor_start_failed(error: BaseException, store_words: str, secs: float, deadline: float,
