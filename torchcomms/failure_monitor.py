@@ -47,7 +47,9 @@ class FailureMonitor:
         # Deregistering at exit waits no longer than a heartbeat does: a server that cannot
         # answer within that is already failing this rank's heartbeats (and a stopped one never
         # answers), so exit is not held for the client's longer default.
-        self._deregister_s = max(4 * interval, 1.0)
+        from torchcomms.control.client import heartbeat_budget  # (a control-plane client: zmq is loaded)
+
+        self._deregister_s = heartbeat_budget(interval)
         # How long an engine-reported connection loss waits for the control plane to say who failed.
         self.attribution_wait_s = max(0.0, float(os.environ.get("TORCHCOMM_FAILURE_ATTRIBUTION_S", "1.0")))
         if interval > 0:

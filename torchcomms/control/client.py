@@ -29,7 +29,6 @@ from .auth import MONITOR_EVENTS, HandshakeWatch, configure_client_socket
 from .errors import (
     ControlArgumentError,
     ControlArgumentTypeError,
-    ControlAuthError,
     ControlCancelledError,
     ControlClosedError,
     ControlError,
@@ -207,6 +206,12 @@ class Subscription:
             client._discard_channel(channel)
 
 
+def heartbeat_budget(interval: float) -> float:
+    """How long one heartbeat every ``interval`` seconds waits for the server's answer (a
+    server that cannot answer within that is failing the member's heartbeats)."""
+    return max(4 * interval, 1.0)
+
+
 class _Heartbeat:
     def __init__(self, client: ControlClient, member: str, interval: float,
                  limit: float | None, info: dict[str, Any] | None) -> None:
@@ -231,7 +236,7 @@ class _Heartbeat:
     @property
     def beat_budget(self) -> float:
         """How long one beat waits for the server's answer."""
-        return max(4 * self.interval, 1.0)
+        return heartbeat_budget(self.interval)
 
     def start(self) -> None:
         self._thread.start()
