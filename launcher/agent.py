@@ -55,7 +55,7 @@ from .errors import read_error_file
 from .exceptions import ControlPlaneLostError, LauncherError, UsageError
 from .output import STDERR, STDOUT, Console, OutputPump, StreamRoute
 from .rendezvous import KEY_ROOT, JoinRecord, NodeSlot, Plan, host_round, join_round, wait_plan
-from .summary import describe_end, job_exit_code, render_root_cause, render_table, root_cause
+from .summary import describe_end, job_exit_code, render_root_cause, render_table, root_cause, stuck_hint
 from .supervisor import Worker, WorkerGroup, WorkerResult, WorkerSpec, proc_state
 
 __all__ = ["Agent", "Decision"]
@@ -484,11 +484,9 @@ class Agent:
         r = w.result
         assert self.group is not None
         state = r.state or f"unknown (/proc/{r.pid}/stat unreadable)"
-        hint = " - stuck in the kernel (a hung driver or file system call?)" \
-            if state.startswith("D") else ""
         self.console.event(
             f"rank {r.rank} (pid {r.pid}) on {r.host} is UNREAPABLE: not exited "
-            f"{self.group.kill_wait:g} s after SIGKILL; process state {state}{hint}. "
+            f"{self.group.kill_wait:g} s after SIGKILL; process state {state}{stuck_hint(state, ' - ')}. "
             f"Giving it up as lost: nothing waits for it any longer",
             rank=r.rank, pid=r.pid, state=r.state)
 

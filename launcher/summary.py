@@ -49,6 +49,12 @@ def job_exit_code(results: Sequence[WorkerResult], policy: str) -> int:
     return cause.code
 
 
+def stuck_hint(state: str, lead: str) -> str:
+    """For a process state in uninterruptible sleep (``D ...``), why SIGKILL cannot end it,
+    after ``lead``; else nothing."""
+    return f"{lead}stuck in the kernel (a hung driver or file system call?)" if state.startswith("D") else ""
+
+
 def describe_end(r: WorkerResult) -> str:
     """``exit 0``, ``exit 3``, ``SIGKILL``, ``node lost``, ``unreapable, state D`` or
     ``running``."""
@@ -99,9 +105,7 @@ def render_root_cause(cause: WorkerResult, error: WorkerError | None = None) -> 
             text += "".join(f"  | {ln}\n" for ln in error.traceback.rstrip().splitlines())
     elif cause.unreapable:
         state = cause.state or "unknown"
-        hint = ": stuck in the kernel (a hung driver or file system call?)" \
-            if state.startswith("D") else ""
-        text += f"  pid {cause.pid} was still alive after SIGKILL (process state {state}){hint}\n"
+        text += f"  pid {cause.pid} was still alive after SIGKILL (process state {state}){stuck_hint(state, ': ')}\n"
     elif not cause.lost:
         text += ("  (no error file: decorate the entry point with launcher.record to get "
                  "the exception here)\n")

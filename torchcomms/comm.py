@@ -527,7 +527,8 @@ class TorchComm:
             if verdict is not None:
                 failed = verdict[1]
                 return PeerFailureError(
-                    f"engine error: {error}".strip(), failed_ranks=[self._global_ranks.index(g) for g in sorted(failed)],
+                    f"engine error: {error}".strip(),
+                    failed_ranks=[self._global_ranks.index(g) for g in sorted(failed)],
                     detected_by=",".join(sorted(set(failed.values()))), **ctx)
         return engine_error(kind, error, rec.timeout_s, ctx)
 
