@@ -127,6 +127,18 @@ def time_cuda(fn: StepFn, x, w, t, reps: int) -> list[float]:
     return times
 
 
+def round_robin_cuda(fns: dict[str, StepFn], x, w, t, reps: int) -> dict[str, list[float]]:
+    """``reps`` rounds of one timed step of each contender, the starting one rotating every
+    round, so that a machine's drift hits all alike; each contender's step times (ms)."""
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(reps):
+        for i in range(len(names)):
+            name = names[(rep + i) % len(names)]
+            times[name] += time_cuda(fns[name], x, w, t, 1)
+    return times
+
+
 def peak_cuda(fn: StepFn, x, w, t) -> float:
     x.grad = w.grad = None
     torch.cuda.synchronize()
@@ -181,11 +193,7 @@ def run_cuda(args) -> dict:
             x.grad = w.grad = None
             torch.cuda.empty_cache()
         names = list(ready)
-        times: dict[str, list[float]] = {name: [] for name in names}
-        for rep in range(args.reps):
-            for i in range(len(names)):
-                name = names[(rep + i) % len(names)]
-                times[name] += time_cuda(ready[name][0], x, w, t, 1)
+        times = round_robin_cuda({name: ready[name][0] for name in names}, x, w, t, args.reps)
         ref_loss = ready[names[0]][1] if names else None
         for name in names:
             _, loss, peak = ready[name]

@@ -21,13 +21,13 @@ def region_ms(fn: Callable[[], object], reps: int) -> float:
     return start.elapsed_time(end) / reps
 
 
-def chunk_shape_args() -> argparse.Namespace:
+def chunk_shape_parser(rounds: int = 7) -> argparse.ArgumentParser:
     """``--v --h --k`` (the loss's vocabulary, hidden size and chunk rows) and ``--rounds
-    --reps`` (round-robin rounds, calls per region)."""
+    --reps`` (round-robin rounds, calls per region); a script may add its own arguments."""
     p = argparse.ArgumentParser()
     p.add_argument("--v", type=int, default=128256)
     p.add_argument("--h", type=int, default=4096)
     p.add_argument("--k", type=int, default=1024)
-    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--rounds", type=int, default=rounds)
     p.add_argument("--reps", type=int, default=5)
-    return p.parse_args()
+    return p

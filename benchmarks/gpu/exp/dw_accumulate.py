@@ -12,11 +12,11 @@ import statistics
 
 import torch
 
-from common import chunk_shape_args, region_ms  # benchmarks/gpu/exp/common.py (the script's own folder)
+from common import chunk_shape_parser, region_ms  # benchmarks/gpu/exp/common.py (the script's own folder)
 
 
 def main() -> None:
-    args = chunk_shape_args()
+    args = chunk_shape_parser().parse_args()
     v, h, k = args.v, args.h, args.k
     dev = "cuda"
     bf = torch.bfloat16

@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import kernels.lce.chunked as chunked  # noqa: E402
-from lce_bench import compiled_unfused, make_inputs, matmul_ceiling_tflops, ours, peak_cuda, step, time_cuda  # noqa: E402
+from lce_bench import (  # noqa: E402
+    compiled_unfused, make_inputs, matmul_ceiling_tflops, ours, peak_cuda, round_robin_cuda, step)
 
 
 def with_blocks(fn, blocks: int):
@@ -55,11 +56,7 @@ def main() -> None:
         x.grad = w.grad = None
         torch.cuda.empty_cache()
     names = list(contenders)
-    times: dict[str, list[float]] = {k: [] for k in names}
-    for rep in range(args.reps):
-        for i in range(len(names)):
-            name = names[(rep + i) % len(names)]
-            times[name] += time_cuda(contenders[name], x, w, t, 1)
+    times = round_robin_cuda(contenders, x, w, t, args.reps)
     anchor = statistics.median(times[names[0]])
     print(f"N={n} H={h} V={v} bf16, medians of {args.reps} round-robin steps")
     print(f"{'contender':42s} {'ms':>8s} {'vs compile':>10s} {'min':>8s} {'max':>8s} {'MiB':>8s} {'loss':>10s}")

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from common import chunk_shape_args, region_ms  # benchmarks/gpu/exp/common.py (the script's own folder)
+from common import chunk_shape_parser, region_ms  # benchmarks/gpu/exp/common.py (the script's own folder)
 
 
 @triton.jit
@@ -78,7 +78,7 @@ def triton_dw(dw: torch.Tensor, g: torch.Tensor, x: torch.Tensor, cfg: dict, sms
 
 
 def main() -> None:
-    args = chunk_shape_args()
+    args = chunk_shape_parser().parse_args()
     v, h, k = args.v, args.h, args.k
     dev, bf = "cuda", torch.bfloat16
     sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -15,11 +15,11 @@ import tempfile
 import torch
 import torch.cuda.tunable as tunable
 
-from common import chunk_shape_args, region_ms  # benchmarks/gpu/exp/common.py (the script's own folder)
+from common import chunk_shape_parser, region_ms  # benchmarks/gpu/exp/common.py (the script's own folder)
 
 
 def main() -> None:
-    args = chunk_shape_args()
+    args = chunk_shape_parser().parse_args()
     v, h, k = args.v, args.h, args.k
     dev, bf = "cuda", torch.bfloat16
     torch.manual_seed(0)

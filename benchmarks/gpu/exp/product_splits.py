@@ -13,13 +13,12 @@ can be written transposed:
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 from collections.abc import Callable
 
 import torch
 
-from common import region_ms  # benchmarks/gpu/exp/common.py (the script's own folder)
+from common import chunk_shape_parser, region_ms  # benchmarks/gpu/exp/common.py (the script's own folder)
 
 
 def blocks(n: int, parts: int) -> list[slice]:
@@ -45,12 +44,7 @@ def product(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: boo
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--v", type=int, default=128256)
-    p.add_argument("--h", type=int, default=4096)
-    p.add_argument("--k", type=int, default=1024)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--reps", type=int, default=5)
+    p = chunk_shape_parser(rounds=5)
     p.add_argument("--only", nargs="*", default=None, help="product names to time")
     args = p.parse_args()
     v, h, k = args.v, args.h, args.k
