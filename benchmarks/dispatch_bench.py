@@ -166,9 +166,9 @@ def summarize(wall: dict[str, list[float]], cpu: dict[str, list[float]]) -> list
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print("| contender | wall µs/op (median) | wall p10–p90 | wall − floor | best round µs/op | best − floor "
-          "| CPU µs/op | CPU − floor |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| contender | wall µs/op (median) | wall p10–p90 | wall − floor | ratio to floor | best round µs/op "
+          "| best − floor | CPU µs/op | CPU − floor |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         floor = r["contender"] == FLOOR
 
@@ -176,10 +176,11 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             return "—" if floor else f"{r[key]:.1f}"
 
         print(f"| {r['contender']} | {r['us_per_op']:.2f} | {r['p10_us']:.1f}–{r['p90_us']:.1f} | "
-              f"{over('over_floor_us')} | {r['best_us_per_op']:.2f} | {over('best_over_floor_us')} | "
+              f"{over('over_floor_us')} | {r['x_floor']:.2f}x | {r['best_us_per_op']:.2f} | {over('best_over_floor_us')} | "
               f"{r['cpu_us_per_op']:.2f} | {over('cpu_over_floor_us')} |")
     print("\nmedian: over rounds of the mean per call; best round: the fastest round (least disturbed by "
-          "other load); CPU: the thread's CPU time; − floor: the dispatch path's own cost")
+          "other load); CPU: the thread's CPU time; − floor: the dispatch path's own cost; ratio to floor: "
+          "median / the floor's median")
 
 
 def main(argv: list[str] | None = None) -> int:

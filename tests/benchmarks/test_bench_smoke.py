@@ -21,7 +21,8 @@ OPS = ("all_reduce", "all_gather_single", "reduce_scatter_single", "all_to_all_s
 
 
 def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
+    """A script of ``benchmarks/`` by its path below it (``"attn_bench"``, ``"diagnostics/window_tune"``)."""
+    spec = importlib.util.spec_from_file_location(f"_bench_{name.replace('/', '_')}", BENCH / f"{name}.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up there
@@ -126,7 +127,7 @@ def test_dispatch_bench_refuses_bad_arguments(capsys: pytest.CaptureFixture[str]
 def test_host_sampler_finds_where_the_time_goes() -> None:
     import time
 
-    sampler = load("host_sampler")
+    sampler = load("diagnostics/host_sampler")
 
     def busy_here() -> None:  # pure Python: the sampler gets the GIL between its bytecodes
         t = time.perf_counter()
@@ -155,7 +156,7 @@ def test_window_tune_keeps_the_shipped_kernel_forms_in_its_tuned_configuration()
     """The tuned configuration took only the shapes and dropped the other fields, so on an H200
     its whole-pass rows timed the untransposed dK/dV kernel against the shipped transposed one
     (2.191 vs 2.088 ms, 2026-12-01): the shapes must be timed in the form they were searched in."""
-    tune = load("window_tune")
+    tune = load("diagnostics/window_tune")
     wt = tune.wt
     shipped = wt.WindowConfig(wt.Blocks(64, 64, 4, 3, tma=True), wt.Blocks(64, 64, 4, 2, tma=True),
                               wt.Blocks(64, 64, 4, 2, tma=True), wt.Blocks(64, 64, 4, 4, tma=True),
@@ -171,7 +172,7 @@ def test_window_tune_keeps_the_shipped_kernel_forms_in_its_tuned_configuration()
 
 
 def test_custom_op_overhead_prints_both_paths_and_their_ratio() -> None:
-    out = run_script("custom_op_overhead", "--reps", "50", "--rounds", "2").stdout
+    out = run_script("diagnostics/custom_op_overhead", "--reps", "50", "--rounds", "2").stdout
     rows = {line.split("  ")[0].strip(): line.split()[-2:] for line in out.splitlines()[2:5]}
     assert set(rows) == {"autograd.Function", "custom operator", "ratio op/Function"}, out
     for name in ("autograd.Function", "custom operator"):
@@ -179,12 +180,12 @@ def test_custom_op_overhead_prints_both_paths_and_their_ratio() -> None:
 
 
 def test_window_forward_gaps_summarises_kernel_spans_and_refuses_without_a_gpu() -> None:
-    gaps = load("window_forward_gaps")
+    gaps = load("diagnostics/window_forward_gaps")
     # three kernels of 10 us: idle 1 us, then 2 us between them
     assert gaps.summary([(0.0, 10.0), (11.0, 10.0), (23.0, 10.0)]) == (10.0, 1.5, 3)
     assert gaps.summary([(5.0, 7.0)]) == (7.0, 0.0, 1)
     if not gaps.torch.cuda.is_available():
-        proc = subprocess.run([sys.executable, str(BENCH / "window_forward_gaps.py")], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, str(BENCH / "diagnostics" / "window_forward_gaps.py")], capture_output=True, text=True,
                               timeout=120)
         assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
 

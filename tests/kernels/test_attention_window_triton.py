@@ -241,7 +241,7 @@ sys.argv = ["window_tune.py", "--device", "cpu", "--seq", "40", "--heads", "2", 
             "--baseline", "kernels/attention/window_triton.py", "--kernels", "fwd", "dkdv", "dq", "dqds",
             "dkdv-delta"]
 try:
-    runpy.run_path("benchmarks/window_tune.py", run_name="__main__")
+    runpy.run_path("benchmarks/diagnostics/window_tune.py", run_name="__main__")
 except SystemExit as exit_:
     assert exit_.code == 0, exit_.code
 result = json.load(open(out))
@@ -353,7 +353,7 @@ def test_static_resource_report_assembles_with_the_ptxas_triton_compiles_for(tmp
     wrapper.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_PTXAS_PATH"] = str(wrapper)
-    proc = subprocess.run([sys.executable, "benchmarks/window_static.py", "--dim", "64", "--kernels", "fwd",
+    proc = subprocess.run([sys.executable, "benchmarks/diagnostics/window_static.py", "--dim", "64", "--kernels", "fwd",
                            "--fwd-shapes", "64x32/w4/s2", "--json", str(tmp_path / "static.json")],
                           capture_output=True, text=True, timeout=300, env=env,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -369,7 +369,7 @@ def test_static_resource_report_reads_registers_and_spills_from_the_compiler(tmp
 
     out = tmp_path / "static.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "benchmarks/window_static.py", "--dim", "64", "--kernels", "fwd", "dq",
+    proc = subprocess.run([sys.executable, "benchmarks/diagnostics/window_static.py", "--dim", "64", "--kernels", "fwd", "dq",
                            "--fwd-shapes", "64x32/w4/s2", "--dq-shapes", "64x32/w4/s2/tma", "--json", str(out)],
                           capture_output=True, text=True, timeout=300, env=env,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
