@@ -3,8 +3,8 @@
 ``kernel[grid](*args)`` binds the arguments, computes their specialization (dtypes, 16-byte
 alignment, integers equal to 1 or divisible by 16) and looks the compiled kernel up on every
 call: 30–57 µs of host time per launch of the window forward on an H200's host, against
-15–20 µs for launching its compiled handle directly (``benchmarks/window_profile.py``,
-2026-12-01). A sub-millisecond attention call makes four launches, so on small problems the
+15–20 µs for launching its compiled handle directly (``benchmarks/diagnostics/window_profile.py``).
+A sub-millisecond attention call makes four launches, so on small problems the
 host, not the GPU, sets the pace.
 
 :class:`Launcher` keys its own cache on a superset of what Triton specializes on (every integer

@@ -13,8 +13,8 @@ def aligned(t: Tensor) -> Tensor:
 
     A contiguous view into a larger tensor (``buf[1:].view(...)``) can start anywhere. TMA
     descriptors refuse such a base, and torch 2.11's SDPA with a boolean mask returned wrong
-    values for one on an H200 (relative error 1.41 against the reference, 2026-12-01,
-    ``benchmarks/gpu/window_final_checks.sh``), so no kernel here is handed one.
+    values for one on an H200 (relative error 1.41 against the reference; ``docs/bench/attention.md``),
+    so no kernel here is handed one.
 
     Under ``torch.compile`` a traced tensor has no address: ``t`` is returned as it is (the
     window kernel's operators check again on the real tensors; a compiled SDPA call is

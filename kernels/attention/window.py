@@ -47,7 +47,7 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse2: Tensor, do: Tens
 class WindowAttentionFunction(torch.autograd.Function):
     """The eager path: ``apply(q, k, v, window, scale, kernels=window_triton)`` -> ``(out, lse2)``.
 
-    ``kernels``: the module of launchers to run (``benchmarks/window_tune.py --baseline`` passes
+    ``kernels``: the module of launchers to run (``benchmarks/diagnostics/window_tune.py --baseline`` passes
     a ``window_triton.py`` of another commit)."""
 
     @staticmethod

@@ -86,7 +86,7 @@ _MIXED_ADDMM: dict[str, bool] = {}  # capability registry, filled once per devic
 #: over blocks of the output's columns. Measured on an H200 (cuBLAS, torch 2.11) at the
 #: N=16384 / 256 MiB chunk shape, dW (128256 x 4096, bf16) += (128256 x 1024) @ (1024 x 4096):
 #: 1.691 / 1.793 ms in two calls against 1.946 / 1.891 whole; four blocks 1.797, eight 1.910
-#: (``benchmarks/gpu/exp/product_splits.py``). The first product (beta = 0) is made whole.
+#: (``docs/bench/lce.md``, the products' splits). The first product (beta = 0) is made whole.
 ACCUMULATE_COLUMN_BLOCKS = 2
 #: narrowest block a split leaves (a multiple of 128, cuBLAS's widest tile)
 MIN_BLOCK_COLUMNS = 1024
