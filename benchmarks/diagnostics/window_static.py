@@ -2,9 +2,8 @@
 read from the compiler alone: no GPU needed (Triton compiles for sm_90a, its bundled ``ptxas -v``
 reports), and whether the loads are software-pipelined (``async ld``: asynchronous copies; ``tma
 ld``: bulk tensor copies). Kernels are compiled as a launch specializes them (16-byte aligned
-tensors, sizes and strides multiples of 16); the first version of this script compiled without
-those hints, so its loads were neither vectorized nor pipelined and its register and spill
-counts (docs/bench/attention.md, 2026-11-29) described kernels that never ran.
+tensors, sizes and strides multiples of 16): without those hints the loads are neither
+vectorized nor pipelined, and the counts would describe kernels that never run.
 
   python3 benchmarks/diagnostics/window_static.py                       # head dim 128, every built-in shape
   python3 benchmarks/diagnostics/window_static.py --dim 64 --kernels dkdv --dkdv-shapes 64x32/w4/s2 128x32/w8/s2
@@ -41,7 +40,7 @@ def ptxas_path() -> str | None:
     Triton writes PTX of the ISA version that assembler takes, so the report must use the same
     one: TorchInductor sets ``TRITON_PTXAS_PATH`` to torch's own (newer) ptxas in any process
     that compiled with it, and Triton's bundled 12.8 ptxas then refused the PTX (seen on the
-    H200 inside the kernels test suite, 2026-12-01)."""
+    H200 inside the kernels test suite)."""
     if wt.triton is None:
         return None
     try:
@@ -52,20 +51,18 @@ def ptxas_path() -> str | None:
 
 
 def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90, store_ds: bool = True,
-              fused_delta: bool = False, transposed: bool = False) -> dict[str, Any]:
+              transposed: bool = False) -> dict[str, Any]:
     """Compile one kernel at one launch shape for ``sm_<arch>a`` (bf16 inputs) and read ptxas's report."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = getattr(wt, "_fwd_pair" if kernel == "fwd" and blocks.pair else KERNELS[kernel][0])
+    fn = getattr(wt, KERNELS[kernel][0])
     consts: dict[str, Any] = {"D": head_dim, "BLOCK_M": blocks.block_m, "BLOCK_N": blocks.block_n}
     names = fn.arg_names
     if "STORE_DS" in names:
         consts["STORE_DS"] = store_ds
     if "TMA" in names:
         consts["TMA"] = blocks.tma
-    if "FUSED_DELTA" in names:
-        consts["FUSED_DELTA"] = fused_delta
     if "TRANSPOSED" in names:
         consts["TRANSPOSED"] = transposed
     if "DS_T" in names:
@@ -73,8 +70,7 @@ def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90, sto
     signature = {n: "constexpr" if n in consts else "*bf16" if n in _POINTERS else "*fp32" if n in _FLOAT32_POINTERS
                  else "fp32" if n == "sm_scale" else "i32" for n in names}
     if blocks.tma:  # the loaded operands are descriptors of (rows per tile) x D tiles
-        tile_rows = {"Q": blocks.block_m, "DO": blocks.block_m, "K": blocks.block_n, "V": blocks.block_n,
-                     **({"O": blocks.block_m} if fused_delta else {})}
+        tile_rows = {"Q": blocks.block_m, "DO": blocks.block_m, "K": blocks.block_n, "V": blocks.block_n}
         signature.update({n: f"tensordesc<bf16[{rows}, {head_dim}]>" for n, rows in tile_rows.items() if n in names})
     # what a launch specializes on: tensors 16-byte aligned, sizes and strides multiples of 16
     # (S=32768, window 256, contiguous heads). Without these hints the loads are not vectorized
@@ -100,7 +96,7 @@ def resources(kernel: str, blocks: wt.Blocks, head_dim: int, arch: int = 90, sto
         return int(found.group(1)) if found else 0
 
     ttgir = compiled.asm["ttgir"]
-    return {"kernel": kernel + ("+delta" if fused_delta and "FUSED_DELTA" in names else ""), "blocks": str(blocks),
+    return {"kernel": kernel, "blocks": str(blocks),
             "head_dim": head_dim, "registers": number(r"Used (\d+) registers"),
             "async_copies": ttgir.count("ttg.async_copy_global_to_local"),
             "tma_copies": ttgir.count("ttng.async_tma_copy_global_to_local"),
@@ -114,8 +110,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS))
     for kernel in KERNELS:
         ap.add_argument(f"--{kernel}-shapes", nargs="+", type=parse_blocks, default=None, metavar="MxN/wW/sS")
-    ap.add_argument("--fused-delta", action="store_true",
-                    help="the backward kernels computing delta from O themselves (WindowConfig.fused_delta)")
     ap.add_argument("--dkdv-transposed", action=argparse.BooleanOptionalAction, default=None,
                     help="the dK/dV kernel on transposed tiles (default: as the shipped configuration)")
     ap.add_argument("--json", default=None)
@@ -129,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     for kernel in args.kernels:
         for blocks in getattr(args, f"{kernel}_shapes") or KERNELS[kernel][1]:
             try:
-                rows.append(resources(kernel, blocks, args.dim, fused_delta=args.fused_delta,
-                                      transposed=args.dkdv_transposed))
+                rows.append(resources(kernel, blocks, args.dim, transposed=args.dkdv_transposed))
             except Exception as exc:  # a shape the compiler rejects is a row too
                 rows.append({"kernel": kernel, "blocks": str(blocks), "head_dim": args.dim,
                              "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400]})

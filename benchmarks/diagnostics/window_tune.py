@@ -44,21 +44,21 @@ DKDV = [B(m, n, w, s, t) for (m, n), w, s, t in itertools.product(
 DQ = [B(m, n, w, s, t) for (m, n), w, s, t in itertools.product(
     [(64, 32), (64, 64), (128, 32), (128, 64), (32, 64)], (4, 8), (2, 3), (False, True))]
 #: the WindowConfig field each searched kernel's shape goes to
-FIELDS = {"fwd": "fwd", "dkdv": "dkdv", "dq": "dq", "dqds": "dq_from_ds", "dkdv-delta": "dkdv"}
+FIELDS = {"fwd": "fwd", "dkdv": "dkdv", "dq": "dq", "dqds": "dq_from_ds"}
 #: dQ from stored dS: warps and stages only (its tiles are the dK/dV kernel's; 0x0 stands for them)
 DQDS = [B(0, 0, w, s, t) for w, s, t in itertools.product((4, 8), (2, 3, 4), (False, True))]
 
 
 def parse_blocks(text: str) -> wt.Blocks:
-    """``64x32/w4/s3``, optionally ``/tma`` and ``/pair`` (the form ``str(Blocks)`` prints) -> ``Blocks``."""
+    """``64x32/w4/s3``, optionally ``/tma`` (the form ``str(Blocks)`` prints) -> ``Blocks``."""
     try:
         shape, warps, stages, *flags = text.split("/")
         m, n = shape.split("x")
-        if not (warps.startswith("w") and stages.startswith("s")) or not set(flags) <= {"tma", "pair"}:
+        if not (warps.startswith("w") and stages.startswith("s")) or not set(flags) <= {"tma"}:
             raise ValueError
-        return wt.Blocks(int(m), int(n), int(warps[1:]), int(stages[1:]), tma="tma" in flags, pair="pair" in flags)
+        return wt.Blocks(int(m), int(n), int(warps[1:]), int(stages[1:]), tma="tma" in flags)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a shape like 64x32/w4/s3 or 64x32/w4/s3/tma/pair, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a shape like 64x32/w4/s3 or 64x32/w4/s3/tma, got {text!r}") from None
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -114,7 +114,7 @@ def best_of(rows: list[dict[str, Any]], fallback: wt.Blocks) -> wt.Blocks:
 def tuned_config(shipped: wt.WindowConfig, rows: list[dict[str, Any]], best_dkdv: wt.Blocks,
                  best_dqds: wt.Blocks | None) -> wt.WindowConfig:
     """The shipped configuration with the fastest shape of each searched kernel; every other
-    field (the dK/dV tiles' orientation, delta fused or not) stays the shipped one's, the form
+    field (the dK/dV tiles' orientation) stays the shipped one's, the form
     the shapes were timed in."""
     return dataclasses.replace(shipped, fwd=best_of([r for r in rows if r["kernel"] == "fwd"], shipped.fwd),
                                dkdv=best_dkdv, dq=best_of([r for r in rows if r["kernel"] == "dq"], shipped.dq),
@@ -129,10 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--window", type=int, default=256)
     ap.add_argument("--kernels", nargs="+", default=["fwd", "dkdv", "dq", "dqds"],
-                    choices=["fwd", "dkdv", "dq", "dqds", "dkdv-delta"],
+                    choices=["fwd", "dkdv", "dq", "dqds", "delta"],
                     help="dqds: dQ from the dS tiles the dK/dV kernel stores (then timed storing them); "
-                         "dkdv-delta: the dK/dV kernel computing delta from O itself (timed beside the delta "
-                         "kernel, and the whole passes with WindowConfig.fused_delta too)")
+                         "delta: the delta kernel (rowsum(O · dO)), in the dq kernel's shape")
     ap.add_argument("--baseline", default=None, metavar="FILE",
                     help="another copy of window_triton.py (e.g. the previous version) timed whole beside this one")
     ap.add_argument("--flex", action=argparse.BooleanOptionalAction, default=True,
@@ -142,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="window_tune.json")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1")
     ap.add_argument("--candidates", type=int, default=None, help="try only the first N shapes per kernel")
-    for kernel in ("fwd", "dkdv", "dq", "dqds", "dkdv-delta"):
+    for kernel in ("fwd", "dkdv", "dq", "dqds"):
         ap.add_argument(f"--{kernel}-shapes", nargs="+", type=parse_blocks, default=None, metavar="MxN/wW/sS",
                         help=f"{kernel} shapes to try instead of the built-in list")
     args = ap.parse_args(argv)
@@ -166,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     dk, dv, _ = wt.launch_dkdv(q, k, v, do, lse2, delta, w, scale, shipped.dkdv, transposed=tr)
     dq = wt.launch_dq(q, k, v, do, lse2, delta, w, scale, shipped.dq)
     lists = {"fwd": pick(args.fwd_shapes or FWD), "dkdv": pick(args.dkdv_shapes or DKDV),
-             "dq": pick(args.dq_shapes or DQ), "dqds": pick(args.dqds_shapes or DQDS),
-             "dkdv-delta": pick(args.dkdv_delta_shapes or args.dkdv_shapes or DKDV)}
+             "dq": pick(args.dq_shapes or DQ), "dqds": pick(args.dqds_shapes or DQDS), "delta": [shipped.dq]}
     store_ds = "dqds" in args.kernels
     total = sum(len(lists[kernel]) for kernel in args.kernels)
     # each kernel's search gets a share of the budget in proportion to its candidates
@@ -181,13 +179,9 @@ def main(argv: list[str] | None = None) -> int:
                        lambda b: wt.launch_dkdv(q, k, v, do, lse2, delta, w, scale, b, store_ds=store_ds,
                                                 transposed=tr)[:2],
                        (dk, dv), 8.0 * pairs * d, end("dkdv"), time_fn)
-    if "dkdv-delta" in args.kernels:
-        rows += search("delta", [shipped.dq], lambda b: wt.launch_delta(o, do, b), (delta,), 0.0, end("dkdv-delta"),
+    if "delta" in args.kernels:
+        rows += search("delta", lists["delta"], lambda b: wt.launch_delta(o, do, b), (delta,), 0.0, end("delta"),
                        time_fn)
-        rows += search("dkdv-delta", lists["dkdv-delta"],
-                       lambda b: wt.launch_dkdv(q, k, v, do, lse2, None, w, scale, b, store_ds=store_ds, o=o,
-                                                transposed=tr)[:2],
-                       (dk, dv), 8.0 * pairs * d, end("dkdv-delta"), time_fn)
     if "dq" in args.kernels:
         rows += search("dq", lists["dq"], lambda b: wt.launch_dq(q, k, v, do, lse2, delta, w, scale, b), (dq,),
                        6.0 * pairs * d, end("dq"), time_fn)
@@ -212,9 +206,6 @@ def main(argv: list[str] | None = None) -> int:
     configs = [("window_shipped", shipped), ("window_tuned", tuned)]
     if tuned.dq_from_ds is not None:
         configs.append(("window_tuned_recompute_dq", dataclasses.replace(tuned, dq_from_ds=None)))
-    if "dkdv-delta" in args.kernels:
-        best_fd = best_of([r for r in rows if r["kernel"] == "dkdv-delta"], tuned.dkdv)
-        configs.append(("window_fused_delta", dataclasses.replace(tuned, dkdv=best_fd, fused_delta=True)))
     for label, cfg in configs:
         def fn(cfg: wt.WindowConfig = cfg) -> torch.Tensor:
             wt.GPU_CONFIGS[d] = cfg  # this process only: the registry is the kernel's lookup table
@@ -226,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         baseline = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = baseline  # dataclasses look their module up there
         spec.loader.exec_module(baseline)  # type: ignore[union-attr]
-        if hasattr(baseline, "window_attention"):  # before 2026-12-01 the entry point lived beside the kernels
+        if hasattr(baseline, "window_attention"):  # an older copy carries its own entry point
             contenders["baseline"] = lambda: baseline.window_attention(*leaves, w, scale=scale)[0]
         else:
             contenders["baseline"] = lambda: WindowAttentionFunction.apply(*leaves, w, scale, baseline)[0]
@@ -269,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\nwindow_tune  {meta['device']}  torch {torch.__version__}  S={s} Hq={args.heads} Hkv={hkv} "
           f"D={d} window {w} bf16")
-    for kernel in ("fwd", "dkdv", "dq", "dqds", "delta", "dkdv-delta"):
+    for kernel in ("fwd", "dkdv", "dq", "dqds", "delta"):
         ok = sorted((r for r in rows if r["kernel"] == kernel and "ms" in r), key=lambda r: r["ms"])
         failed = sum(1 for r in rows if r["kernel"] == kernel and "ms" not in r)
         if not ok:

@@ -63,12 +63,9 @@ class Blocks:
     stages: int = 2
     #: load the tiles through the tensor-memory accelerator (TMA descriptors) instead of pointers
     tma: bool = False
-    #: forward only: two consecutive query blocks per program, sharing their key tiles' loads
-    pair: bool = False
 
     def __str__(self) -> str:
-        return (f"{self.block_m}x{self.block_n}/w{self.warps}/s{self.stages}" + ("/tma" if self.tma else "")
-                + ("/pair" if self.pair else ""))
+        return f"{self.block_m}x{self.block_n}/w{self.warps}/s{self.stages}" + ("/tma" if self.tma else "")
 
 
 @dataclass(frozen=True)
@@ -83,10 +80,6 @@ class WindowConfig:
     dkdv: Blocks
     dq: Blocks
     dq_from_ds: Blocks | None = None
-    #: the backward kernels compute delta = rowsum(O · dO) per query tile themselves, instead of
-    #: a delta kernel's pass over O and dO before them (slower on an H200 at both head dims:
-    #: f+b 2.304 vs 2.235 ms at 32x128, 1.368 vs 1.342 at 32/8x64; off in GPU_CONFIGS)
-    fused_delta: bool = False
     #: the dK/dV kernel computes transposed tiles (keys x queries: S^T = K Q^T, dP^T = V dO^T), so
     #: P^T and dS^T, the left operands of dV += P^T dO and dK += dS^T Q, are already in the
     #: registers' layout instead of going through shared memory behind a CTA barrier each; its dS
@@ -94,18 +87,17 @@ class WindowConfig:
     dkdv_transposed: bool = False
 
 
-#: the interpreter (tests): small tiles keep it fast; the dS path for dQ, TMA loads and paired
-#: forward blocks are each covered by the kernel tests' own configurations
+#: the interpreter (tests): small tiles keep it fast; the dS path for dQ, TMA loads and transposed
+#: dK/dV tiles are each covered by the kernel tests' own configurations
 INTERPRETER_CONFIG = WindowConfig(Blocks(16, 16, 1, 1), Blocks(16, 16, 1, 1), Blocks(16, 16, 1, 1),
                                   Blocks(16, 16, 1, 1))
-#: CUDA, by head dim; other head dims take the nearest entry. Measured by benchmarks/window_tune.py
-#: on an H200, S=32768, window 256, bf16, kernels timed queued (2026-12-01, docs/bench/attention.md):
-#: 64x64 tiles with 4 warps and TMA loads won every kernel at both head dims (forward 0.501 ms at
-#: 32x128, 0.302 ms at 32/8x64); two query blocks per program lost (0.572 / 0.348 ms). dQ from
-#: stored dS wins at head dim 128 (f+b 2.239 vs 2.296 ms recomputing) and loses at 64 (1.386 vs 1.316).
-#: The dK/dV kernel on transposed tiles won at both (sixth session, 12-01: dK/dV with dS stores
-#: 1.087 vs 1.187 ms at 32x128, 0.479 vs 0.611 at 32/8x64; whole backward 1.552 vs 1.629-1.651
-#: and 0.880 vs 0.984-0.998).
+#: CUDA, by head dim; other head dims take the nearest entry. Chosen with
+#: benchmarks/diagnostics/window_tune.py on an H200 (S=32768, window 256, bf16, kernels timed
+#: queued; the numbers are in docs/bench/attention.md): 64x64 tiles with 4 warps and TMA loads are
+#: the fastest shape of every kernel at both head dims (forward 0.501 ms at 32x128, 0.302 ms at
+#: 32/8x64). dQ from stored dS is faster at head dim 128 (f+b 2.239 vs 2.296 ms recomputing) and
+#: slower at 64 (1.386 vs 1.316). The dK/dV kernel on transposed tiles is faster at both (dK/dV
+#: with dS stores 1.087 vs 1.187 ms at 32x128, 0.479 vs 0.611 at 32/8x64).
 GPU_CONFIGS: dict[int, WindowConfig] = {
     64: WindowConfig(Blocks(64, 64, 4, 2, tma=True), Blocks(64, 64, 4, 3, tma=True), Blocks(64, 64, 4, 2, tma=True),
                      dkdv_transposed=True),
@@ -299,50 +291,6 @@ if triton is not None:
         _fwd_store(O, LSE, acc, m_i, l_i, b, h, bh, offs_m, offs_d, S, sob, soh, sos)
 
     @triton.jit
-    def _fwd_pair(Q, K, V, O, LSE, sm_scale, S, W, GROUP, HQ, HKV,
-                  sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
-                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
-        """Two consecutive query blocks per program: the key tiles their windows share are loaded
-        once (a window of W keys and query blocks of BLOCK_M rows share W - BLOCK_M of them)."""
-        pair, bh, b, h, hk = _query_program(HQ, GROUP)
-        kv_row0 = (b * HKV + hk) * S
-        offs_d = tl.arange(0, D)
-        Qh = _head(Q, b, h, sqb, sqh, TMA)
-        Kh = _head(K, b, hk, skb, skh, TMA)
-        Vh = _head(V, b, hk, svb, svh, TMA)
-        qk_scale = sm_scale * 1.4426950408889634
-        blk_a = 2 * pair
-        offs_a = blk_a * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_b = offs_a + BLOCK_M
-        has_b = (blk_a + 1) * BLOCK_M < S
-        q_a = _block(Q, Qh, bh * S, blk_a * BLOCK_M, sqs, offs_d, S, BLOCK_M, TMA)
-        q_b = _block(Q, Qh, bh * S, (blk_a + 1) * BLOCK_M, sqs, offs_d, S, BLOCK_M, TMA)
-        acc_a, m_a, l_a = _fwd_init(BLOCK_M, D)
-        acc_b, m_b, l_b = _fwd_init(BLOCK_M, D)
-        lo_a, mid_lo_a, mid_hi_a, hi_a = _key_spans(blk_a, S, W, BLOCK_M, BLOCK_N)
-        lo_b, mid_lo_b, mid_hi_b, hi_b = _key_spans(blk_a + 1, S, W, BLOCK_M, BLOCK_N)
-        hi_b = tl.where(has_b, hi_b, lo_b)
-        # no matrix product under a condition (the pipeliner skips those): key tiles of block a
-        # alone, the tiles both blocks reach (loaded once), a's tail when b is absent, b's alone
-        both_lo, both_hi = tl.minimum(lo_b, hi_a), tl.minimum(hi_a, hi_b)
-        acc_a, m_a, l_a = _fwd_span(acc_a, m_a, l_a, q_a, K, Kh, V, Vh, kv_row0, offs_a, offs_d, lo_a, both_lo,
-                                    mid_lo_a, mid_hi_a, S, W, sks, svs, qk_scale, BLOCK_N, TMA)
-        for start_n in range(both_lo, both_hi, BLOCK_N):
-            k, v = _kv_tiles(K, Kh, V, Vh, kv_row0, start_n, sks, svs, offs_d, S, BLOCK_N, TMA)
-            acc_a, m_a, l_a = _fwd_tile(acc_a, m_a, l_a, q_a, k, v, offs_a, start_n,
-                                        _edge(start_n, mid_lo_a, mid_hi_a), S, W, qk_scale, BLOCK_N)
-            acc_b, m_b, l_b = _fwd_tile(acc_b, m_b, l_b, q_b, k, v, offs_b, start_n,
-                                        _edge(start_n, mid_lo_b, mid_hi_b), S, W, qk_scale, BLOCK_N)
-        acc_a, m_a, l_a = _fwd_span(acc_a, m_a, l_a, q_a, K, Kh, V, Vh, kv_row0, offs_a, offs_d, both_hi, hi_a,
-                                    mid_lo_a, mid_hi_a, S, W, sks, svs, qk_scale, BLOCK_N, TMA)
-        acc_b, m_b, l_b = _fwd_span(acc_b, m_b, l_b, q_b, K, Kh, V, Vh, kv_row0, offs_b, offs_d,
-                                    tl.maximum(hi_a, lo_b), hi_b, mid_lo_b, mid_hi_b, S, W, sks, svs, qk_scale,
-                                    BLOCK_N, TMA)
-        _fwd_store(O, LSE, acc_a, m_a, l_a, b, h, bh, offs_a, offs_d, S, sob, soh, sos)
-        if has_b:
-            _fwd_store(O, LSE, acc_b, m_b, l_b, b, h, bh, offs_b, offs_d, S, sob, soh, sos)
-
-    @triton.jit
     def _bwd_delta(O, DO, DELTA, S, HQ, sob, soh, sos, sdb, sdh, sds,
                    D: tl.constexpr, BLOCK_M: tl.constexpr):
         start_m = tl.program_id(0)
@@ -354,16 +302,6 @@ if triton is not None:
         o = _tile(O + b * sob + h * soh, offs_m, sos, offs_d, S)
         do = _tile(DO + b * sdb + h * sdh, offs_m, sds, offs_d, S)
         tl.store(DELTA + bh * S + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=offs_m < S)
-
-    @triton.jit
-    def _delta(O, DELTA, do, b, h, bh, start_m, offs_m, offs_d, S, sob, soh, sos,
-               BLOCK_M: tl.constexpr, TMA: tl.constexpr, FUSED: tl.constexpr):
-        """rowsum(O · dO) of one query tile: computed here from O (``FUSED``, O laid out as Q)
-        or loaded from the delta kernel's output."""
-        if FUSED:
-            o = _block(O, _head(O, b, h, sob, soh, TMA), bh * S, start_m, sos, offs_d, S, BLOCK_M, TMA)
-            return tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-        return tl.load(DELTA + bh * S + offs_m, mask=offs_m < S, other=0.0)
 
     @triton.jit
     def _first_key_block(start_m, W, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -385,10 +323,10 @@ if triton is not None:
             return tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
 
     @triton.jit
-    def _bwd_dkdv(Q, K, V, DO, O, LSE, DELTA, DK, DV, DS, sm_scale, S, W, GROUP, HQ, HKV, NQB, NSLOT,
+    def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DS, sm_scale, S, W, GROUP, HQ, HKV, NQB, NSLOT,
                   sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_DS: tl.constexpr,
-                  TMA: tl.constexpr, FUSED_DELTA: tl.constexpr, TRANSPOSED: tl.constexpr = False):
+                  TMA: tl.constexpr, TRANSPOSED: tl.constexpr = False):
         start_n = tl.program_id(0)
         bhk = tl.program_id(1)
         b = bhk // HKV
@@ -413,8 +351,7 @@ if triton is not None:
             q = _block(Q, _head(Q, b, h, sqb, sqh, TMA), bh * S, start_m, sqs, offs_d, S, BLOCK_M, TMA)
             do = _block(DO, _head(DO, b, h, sdb, sdh, TMA), bh * S, start_m, sds, offs_d, S, BLOCK_M, TMA)
             lse2 = tl.load(LSE + bh * S + offs_m, mask=offs_m < S, other=0.0)
-            delta = _delta(O, DELTA, do, b, h, bh, start_m, offs_m, offs_d, S, sqb, sqh, sqs, BLOCK_M, TMA,
-                           FUSED_DELTA)
+            delta = tl.load(DELTA + bh * S + offs_m, mask=offs_m < S, other=0.0)
             if TRANSPOSED:  # keys x queries: P^T and dS^T are the products' left operands as they are
                 qk_t = tl.dot(k, tl.trans(q))
                 if _edge(start_m, mid_lo, mid_hi):
@@ -437,10 +374,9 @@ if triton is not None:
         _store_tile(DV + b * svb + hk * svh, offs_n, svs, offs_d, S, dv)
 
     @triton.jit
-    def _bwd_dq(Q, K, V, DO, O, LSE, DELTA, DQ, sm_scale, S, W, GROUP, HQ, HKV,
+    def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sm_scale, S, W, GROUP, HQ, HKV,
                 sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
-                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-                FUSED_DELTA: tl.constexpr):
+                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
         """dQ recomputing the probabilities (three matrix products per tile; no extra memory)."""
         start_m, bh, b, h, hk = _query_program(HQ, GROUP)
         kv_row0 = (b * HKV + hk) * S
@@ -449,8 +385,7 @@ if triton is not None:
         q = _block(Q, _head(Q, b, h, sqb, sqh, TMA), bh * S, start_m * BLOCK_M, sqs, offs_d, S, BLOCK_M, TMA)
         do = _block(DO, _head(DO, b, h, sdb, sdh, TMA), bh * S, start_m * BLOCK_M, sds, offs_d, S, BLOCK_M, TMA)
         lse2 = tl.load(LSE + bh * S + offs_m, mask=offs_m < S, other=0.0)
-        delta = _delta(O, DELTA, do, b, h, bh, start_m * BLOCK_M, offs_m, offs_d, S, sqb, sqh, sqs, BLOCK_M, TMA,
-                       FUSED_DELTA)
+        delta = tl.load(DELTA + bh * S + offs_m, mask=offs_m < S, other=0.0)
         Kh = _head(K, b, hk, skb, skh, TMA)
         Vh = _head(V, b, hk, svb, svh, TMA)
         dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
@@ -502,7 +437,7 @@ if triton is not None:
     #: each kernel's launcher: past a first launch, later ones of the same specialization skip
     #: Triton's argument binding (``kernels/triton_launch.py``)
     _LAUNCH = {kernel.__name__: Launcher(kernel)
-               for kernel in (_fwd, _fwd_pair, _bwd_delta, _bwd_dkdv, _bwd_dq, _bwd_dq_from_ds)}
+               for kernel in (_fwd, _bwd_delta, _bwd_dkdv, _bwd_dq, _bwd_dq_from_ds)}
 
 
 def _qkv_strides(*tensors: Tensor) -> tuple[int, ...]:
@@ -526,11 +461,7 @@ def launch_forward(q: Tensor, k: Tensor, v: Tensor, window: int, scale: float, b
     o = torch.empty_like(q)
     lse2 = torch.empty((bsz, hq, s), device=q.device, dtype=torch.float32)
     bm, bn, tma = blocks.block_m, blocks.block_n, blocks.tma
-    if blocks.pair and bm % bn:
-        raise AttentionInputError(f"paired query blocks need block_n to divide block_m, got {blocks}")
-    kernel, grid = (("_fwd_pair", (triton.cdiv(s, 2 * bm), bsz * hq)) if blocks.pair
-                    else ("_fwd", (triton.cdiv(s, bm), bsz * hq)))
-    _LAUNCH[kernel](grid, _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), o, lse2, scale, s, window,
+    _LAUNCH["_fwd"]((triton.cdiv(s, bm), bsz * hq), _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), o, lse2, scale, s, window,
                hq // k.shape[1], hq, k.shape[1], *_qkv_strides(q, k, v, o), D=d, BLOCK_M=bm, BLOCK_N=bn, TMA=tma,
                num_warps=blocks.warps, num_stages=blocks.stages)
     return o, lse2
@@ -570,60 +501,41 @@ def ds_bytes(q: Tensor, window: int, blocks: Blocks) -> int:
     return q.shape[0] * q.shape[1] * nqb * slots * blocks.block_m * blocks.block_n * q.element_size()
 
 
-def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: Tensor | None, window: int,
-                scale: float, blocks: Blocks, *, store_ds: bool = False, o: Tensor | None = None,
+def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: Tensor, window: int,
+                scale: float, blocks: Blocks, *, store_ds: bool = False,
                 transposed: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
     """Run the dK/dV kernel (one program per key block and kv head): ``(dk, dv, ds)``.
 
-    ``delta`` is :func:`launch_delta`'s output; with ``delta=None`` the kernel computes it per
-    query tile from ``o`` (laid out as ``q``), which saves the delta kernel's pass over O and dO.
-    With ``store_ds`` it also writes every tile's dS (the input dtype; the values the dQ
-    product uses) into a buffer laid out by :func:`ds_layout`, else ``ds`` is None."""
+    ``delta`` is :func:`launch_delta`'s output. With ``store_ds`` it also writes every tile's dS
+    (the input dtype; the values the dQ product uses) into a buffer laid out by
+    :func:`ds_layout`, else ``ds`` is None; ``transposed`` runs the kernel on keys x queries
+    tiles (its dS tiles are then stored key-major)."""
     bsz, hq, s, d = q.shape
     hkv = k.shape[1]
     bm, bn, tma = blocks.block_m, blocks.block_n, blocks.tma
-    o_lse_delta = _delta_args(q, o, delta, lse2, bm, tma)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     nqb, slots = ds_layout(s, window, blocks)
     ds = (torch.empty((bsz * hq, nqb, slots, blocks.block_m, blocks.block_n), device=q.device, dtype=q.dtype)
           if store_ds else None)
     _LAUNCH["_bwd_dkdv"]((triton.cdiv(s, bn), bsz * hkv),
-        _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), _operand(do, bm, tma), *o_lse_delta,
+        _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), _operand(do, bm, tma), lse2, delta,
         dk, dv, ds if ds is not None else dk,
         scale, s, window, hq // hkv, hq, hkv, nqb, slots,
         *_qkv_strides(q, k, v, do), D=d, BLOCK_M=bm, BLOCK_N=bn, STORE_DS=store_ds, TMA=tma,
-        FUSED_DELTA=delta is None, TRANSPOSED=transposed, num_warps=blocks.warps,
-        num_stages=blocks.stages)
+        TRANSPOSED=transposed, num_warps=blocks.warps, num_stages=blocks.stages)
     return dk, dv, ds
 
 
-def _delta_args(q: Tensor, o: Tensor | None, delta: Tensor | None, lse2: Tensor, rows: int, tma: bool
-                ) -> tuple[object, Tensor, Tensor]:
-    """The backward kernels' ``(O, LSE, DELTA)`` arguments from exactly one of ``o`` (delta
-    computed in the kernel; O must be laid out as ``q``, whose strides the kernel uses) and
-    ``delta`` (precomputed); the argument the kernel does not read is given ``lse2``."""
-    if (o is None) == (delta is None):
-        raise AttentionInputError("pass exactly one of delta (precomputed) and o (delta computed in the kernel)")
-    if o is None:
-        return lse2, lse2, delta
-    if o.shape != q.shape or o.stride() != q.stride():
-        raise AttentionInputError(f"o must be laid out as q: shape {tuple(o.shape)} strides {o.stride()} vs "
-                                  f"{tuple(q.shape)} {q.stride()}")
-    return _operand(o, rows, tma), lse2, lse2
-
-
-def launch_dq(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: Tensor | None, window: int,
-              scale: float, blocks: Blocks, *, o: Tensor | None = None) -> Tensor:
-    """Run the dQ kernel that recomputes the probabilities (one program per query block and head);
-    ``delta=None``: it computes delta from ``o`` (see :func:`launch_dkdv`)."""
+def launch_dq(q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse2: Tensor, delta: Tensor, window: int,
+              scale: float, blocks: Blocks) -> Tensor:
+    """Run the dQ kernel that recomputes the probabilities (one program per query block and head)."""
     bsz, hq, s, d = q.shape
     bm, bn, tma = blocks.block_m, blocks.block_n, blocks.tma
-    o_lse_delta = _delta_args(q, o, delta, lse2, bm, tma)
     dq = torch.empty_like(q)
     _LAUNCH["_bwd_dq"]((triton.cdiv(s, bm), bsz * hq),
-        _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), _operand(do, bm, tma), *o_lse_delta, dq,
+        _operand(q, bm, tma), _operand(k, bn, tma), _operand(v, bn, tma), _operand(do, bm, tma), lse2, delta, dq,
         scale, s, window, hq // k.shape[1], hq, k.shape[1], *_qkv_strides(q, k, v, do), D=d, BLOCK_M=bm,
-        BLOCK_N=bn, TMA=tma, FUSED_DELTA=delta is None, num_warps=blocks.warps, num_stages=blocks.stages)
+        BLOCK_N=bn, TMA=tma, num_warps=blocks.warps, num_stages=blocks.stages)
     return dq
 
 
@@ -648,18 +560,16 @@ def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse2: Tensor, do: Tenso
     """``(dq, dk, dv)``: the delta, dK/dV and dQ kernels; deterministic (no atomics) either way.
 
     dQ comes from the dS tiles the dK/dV kernel stores when ``cfg.dq_from_ds`` is set and the
-    buffer fits in ``DS_BUFFER_LIMIT_BYTES``, else from a kernel that recomputes them. With
-    ``cfg.fused_delta`` the kernels compute delta from O themselves (no delta kernel)."""
-    delta = None if cfg.fused_delta else launch_delta(o, do, cfg.dq)
-    o_in = o if cfg.fused_delta else None
+    buffer fits in ``DS_BUFFER_LIMIT_BYTES``, else from a kernel that recomputes them."""
+    delta = launch_delta(o, do, cfg.dq)
     via_ds = cfg.dq_from_ds is not None and ds_bytes(q, window, cfg.dkdv) <= DS_BUFFER_LIMIT_BYTES
-    dk, dv, ds = launch_dkdv(q, k, v, do, lse2, delta, window, scale, cfg.dkdv, store_ds=via_ds, o=o_in,
+    dk, dv, ds = launch_dkdv(q, k, v, do, lse2, delta, window, scale, cfg.dkdv, store_ds=via_ds,
                              transposed=cfg.dkdv_transposed)
     if ds is not None and cfg.dq_from_ds is not None:
         dq = launch_dq_from_ds(q, k, ds, window, scale, cfg.dkdv, cfg.dq_from_ds.warps, cfg.dq_from_ds.stages,
                                cfg.dq_from_ds.tma, transposed=cfg.dkdv_transposed)
     else:
-        dq = launch_dq(q, k, v, do, lse2, delta, window, scale, cfg.dq, o=o_in)
+        dq = launch_dq(q, k, v, do, lse2, delta, window, scale, cfg.dq)
     return dq, dk, dv
 
 

@@ -30,24 +30,17 @@ interpreter_config = wt.window_config
 # and windows on the block grid (interior spans everywhere); then GPU-sized blocks, query and key
 # blocks of different sizes (the span arithmetic differs per kernel), TMA descriptor loads (rows
 # past a head's end then belong to the next head, or to no tensor: batch 2 puts heads behind it),
-# two query blocks per forward program, dQ both from stored dS and recomputed, and delta
-# computed inside the backward kernels (TMA and pointer loads of O, dQ from dS and recomputed),
-# and the dK/dV kernel on transposed tiles (its key-major dS read by dQ, and dQ recomputed)
-T, P = dict(tma=True), dict(tma=True, pair=True)
+# dQ both from stored dS and recomputed, and the dK/dV kernel on transposed tiles (its key-major
+# dS read by dQ, and dQ recomputed)
+T = dict(tma=True)
 CASES = [(None, (1, 2, 1, 37, 16, 5)), (None, (2, 4, 2, 50, 32, 17)), (None, (1, 1, 1, 20, 16, 64)),
          (None, (1, 2, 2, 19, 16, 1)), (None, (1, 2, 1, 96, 16, 48)),
          (wt.WindowConfig(B(64, 64, 4), B(32, 64, 4), B(64, 32, 4)), (1, 4, 1, 200, 64, 40)),
          (wt.WindowConfig(B(128, 64, 8), B(64, 128, 8), B(128, 32, 8), B(64, 128, 4)), (1, 2, 2, 300, 32, 129)),
          (wt.WindowConfig(B(32, 32, 4), B(32, 32, 4), B(32, 32, 4), B(32, 32, 4)), (1, 2, 1, 256, 32, 64)),
-         (wt.WindowConfig(B(16, 16, 1, 1, **P), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T)),
-          (2, 4, 2, 50, 32, 17)),
          (wt.WindowConfig(B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T)), (2, 2, 1, 37, 16, 5)),
-         (wt.WindowConfig(B(64, 32, 4, **P), B(32, 64, 4, **T), B(64, 32, 4, **T), B(32, 64, 4, **T)),
+         (wt.WindowConfig(B(64, 32, 4, **T), B(32, 64, 4, **T), B(64, 32, 4, **T), B(32, 64, 4, **T)),
           (2, 2, 2, 300, 32, 129)),
-         (wt.WindowConfig(B(64, 64, 4, pair=True), B(64, 64, 4), B(64, 64, 4)), (1, 2, 1, 200, 16, 1)),
-         (wt.WindowConfig(B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T),
-                          fused_delta=True), (2, 4, 2, 50, 32, 17)),
-         (wt.WindowConfig(B(16, 16, 1, 1), B(32, 16, 1, 1), B(16, 32, 1, 1), fused_delta=True), (1, 2, 1, 37, 16, 5)),
          (wt.WindowConfig(B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T), B(16, 16, 1, 1, **T),
                           dkdv_transposed=True), (2, 4, 2, 50, 32, 17)),
          (wt.WindowConfig(B(16, 16, 1, 1), B(32, 16, 1, 1), B(16, 32, 1, 1), B(16, 16, 1, 1), dkdv_transposed=True),
@@ -97,9 +90,9 @@ def test_gpus_without_tma_get_the_same_shapes_with_pointer_loads() -> None:
             shipped, fallback = getattr(cfg, name), getattr(plain, name)
             assert (shipped is None) == (fallback is None)
             if shipped is not None:
-                assert not fallback.tma and (fallback.block_m, fallback.block_n, fallback.warps, fallback.stages,
-                                             fallback.pair) == (shipped.block_m, shipped.block_n, shipped.warps,
-                                                                shipped.stages, shipped.pair)
+                assert not fallback.tma and (fallback.block_m, fallback.block_n, fallback.warps,
+                                             fallback.stages) == (shipped.block_m, shipped.block_n, shipped.warps,
+                                                                  shipped.stages)
 
 
 def test_ds_layout_counts_the_key_blocks_every_query_block_reaches() -> None:
@@ -119,19 +112,10 @@ def test_launchers_refuse_what_their_kernels_cannot_take() -> None:
     q = torch.randn(1, 2, 64, 16)
     with pytest.raises(AttentionInputError, match="contiguous"):
         wt._operand(q.transpose(1, 2), 16, tma=True)
-    with pytest.raises(AttentionInputError, match="block_n to divide block_m"):
-        wt.launch_forward(q, q, q, 8, 0.25, wt.Blocks(32, 64, pair=True))
     blocks = wt.Blocks(16, 16)
     wrong = torch.empty(2, 4, 3, 16, 16)  # layout for S=64, window 8 is 4 query blocks x 2 slots
     with pytest.raises(AttentionInputError, match="was not written with blocks"):
         wt.launch_dq_from_ds(q, q, wrong, 8, 0.25, blocks)
-    lse = torch.zeros(1, 2, 64)
-    for delta, o, match in ((None, None, "exactly one"), (lse, q, "exactly one"),
-                            (None, q.transpose(2, 3).contiguous().transpose(2, 3), "laid out as q")):
-        with pytest.raises(AttentionInputError, match=match):
-            wt.launch_dkdv(q, q, q, q, lse, delta, 8, 0.25, blocks, o=o)
-        with pytest.raises(AttentionInputError, match=match):
-            wt.launch_dq(q, q, q, q, lse, delta, 8, 0.25, blocks, o=o)
 
 
 def test_window_backend_refuses_what_it_cannot_compute() -> None:
@@ -146,18 +130,14 @@ def test_window_backend_refuses_what_it_cannot_compute() -> None:
 
 
 _B, _C = wt.Blocks, wt.WindowConfig
-#: every form of each kernel, on a GPU: pointer loads, TMA loads, paired forward blocks, dQ from
-#: stored dS and recomputed, dK/dV on untransposed tiles and on transposed ones with pointer loads
+#: every form of each kernel, on a GPU: pointer loads, TMA loads, dQ from stored dS and recomputed, dK/dV on untransposed tiles and on transposed ones with pointer loads
 #: (beside the shipped configuration: transposed tiles, TMA loads)
 GPU_FORMS = {
     "pointers+ds": _C(_B(64, 32, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2)),
-    "tma+pair+recompute": _C(_B(64, 32, 4, 2, tma=True, pair=True), _B(64, 64, 4, 2, tma=True),
-                             _B(64, 64, 4, 2, tma=True)),
+    "tma+recompute": _C(_B(64, 32, 4, 2, tma=True), _B(64, 64, 4, 2, tma=True), _B(64, 64, 4, 2, tma=True)),
     "tma+ds": _C(_B(64, 64, 4, 3, tma=True), _B(64, 64, 4, 2, tma=True), _B(64, 64, 4, 2, tma=True),
                  _B(64, 64, 4, 4, tma=True)),
-    "tma+ds+fused_delta": _C(_B(64, 64, 4, 3, tma=True), _B(64, 64, 4, 2, tma=True), _B(64, 64, 4, 2, tma=True),
-                             _B(64, 64, 4, 4, tma=True), fused_delta=True),
-    "pointers+recompute+fused_delta": _C(_B(64, 64, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2), fused_delta=True),
+    "pointers+recompute": _C(_B(64, 64, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2)),
     "pointers+ds+transposed": _C(_B(64, 64, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2), _B(64, 64, 4, 2),
                                  dkdv_transposed=True),
 }
@@ -239,17 +219,17 @@ out = tempfile.mktemp(suffix=".json")
 sys.argv = ["window_tune.py", "--device", "cpu", "--seq", "40", "--heads", "2", "--kv-heads", "1", "--dim", "16",
             "--window", "12", "--candidates", "1", "--no-flex", "--json", out,
             "--baseline", "kernels/attention/window_triton.py", "--kernels", "fwd", "dkdv", "dq", "dqds",
-            "dkdv-delta"]
+            "delta"]
 try:
     runpy.run_path("benchmarks/diagnostics/window_tune.py", run_name="__main__")
 except SystemExit as exit_:
     assert exit_.code == 0, exit_.code
 result = json.load(open(out))
-assert {r["kernel"] for r in result["rows"] if "ms" in r} == {"fwd", "dkdv", "dq", "dqds", "delta", "dkdv-delta"}, \
+assert {r["kernel"] for r in result["rows"] if "ms" in r} == {"fwd", "dkdv", "dq", "dqds", "delta"}, \
     result["rows"]
 assert all(r["rel_err"] <= 1e-5 for r in result["rows"]), result["rows"]
-assert set(result["whole"]) == {"window_shipped", "window_tuned", "window_tuned_recompute_dq", "window_fused_delta",
-                                "baseline"}, result["whole"]
+assert set(result["whole"]) == {"window_shipped", "window_tuned", "window_tuned_recompute_dq", "baseline"}, \
+    result["whole"]
 assert all("fwdbwd_ms" in r for r in result["whole"].values()), result["whole"]
 print("ok")
 '''
@@ -340,7 +320,7 @@ def _bundled_ptxas() -> bool:
 def test_static_resource_report_assembles_with_the_ptxas_triton_compiles_for(tmp_path) -> None:
     # TorchInductor points TRITON_PTXAS_PATH at torch's own ptxas in any process it compiled in;
     # Triton then writes PTX for that assembler, and the report's hard-wired bundled ptxas refused
-    # it (the H200's kernels suite, 2026-12-01). The report must run the one Triton uses.
+    # it (seen in the kernels suite on an H200). The report must run the one Triton uses.
     import subprocess
     import sys
 
