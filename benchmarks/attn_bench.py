@@ -36,7 +36,7 @@ from kernels.attention import masks as M  # noqa: E402
 
 # Flex variants: (block-mask block size, kernel_options). 'stock' is flex as shipped.
 # (ROWS_GUARANTEED_SAFE is NOT valid here: a sliding window leaves rows with no key in some
-# processed tiles, and the kernel then produces NaN; seen on an H200, 2026-11-29.)
+# processed tiles, and the kernel then produces NaN on an H200.)
 _BWD_64x128 = {"bwd_BLOCK_M1": 64, "bwd_BLOCK_N1": 128, "bwd_BLOCK_M2": 128, "bwd_BLOCK_N2": 64,
                "bwd_num_warps": 8, "bwd_num_stages": 3}
 VARIANTS: dict[str, tuple[int | tuple[int, int], dict[str, Any]]] = {

@@ -1,6 +1,6 @@
 """Host cost of building a FlexAttention block mask: a new ``torch.compile`` wrapper per build
-(``create_block_mask(..., _compile=True)``, what ``block_mask.py`` did before) against the
-compiled builder made once (what it does now). Small S, so the wrapper's cost shows.
+(``create_block_mask(..., _compile=True)``) against the compiled builder made once (what
+``kernels/attention/block_mask.py`` does). Small S, so the wrapper's cost shows.
 
     python3 benchmarks/diagnostics/block_mask_build_overhead.py --seq 256 --device cpu
 """

@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="dqds: dQ from the dS tiles the dK/dV kernel stores (then timed storing them); "
                          "delta: the delta kernel (rowsum(O · dO)), in the dq kernel's shape")
     ap.add_argument("--baseline", default=None, metavar="FILE",
-                    help="another copy of window_triton.py (e.g. the previous version) timed whole beside this one")
+                    help="another copy of window_triton.py (e.g. from another commit) timed whole beside this one")
     ap.add_argument("--flex", action=argparse.BooleanOptionalAction, default=True,
                     help="also time stock compiled flex_attention (compiles: ~30 s)")
     ap.add_argument("--budget-s", type=float, default=300.0,

@@ -166,8 +166,8 @@ def select_backend(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None = None, *,
         return "sdpa"
     if why_not_flex is None and q.device.type != "cpu":
         # CPU flex (inductor, inference only) is opt-in: torch 2.13's compiled CPU kernel gave
-        # wrong rows / NaN for some short lengths (S = 8, 24 with a causal window of 6; seen
-        # 2026-11-29) and compiles for seconds per shape, so 'auto' does not pick it there.
+        # wrong rows / NaN for some short lengths (S = 8, 24 with a causal window of 6) and
+        # compiles for seconds per shape, so 'auto' does not pick it there.
         return "flex"
     return "math" if return_lse else "sdpa"
 

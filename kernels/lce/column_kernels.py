@@ -177,8 +177,8 @@ class ColumnTiles(NamedTuple):
     per_sm: int
 
 
-#: over 4096 x 128256 bf16 logits on an H200 (``lce_bench.py --class-major``, 2026-12-01) the
-#: statistics pass took 0.426 ms at this shape (0.440-0.575 at the others tried) ...
+#: over 4096 x 128256 bf16 logits on an H200 (``benchmarks/lce_bench.py --class-major``) the
+#: statistics pass takes 0.426 ms at this shape (0.440-0.575 at the other shapes measured) ...
 STATS_TILES = ColumnTiles(64, 16, 4, 32)
 #: ... and both passes 0.989 ms with the gradient pass at this shape (1.008-1.202 at the others)
 GRAD_TILES = ColumnTiles(256, 16, 8, 8)

@@ -8,7 +8,7 @@ graph. As in eager mode, ``"mean"``/``"sum"`` produce the input gradients in the
 (returned as extra outputs and scaled by the upstream gradient in backward: Inductor writes
 the product into the saved gradients' own buffers, which the backward donates, so it costs
 no memory but one elementwise pass over each gradient, which the eager path skips on CUDA
-when the scale is 1; a mutating scale operator was tried and kept the pass, as a copy of each
+when the scale is 1; a mutating scale operator would keep the pass too, as a copy of each
 buffer onto itself); ``"none"`` recomputes them in
 ``tc_kernels::linear_cross_entropy_backward``. Gradients not asked for come back as empty
 tensors (an operator returns tensors only).

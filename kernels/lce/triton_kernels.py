@@ -233,7 +233,7 @@ def triton_scale_(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 def _launch_config(n_cols: int) -> tuple[int, int]:
     block = min(triton.next_power_of_2(max(n_cols, 16)), 8192)
     # 32 warps on 8192-wide tiles: 0.273 ms vs 0.318 ms with 16 for a 1024 x 128256 bf16 chunk
-    # (H200, benchmarks/lce_bench.py --sweep, 2026-11-29)
+    # (H200, benchmarks/lce_bench.py --sweep)
     warps = 32 if block >= 8192 else 8 if block >= 2048 else 4
     return block, warps
 
