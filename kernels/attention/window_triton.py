@@ -12,8 +12,8 @@ On Hopper the tiles are loaded through TMA descriptors. Runs on CUDA, and on CPU
 ``TRITON_INTERPRET=1`` (for tests).
 
 Launch shapes are per kernel and per head dim (:func:`window_config`);
-``benchmarks/window_tune.py`` measures the candidates on a GPU and
-``benchmarks/window_static.py`` reads their registers and spills from the compiler.
+``benchmarks/diagnostics/window_tune.py`` measures the candidates on a GPU and
+``benchmarks/diagnostics/window_static.py`` reads their registers and spills from the compiler.
 ``attention(backend="auto")`` takes this kernel for causal sliding windows on CUDA in
 bf16/fp16 at the head dims of ``GPU_CONFIGS`` (measured faster than compiled flex_attention on
 an H200; ``docs/bench/attention.md``).

@@ -48,3 +48,14 @@ def test_every_runner_in_benchmarks_gpu_sources_the_prelude() -> None:
     for path in runners:
         if path.name != "prelude.sh":
             assert 'source "$(dirname "$0")/prelude.sh"' in path.read_text(), path.name
+
+
+def test_scripts_cited_by_the_kernels_and_benchmarks_exist() -> None:
+    """Docstrings and comments of ``kernels/`` and ``benchmarks/`` name scripts that are in the tree."""
+    missing = []
+    for folder in ("kernels", "benchmarks"):
+        for path in sorted((REPO / folder).rglob("*.py")) + sorted((REPO / folder).rglob("*.sh")):
+            for cited in set(re.findall(r"benchmarks/[\w./-]+\.(?:py|sh)", path.read_text())):
+                if not (REPO / cited).is_file():
+                    missing.append(f"{path.relative_to(REPO)}: {cited}")
+    assert not missing, missing
