@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.helpers.paths import REPO, child_pythonpath
 
-# A traced job: flight recorder, log events, spans, the NaN guard, an op, a dump and a shrink-free finalize.
+# A traced job: flight recorder, log events, spans and the NaN guard on; one op, a dump, finalize.
 _TRACED_JOB = r"""
 import json, sys, torch, torchcomms
 from torchcomms.hooks import FlightRecorderHook, NanCheckHook
@@ -71,3 +71,13 @@ def test_viewer_runs_as_a_module_and_guard_keeps_its_public_names() -> None:
                          env=dict(os.environ, PYTHONPATH=child_pythonpath()), capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "torchcomms-trace" in res.stdout and "analyze" in res.stdout
+
+
+def test_the_viewer_needs_neither_torch_nor_a_recorder() -> None:
+    script = ("import sys, torchcomms.tracing.viewer.cli, torchcomms.tracing.viewer.analyze, "
+              "torchcomms.tracing.viewer.html_view, torchcomms.tracing.viewer.perfetto; "
+              "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'torchcomms.tracing.spans'))))")
+    res = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=dict(os.environ, PYTHONPATH=child_pythonpath()),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "[]"
