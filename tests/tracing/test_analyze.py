@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from torchcomms.tracing.analyze import analyze
-from torchcomms.tracing.cli import run
-from torchcomms.tracing.load import TraceInputError, load_dumps
+from torchcomms.tracing.viewer.analyze import analyze
+from torchcomms.tracing.viewer.cli import run
+from torchcomms.tracing.viewer.load import TraceInputError, load_dumps
 
 from tests.tracing._support import REPO, Rec, write_job
 
@@ -124,7 +124,7 @@ def test_evicted_history_is_not_reported_missing(tmp_path: Path) -> None:
 # -- unusable input: exit 2, one line, no traceback ----------------------------------------------
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "torchcomms.tracing.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "torchcomms.tracing.viewer.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
 def _assert_unusable(res: subprocess.CompletedProcess[str], needle: str) -> None:

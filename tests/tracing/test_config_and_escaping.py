@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from torchcomms.tracing import attach as tattach
-from torchcomms.tracing.analyze import analyze
+from torchcomms.tracing.viewer.analyze import analyze
 from torchcomms.tracing.flight_recorder import _env_int
-from torchcomms.tracing.html_view import render_html
-from torchcomms.tracing.load import load_dumps
+from torchcomms.tracing.viewer.html_view import render_html
+from torchcomms.tracing.viewer.load import load_dumps
 
 from tests.tracing._support import Rec, write_job
 

@@ -17,7 +17,7 @@ FR_TRACE = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace"]
 
 
 def _trace_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "torchcomms.tracing.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "torchcomms.tracing.viewer.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
 def pytorch_fr_trace_reads_gloo() -> bool:

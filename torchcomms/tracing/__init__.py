@@ -1,8 +1,9 @@
-"""Tracing for torchcomms: flight recorder, structured logs, OpenTelemetry spans, and the
-``torchcomms-trace`` viewer (analyze / export --perfetto / view).
+"""Tracing for torchcomms.
 
-It observes communicators only through the dispatch path's hooks; the core never imports it
-beyond :func:`attach_default_tracing`.
+The in-process recorders (flight recorder, structured logs, OpenTelemetry spans, the debug
+handlers) observe communicators only through the dispatch path's hooks; the core never imports
+them beyond :func:`attach_default_tracing`. The offline viewer behind ``torchcomms-trace``
+lives in :mod:`torchcomms.tracing.viewer`, which this package does not import.
 """
 from __future__ import annotations
 

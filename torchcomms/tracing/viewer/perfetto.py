@@ -13,8 +13,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from torchcomms.tracing.analyze import Report, describe_call
-from torchcomms.tracing.load import Op, TraceSet
+from torchcomms.tracing.viewer.analyze import Report, describe_call
+from torchcomms.tracing.viewer.load import Op, TraceSet
 
 
 def _flow_id(comm: str, seq: int) -> int:

@@ -9,8 +9,8 @@ import html
 import json
 from typing import Any
 
-from torchcomms.tracing.analyze import Report, describe_call
-from torchcomms.tracing.load import TraceSet
+from torchcomms.tracing.viewer.analyze import Report, describe_call
+from torchcomms.tracing.viewer.load import TraceSet
 
 _TEMPLATE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from torchcomms.errors import format_ranks as fmt_ranks
-from torchcomms.tracing.load import CommMeta, Op, TraceSet
+from torchcomms.tracing.viewer.load import CommMeta, Op, TraceSet
 
 # Which of (inputs, outputs) must be identical on every rank, per op.
 _SAME_SHAPES: dict[str, tuple[bool, bool]] = {

@@ -43,7 +43,7 @@ def _render_report(report: Any, out: Any) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from torchcomms.tracing.analyze import fmt_ranks
+    from torchcomms.tracing.viewer.analyze import fmt_ranks
 
     con = Console(file=out, width=max(100, Console(file=out).width), highlight=False)
     head = f"[bold]{len(report.ranks)} ranks[/] ({fmt_ranks(report.ranks)}), {report.op_count} ops, {len(report.comms)} comms"
@@ -98,8 +98,8 @@ def _write(path: str, text: str) -> None:
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
-    from torchcomms.tracing.analyze import analyze
-    from torchcomms.tracing.load import TraceInputError, load_dumps
+    from torchcomms.tracing.viewer.analyze import analyze
+    from torchcomms.tracing.viewer.load import TraceInputError, load_dumps
 
     args = _parser().parse_args(argv)
     try:
@@ -120,12 +120,12 @@ def run(argv: Sequence[str] | None = None) -> int:
     report = analyze(ts)
     try:
         if args.command == "export":
-            from torchcomms.tracing.perfetto import to_perfetto
+            from torchcomms.tracing.viewer.perfetto import to_perfetto
 
             _write(args.perfetto, json.dumps(to_perfetto(ts, report)))
             print(f"wrote {args.perfetto}")
         else:
-            from torchcomms.tracing.html_view import render_html
+            from torchcomms.tracing.viewer.html_view import render_html
 
             _write(args.output, render_html(ts, report, args.title))
             print(f"wrote {args.output}")

@@ -1,0 +1,4 @@
+"""``python -m torchcomms.tracing.viewer`` runs ``torchcomms-trace``."""
+from torchcomms.tracing.viewer.cli import main
+
+main()
