@@ -93,17 +93,122 @@ def numerics(steps: int = 20, replicate: int = 1, mp: bool = False, overlap: boo
             "ours_digest": digest(our_params), "stock_digest": digest(stock_params)}
 
 
-def grads_once(overlap: bool = True) -> dict[str, Any]:
+
+def flight_record(steps: int = 2) -> dict[str, Any]:
+    """Train a few steps with a flight recorder on the parent communicator; return, per
+    communicator name, the op names it ran (from the recorder's dump)."""
+    import json
+
+    from torchcomms.hooks import FlightRecorderHook
+
     rank = int(os.environ["RANK"])
     comm = world_comm()
-    ours = shard_ours(make_model(), comm, overlap=overlap)
-    comms = fsdp2.comms_of(ours)
+    fr = FlightRecorderHook(max_entries=4096)
+    fr.register_with_comm(comm)
+    model = shard_ours(make_model(), comm)
+    train(model, batches(rank, steps))
+    dump = json.loads(fr.dump_json())
+    names = {str(k): v["name"] for k, v in dump["pg_config"].items()}
+    ops: dict[str, list[str]] = {}
+    for e in dump["entries"]:
+        pg = e["process_group"][0] if e.get("process_group") else names.get(str(e["pg_id"]), "?")
+        ops.setdefault(pg, []).append(e["profiling_name"].split(":", 1)[-1])
+    states = {e["state"] for e in dump["entries"]}
+    return {"ops": ops, "states": sorted(states), "comm_names": [c.get_name() for c in fsdp2.comms_of(model).communicators()]}
+
+
+def prefetch_order(prefetch: int = 1, n_layers: int = 4) -> list[int]:
+    """How many all-gathers were issued when each block's forward started computing."""
+    rank = int(os.environ["RANK"])
+    comm = world_comm()
+    model = make_model(n_layers=n_layers)
+    for blk in model.blocks:
+        fsdp2.fully_shard(blk, comm, prefetch=prefetch)
+    fsdp2.fully_shard(model, comm, prefetch=prefetch)
+    ag = fsdp2.comms_of(model).all_gather
+    issued = [0]
+    ag.register_pre_hook(lambda name, op_id, args: issued.__setitem__(0, issued[0] + 1))
+    seen: list[int] = []
+    for blk in model.blocks:
+        blk.register_forward_pre_hook(lambda m, a: seen.append(issued[0]))
     tok = batches(rank, 1)[0]
-    ours(tok[:, :-1], tok[:, 1:]).backward()
-    pending = comms.reductions.pending()
-    g1 = {n: p.grad.full_tensor() for n, p in ours.named_parameters()}
-    stock = shard_stock(make_model(), comms.global_mesh)
-    stock(tok[:, :-1], tok[:, 1:]).backward()
-    g2 = {n: p.grad.full_tensor() for n, p in stock.named_parameters()}
-    return {"pending": pending, "diff": {n: (g1[n] - g2[n]).abs().max().item() for n in g1},
-            "norm": {n: g2[n].norm().item() for n in g1}}
+    model(tok[:, :-1], tok[:, 1:]).backward()
+    return seen
+
+
+def killed_rank(victim: int = 2, step: int = 2, timeout_s: float = 30.0, phase: str = "forward") -> dict[str, Any]:
+    """The victim exits abruptly inside block 1's ``phase`` (forward/backward) of ``step``; survivors report the
+    error they got (type, MRO, seconds from the victim's exit to the raise)."""
+    import time
+
+    rank = int(os.environ["RANK"])
+    comm = world_comm(timeout_s=timeout_s)
+    model = shard_ours(make_model(n_layers=3), comm)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state = {"step": 0}
+    mark = os.path.join(os.environ["TC_GROUP_DIR"], "victim_exit")
+
+    def die(module: Any, *args: Any) -> None:
+        if rank == victim and state["step"] == step:
+            with open(mark, "w") as f:
+                f.write(repr(time.time()))
+            os._exit(17)
+
+    if phase == "forward":
+        model.blocks[1].register_forward_pre_hook(die)
+    else:
+        model.blocks[1].register_full_backward_pre_hook(die)
+    data = batches(rank, step + 5)
+    try:
+        for i, tok in enumerate(data):
+            state["step"] = i
+            model(tok[:, :-1], tok[:, 1:]).backward()
+            opt.step()
+            opt.zero_grad()
+    except Exception as e:  # noqa: BLE001 - the test inspects it
+        raised = time.time()
+        with open(mark) as f:
+            died = float(f.read())
+        return {"type": type(e).__name__, "mro": [c.__name__ for c in type(e).__mro__], "message": str(e)[:400],
+                "after_s": raised - died, "step": state["step"]}
+    return {"type": None, "step": state["step"]}
+
+
+def dcp_save(path: str, steps: int = 3) -> dict[str, Any]:
+    """Train a few steps and save model + optimizer with torch.distributed.checkpoint."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    rank = int(os.environ["RANK"])
+    comm = world_comm()
+    model = shard_ours(make_model(), comm)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for tok in batches(rank, steps):
+        model(tok[:, :-1], tok[:, 1:]).backward()
+        opt.step()
+        opt.zero_grad()
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+    return {"digest": digest(full_params(model)), "world": dist.get_world_size()}
+
+
+def dcp_load(path: str) -> dict[str, Any]:
+    """Load what :func:`dcp_save` wrote onto this (different) world size; train one more step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    rank = int(os.environ["RANK"])
+    comm = world_comm()
+    model = shard_ours(make_model(seed=123), comm)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    tok = batches(rank, 1)[0]
+    model(tok[:, :-1], tok[:, 1:]).backward()  # materialise optimizer state to load into
+    opt.step()
+    opt.zero_grad()
+    msd, osd = get_state_dict(model, opt)
+    sd = {"model": msd, "optim": osd}
+    dcp.load(sd, checkpoint_id=path)
+    set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    loaded = digest(full_params(model))
+    losses = train(model, batches(rank, 2))
+    return {"digest": loaded, "world": dist.get_world_size(), "losses": losses}
