@@ -5,7 +5,7 @@ Layout (as ``init_device_mesh((replicate, shard))``): rank ``r`` is in shard gro
 ``r // shard_size`` and replica group ``r % shard_size``. With ``separate=True`` the all-gather
 and the reduce-scatter each get their own communicator (their own engine thread on CPU, their
 own stream and NCCL communicator on GPU), so they overlap; with ``separate=False`` both run on
-one communicator split for the shard group. The HSDP all-reduce always has its own.
+one communicator split for the shard group (``<name>.fsdp.shard``). The HSDP all-reduce always has its own.
 """
 from __future__ import annotations
 
@@ -58,8 +58,11 @@ class FSDPComms:
         shard_ranks = [r_idx * shard_size + j for j in range(shard_size)]
         replica_ranks = [i * shard_size + s_idx for i in range(replicate_size)]
         base = parent.get_name()
-        ag = parent.split(shard_ranks, f"{base}.fsdp.all_gather")
-        rs = parent.split(shard_ranks, f"{base}.fsdp.reduce_scatter") if separate else ag
+        if separate:
+            ag = parent.split(shard_ranks, f"{base}.fsdp.all_gather")
+            rs = parent.split(shard_ranks, f"{base}.fsdp.reduce_scatter")
+        else:
+            ag = rs = parent.split(shard_ranks, f"{base}.fsdp.shard")
         ar = parent.split(replica_ranks, f"{base}.fsdp.all_reduce") if replicate_size > 1 else None
         dev = device_type or parent.get_device().type
         global_mesh = metadata_mesh(parent, dev, replicate_size, shard_size)
@@ -88,7 +91,8 @@ def metadata_mesh(parent: Any, device_type: str, replicate_size: int, shard_size
         store = _rendezvous_store(parent)
         dist.init_process_group(
             "gloo" if device_type == "cpu" else f"cpu:gloo,{device_type}:nccl",
-            store=dist.PrefixStore(METADATA_STORE_PREFIX, store),
+            store=None if store is None else dist.PrefixStore(METADATA_STORE_PREFIX, store),
+            init_method="env://" if store is None else None,
             rank=parent.get_rank(), world_size=parent.get_size(),
             timeout=parent.get_options().timeout)
     if dist.get_world_size() != parent.get_size() or dist.get_rank() != parent.get_rank():
@@ -101,15 +105,20 @@ def metadata_mesh(parent: Any, device_type: str, replicate_size: int, shard_size
 
 
 def _rendezvous_store(parent: Any) -> Any:
-    """The store the metadata group meets on: ``parent``'s own (``get_options().store``), else a
-    client of the TCPStore at MASTER_ADDR:MASTER_PORT (the one ``new_comm`` made rank 0 host)."""
+    """The store the metadata group meets on, following where ``new_comm`` found its own (API.md):
+    ``parent.get_options().store`` when it exposes one; under the launcher's control plane,
+    none (``init_process_group`` then hosts a TCPStore at the launcher's MASTER_ADDR/PORT, which
+    nothing else uses); else a client of the TCPStore at MASTER_ADDR:MASTER_PORT that
+    ``new_comm`` made rank 0 host."""
     store = parent.get_options().store
     if store is not None:
         return store
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if host and port and port.isdigit():
-        return dist.TCPStore(host, int(port), parent.get_size(), False, timeout=parent.get_options().timeout,
-                             wait_for_workers=False)
-    raise FSDPCommError(
-        f"communicator {parent.get_name()!r} exposes no store and MASTER_ADDR/MASTER_PORT are unset: call "
-        "torch.distributed.init_process_group before fsdp2.fully_shard (FSDP keeps its DTensor metadata there)")
+    if not (host and port and port.isdigit()):
+        raise FSDPCommError(
+            f"communicator {parent.get_name()!r} exposes no store and MASTER_ADDR/MASTER_PORT are unset: call "
+            "torch.distributed.init_process_group before fsdp2.fully_shard (FSDP keeps its DTensor metadata there)")
+    if os.environ.get("TORCHCOMM_CONTROL_ADDR"):
+        return None
+    return dist.TCPStore(host, int(port), parent.get_size(), False, timeout=parent.get_options().timeout,
+                         wait_for_workers=False)
