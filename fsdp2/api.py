@@ -29,12 +29,15 @@ def fsdp_comms(comm: Any, *, replicate_size: int = 1, overlap: bool = True) -> F
     return got
 
 
-def release_comms(comms: FSDPComms) -> None:
-    """Finalize ``comms``' split communicators and forget them."""
+def release_comms(comms: FSDPComms, *, abort: bool = False) -> None:
+    """Finalize (or, after a failure, abort) ``comms``' split communicators and forget them."""
     for k, v in list(_COMMS.items()):
         if v is comms:
             del _COMMS[k]
-    comms.finalize()
+    if abort:
+        comms.abort()
+    else:
+        comms.finalize()
 
 
 def _own_params(module: nn.Module) -> list[torch.Tensor]:
@@ -88,6 +91,7 @@ def _install(module: FSDPModule, comms: FSDPComms, overlap: bool) -> None:
     if comms.is_hsdp:
         module.set_all_reduce_hook(ReplicaAllReduce(comms.all_reduce, rs, comms.reductions))
     module._fsdp2_comms = comms  # type: ignore[attr-defined]
+    module.register_forward_pre_hook(lambda *_: comms.reductions.new_pass())
 
 
 def comms_of(module: nn.Module) -> FSDPComms:

@@ -111,6 +111,11 @@ class Reductions:
         except RuntimeError:  # not inside a backward pass: the caller drains explicitly
             pass
 
+    def new_pass(self) -> None:
+        """A forward started: the next reduction queues a drain again (a backward that raised
+        never ran the one it queued). A spare drain (activation recomputation) finds nothing."""
+        self._drain_queued = False
+
     def pending(self) -> int:
         with self._lock:
             return len(self._works) + self._tasks.unfinished_tasks

@@ -77,10 +77,17 @@ class FSDPComms:
         return seen
 
     def finalize(self) -> None:
-        """Finalize the split communicators (not ``parent``, which the user owns)."""
+        """Finalize the split communicators (not ``parent``, which the user owns): their
+        in-flight work is drained first."""
         self.reductions.close()
         for c in self.communicators():
             c.finalize()
+
+    def abort(self) -> None:
+        """Abort the split communicators (after a failure: nothing is waited for; never raises)."""
+        self.reductions.close()
+        for c in self.communicators():
+            c.abort()
 
 
 def metadata_mesh(parent: Any, device_type: str, replicate_size: int, shard_size: int) -> DeviceMesh:

@@ -169,7 +169,11 @@ def killed_rank(victim: int = 2, step: int = 2, timeout_s: float = 30.0, phase: 
         raised = time.time()
         with open(mark) as f:
             died = float(f.read())
-        return {"type": type(e).__name__, "mro": [c.__name__ for c in type(e).__mro__], "message": str(e)[:400],
+        # what a user does next: keep the local shards, tear the FSDP communicators down
+        shards = {k: v.to_local().clone() for k, v in model.state_dict().items()}
+        fsdp2.release_comms(fsdp2.comms_of(model), abort=True)
+        comm.abort()
+        return {"teardown_s": time.time() - raised, "shards": len(shards),"type": type(e).__name__, "mro": [c.__name__ for c in type(e).__mro__], "message": str(e)[:400],
                 "after_s": raised - died, "step": state["step"]}
     return {"type": None, "step": state["step"]}
 
