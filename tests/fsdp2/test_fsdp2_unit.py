@@ -52,3 +52,44 @@ def test_comm_work_is_a_torch_work_that_waits_on_the_torchcomms_work() -> None:
 def test_not_sharded_module_is_named() -> None:
     with pytest.raises(fsdp2.FSDPCommError, match="Linear"):
         fsdp2.comms_of(torch.nn.Linear(2, 2))
+
+
+class _Done:
+    """A finished op (what CommWork needs of a TorchWork)."""
+
+    def __init__(self) -> None:
+        self.waited = 0
+
+    def wait(self, timeout=None) -> bool:  # noqa: ANN001
+        self.waited += 1
+        return True
+
+
+def _backward_that_reduces(reductions: fsdp2.Reductions, work: _Done, fail: bool) -> None:
+    x = torch.ones(2, requires_grad=True)
+
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        reductions.add(fsdp2.CommWork(work))
+        if fail:
+            raise RuntimeError("peer died")
+        return grad
+
+    y = x * 2
+    y.register_hook(hook)
+    y.sum().backward()
+
+
+def test_reductions_are_drained_before_backward_returns() -> None:
+    r, w = fsdp2.Reductions(), _Done()
+    _backward_that_reduces(r, w, fail=False)
+    assert w.waited == 1 and r.pending() == 0
+
+
+def test_a_backward_that_raised_does_not_stop_the_next_drain() -> None:
+    r = fsdp2.Reductions()
+    with pytest.raises(RuntimeError, match="peer died"):
+        _backward_that_reduces(r, _Done(), fail=True)
+    r.new_pass()  # fsdp2 calls it from every sharded module's forward pre-hook
+    w = _Done()
+    _backward_that_reduces(r, w, fail=False)
+    assert w.waited == 1 and r.pending() == 0
