@@ -216,3 +216,24 @@ def dcp_load(path: str) -> dict[str, Any]:
     loaded = digest(full_params(model))
     losses = train(model, batches(rank, 2))
     return {"digest": loaded, "world": dist.get_world_size(), "losses": losses}
+
+
+
+def c10d_ops_in_a_step(stock: bool = False) -> list[str]:
+    """The c10d collectives (``c10d::*`` dispatcher ops, seen by the profiler) that one training
+    step after the first runs: fsdp2's should be none; stock's are its all-gathers and
+    reduce-scatters (the control)."""
+    from torch.profiler import profile
+
+    rank = int(os.environ["RANK"])
+    comm = world_comm()
+    model = shard_ours(make_model(), comm)
+    if stock:
+        model = shard_stock(make_model(), fsdp2.comms_of(model).mesh)
+    data = batches(rank, 2)
+    train(model, data[:1])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        model(data[1][:, :-1], data[1][:, 1:]).backward()
+        opt.step()
+    return sorted({e.name for e in prof.events() if e.name.startswith("c10d::")})

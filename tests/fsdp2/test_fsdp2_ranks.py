@@ -87,3 +87,11 @@ def test_dcp_save_on_4_ranks_load_on_3(tmp_path) -> None:
     assert len(digests) == 1, "the 3-rank model does not hold the parameters the 4 ranks saved"
     for r in loaded:
         assert r.value["world"] == 3 and len(r.value["losses"]) == 2
+
+
+def test_no_collective_of_the_step_goes_through_c10d() -> None:
+    # the profiler sees every c10d collective as a c10d:: dispatcher op; stock is the control
+    ours = run_ranks(2, f"{T}:c10d_ops_in_a_step", {"stock": False}, timeout=180)
+    assert [r.value for r in ours] == [[], []]
+    stock = run_ranks(2, f"{T}:c10d_ops_in_a_step", {"stock": True}, timeout=180)
+    assert all("c10d::_allgather_base_" in r.value for r in stock)
