@@ -6,6 +6,7 @@ all of them alike):
 
   fsdp2              fsdp2.fully_shard, all-gather / reduce-scatter on their own communicators,
                      reductions in flight until the end of backward, forward prefetch 1
+  fsdp2-no-prefetch  the same with prefetch=0 (FSDP's own backward prefetch only)
   fsdp2-no-overlap   fsdp2.fully_shard(overlap=False): one communicator, every op waited
   stock              torch.distributed.fsdp.fully_shard on the c10d gloo group
   stock-separate-rs  the same with torch's set_separate_reduce_scatter_group (torch >= 2.13)
@@ -40,7 +41,7 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-CONTENDERS = ("fsdp2", "fsdp2-no-overlap", "stock", "stock-separate-rs", "compute")
+CONTENDERS = ("fsdp2", "fsdp2-no-prefetch", "fsdp2-no-overlap", "stock", "stock-separate-rs", "compute")
 
 
 def free_port() -> int:
@@ -71,10 +72,10 @@ def build(name: str, args: argparse.Namespace, comm: Any) -> tuple[Any, Any]:
                            n_kv_heads=args.heads // 2, ffn_dim=4 * args.dim, loss_impl=args.loss)
     model = Llama(cfg)
     if name.startswith("fsdp2"):
-        overlap = name == "fsdp2"
+        kw = dict(overlap=name != "fsdp2-no-overlap", prefetch=0 if name == "fsdp2-no-prefetch" else 1)
         for blk in model.blocks:
-            fsdp2.fully_shard(blk, comm, overlap=overlap)
-        fsdp2.fully_shard(model, comm, overlap=overlap)
+            fsdp2.fully_shard(blk, comm, **kw)
+        fsdp2.fully_shard(model, comm, **kw)
     elif name.startswith("stock"):
         mesh = fsdp2.fsdp_comms(comm).mesh
         for blk in model.blocks:
