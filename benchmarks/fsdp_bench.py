@@ -1,0 +1,250 @@
+"""Whole FSDP training steps: fsdp2 (torchcomms communicators) vs stock ``fully_shard`` on c10d,
+same engine (gloo on CPU), same model (kernels.model Llama), same data, same initial weights.
+
+Contenders, timed round-robin inside the same rank processes (so load on a shared machine hits
+all of them alike):
+
+  fsdp2              fsdp2.fully_shard, all-gather / reduce-scatter on their own communicators,
+                     reductions in flight until the end of backward, forward prefetch 1
+  fsdp2-no-prefetch  the same with prefetch=0 (FSDP's own backward prefetch only)
+  fsdp2-no-overlap   fsdp2.fully_shard(overlap=False): one communicator, every op waited
+  stock              torch.distributed.fsdp.fully_shard on the c10d gloo group
+  stock-separate-rs  the same with torch's set_separate_reduce_scatter_group (torch >= 2.13)
+  compute            the unsharded model on the rank's batch, no communication (the anchor for
+                     exposed communication)
+
+Reported per contender: median step time (ms; the slowest rank's median), throughput relative
+to stock, exposed communication share = (step − compute step) / step (communication the step
+waited for, plus FSDP's copies), peak memory (each contender alone in fresh processes: the
+rise of the process' resident high-water mark over its resident size before the first step,
+max over ranks), and the loss curves side by side.
+
+  python3 benchmarks/fsdp_bench.py --ranks 4               # the BENCHMARKS.md row
+  python3 benchmarks/fsdp_bench.py --ranks 2 --smoke       # seconds, for CI
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+CONTENDERS = ("fsdp2", "fsdp2-no-prefetch", "fsdp2-no-overlap", "stock", "stock-separate-rs", "compute")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- one rank ------------------------------------------------------------------------------
+
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def build(name: str, args: argparse.Namespace, comm: Any) -> tuple[Any, Any]:
+    import torch
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    import fsdp2
+    from kernels.model import Llama, LlamaConfig
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig.tiny(vocab_size=args.vocab, dim=args.dim, n_layers=args.layers, n_heads=args.heads,
+                           n_kv_heads=args.heads // 2, ffn_dim=4 * args.dim, loss_impl=args.loss)
+    model = Llama(cfg)
+    if name.startswith("fsdp2"):
+        kw = dict(overlap=name != "fsdp2-no-overlap", prefetch=0 if name == "fsdp2-no-prefetch" else 1)
+        for blk in model.blocks:
+            fsdp2.fully_shard(blk, comm, **kw)
+        fsdp2.fully_shard(model, comm, **kw)
+    elif name.startswith("stock"):
+        mesh = fsdp2.fsdp_comms(comm).mesh
+        for blk in model.blocks:
+            torch_fully_shard(blk, mesh=mesh)
+        torch_fully_shard(model, mesh=mesh)
+        if name == "stock-separate-rs":
+            model.set_separate_reduce_scatter_group(True)
+    return model, torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=True)
+
+
+def step_fn(model: Any, opt: Any, batch: Any) -> Callable[[], float]:
+    def step() -> float:
+        loss = model(batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+    return step
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+
+    import torchcomms
+
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), name="bench",
+                               abort_process_on_timeout_or_error=False)
+    import fsdp2
+
+    fsdp2.fsdp_comms(comm)  # splits and the metadata group, before anything is timed
+    names = [args.only] if args.only else [n for n in CONTENDERS if n in args.contenders]
+    if "stock-separate-rs" in names and not hasattr(torch.distributed.fsdp.FSDPModule,
+                                                    "set_separate_reduce_scatter_group"):
+        names.remove("stock-separate-rs")  # torch < 2.13
+    g = torch.Generator().manual_seed(1000 + rank)
+    data = [torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g)
+            for _ in range(args.warmup + args.steps)]
+    rss0 = _rss_kib("VmRSS")
+    built = {n: build(n, args, comm) for n in names}
+    rss_built = _rss_kib("VmRSS")
+    times: dict[str, list[float]] = {n: [] for n in names}
+    losses: dict[str, list[float]] = {n: [] for n in names}
+    for i, batch in enumerate(data):
+        order = names[i % len(names):] + names[:i % len(names)]  # rotate who goes first
+        for n in order:
+            comm.barrier(async_op=False)
+            t0 = time.perf_counter()
+            loss = step_fn(*built[n], batch)()
+            dt = time.perf_counter() - t0
+            if i >= args.warmup:
+                times[n].append(dt)
+            losses[n].append(loss)
+    out = {"rank": rank, "times": times, "losses": losses, "rss_before_kib": rss_built,
+           "rss_model_kib": rss_built - rss0, "hwm_kib": _rss_kib("VmHWM"), "torch": torch.__version__,
+           "contenders": names}
+    Path(args.out).write_text(json.dumps(out))
+    comm.barrier(async_op=False)
+    os._exit(0)  # engines of split communicators need no orderly teardown for a benchmark
+
+
+# --- the launcher --------------------------------------------------------------------------
+
+def launch(args: argparse.Namespace, only: str | None = None) -> list[dict[str, Any]]:
+    port = free_port()
+    tmp = Path(tempfile.mkdtemp(prefix="fsdp-bench-"))
+    procs = []
+    for r in range(args.ranks):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.ranks), TORCHCOMM_RANK=str(r),
+                   TORCHCOMM_SIZE=str(args.ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   LOCAL_RANK=str(r), OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+        env.pop("TORCHCOMM_CONTROL_ADDR", None)
+        cmd = [sys.executable, __file__, "--worker", "--out", str(tmp / f"rank{r}.json")] + args.passthrough
+        if only:
+            cmd += ["--only", only]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    logs = [p.communicate(timeout=args.timeout)[0].decode(errors="replace") for p in procs]
+    bad = [r for r, p in enumerate(procs) if p.returncode != 0]
+    if bad:
+        raise SystemExit(f"rank {bad[0]} failed:\n{logs[bad[0]][-4000:]}")
+    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(args.ranks)]
+
+
+def summarize(timed: list[dict[str, Any]], memory: dict[str, int]) -> list[dict[str, Any]]:
+    names = timed[0]["contenders"]
+    med = {n: max(statistics.median(r["times"][n]) for r in timed) for n in names}
+    compute = med.get("compute")
+    rows = []
+    for n in names:
+        row = {"contender": n, "step_ms": 1e3 * med[n],
+               "throughput_vs_stock": med["stock"] / med[n] if "stock" in med else None,
+               "exposed_comm_share": (med[n] - compute) / med[n] if compute and n != "compute" else None,
+               "peak_step_mem_mib": memory.get(n, 0) / 1024 if memory else None,
+               "losses": timed[0]["losses"][n]}
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print(f"{'contender':<18} {'step ms':>9} {'thru/stock':>10} {'exposed':>8} {'peak MiB':>9}")
+    for r in rows:
+        ratio = f"{r['throughput_vs_stock']:.3f}" if r["throughput_vs_stock"] else "-"
+        exp = f"{100 * r['exposed_comm_share']:.1f}%" if r["exposed_comm_share"] is not None else "-"
+        mem = f"{r['peak_step_mem_mib']:.1f}" if r["peak_step_mem_mib"] is not None else "-"
+        print(f"{r['contender']:<18} {r['step_ms']:>9.1f} {ratio:>10} {exp:>8} {mem:>9}")
+    print("\nloss curves (rank 0), side by side:")
+    names = [r["contender"] for r in rows]
+    print("step " + " ".join(f"{n:>18}" for n in names))
+    for i in range(len(rows[0]["losses"])):
+        print(f"{i:>4} " + " ".join(f"{r['losses'][i]:>18.6f}" for r in rows))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--loss", choices=("auto", "torch", "fused"), default="auto")
+    p.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
+    p.add_argument("--no-memory", action="store_true", help="skip the per-contender memory runs")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, 3 steps")
+    p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--json", type=str, default=None)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--only", type=str, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--out", type=str, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.dim, args.layers, args.vocab, args.seq, args.steps, args.warmup = 64, 2, 512, 32, 3, 1
+    if args.worker:
+        worker(args)
+        return 0
+    keep = ("--steps", "--warmup", "--dim", "--layers", "--heads", "--vocab", "--seq", "--batch", "--lr", "--loss")
+    args.passthrough = [x for k in keep for x in (k, str(getattr(args, k[2:])))] + ["--contenders", *args.contenders]
+    started = datetime.now(timezone.utc)
+    load0 = os.getloadavg()
+    timed = launch(args)
+    memory: dict[str, int] = {}
+    if not args.no_memory:
+        one = argparse.Namespace(**{**vars(args), "steps": 3, "warmup": 0})
+        one.passthrough = [x if x != str(args.steps) else "3" for x in args.passthrough]
+        for n in timed[0]["contenders"]:
+            res = launch(one, only=n)
+            memory[n] = max(r["hwm_kib"] - r["rss_before_kib"] for r in res)
+    rows = summarize(timed, memory)
+    print(f"fsdp_bench: {args.ranks} ranks, dim {args.dim}, {args.layers} layers, vocab {args.vocab}, "
+          f"batch {args.batch}x{args.seq}, {args.steps} timed steps; torch {timed[0]['torch']}; "
+          f"{os.cpu_count()} CPUs; load {load0[0]:.1f} -> {os.getloadavg()[0]:.1f}; {started:%Y-%m-%d %H:%M} UTC")
+    print_table(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "passthrough"},
+                                               "machine": platform.platform(), "started": started.isoformat(),
+                                               "load": [load0, os.getloadavg()], "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

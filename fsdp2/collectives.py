@@ -1,0 +1,222 @@
+"""FSDP's custom collectives, run on torchcomms communicators.
+
+``CommAllGather`` and ``CommReduceScatter`` implement torch's ``AllGather``/``ReduceScatter``
+(``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``); ``ReplicaAllReduce`` is
+the HSDP all-reduce, installed with ``set_all_reduce_hook``. Each issues its op asynchronously
+on its own communicator and returns (or keeps) the handle:
+
+* all-gather: FSDP waits on the returned :class:`~fsdp2.work.CommWork` in its copy-out, so a
+  prefetched all-gather runs on its engine while the previous module computes;
+* reduce-scatter (and the HSDP all-reduce after it): FSDP does not wait on a reduce-scatter's
+  result; when nothing in the rest of ``foreach_reduce`` reads the output (no post-divide, no
+  dtype cast, no gradient accumulation, no post-accumulate-grad hooks) the op stays in flight
+  and :class:`Reductions` waits for every one at the end of backward. Otherwise it is waited
+  before returning, as stock FSDP does.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+
+import torchcomms
+from fsdp2.work import CommWork
+
+_C10D_TO_COMMS = {
+    dist.ReduceOp.SUM: "SUM",
+    dist.ReduceOp.AVG: "AVG",
+    dist.ReduceOp.MAX: "MAX",
+    dist.ReduceOp.MIN: "MIN",
+    dist.ReduceOp.PRODUCT: "PRODUCT",
+}
+
+
+class FSDPCommError(torchcomms.CommValueError):
+    """FSDP handed a collective something the torchcomms path cannot run (named in the message)."""
+
+
+def comms_op(op: Any) -> torchcomms.ReduceOp:
+    """torch's reduce op (a ``dist.ReduceOp`` or its ``RedOpType``) as a torchcomms ``ReduceOp``."""
+    kind = getattr(op, "op", op)  # dist.ReduceOp wraps a RedOpType in .op
+    for c10d, name in _C10D_TO_COMMS.items():
+        if kind == c10d or kind == getattr(c10d, "op", c10d):
+            return getattr(torchcomms.ReduceOp, name)
+    raise FSDPCommError(
+        f"reduce op {op!r} has no torchcomms equivalent here (PREMUL_SUM from "
+        "set_gradient_divide_factor is not supported: its factor is not readable from Python)")
+
+
+def _check_group(group: dist.ProcessGroup | None, comm: Any, what: str) -> None:
+    if group is not None and group.size() != comm.get_size():
+        raise FSDPCommError(
+            f"{what}: FSDP's group has {group.size()} ranks but communicator "
+            f"{comm.get_name()!r} has {comm.get_size()}; the mesh and the communicators disagree")
+
+
+class Reductions:
+    """The reduce-scatters and all-reduces left in flight during one backward.
+
+    ``chain(work, then)`` runs ``then`` (issuing the next op) once ``work`` completed, on a
+    worker thread, so the main thread keeps computing; ``drain()`` waits for all of it and
+    raises the first typed error. The drain is queued on autograd's engine, so it runs before
+    ``backward()`` returns: no gradient is read by the optimizer while its reduction is running.
+    """
+
+    def __init__(self) -> None:
+        self._works: list[CommWork] = []
+        self._lock = threading.Lock()
+        self._errors: list[BaseException] = []
+        self._tasks: queue.Queue[tuple[CommWork, Callable[[], CommWork | None]] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._drain_queued = False
+
+    def add(self, work: CommWork) -> None:
+        with self._lock:
+            self._works.append(work)
+        self._queue_drain()
+
+    def chain(self, work: CommWork, then: Callable[[], CommWork | None]) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run_chains, daemon=True, name="fsdp2-chain")
+            self._thread.start()
+        self._tasks.put((work, then))
+        self._queue_drain()
+
+    def _run_chains(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            work, then = task
+            try:
+                work.wait()
+                nxt = then()
+                if nxt is not None:
+                    with self._lock:
+                        self._works.append(nxt)
+            except BaseException as e:  # noqa: BLE001 - handed to the drain, raised on the main thread
+                with self._lock:
+                    self._errors.append(e)
+            finally:
+                self._tasks.task_done()
+
+    def _queue_drain(self) -> None:
+        if self._drain_queued:
+            return
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(self.drain)
+            self._drain_queued = True
+        except RuntimeError:  # not inside a backward pass: the caller drains explicitly
+            pass
+
+    def new_pass(self) -> None:
+        """A forward started: the next reduction queues a drain again (a backward that raised
+        never ran the one it queued). A spare drain (activation recomputation) finds nothing."""
+        self._drain_queued = False
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._works) + self._tasks.unfinished_tasks
+
+    def drain(self) -> None:
+        """Wait for every reduction of this backward; raise the first error."""
+        self._drain_queued = False
+        self._tasks.join()
+        with self._lock:
+            works, self._works = self._works, []
+            errors, self._errors = self._errors, []
+        first: BaseException | None = errors[0] if errors else None
+        for w in works:
+            try:
+                w.wait()
+            except BaseException as e:  # noqa: BLE001 - keep waiting the rest; raise the first
+                first = first or e
+        if first is not None:
+            raise first
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._tasks.put(None)
+            self._thread = None
+
+
+class CommAllGather(AllGather):
+    """FSDP's parameter all-gather on ``comm`` (``all_gather_single``), always asynchronous:
+    FSDP waits on the returned work right before it copies the parameters out."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+
+    def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                 group: dist.ProcessGroup, async_op: bool = False) -> dist.Work | None:
+        _check_group(group, self.comm, "all-gather")
+        return CommWork(self.comm.all_gather_single(output_tensor, input_tensor, async_op=True))
+
+
+class CommReduceScatter(ReduceScatter):
+    """FSDP's gradient reduce-scatter on ``comm`` (``reduce_scatter_single``) for one FSDP module.
+
+    ``params``: the sharded parameters of that module (read at call time to decide whether the
+    op may stay in flight: see the module docstring). ``overlap=False`` always waits.
+    """
+
+    def __init__(self, comm: Any, reductions: Reductions, params: Callable[[], list[torch.Tensor]],
+                 overlap: bool = True) -> None:
+        self.comm = comm
+        self.reductions = reductions
+        self.params = params
+        self.overlap = overlap
+        self.last: tuple[CommWork, bool] | None = None  # (work, left in flight) for the all-reduce hook
+
+    def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def can_defer(self, op: torchcomms.ReduceOp, dtype: torch.dtype) -> bool:
+        if not self.overlap or op.type is torchcomms.RedOpType.SUM:
+            return False  # a SUM is followed by FSDP's post-divide, which reads the output
+        for p in self.params():
+            if p.dtype != dtype or p.grad is not None or getattr(p, "_post_accumulate_grad_hooks", None):
+                return False
+        return True
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                 group: dist.ProcessGroup, op: Any, async_op: bool = False) -> dist.Work | None:
+        _check_group(group, self.comm, "reduce-scatter")
+        cop = comms_op(op)
+        work = CommWork(self.comm.reduce_scatter_single(output_tensor, input_tensor, cop, async_op=True))
+        deferred = self.can_defer(cop, input_tensor.dtype)
+        self.last = (work, deferred)
+        if not deferred:
+            work.wait()
+            return None
+        self.reductions.add(work)
+        if async_op:
+            return work
+        return None
+
+
+class ReplicaAllReduce:
+    """HSDP's all-reduce of the reduce-scattered gradient across replicas, on ``comm``; FSDP calls
+    it (``set_all_reduce_hook``) right after the reduce-scatter of ``reduce_scatter``."""
+
+    def __init__(self, comm: Any, reduce_scatter: CommReduceScatter, reductions: Reductions) -> None:
+        self.comm = comm
+        self.reduce_scatter = reduce_scatter
+        self.reductions = reductions
+
+    def __call__(self, reduce_output: torch.Tensor) -> None:
+        last = self.reduce_scatter.last
+        self.reduce_scatter.last = None
+        if last is not None and last[1]:  # the reduce-scatter is still in flight: chain after it
+            rs_work = last[0]
+            self.reductions.chain(rs_work, lambda: CommWork(
+                self.comm.all_reduce(reduce_output, torchcomms.ReduceOp.AVG, async_op=True)))
+        else:
+            self.comm.all_reduce(reduce_output, torchcomms.ReduceOp.AVG, async_op=False)

@@ -1,0 +1,239 @@
+"""Rank functions of the fsdp2 multi-process tests (run by tests.helpers.ranks)."""
+from __future__ import annotations
+
+import hashlib
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+import fsdp2
+import torchcomms
+from kernels.model import Llama, LlamaConfig
+
+VOCAB = 512
+
+
+def make_model(seed: int = 0, n_layers: int = 2) -> Llama:
+    torch.manual_seed(seed)
+    return Llama(LlamaConfig.tiny(loss_impl="torch", n_layers=n_layers))
+
+
+def batches(rank: int, steps: int, batch: int = 2, seq: int = 32) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + rank)
+    return [torch.randint(0, VOCAB, (batch, seq + 1), generator=g) for _ in range(steps)]
+
+
+def mp_policy(mp: bool) -> MixedPrecisionPolicy:
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mp else MixedPrecisionPolicy()
+
+
+def train(model: torch.nn.Module, data: list[torch.Tensor], lr: float = 1e-2) -> list[float]:
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=True)
+    losses = []
+    for tok in data:
+        loss = model(tok[:, :-1], tok[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
+
+
+def digest(params: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for n in sorted(params):
+        h.update(n.encode())
+        h.update(params[n].float().numpy().tobytes())
+    return h.hexdigest()
+
+
+def world_comm(name: str = "world", timeout_s: float = 60.0) -> Any:
+    return torchcomms.new_comm("gloo", torch.device("cpu"), name=name,
+                               abort_process_on_timeout_or_error=False, timeout=timedelta(seconds=timeout_s))
+
+
+def shard_ours(model: Llama, comm: Any, **kw: Any) -> Llama:
+    for blk in model.blocks:
+        fsdp2.fully_shard(blk, comm, **kw)
+    fsdp2.fully_shard(model, comm, **kw)
+    return model
+
+
+def shard_stock(model: Llama, mesh: Any, **kw: Any) -> Llama:
+    for blk in model.blocks:
+        torch_fully_shard(blk, mesh=mesh, **kw)
+    torch_fully_shard(model, mesh=mesh, **kw)
+    return model
+
+
+def numerics(steps: int = 20, replicate: int = 1, mp: bool = False, overlap: bool = True) -> dict[str, Any]:
+    """Train the tiny Llama with stock fully_shard (c10d gloo) and with fsdp2 from the same
+    initial weights and data; return both loss curves and max |Δ| of the final parameters."""
+    rank = int(os.environ["RANK"])
+    comm = world_comm()
+    ours = shard_ours(make_model(), comm, mp_policy=mp_policy(mp), replicate_size=replicate, overlap=overlap)
+    comms = fsdp2.comms_of(ours)
+    data = batches(rank, steps)
+    our_losses = train(ours, data)
+    our_params = full_params(ours)
+    stock = shard_stock(make_model(), comms.global_mesh, mp_policy=mp_policy(mp))
+    stock_losses = train(stock, data)
+    stock_params = full_params(stock)
+    max_diff = max((our_params[n] - stock_params[n]).abs().max().item() for n in our_params)
+    return {"ours": our_losses, "stock": stock_losses, "max_param_diff": max_diff,
+            "ours_digest": digest(our_params), "stock_digest": digest(stock_params)}
+
+
+
+def flight_record(steps: int = 2) -> dict[str, Any]:
+    """Train a few steps with a flight recorder on the parent communicator; return, per
+    communicator name, the op names it ran (from the recorder's dump)."""
+    import json
+
+    from torchcomms.hooks import FlightRecorderHook
+
+    rank = int(os.environ["RANK"])
+    comm = world_comm()
+    fr = FlightRecorderHook(max_entries=4096)
+    fr.register_with_comm(comm)
+    model = shard_ours(make_model(), comm)
+    train(model, batches(rank, steps))
+    dump = json.loads(fr.dump_json())
+    names = {str(k): v["name"] for k, v in dump["pg_config"].items()}
+    ops: dict[str, list[str]] = {}
+    for e in dump["entries"]:
+        pg = e["process_group"][0] if e.get("process_group") else names.get(str(e["pg_id"]), "?")
+        ops.setdefault(pg, []).append(e["profiling_name"].split(":", 1)[-1])
+    states = {e["state"] for e in dump["entries"]}
+    return {"ops": ops, "states": sorted(states), "comm_names": [c.get_name() for c in fsdp2.comms_of(model).communicators()]}
+
+
+def prefetch_order(prefetch: int = 1, n_layers: int = 4) -> list[int]:
+    """How many all-gathers were issued when each block's forward started computing."""
+    rank = int(os.environ["RANK"])
+    comm = world_comm()
+    model = make_model(n_layers=n_layers)
+    for blk in model.blocks:
+        fsdp2.fully_shard(blk, comm, prefetch=prefetch)
+    fsdp2.fully_shard(model, comm, prefetch=prefetch)
+    ag = fsdp2.comms_of(model).all_gather
+    issued = [0]
+    ag.register_pre_hook(lambda name, op_id, args: issued.__setitem__(0, issued[0] + 1))
+    seen: list[int] = []
+    for blk in model.blocks:
+        blk.register_forward_pre_hook(lambda m, a: seen.append(issued[0]))
+    tok = batches(rank, 1)[0]
+    model(tok[:, :-1], tok[:, 1:]).backward()
+    return seen
+
+
+def killed_rank(victim: int = 2, step: int = 2, timeout_s: float = 30.0, phase: str = "forward") -> dict[str, Any]:
+    """The victim exits abruptly inside block 1's ``phase`` (forward/backward) of ``step``; survivors report the
+    error they got (type, MRO, seconds from the victim's exit to the raise)."""
+    import time
+
+    rank = int(os.environ["RANK"])
+    comm = world_comm(timeout_s=timeout_s)
+    model = shard_ours(make_model(n_layers=3), comm)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state = {"step": 0}
+    mark = os.path.join(os.environ["TC_GROUP_DIR"], "victim_exit")
+
+    def die(module: Any, *args: Any) -> None:
+        if rank == victim and state["step"] == step:
+            with open(mark, "w") as f:
+                f.write(repr(time.time()))
+            os._exit(17)
+
+    if phase == "forward":
+        model.blocks[1].register_forward_pre_hook(die)
+    else:
+        model.blocks[1].register_full_backward_pre_hook(die)
+    data = batches(rank, step + 5)
+    try:
+        for i, tok in enumerate(data):
+            state["step"] = i
+            model(tok[:, :-1], tok[:, 1:]).backward()
+            opt.step()
+            opt.zero_grad()
+    except Exception as e:  # noqa: BLE001 - the test inspects it
+        raised = time.time()
+        with open(mark) as f:
+            died = float(f.read())
+        # what a user does next: keep the local shards, tear the FSDP communicators down
+        shards = {k: v.to_local().clone() for k, v in model.state_dict().items()}
+        fsdp2.release_comms(fsdp2.comms_of(model), abort=True)
+        comm.abort()
+        return {"teardown_s": time.time() - raised, "shards": len(shards),"type": type(e).__name__, "mro": [c.__name__ for c in type(e).__mro__], "message": str(e)[:400],
+                "after_s": raised - died, "step": state["step"]}
+    return {"type": None, "step": state["step"]}
+
+
+def dcp_save(path: str, steps: int = 3) -> dict[str, Any]:
+    """Train a few steps and save model + optimizer with torch.distributed.checkpoint."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    rank = int(os.environ["RANK"])
+    comm = world_comm()
+    model = shard_ours(make_model(), comm)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for tok in batches(rank, steps):
+        model(tok[:, :-1], tok[:, 1:]).backward()
+        opt.step()
+        opt.zero_grad()
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+    return {"digest": digest(full_params(model)), "world": dist.get_world_size()}
+
+
+def dcp_load(path: str) -> dict[str, Any]:
+    """Load what :func:`dcp_save` wrote onto this (different) world size; train one more step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    rank = int(os.environ["RANK"])
+    comm = world_comm()
+    model = shard_ours(make_model(seed=123), comm)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    tok = batches(rank, 1)[0]
+    model(tok[:, :-1], tok[:, 1:]).backward()  # materialise optimizer state to load into
+    opt.step()
+    opt.zero_grad()
+    msd, osd = get_state_dict(model, opt)
+    sd = {"model": msd, "optim": osd}
+    dcp.load(sd, checkpoint_id=path)
+    set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    loaded = digest(full_params(model))
+    losses = train(model, batches(rank, 2))
+    return {"digest": loaded, "world": dist.get_world_size(), "losses": losses}
+
+
+
+def c10d_ops_in_a_step(stock: bool = False) -> list[str]:
+    """The c10d collectives (``c10d::*`` dispatcher ops, seen by the profiler) that one training
+    step after the first runs: fsdp2's should be none; stock's are its all-gathers and
+    reduce-scatters (the control)."""
+    from torch.profiler import profile
+
+    rank = int(os.environ["RANK"])
+    comm = world_comm()
+    model = shard_ours(make_model(), comm)
+    if stock:
+        model = shard_stock(make_model(), fsdp2.comms_of(model).mesh)
+    data = batches(rank, 2)
+    train(model, data[:1])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        model(data[1][:, :-1], data[1][:, 1:]).backward()
+        opt.step()
+    return sorted({e.name for e in prof.events() if e.name.startswith("c10d::")})

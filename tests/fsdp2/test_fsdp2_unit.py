@@ -1,0 +1,95 @@
+"""fsdp2 pieces that need no peers: op mapping, argument errors, the Work wrapper."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import fsdp2
+import torchcomms
+from fsdp2.collectives import comms_op
+
+
+def test_reduce_ops_map_to_torchcomms() -> None:
+    assert comms_op(dist.ReduceOp.AVG).type is torchcomms.RedOpType.AVG
+    assert comms_op(dist.ReduceOp.SUM).type is torchcomms.RedOpType.SUM
+    assert comms_op(dist.ReduceOp.RedOpType.AVG).type is torchcomms.RedOpType.AVG
+    assert comms_op(dist.ReduceOp.MAX).type is torchcomms.RedOpType.MAX
+
+
+def test_premul_sum_is_refused_with_a_typed_error() -> None:
+    op = dist._make_nccl_premul_sum(0.5)
+    with pytest.raises(fsdp2.FSDPCommError, match="PREMUL_SUM"):
+        comms_op(op)
+
+
+def test_bad_arguments_raise_typed_errors() -> None:
+    with pytest.raises(fsdp2.FSDPCommError, match="TorchComm"):
+        fsdp2.fully_shard(torch.nn.Linear(2, 2), object())
+    comm = torchcomms.new_comm("fake", torch.device("cpu"), name="fsdp2-unit-bad-args")
+    try:
+        with pytest.raises(fsdp2.FSDPCommError, match="replicate_size"):
+            fsdp2.FSDPComms.build(comm, replicate_size=0)
+        with pytest.raises(fsdp2.FSDPCommError, match="prefetch"):
+            fsdp2.fully_shard(torch.nn.Linear(2, 2), comm, prefetch=-1)
+        with pytest.raises(fsdp2.FSDPCommError, match="mesh"):
+            fsdp2.fully_shard(torch.nn.Linear(2, 2), comm, mesh=None)
+    finally:
+        comm.finalize()
+
+
+def test_comm_work_is_a_torch_work_that_waits_on_the_torchcomms_work() -> None:
+    comm = torchcomms.new_comm("fake", torch.device("cpu"), name="fsdp2-unit-work")
+    try:
+        t = torch.ones(4)
+        w = fsdp2.CommWork(comm.all_reduce(t, torchcomms.ReduceOp.SUM, async_op=True))
+        assert isinstance(w, dist.Work)
+        assert w.wait() is True and w.is_completed() and w.is_success() and w.exception() is None
+    finally:
+        comm.finalize()
+
+
+def test_not_sharded_module_is_named() -> None:
+    with pytest.raises(fsdp2.FSDPCommError, match="Linear"):
+        fsdp2.comms_of(torch.nn.Linear(2, 2))
+
+
+class _Done:
+    """A finished op (what CommWork needs of a TorchWork)."""
+
+    def __init__(self) -> None:
+        self.waited = 0
+
+    def wait(self, timeout=None) -> bool:  # noqa: ANN001
+        self.waited += 1
+        return True
+
+
+def _backward_that_reduces(reductions: fsdp2.Reductions, work: _Done, fail: bool) -> None:
+    x = torch.ones(2, requires_grad=True)
+
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        reductions.add(fsdp2.CommWork(work))
+        if fail:
+            raise RuntimeError("peer died")
+        return grad
+
+    y = x * 2
+    y.register_hook(hook)
+    y.sum().backward()
+
+
+def test_reductions_are_drained_before_backward_returns() -> None:
+    r, w = fsdp2.Reductions(), _Done()
+    _backward_that_reduces(r, w, fail=False)
+    assert w.waited == 1 and r.pending() == 0
+
+
+def test_a_backward_that_raised_does_not_stop_the_next_drain() -> None:
+    r = fsdp2.Reductions()
+    with pytest.raises(RuntimeError, match="peer died"):
+        _backward_that_reduces(r, _Done(), fail=True)
+    r.new_pass()  # fsdp2 calls it from every sharded module's forward pre-hook
+    w = _Done()
+    _backward_that_reduces(r, w, fail=False)
+    assert w.waited == 1 and r.pending() == 0
