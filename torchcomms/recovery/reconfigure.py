@@ -28,7 +28,7 @@ def init_handle(core: CommCore) -> str:
         raise CommValueError("get_init_handle() needs new_comm(..., enable_reconfigure=True)", comm=core.name)
     if core.init_handle is None:
         me = core.global_ranks[core.rank]
-        run = settings().run_id or os.environ.get("TORCHELASTIC_RUN_ID") or "local"
+        run = settings().job_id
         core.init_handle = f"torchcomms://{run}/{core.name}/{me}/{os.getpid()}/{secrets.token_hex(4)}"
     return core.init_handle
 
