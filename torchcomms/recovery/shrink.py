@@ -9,7 +9,7 @@ from typing import Any
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.core import error_map
 from torchcomms.core.comm_core import CommCore
-from torchcomms.core.errors import CommAbortedError, CommError, CommTimeoutError
+from torchcomms.core.errors import CommAbortedError, CommTimeoutError
 from torchcomms.core.state import CommState
 from torchcomms.core.store_calls import describe_store
 from torchcomms.core.types import OpName
