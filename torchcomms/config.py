@@ -113,14 +113,6 @@ def _otel(name: str, raw: str) -> tuple[str, str | None] | None:
     raise ConfigError(name, raw, "must be 'console' or 'file:<path>'")
 
 
-def _hex(name: str, raw: str) -> str:
-    try:
-        bytes.fromhex(raw.strip())
-    except ValueError:
-        raise ConfigError(name, "<hidden>", "must be hex") from None
-    return raw.strip()
-
-
 VARIABLES: tuple[Var, ...] = (
     # --- the job (set by torchcomms-run; torchrun, MPI and Slurm variables are read too) ---
     Var("TORCHCOMM_RANK", "rank", "int", None, "global rank of this process", "launcher", minimum=0),
@@ -136,7 +128,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("TORCHCOMM_CONTROL_SECRET_FILE", "control_secret_file", "str", None,
         "file holding the per-job secret (hex, 64 chars)", "launcher"),
     Var("TORCHCOMM_CONTROL_SECRET", "control_secret", "str", None,
-        "the secret itself (hex); the file wins when both are set", check=_hex),
+        "the secret itself (hex); the file wins when both are set"),
     # --- communicators ---
     Var("TORCHCOMM_TIMEOUT_SECONDS", "timeout_s", "float", 600.0, "default op timeout (s)",
         minimum=0, positive=True),

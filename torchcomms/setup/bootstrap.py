@@ -140,24 +140,17 @@ def control_plane_address(env: dict[str, str] | None = None) -> str | None:
 
 
 def control_plane_secret(env: dict[str, str] | None = None) -> bytes:
-    cfg = settings(env)
-    path = cfg.control_secret_file
-    if path:
-        try:
-            with open(path, encoding="ascii") as f:
-                raw = f.read().strip()
-        except OSError as e:
-            raise CommValueError(f"cannot read TORCHCOMM_CONTROL_SECRET_FILE={path!r}: {e}") from None
-    else:
-        raw = cfg.control_secret or ""
-    if not raw:
-        raise CommValueError(
-            "TORCHCOMM_CONTROL_ADDR is set but no secret: set TORCHCOMM_CONTROL_SECRET_FILE or TORCHCOMM_CONTROL_SECRET"
-        )
+    """The job secret (``TORCHCOMM_CONTROL_SECRET_FILE`` or ``TORCHCOMM_CONTROL_SECRET``), read
+    by the control plane's own reader; a missing or malformed one is a ``CommValueError``."""
+    from torchcomms.control.errors import ControlAuthError
+    from torchcomms.control.secrets import load_secret
+
     try:
-        return bytes.fromhex(raw)
-    except ValueError:
-        raise CommValueError("the control-plane secret must be hex") from None
+        secret = load_secret(os.environ if env is None else env)
+    except ControlAuthError as e:
+        raise CommValueError(f"TORCHCOMM_CONTROL_ADDR is set but the job secret is unusable: {e}") from None
+    assert secret is not None
+    return secret
 
 
 def describe_default_store(env: dict[str, str] | None = None) -> str:
