@@ -75,11 +75,11 @@ def _hook_loop(pre, post, recs, n: int) -> float:  # type: ignore[no-untyped-def
 def part_hooks(n: int, repeats: int, tmp: Path) -> list[dict]:
     """The hooks alone on real OpRecords (no dispatch path around them): the cleanest per-op
     cost of each part; the anchor is an empty pre/post pair."""
-    from torchcomms.op import OpRecord
+    from torchcomms.core.op import OpRecord
     from torchcomms.tracing import logging as tlog
     from torchcomms.tracing.flight_recorder import FlightRecorder
     from torchcomms.tracing.spans import OTLPJsonLinesExporter, SpanRecorder
-    from torchcomms.types import OpName
+    from torchcomms.core.types import OpName
 
     tlog.configure_logging(level="info", fmt="json", stream=open(os.devnull, "w"), force=True)  # noqa: SIM115
 

@@ -100,7 +100,7 @@ def _rank_main(rank: int, out: Path) -> int:
 
     from torchcomms.backends.base import BackendContext
     from torchcomms.backends.gloo import GlooBackend
-    from torchcomms.types import ReduceOp
+    from torchcomms.core.types import ReduceOp
 
     store = dist.FileStore(str(out / "store"), 3)
 

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 import torchcomms
 from torchcomms import CommAbortedError, ReduceOp
-from torchcomms.agreement import agree_on_survivors
+from torchcomms.recovery.agreement import agree_on_survivors
 
 
 def test_split_children_are_independent_of_a_shrunk_parent() -> None:

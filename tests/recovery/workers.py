@@ -233,7 +233,7 @@ def new_comm_while_store_rank_stopped(timeout_s: float) -> dict[str, Any] | None
     ``timeout_s`` and report how and when that ended."""
     import time
 
-    from torchcomms import bootstrap
+    from torchcomms.setup import bootstrap
 
     ready_dir = os.environ["TC_READY_DIR"]
     rank, size, _ = bootstrap.discover_rank_size()

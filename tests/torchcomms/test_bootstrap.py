@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchcomms.bootstrap import discover_rank_size, resolve_device
-from torchcomms.errors import CommValueError
+from torchcomms.setup.bootstrap import discover_rank_size, resolve_device
+from torchcomms.core.errors import CommValueError
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.ranks import RankGroup
-from torchcomms.collective_check import SLOTS, compare, encode
-from torchcomms.op import OpRecord
-from torchcomms.types import OpName
+from torchcomms.recovery.collective_check import SLOTS, compare, encode
+from torchcomms.core.op import OpRecord
+from torchcomms.core.types import OpName
 
 
 def _run(case: str, world: int = 3) -> list[dict]:

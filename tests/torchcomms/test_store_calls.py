@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from torchcomms.store_calls import BoundedCalls, PendingCall, StoreNotAnswering, call_until, describe_store
+from torchcomms.core.store_calls import BoundedCalls, PendingCall, StoreNotAnswering, call_until, describe_store
 
 
 def test_call_until_returns_the_result_or_raises_the_calls_error() -> None:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from torchcomms.errors import CommAbortedError, CommTimeoutError
-from torchcomms.store_calls import StoreNotAnswering
-from torchcomms.store_errors import store_error
+from torchcomms.core.errors import CommAbortedError, CommTimeoutError
+from torchcomms.core.store_calls import StoreNotAnswering
+from torchcomms.core.error_map import store_error
 
 WHERE = {"comm": "c", "op": "shrink"}
 

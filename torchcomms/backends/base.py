@@ -84,6 +84,12 @@ class EngineHandle:
         return self._pending == 0
 
     @property
+    def succeeded_in_call(self) -> bool:
+        """True when the op ended successfully inside the backend call, with nothing left to
+        run (no error, no ``finish`` step): the caller may complete it without a callback."""
+        return self._pending == 0 and self._error is None and self._finish is None
+
+    @property
     def can_wait_in_engine(self) -> bool:
         """True when :meth:`wait_engine` may be used instead of :meth:`on_done`."""
         return self._blocking is not None

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from torchcomms.backends.base import BackendCapabilities, BlockingWait, EngineHandle, TorchCommBackend
 from torchcomms.backends.gloo_sockets import EngineSockets
+from torchcomms.config import settings
 from torchcomms.types import RedOpType, ReduceOp
 
 _C10D_OPS = {
@@ -192,7 +193,7 @@ class GlooBackend(TorchCommBackend):
         host = hints.get("gloo.hostname")
         if not host:
             peer = os.environ.get("MASTER_ADDR")
-            ctrl = os.environ.get("TORCHCOMM_CONTROL_ADDR")
+            ctrl = settings().control_addr
             if ctrl:
                 peer = urlparse(ctrl).hostname or peer
             if peer:

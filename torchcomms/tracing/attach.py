@@ -20,6 +20,8 @@ import time
 import weakref
 from typing import Any
 
+from torchcomms import config
+from torchcomms.config import settings
 from torchcomms.tracing.flight_recorder import FlightRecorder, process_recorder
 
 DUMP_ON_EXIT_ENV = "TORCHCOMM_FR_DUMP_ON_EXIT"
@@ -34,15 +36,9 @@ _FAILURE_ABORT_WINDOW_S = 5.0
 
 
 def _truthy(var: str, default: bool) -> bool:
+    """The declared boolean ``var`` (see ``torchcomms.config``); ``default`` when unset."""
     raw = os.environ.get(var)
-    if raw is None or raw.strip() == "":
-        return default
-    v = raw.strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{var} must be 0/1/true/false, got {raw!r}")
+    return default if raw is None or raw.strip() == "" else bool(config.var(var).parse(raw))
 
 
 class _Follower:
@@ -71,11 +67,11 @@ def attach_default_tracing(comm: Any) -> None:
     if recorder.enabled:
         recorder.attach(comm)
         comm.register_abort_hook(_make_abort_dump(recorder, comm))
-    if _truthy(LOG_EVENTS_ENV, True):
+    if settings().log_events:
         from torchcomms.tracing.logging import attach_logging
 
         attach_logging(comm)
-    if os.environ.get("TORCHCOMM_OTEL", "").strip():  # keep OpenTelemetry unimported when off
+    if settings().otel is not None:  # keep OpenTelemetry unimported when off
         from torchcomms.tracing.spans import attach_spans_from_env
 
         attach_spans_from_env(comm)
@@ -140,7 +136,7 @@ def _install_process_hooks(recorder: FlightRecorder) -> None:
 
         _previous_sigusr1 = previous
         signal.signal(signal.SIGUSR1, _on_sigusr1)
-    if _truthy(DUMP_ON_EXIT_ENV, False):
+    if settings().fr_dump_on_exit:
         atexit.register(safe_dump, recorder, "exit")
     try:
         from torchcomms.tracing.debug_handlers import register_debug_handlers

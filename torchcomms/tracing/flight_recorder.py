@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from torchcomms import config
+from torchcomms.config import settings
 from torchcomms.tracing import fr_format
 from torchcomms.tracing.fr_format import CommInfo, DumpContext, EntryView
 
@@ -49,11 +51,13 @@ def _sizes(value: Any) -> list[list[int]]:
 
 def run_id_from_env() -> str:
     """The job id: ``TORCHCOMM_RUN_ID``, else torchrun's ``TORCHELASTIC_RUN_ID``, else ``"local"``."""
-    return os.environ.get("TORCHCOMM_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or "local"
+    return settings().job_id
 
 
 def global_rank_from_env() -> int | None:
-    for var in ("TORCHCOMM_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK", "SLURM_PROCID"):
+    if settings().rank is not None:
+        return settings().rank
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK", "SLURM_PROCID"):
         v = os.environ.get(var)
         if v is not None and v.strip().lstrip("-").isdigit():
             return int(v)
@@ -61,7 +65,9 @@ def global_rank_from_env() -> int | None:
 
 
 def world_size_from_env() -> int | None:
-    for var in ("TORCHCOMM_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE", "SLURM_NTASKS"):
+    if settings().size is not None:
+        return settings().size
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE", "SLURM_NTASKS"):
         v = os.environ.get(var)
         if v is not None and v.strip().isdigit():
             return int(v)
@@ -362,16 +368,9 @@ def _view(e: tuple[Any, ...], thread_names: dict[int, str]) -> EntryView:
 
 
 def _env_int(var: str, default: int) -> int:
+    """The declared integer ``var`` (see ``torchcomms.config``); ``default`` when unset."""
     raw = os.environ.get(var)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{var} must be an integer, got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"{var} must be >= 0, got {value}")
-    return value
+    return default if raw is None or raw.strip() == "" else int(config.var(var).parse(raw))
 
 
 _PROCESS_RECORDER: FlightRecorder | None = None

@@ -250,7 +250,9 @@ def to_pickle(dump: Mapping[str, Any]) -> bytes:
 def dump_path(rank: int, prefix: str | None = None) -> Path:
     """``<prefix><rank>``; the prefix comes from ``TORCHCOMM_FR_DUMP_TEMP_FILE``."""
     if prefix is None:
-        prefix = os.environ.get(DUMP_PREFIX_ENV) or DEFAULT_DUMP_PREFIX
+        from torchcomms.config import settings
+
+        prefix = settings().fr_dump_prefix
     return Path(os.path.expanduser(f"{prefix}{int(rank)}"))
 
 

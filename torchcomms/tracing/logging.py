@@ -25,6 +25,8 @@ from typing import IO, Any
 
 import structlog
 
+from torchcomms.config import settings
+
 LEVEL_ENV = "TORCHCOMM_LOG_LEVEL"
 FORMAT_ENV = "TORCHCOMM_LOG_FORMAT"
 LOG_DIR_ENV = "TORCHCOMM_LOG_DIR"
@@ -104,7 +106,7 @@ _config_lock = threading.Lock()
 
 def _parse_level(raw: str | int | None) -> int:
     if raw is None:
-        raw = os.environ.get(LEVEL_ENV) or "warning"
+        raw = settings().log_level
     if isinstance(raw, int) and not isinstance(raw, bool):
         return raw
     key = str(raw).strip().lower()
@@ -137,14 +139,14 @@ def configure_logging(
         if _config is not None and not force:
             return
         lvl = _parse_level(level)
-        fmt = (fmt or os.environ.get(FORMAT_ENV) or "auto").strip().lower()
+        fmt = (fmt or settings().log_format).strip().lower()
         if fmt not in _FORMATS:
             raise ValueError(f"log format must be one of {_FORMATS}, got {fmt!r} (from {FORMAT_ENV} or fmt=)")
         out = stream if stream is not None else sys.stderr
         console = fmt == "console" or (fmt == "auto" and hasattr(out, "isatty") and out.isatty())
         rank = _rank()
         if log_dir is None:
-            log_dir = os.environ.get(LOG_DIR_ENV) or None
+            log_dir = settings().log_dir
         file_path = Path(log_dir) / f"torchcomms-rank{rank if rank is not None else 'x'}.jsonl" if log_dir else None
         from torchcomms.tracing.flight_recorder import run_id_from_env
 

@@ -50,17 +50,9 @@ def collective_parent_span_id(run_id: str, comm: str, seq: int) -> int:
 
 def parse_otel_env(value: str | None) -> tuple[str, str | None] | None:
     """``None``/``""``/``off`` → None; ``console`` → ("console", None); ``file:<p>`` → ("file", p)."""
-    if value is None or value.strip() == "" or value.strip().lower() in ("0", "off", "none"):
-        return None
-    v = value.strip()
-    if v.lower() == "console":
-        return ("console", None)
-    if v.lower().startswith("file:"):
-        path = v[5:]
-        if not path:
-            raise ValueError(f"{OTEL_ENV}=file:<path> needs a path, got {value!r}")
-        return ("file", path)
-    raise ValueError(f"{OTEL_ENV} must be 'console' or 'file:<path>', got {value!r}")
+    from torchcomms import config
+
+    return config.var(OTEL_ENV).parse(value)
 
 
 def _otlp_value(v: Any) -> dict[str, Any]:
@@ -274,14 +266,15 @@ def process_span_recorder() -> SpanRecorder | None:
     global _recorder
     with _recorder_lock:
         if _recorder is None:
-            parsed = parse_otel_env(os.environ.get(OTEL_ENV))
+            from torchcomms.config import settings
+
+            parsed = settings().otel
             if parsed is None:
                 return None
             from torchcomms.tracing.flight_recorder import global_rank_from_env, run_id_from_env
 
             rank = global_rank_from_env()
-            raw_q = os.environ.get(QUEUE_ENV)
-            max_q = int(raw_q) if raw_q else DEFAULT_QUEUE
+            max_q = settings().otel_queue
             _recorder = SpanRecorder(make_exporter(*parsed, rank), run_id=run_id_from_env(), rank=rank, max_queue=max_q)
             atexit.register(_recorder.shutdown)
         return _recorder

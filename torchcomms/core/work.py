@@ -4,14 +4,26 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from torchcomms.errors import CommError
-from torchcomms.types import WorkStatus
+from torchcomms.core.errors import CommError, CommTimeoutError
+from torchcomms.core.types import WorkStatus
 
 if TYPE_CHECKING:
-    from torchcomms.comm import TorchComm
-    from torchcomms.op import OpRecord
+    from torchcomms.core.op import OpRecord
+
+
+class WorkOwner(Protocol):
+    """What a ``TorchWork`` needs from its communicator: the whole interface between them."""
+
+    def translate_error(self, error: BaseException, record: OpRecord) -> CommError:
+        """The typed error of an engine's ``error`` for the op ``record``."""
+
+    def work_ended(self, work: TorchWork, exc: CommError | None) -> None:
+        """``work`` reached a terminal status (called once, on the thread that ended it)."""
+
+    def expire(self, work: TorchWork) -> None:
+        """``work``'s deadline passed: end it with ``CommTimeoutError`` (if it is still running)."""
 
 #: How long ``wait()`` past the deadline lets another thread finish ending the op (its
 #: post-hooks, breaking the communicator) before returning the outcome anyway.
@@ -33,11 +45,11 @@ class TorchWork:
     with ``CommTimeoutError`` and its communicator is marked broken.
     """
 
-    __slots__ = ("_comm", "record", "deadline", "_event", "_done", "_status", "_exc", "_lock", "tracked",
+    __slots__ = ("_owner", "record", "deadline", "_event", "_done", "_status", "_exc", "_lock", "tracked",
                  "__weakref__")
 
-    def __init__(self, comm: TorchComm, record: OpRecord, deadline: float) -> None:
-        self._comm = comm
+    def __init__(self, owner: WorkOwner, record: OpRecord, deadline: float) -> None:
+        self._owner = owner
         self.record = record
         self.deadline = deadline  # time.monotonic() seconds
         self._event: threading.Event | None = None  # made only when someone must block
@@ -57,14 +69,20 @@ class TorchWork:
             return self._event
 
     # --- completion (called by the engine's callback, the watchdog or the communicator) -----
-    def _engine_done(self, error: BaseException | None) -> None:
-        if error is None:
-            self._finish(WorkStatus.COMPLETED, None)
-        else:
-            exc = self._comm._translate_engine_error(error, self.record)
-            self._finish(WorkStatus.TIMEDOUT if exc.__class__.__name__ == "CommTimeoutError" else WorkStatus.ERROR, exc)
+    @property
+    def done(self) -> bool:
+        """True once the op ended and its post-hooks ran."""
+        return self._done
 
-    def _finish(self, status: WorkStatus, exc: CommError | None, state: str | None = None) -> bool:
+    def engine_done(self, error: BaseException | None) -> None:
+        """The engine ended the op (with ``error``, or successfully)."""
+        if error is None:
+            self.finish(WorkStatus.COMPLETED, None)
+        else:
+            exc = self._owner.translate_error(error, self.record)
+            self.finish(WorkStatus.TIMEDOUT if isinstance(exc, CommTimeoutError) else WorkStatus.ERROR, exc)
+
+    def finish(self, status: WorkStatus, exc: CommError | None, state: str | None = None) -> bool:
         """Move to a terminal status once; the first caller wins. Returns True if it won."""
         with self._lock:
             if self._status is not WorkStatus.INPROGRESS:
@@ -76,7 +94,7 @@ class TorchWork:
         rec.state = state or _TERMINAL_STATE[status]
         if exc is not None:
             rec.error = str(exc)
-        self._comm._work_ended(self, exc)
+        self._owner.work_ended(self, exc)
         with self._lock:
             self._done = True
             event = self._event
@@ -101,7 +119,7 @@ class TorchWork:
         if event is not None and not event.wait(max(0.0, limit - now)):
             if user_limit is not None and limit == user_limit and user_limit < self.deadline:
                 return False
-            self._comm._expire(self)
+            self._owner.expire(self)
             # The op has its outcome now. When another thread decided it, that thread may still
             # be ending it (post-hooks, breaking the communicator): wait for that, but bounded.
             event.wait(ENDING_GRACE_S)
@@ -116,7 +134,7 @@ class TorchWork:
     def is_completed(self) -> bool:
         """True once the op ended, successfully or not (an expired deadline counts as ended)."""
         if not self._done and time.monotonic() >= self.deadline:
-            self._comm._expire(self)
+            self._owner.expire(self)
         return self._done
 
     def is_success(self) -> bool:

@@ -2,7 +2,6 @@
 monitor, default tracing), every step bounded by the communicator's timeout."""
 from __future__ import annotations
 
-import os
 import time
 from datetime import timedelta
 from typing import Any
@@ -10,43 +9,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torchcomms import bootstrap
+from torchcomms.setup import bootstrap
 from torchcomms.backends.base import BackendContext, TorchCommBackend
 from torchcomms.backends.registry import get_backend_class
-from torchcomms.comm import NAMES, TorchComm, engine_error
-from torchcomms.errors import (
-    CommAbortedError,
-    CommError,
-    CommTimeoutError,
-    CommTypeError,
-    CommValueError,
-)
-from torchcomms.failure_monitor import MONITORS
-from torchcomms.store_calls import StoreNotAnswering, call_until, describe_store
-from torchcomms.store_errors import store_error
-from torchcomms.types import CommOptions
-
-_DEFAULT_TIMEOUT_S = 600.0
-
-
-def _env_flag(var: str, default: bool) -> bool:
-    raw = os.environ.get(var)
-    if raw is None or raw == "":
-        return default
-    return raw.strip().lower() in ("1", "true", "yes", "on")
-
-
-def _env_timeout() -> float:
-    raw = os.environ.get("TORCHCOMM_TIMEOUT_SECONDS")
-    if not raw:
-        return _DEFAULT_TIMEOUT_S
-    try:
-        val = float(raw)
-    except ValueError:
-        raise CommValueError(f"TORCHCOMM_TIMEOUT_SECONDS={raw!r} is not a number") from None
-    if val <= 0:
-        raise CommValueError(f"TORCHCOMM_TIMEOUT_SECONDS must be positive, got {val}")
-    return val
+from torchcomms.config import settings
+from torchcomms.core import error_map
+from torchcomms.core.comm import TorchComm
+from torchcomms.core.comm_core import CommCore
+from torchcomms.core.errors import CommError, CommTypeError, CommValueError
+from torchcomms.core.names import NAMES
+from torchcomms.core.store_calls import StoreNotAnswering, call_until, describe_store
+from torchcomms.core.types import CommOptions
+from torchcomms.recovery.failure_monitor import MONITORS
 
 
 def new_comm(
@@ -88,12 +62,13 @@ def new_comm(
     rank, size, _src = bootstrap.discover_rank_size()
     if "rank" in hints or "size" in hints:  # fake backend / tests may pin their own world
         rank, size = int(hints.get("rank", rank)), int(hints.get("size", size))
-    timeout_td = timeout if timeout is not None else timedelta(seconds=_env_timeout())
+    cfg = settings()
+    timeout_td = timeout if timeout is not None else timedelta(seconds=cfg.timeout_s)
     options = CommOptions(
         abort_process_on_timeout_or_error=(
             abort_process_on_timeout_or_error
             if abort_process_on_timeout_or_error is not None
-            else _env_flag("TORCHCOMM_ABORT_ON_ERROR", False)
+            else cfg.abort_on_error
         ),
         timeout=timeout_td,
         high_priority_stream=bool(is_high_priority_stream),
@@ -111,8 +86,7 @@ def new_comm(
             try:
                 the_store, _kind = bootstrap.resolve_store(store, rank, size, timeout_td, until=deadline)
             except (StoreNotAnswering, dist.DistError) as e:
-                raise store_error(e, store_words, secs, where) or CommAbortedError(
-                    f"could not connect to {store_words}: {e}", **where) from None
+                raise error_map.store_connect_error(e, store_words, secs, where) from None
             store_words = describe_store(the_store)
         else:
             the_store = store
@@ -136,13 +110,14 @@ def new_comm(
                 monitor = MONITORS.for_store(the_store, rank, until=deadline)
             except Exception as e:  # noqa: BLE001 - the control plane may raise anything
                 engine.abort()
-                raise _monitor_start_failed(e, store_words, secs, deadline, where) from None
-        comm = TorchComm(engine, options, the_store)
+                raise error_map.monitor_start_error(e, store_words, secs, deadline, where) from None
+        core = CommCore(engine, options, the_store)
+        comm = TorchComm.from_core(core)
     except BaseException:
         NAMES.release(name, None)  # type: ignore[arg-type]
         raise
     if monitor is not None:
-        monitor.watch(comm)
+        monitor.watch(core)
     _attach_default_observers(comm)
     return comm
 
@@ -159,34 +134,15 @@ def _init_engine(engine: TorchCommBackend, deadline: float, store_words: str, se
         call_until("the engine's rendezvous", engine.init, deadline, thread_name=f"torchcomms-init-{engine.ctx.name}",
                    on_late=lambda _none: engine.abort(), store=engine.ctx.store)
     except StoreNotAnswering:
-        raise CommTimeoutError(
-            f"the engine was not ready within {secs:g} s (a rank never joined its rendezvous, or {store_words} "
-            "did not answer)", timeout_s=secs, **where) from None
+        raise error_map.engine_not_ready(store_words, secs, where) from None
     except Exception as e:  # noqa: BLE001 - the engine may throw anything
-        raise store_error(e, store_words, secs, where) or _engine_failure(engine, e, secs, where) from None
-
-
-def _engine_failure(engine: TorchCommBackend, error: BaseException, secs: float, where: dict[str, Any]) -> CommError:
-    """The typed error of an engine that failed to start (not because of its store)."""
-    if isinstance(error, CommError):
-        return error
-    return engine_error(engine.classify_error(error), error, secs, where)
-
-
-def _monitor_start_failed(error: BaseException, store_words: str, secs: float, deadline: float,
-                          where: dict[str, Any]) -> CommError:
-    """The typed error of a failure monitor that could not start: its store calls are bounded
-    by ``deadline``, so one that fails at it was not answered in time."""
-    if time.monotonic() >= deadline:
-        return CommTimeoutError(
-            f"{store_words} did not answer the failure monitor's start within {secs:g} s (its host is stopped, "
-            f"overloaded or unreachable): {error}", timeout_s=secs, **where)
-    return CommAbortedError(f"{store_words} failed when the failure monitor started: {error}", **where)
+        kind = "" if isinstance(e, CommError) else engine.classify_error(e)
+        raise error_map.engine_start_error(e, kind, store_words, secs, where) from None
 
 
 def _attach_default_observers(comm: TorchComm) -> None:
     """Default-on tracing (flight recorder, logs, spans) when the tracing package is present."""
-    if _env_flag("TORCHCOMM_TRACING_DISABLE", False):
+    if settings().tracing_disable:
         return
     try:
         from torchcomms.tracing import attach_default_tracing

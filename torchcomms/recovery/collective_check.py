@@ -13,7 +13,6 @@ debugging aid, like c10d's ``TORCH_DISTRIBUTED_DEBUG=DETAIL``.
 """
 from __future__ import annotations
 
-import os
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,9 +20,11 @@ from dataclasses import dataclass
 import torch
 
 from torchcomms.backends.base import TorchCommBackend
-from torchcomms.errors import format_ranks
-from torchcomms.op import OpRecord
-from torchcomms.types import OpName, RedOpType
+from torchcomms.config import settings
+from torchcomms.core.errors import format_ranks
+from torchcomms.core.store_calls import EngineNotReady
+from torchcomms.core.op import OpRecord
+from torchcomms.core.types import OpName, RedOpType
 
 ENV = "TORCHCOMM_CHECK_COLLECTIVES"
 HINT = "torchcomms.check_collectives"
@@ -60,8 +61,11 @@ _OP_NAMES = {i: name for name, i in _OP_CODES.items()}
 
 
 def enabled(hints: dict[str, str]) -> bool:
-    """Whether a communicator created with ``hints`` checks its collectives."""
-    raw = hints.get(HINT, os.environ.get(ENV, ""))
+    """Whether a communicator created with ``hints`` checks its collectives (the hint wins over
+    ``TORCHCOMM_CHECK_COLLECTIVES``)."""
+    raw = hints.get(HINT)
+    if raw is None:
+        return settings().check_collectives
     return raw.strip().lower() in ("1", "true", "yes", "on")
 
 
@@ -177,11 +181,6 @@ def compare(gathered: torch.Tensor, op: str) -> tuple[str, list[int]] | None:
     lines = [f"rank{'s' if len(r) > 1 else ''} {format_ranks(r)}: {calls[r[0]].describe()}" for r in ordered]
     odd = sorted(r for group in ordered[1:] for r in group)
     return "collective mismatch: " + " | ".join(lines), odd
-
-
-class EngineNotReady(TimeoutError):
-    """The side engine was not built by the op's deadline (a rank never joined its rendezvous,
-    or the store did not answer), or a member failed meanwhile."""
 
 
 class SignatureCheck:

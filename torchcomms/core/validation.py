@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from torchcomms.errors import CommTypeError, CommValueError
-from torchcomms.types import RedOpType, ReduceOp
+from torchcomms.core.errors import CommTypeError, CommValueError
+from torchcomms.core.types import RedOpType, ReduceOp
 
 _Tensor = torch.Tensor
 _BITWISE = (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR)
@@ -168,6 +168,55 @@ class Checker:
                 op, f"ranks {out} does not contain this rank ({self.rank}); non-members must pass []"
             )
         return out
+
+
+    # --- whole ops whose arguments relate to each other ------------------------------------
+    def pair(self, op: str, output: Any, input: Any) -> None:
+        """``output`` and ``input`` tensors of one dtype."""
+        self.tensor(op, "input", input)
+        self.tensor(op, "output", output)
+        self.same_dtype(op, "output", output, "input", input)
+
+    def v_list(self, op: str, name: str, ts: Any, ref_name: str, ref: _Tensor) -> None:
+        """A ``*_v`` op's per-rank list: ``ref``'s dtype, ``ref``'s shape at this rank."""
+        self.tensor_list(op, name, ts, self.size)
+        for i, t in enumerate(ts):
+            self.same_dtype(op, f"{name}[{i}]", t, ref_name, ref)
+        self.same_shape(op, f"{name}[{self.rank}]", ts[self.rank], ref_name, ref)
+
+    def all_to_all_single(self, output: Any, input: Any) -> None:
+        op = "all_to_all_single"
+        self.pair(op, output, input)
+        if output.numel() != input.numel():
+            raise self.value_error(op, f"output has {output.numel()} elements but input has {input.numel()}")
+        if input.numel() % self.size:
+            raise self.value_error(op, f"input's {input.numel()} elements do not split evenly over {self.size} ranks")
+
+    def all_to_all_v_single(self, output: Any, input: Any, out_sizes: Any, in_sizes: Any) -> tuple[list[int], list[int]]:
+        op = "all_to_all_v_single"
+        self.pair(op, output, input)
+        if input.dim() == 0 or output.dim() == 0:
+            raise self.value_error(op, "input and output must have at least one dimension to split along")
+        if input.shape[1:] != output.shape[1:]:
+            raise self.value_error(op, f"input and output must agree beyond dim 0: {tuple(input.shape)} vs "
+                                       f"{tuple(output.shape)}")
+        return (self.split_sizes(op, "output_split_sizes", out_sizes, output),
+                self.split_sizes(op, "input_split_sizes", in_sizes, input))
+
+    def all_to_all(self, outputs: Any, inputs: Any) -> None:
+        op = "all_to_all"
+        self.tensor_list(op, "output_tensor_list", outputs, self.size)
+        self.tensor_list(op, "input_tensor_list", inputs, self.size)
+        dt = inputs[0].dtype if inputs else None
+        for t in list(inputs) + list(outputs):
+            if t.dtype != dt:
+                raise self.type_error(op, f"all tensors must share one dtype; found {dt} and {t.dtype}")
+
+    def rooted(self, op: str, root: Any, name: str, t: Any) -> bool:
+        """A rooted op's ``root`` and this rank's tensor ``name``; True on the root."""
+        self.tensor(op, name, t)
+        self.rank_arg(op, "root", root)
+        return self.rank == root
 
 
 def shapes(ts: Sequence[_Tensor]) -> list[list[int]]:

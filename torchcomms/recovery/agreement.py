@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from torchcomms.store_calls import STORE_CALL_GRACE_S, BoundedCalls
+from torchcomms.core.store_calls import STORE_CALL_GRACE_S, BoundedCalls
 
 
 def _decode(raw: bytes) -> list[int]:

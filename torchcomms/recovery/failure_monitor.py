@@ -15,8 +15,10 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from torchcomms.config import settings
+
 if TYPE_CHECKING:
-    from torchcomms.comm import TorchComm
+    from torchcomms.core.comm_core import CommCore
 
 _TOPICS = ["rank_failed", "node_lost"]
 
@@ -34,7 +36,7 @@ class FailureMonitor:
         self.global_rank = global_rank
         self._client = client
         self._lock = threading.Lock()
-        self._comms: weakref.WeakSet[TorchComm] = weakref.WeakSet()
+        self._comms: weakref.WeakSet[CommCore] = weakref.WeakSet()
         self._changed = threading.Condition(self._lock)
         self.failed: dict[int, str] = {}
         self.expelled: str | None = None
@@ -42,8 +44,8 @@ class FailureMonitor:
         since = int(client.hello(timeout=budget())["last_event_seq"])  # only events from now on
         self._sub = client.subscribe(_TOPICS, self._on_event, since=since, on_error=self._on_control_lost)
         self._heartbeat = False
-        interval = float(os.environ.get("TORCHCOMM_HEARTBEAT_S", "0.25") or 0)
-        limit = float(os.environ.get("TORCHCOMM_HEARTBEAT_LIMIT_S", "2.0"))
+        cfg = settings()
+        interval, limit = cfg.heartbeat_s, cfg.heartbeat_limit_s
         # Deregistering at exit waits no longer than a heartbeat does: a server that cannot
         # answer within that is already failing this rank's heartbeats (and a stopped one never
         # answers), so exit is not held for the client's longer default.
@@ -51,7 +53,7 @@ class FailureMonitor:
 
         self._deregister_s = heartbeat_budget(interval)
         # How long an engine-reported connection loss waits for the control plane to say who failed.
-        self.attribution_wait_s = max(0.0, float(os.environ.get("TORCHCOMM_FAILURE_ATTRIBUTION_S", "1.0")))
+        self.attribution_wait_s = cfg.failure_attribution_s
         if interval > 0:
             try:
                 client.heartbeat_start(
@@ -64,10 +66,16 @@ class FailureMonitor:
             self._heartbeat = True
             atexit.register(self.stop)
 
-    def watch(self, comm: TorchComm) -> None:
+    @property
+    def client(self) -> Any:
+        """The control-plane client it listens through."""
+        return self._client
+
+    def watch(self, comm: CommCore) -> None:
+        """Route failure events to ``comm`` (it learns of this monitor as ``comm.monitor``)."""
         with self._lock:
             self._comms.add(comm)
-        comm._monitor = self
+        comm.monitor = self
 
     def known_failures(self) -> dict[int, str]:
         """Failed job ranks (global) and how each was seen to fail, as of now."""
@@ -96,7 +104,7 @@ class FailureMonitor:
             self._changed.notify_all()
         for comm in comms:
             if me:
-                comm._expel(how)
+                comm.expel(how)
             else:
                 comm.notify_peer_failure(ranks, how)
 
@@ -110,7 +118,7 @@ class FailureMonitor:
                 self.control_lost = message
             self._changed.notify_all()
         for comm in comms:
-            comm._control_plane_lost(message)
+            comm.control_plane_lost(message)
 
     def _lost_message(self, error: Exception) -> str:
         addr = getattr(self._client, "address", "?")

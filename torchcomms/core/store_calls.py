@@ -36,6 +36,11 @@ class StoreNotAnswering(TimeoutError):
         super().__init__(f"the store did not answer {call} within {waited_s:.2f} s")
 
 
+class EngineNotReady(TimeoutError):
+    """An engine was not built by its deadline (a rank never joined its rendezvous, or the
+    store did not answer), or a member failed meanwhile."""
+
+
 def _innermost(store: Any) -> Any:
     while getattr(store, "underlying_store", None) is not None:  # PrefixStore
         store = store.underlying_store

@@ -9,18 +9,18 @@ from typing import Any
 
 import torch
 
-from torchcomms.errors import CommValueError
-from torchcomms.store_calls import PendingCall
+from torchcomms.config import settings
+from torchcomms.core.errors import CommTypeError, CommValueError
+from torchcomms.core.store_calls import PendingCall
 
-# (method, rank variable, size variable), in API.md's discovery order.
+# (method, rank variable, size variable), in API.md's discovery order; torchcomms' own pair
+# (TORCHCOMM_RANK/SIZE) comes first, from torchcomms.config.
 _RANK_SIZE_SOURCES: list[tuple[str, str, str]] = [
-    ("torchcomm", "TORCHCOMM_RANK", "TORCHCOMM_SIZE"),
     ("mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
     ("mpi", "PMI_RANK", "PMI_SIZE"),
     ("torchrun", "RANK", "WORLD_SIZE"),
     ("slurm", "SLURM_PROCID", "SLURM_NTASKS"),
 ]
-_METHODS = ("auto", "torchrun", "mpi", "slurm", "torchcomm")
 
 
 def _int_env(env: dict[str, str], var: str) -> int:
@@ -36,12 +36,16 @@ def discover_rank_size(env: dict[str, str] | None = None) -> tuple[int, int, str
 
     ``TORCHCOMM_BOOTSTRAP_RANKSIZE_QUERY_METHOD`` (auto|torchrun|mpi|slurm) forces a source.
     """
+    cfg = settings(env)
     env = dict(os.environ) if env is None else env
-    method = env.get("TORCHCOMM_BOOTSTRAP_RANKSIZE_QUERY_METHOD", "auto").lower()
-    if method not in _METHODS:
-        raise CommValueError(
-            f"TORCHCOMM_BOOTSTRAP_RANKSIZE_QUERY_METHOD={method!r}; expected one of {', '.join(_METHODS)}"
-        )
+    method = cfg.rank_size_method
+    if method in ("auto", "torchcomm") and (cfg.rank is not None or cfg.size is not None):
+        if cfg.rank is None or cfg.size is None:
+            have, missing = ("TORCHCOMM_RANK", "TORCHCOMM_SIZE") if cfg.size is None else ("TORCHCOMM_SIZE", "TORCHCOMM_RANK")
+            raise CommValueError(f"{have} is set but {missing} is not")
+        if not cfg.rank < cfg.size:
+            raise CommValueError(f"TORCHCOMM_RANK={cfg.rank} / TORCHCOMM_SIZE={cfg.size} is not a valid rank/size pair")
+        return cfg.rank, cfg.size, "TORCHCOMM_RANK"
     for src, rvar, svar in _RANK_SIZE_SOURCES:
         if method != "auto" and src != method:
             continue
@@ -74,8 +78,6 @@ def resolve_device(device: Any) -> torch.device:
         except RuntimeError as e:
             raise CommValueError(f"invalid device {device!r}: {e}") from None
     if not isinstance(device, torch.device):
-        from torchcomms.errors import CommTypeError
-
         raise CommTypeError(f"device must be a torch.device or str, got {type(device).__name__}")
     if device.type != "cpu" and device.index is None:
         n = torch.cuda.device_count() if device.type == "cuda" else 1
@@ -134,29 +136,21 @@ STORES = _StoreRegistry()
 
 
 def control_plane_address(env: dict[str, str] | None = None) -> str | None:
-    env = dict(os.environ) if env is None else env
-    return env.get("TORCHCOMM_CONTROL_ADDR") or None
+    return settings(env).control_addr
 
 
 def control_plane_secret(env: dict[str, str] | None = None) -> bytes:
-    env = dict(os.environ) if env is None else env
-    path = env.get("TORCHCOMM_CONTROL_SECRET_FILE")
-    if path:
-        try:
-            with open(path, encoding="ascii") as f:
-                raw = f.read().strip()
-        except OSError as e:
-            raise CommValueError(f"cannot read TORCHCOMM_CONTROL_SECRET_FILE={path!r}: {e}") from None
-    else:
-        raw = env.get("TORCHCOMM_CONTROL_SECRET", "")
-    if not raw:
-        raise CommValueError(
-            "TORCHCOMM_CONTROL_ADDR is set but no secret: set TORCHCOMM_CONTROL_SECRET_FILE or TORCHCOMM_CONTROL_SECRET"
-        )
+    """The job secret (``TORCHCOMM_CONTROL_SECRET_FILE`` or ``TORCHCOMM_CONTROL_SECRET``), read
+    by the control plane's own reader; a missing or malformed one is a ``CommValueError``."""
+    from torchcomms.control.errors import ControlAuthError
+    from torchcomms.control.secrets import load_secret
+
     try:
-        return bytes.fromhex(raw)
-    except ValueError:
-        raise CommValueError("the control-plane secret must be hex") from None
+        secret = load_secret(os.environ if env is None else env)
+    except ControlAuthError as e:
+        raise CommValueError(f"TORCHCOMM_CONTROL_ADDR is set but the job secret is unusable: {e}") from None
+    assert secret is not None
+    return secret
 
 
 def describe_default_store(env: dict[str, str] | None = None) -> str:

@@ -1,0 +1,158 @@
+"""The one dispatch path of every operation: validate -> record -> hooks -> backend -> work.
+
+``TorchComm``'s ops check their own arguments (step 1, ``core.validation``) and call
+:func:`dispatch`, which does the rest: the op's sequence number and record, the pre-hooks,
+the collective check where it is on, the engine call, and the ``TorchWork`` that owns the
+op's completion, deadline and error (post-hooks run from it).
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torchcomms.backends.base import ENGINE_WAIT_SLICE_S, EngineHandle
+from torchcomms.core import error_map
+from torchcomms.core.comm_core import CommCore
+from torchcomms.core.errors import CollectiveMismatchError, CommError, CommTimeoutError
+from torchcomms.core.op import OpRecord
+from torchcomms.core.state import CommState
+from torchcomms.core.store_calls import EngineNotReady
+from torchcomms.core.types import OpName, ReduceOp, WorkStatus
+from torchcomms.core.work import TorchWork
+
+#: Process-wide op ids (a record's ``op_id``: unique across communicators).
+OP_IDS = itertools.count(1)
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    """``"float32"`` for ``torch.float32``, cached (the dispatch path asks per tensor)."""
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = _DTYPE_NAMES[dt] = str(dt)[6:]
+    return name
+
+
+def _shapes(tensors: list[torch.Tensor]) -> list[list[int]]:
+    if len(tensors) == 1:  # the common case, without a comprehension's frame
+        return [list(tensors[0].shape)]
+    return [list(t.shape) for t in tensors]
+
+
+def _dtype_names(tensors: list[torch.Tensor]) -> list[str]:
+    if len(tensors) == 1:
+        return [_dtype_name(tensors[0].dtype)]
+    return [_dtype_name(t.dtype) for t in tensors]
+
+
+def dispatch(
+    core: CommCore,
+    name: OpName,
+    async_op: bool,
+    hints: dict[str, str] | None,
+    timeout: Any,
+    inputs: list[torch.Tensor],
+    outputs: list[torch.Tensor],
+    launch: Callable[..., EngineHandle],
+    args: tuple[Any, ...],
+    peer: int | None = None,
+    root: int | None = None,
+    reduce_op: ReduceOp | None = None,
+    is_p2p: bool = False,
+) -> TorchWork:
+    """Run op ``name`` (its arguments already checked): ``launch(*args)`` is the backend call."""
+    checker = core.checker
+    if async_op is not True and async_op is not False:
+        raise checker.type_error(str(name), f"async_op must be a bool, got {type(async_op).__name__}")
+    timeout_s = checker.timeout(str(name), timeout) if timeout is not None else core.timeout_s
+    if hints is not None:
+        checker.hints(str(name), hints)
+    if core.life.state is not CommState.ACTIVE:
+        raise core.refusal(name)
+    if is_p2p:
+        seq = next(core.p2p_seq)
+    else:
+        seq = next(core.seq)
+        core.last_seq = seq
+    op_id = next(OP_IDS)
+    rec = OpRecord(
+        core.name, core.global_ranks, core.rank, core.size, core.backend_name, name, seq, op_id,
+        timeout_s, async_op, time.time_ns(), is_p2p=is_p2p, peer=peer, root=root,
+        reduce_op=reduce_op.label if reduce_op is not None else None,
+        input_sizes=_shapes(inputs), input_dtypes=_dtype_names(inputs),
+        output_sizes=_shapes(outputs), output_dtypes=_dtype_names(outputs),
+        hints=hints,
+    )
+    if core.pre_hooks:
+        rec.extra = {"inputs": inputs, "outputs": outputs}  # for hooks that inspect data
+        try:
+            for hook in tuple(core.pre_hooks.values()):
+                hook(name, op_id, rec)
+        finally:
+            rec.extra = None  # tracing keeps records: never pin the tensors
+    work = TorchWork(core, rec, time.monotonic() + timeout_s)
+    rec.state = "started"
+    rec.time_started_ns = time.time_ns()
+    mismatch = _compare_signatures(core, rec, work) if core.signatures is not None and not is_p2p else None
+    try:
+        handle = EngineHandle.failed(mismatch) if mismatch is not None else launch(*args)
+    except Exception as e:  # noqa: BLE001 - the engine may throw anything
+        handle = EngineHandle.failed(e)
+    if not handle.is_immediate:
+        core.watchdog.track(work)
+        if not async_op and handle.can_wait_in_engine:
+            _wait_in_engine(core, work, handle)
+            return work
+        handle.on_done(work.engine_done)
+    elif handle.succeeded_in_call:
+        work.finish(WorkStatus.COMPLETED, None)  # ended inside the call: skip the callback chain
+    else:
+        handle.on_done(work.engine_done)
+    if not async_op and (work.exception() is not None or not work.done):
+        work.wait()
+    return work
+
+
+def _compare_signatures(core: CommCore, rec: OpRecord, work: TorchWork) -> CommError | None:
+    """The collective check (debug mode): ``None`` when every rank is making this same call,
+    else the error the op ends with on every rank (see ``recovery.collective_check``)."""
+    assert core.signatures is not None
+    where = core.where(rec)
+    try:
+        verdict = core.signatures.run(rec, work.deadline)
+    except EngineNotReady:
+        return error_map.engine_not_built("the collective check's engine", core.global_ranks,
+                                          core.known_failures(), core.global_ranks, core.ctx.store,
+                                          rec.timeout_s, where)
+    except TimeoutError:
+        return CommTimeoutError(
+            f"did not complete within {rec.timeout_s:g} s (not every rank reached this collective)",
+            timeout_s=rec.timeout_s, **where)
+    except BaseException as e:  # noqa: BLE001 - the engine may throw anything
+        kind = "" if isinstance(e, CommError) else core.backend.classify_error(e)
+        return error_map.build_error(e, core.ctx.store, rec.timeout_s, where, kind, core.global_ranks, core.monitor)
+    if verdict is None:
+        return None
+    message, ranks = verdict
+    return CollectiveMismatchError(message, ranks=ranks, **where)
+
+
+def _wait_in_engine(core: CommCore, work: TorchWork, handle: EngineHandle) -> None:
+    """The synchronous fast path: block in the engine on the caller's thread, as c10d does,
+    instead of a future callback on the engine's thread waking this one. The wait runs in
+    slices so that an op ended elsewhere (deadline, peer failure, abort) is seen within one
+    slice; raises the op's error like ``wait()``."""
+    while work.status is WorkStatus.INPROGRESS:
+        remaining = work.deadline - time.monotonic()
+        if remaining <= 0:
+            core.expire(work)
+            break
+        done, error = handle.wait_engine(min(ENGINE_WAIT_SLICE_S, remaining))
+        if done:
+            work.engine_done(error)
+            break
+    work.wait()

@@ -1,0 +1,105 @@
+"""``shrink``: survivors agree on who is left and carry on in a new communicator."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from torchcomms.backends.base import TorchCommBackend
+from torchcomms.core import error_map
+from torchcomms.core.comm_core import CommCore
+from torchcomms.core.errors import CommAbortedError, CommTimeoutError
+from torchcomms.core.state import CommState
+from torchcomms.core.store_calls import describe_store
+from torchcomms.core.types import OpName
+from torchcomms.recovery.agreement import agree_on_survivors
+from torchcomms.recovery.engines import build_error, build_until, derived_context
+
+#: Makes the ``TorchComm`` facade of a core (recovery never imports the facade).
+MakeComm = Callable[[CommCore], Any]
+
+
+def shrink(core: CommCore, secs: float, make_comm: MakeComm) -> Any:
+    """See ``TorchComm.shrink``: returns the new communicator, retires ``core``."""
+    deadline = time.monotonic() + secs
+    if core.state not in (CommState.ACTIVE, CommState.BROKEN):
+        raise core.refusal(OpName.shrink)
+    # nothing may run on the old engine any more
+    with core.lock:
+        if core.state is CommState.ACTIVE:
+            core.life.move(CommState.BROKEN)
+            core.broken = CommAbortedError("communicator is being shrunk", comm=core.name, op="shrink")
+        pending = core.watchdog.pending_locked()
+    core.fail_works(pending, lambda rec: CommAbortedError("communicator is being shrunk", **core.where(rec)))
+    me = core.global_ranks[core.rank]
+    epoch = core.epoch
+    while True:
+        epoch += 1
+        try:
+            survivors = agree_on_survivors(
+                core.ctx.store, f"{core.ctx.store_prefix}/shrink{epoch}", me, list(core.global_ranks),
+                lambda: set(core.known_failures()), deadline,
+            )
+        except Exception as e:  # noqa: BLE001 - a store may raise anything
+            raise error_map.agreement_error(e, core.ctx.store, secs, dict(comm=core.name, op="shrink"),
+                                            core.monitor.control_lost if core.monitor is not None else None) from e
+        if me not in survivors:
+            core.expel("excluded from the survivor set")
+            raise CommAbortedError(f"this rank ({me}) is not in the survivor set {survivors} agreed at epoch {epoch}",
+                                   comm=core.name, op="shrink")
+        backend = _build_engine(core, survivors, epoch, deadline)
+        if backend is not None:
+            break
+        if time.monotonic() >= deadline:
+            raise CommTimeoutError(
+                f"could not rebuild the engine over the survivors within {secs:g} s (a survivor never joined "
+                f"its rendezvous, or {describe_store(core.ctx.store)} did not answer)",
+                timeout_s=secs, comm=core.name, op="shrink")
+    return _become(core, backend, survivors, epoch, make_comm)
+
+
+def _build_engine(core: CommCore, survivors: list[int], epoch: int, deadline: float) -> TorchCommBackend | None:
+    """A fresh engine over ``survivors`` under the epoch's store prefix; ``None`` when a
+    survivor failed meanwhile (the caller agrees again at the next epoch)."""
+    ctx = derived_context(core, survivors, f"{core.ctx.store_prefix}/e{epoch}",
+                          max(1.0, deadline - time.monotonic()))
+    try:
+        return build_until(core, ctx, deadline)
+    except BaseException as e:  # noqa: BLE001 - the engine may throw anything
+        if core.known_failures().keys() & set(survivors):
+            return None
+        raise build_error(core, e, 0.0, str(OpName.shrink), None) from None
+
+
+def _publish_quietly(client: Any, topic: str, payload: dict[str, Any]) -> None:
+    """Publish an informative event that nobody waits for; a failure to publish is ignored."""
+    try:
+        client.publish(topic, payload)
+    except Exception:  # noqa: BLE001 - the event is informative only
+        pass
+
+
+def _become(core: CommCore, backend: TorchCommBackend, survivors: list[int], epoch: int, make_comm: MakeComm) -> Any:
+    """Retire ``core`` in favour of a communicator over ``survivors``."""
+    core.close_engines(abort=True)
+    core.retire(CommState.SHRUNK)
+    core.release()
+    new_core = CommCore(backend, core.derived_options(core.hints), core.store)
+    new_core.epoch = epoch
+    new_core.failed_global = dict(core.failed_global)
+    for table, new_table in ((core.pre_hooks, new_core.pre_hooks), (core.post_hooks, new_core.post_hooks),
+                             (core.abort_hooks, new_core.abort_hooks)):
+        new_table.update(table)
+    new = make_comm(new_core)
+    monitor = core.monitor
+    if monitor is not None:
+        monitor.watch(new_core)
+        if new_core.rank == 0:
+            # informative only, so published on a thread of its own: a control plane that
+            # stops answering now must not hold the shrink past its deadline
+            threading.Thread(target=_publish_quietly, name=f"torchcomms-membership-{core.name}", daemon=True,
+                             args=(monitor.client, "membership",
+                                   {"comm": core.name, "epoch": epoch, "ranks": survivors})).start()
+    core.adopt(new, new_core)
+    return new

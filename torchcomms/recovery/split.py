@@ -1,0 +1,77 @@
+"""``split``: a new communicator over a subset of the ranks of one."""
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+
+from torchcomms.core.comm_core import CommCore
+from torchcomms.core.dispatch import dispatch
+from torchcomms.core.errors import CollectiveMismatchError
+from torchcomms.core.names import NAMES
+from torchcomms.core.types import OpName
+from torchcomms.core import error_map
+from torchcomms.recovery.engines import build_error, build_until, derived_context
+from torchcomms.recovery.shrink import MakeComm
+
+
+def _ranks_key(ranks: list[int]) -> str:
+    """A short, stable key of a member list, so that disjoint groups split under the same
+    name rendezvous under different store keys."""
+    return hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:12]
+
+
+def split(core: CommCore, ranks: list[int], name: str, hints: dict[str, str] | None, timeout: Any,
+          make_comm: MakeComm) -> Any:
+    """See ``TorchComm.split``: the new communicator on members, ``None`` elsewhere."""
+    c = core.checker
+    members = c.split_ranks(ranks)
+    if not isinstance(name, str) or not name:
+        raise c.value_error("split", f"name must be a non-empty str, got {name!r}")
+    c.hints("split", hints)
+    size, rank = core.size, core.rank
+    width = size + 1
+    mine = torch.full((width,), -1, dtype=torch.int64, device=core.device)
+    mine[0] = len(members)
+    if members:
+        mine[1: 1 + len(members)] = torch.tensor(members, dtype=torch.int64)
+    table = torch.empty(size * width, dtype=torch.int64, device=core.device)
+    work = dispatch(core, OpName.split, False, hints, timeout, [mine], [table], core.backend.all_gather_single,
+                    (table, mine))
+    seq = work.record.seq
+    rows = table.view(size, width).cpu().tolist()
+    for r in members:
+        row = rows[r]
+        theirs = row[1: 1 + row[0]]
+        if theirs != members:
+            raise CollectiveMismatchError(
+                f"split: rank {rank} passed ranks {members} but member rank {r} passed {theirs}",
+                comm=core.name, op="split", seq=seq, ranks=[rank, r],
+            )
+    if not members:
+        return None
+    incarnation = NAMES.claim(name)
+    try:
+        child_ctx = derived_context(
+            core, [core.global_ranks[r] for r in members],
+            f"{core.ctx.store_prefix}/split{seq}/{name}/{incarnation}/{_ranks_key(members)}", core.timeout_s,
+            rank=members.index(rank), name=name, hints=hints)
+        # The new engine's rendezvous waits on every member: bounded by this split's own
+        # deadline (which its exchange above already counted down), not by the engine's.
+        rec = work.record
+        try:
+            child_backend = build_until(core, child_ctx, work.deadline)
+        except BaseException as e:  # noqa: BLE001 - the engine may throw anything
+            raise build_error(core, e, rec.timeout_s, str(rec.name), rec.seq or None) from None
+        if child_backend is None:
+            raise error_map.engine_not_built("the new communicator's engine", child_ctx.global_ranks,
+                                             core.known_failures(), core.global_ranks, core.ctx.store,
+                                             rec.timeout_s, core.where(rec))
+        child_core = CommCore(child_backend, core.derived_options(child_ctx.hints), core.store)
+        child = make_comm(child_core)
+    except BaseException:
+        NAMES.release(name, None)
+        raise
+    core.adopt(child, child_core)
+    return child
