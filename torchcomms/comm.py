@@ -361,6 +361,7 @@ class TorchComm:
             handle = EngineHandle.failed(e)
         except Exception as e:  # noqa: BLE001 - the engine may throw anything
             handle = EngineHandle.failed(e)
+        work.stream_wait = getattr(handle, "stream_wait", None)
         if not handle.is_immediate:
             self._track(work)
             if not async_op and handle.can_wait_in_engine:
@@ -894,7 +895,7 @@ class TorchComm:
                 pending = list(self._inflight.values())
             for w in pending:
                 try:
-                    w.wait()
+                    w.wait_blocking()
                 except CommError:
                     pass
         if self._state == "active":
