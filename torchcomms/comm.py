@@ -1189,6 +1189,7 @@ class TorchComm:
                     comm=self._name, op="split", seq=seq, ranks=[self._rank, r],
                 )
         if not members:
+            self._split_excluded(work)
             return None
         incarnation = NAMES.claim(name)
         try:
@@ -1218,6 +1219,19 @@ class TorchComm:
             raise
         self._adopt(child)
         return child
+
+    def _split_excluded(self, work: TorchWork) -> None:
+        """A rank left out of a split takes part in the engine's side of it (NCCL's split is
+        collective over the parent), bounded by the split's deadline."""
+        if type(self._backend).split_excluded is TorchCommBackend.split_excluded:
+            return  # nothing to take part in
+        try:
+            call_until(f"{self._name!r}'s engine split", self._backend.split_excluded, work.deadline,
+                       thread_name=f"torchcomms-split-{self._name}", store=self._ctx.store)
+        except StoreNotAnswering:
+            raise self._engine_not_built(work.record, self._global_ranks, "the split's engine") from None
+        except BaseException as e:  # noqa: BLE001 - the engine may throw anything
+            raise self._build_error(e, work.record) from None
 
     def _engine_not_built(self, rec: OpRecord, members: tuple[int, ...], what: str) -> CommError:
         """Why the engine ``what`` (``split``'s new one, the collective check's) was abandoned: a
