@@ -56,6 +56,9 @@ _C10D_OPS = {
     RedOpType.MIN: dist.ReduceOp.MIN,
     RedOpType.MAX: dist.ReduceOp.MAX,
 }
+# c10d's native PREMUL_SUM returned zeros for bfloat16 on torch 2.11 / NCCL 2.28 (measured on
+# the H200): those dtypes are scaled first, then summed
+_PREMUL_BY_SCALING = frozenset({torch.bfloat16, torch.float16})
 _NCCL_DTYPES = frozenset(
     {torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,
      torch.float64}
@@ -73,10 +76,26 @@ def _c10d_env() -> None:
         os.environ[key] = value
 
 
-def _reduce_op(op: ReduceOp) -> Any:
+def _reduce_op(op: ReduceOp, dtype: torch.dtype) -> Any:
     if op.type is RedOpType.PREMUL_SUM:
+        if dtype in _PREMUL_BY_SCALING:
+            return dist.ReduceOp.SUM  # the caller scaled the input
         return dist._make_nccl_premul_sum(op.factor)  # type: ignore[attr-defined]
     return _C10D_OPS[op.type]
+
+
+def _scaled(t: torch.Tensor, op: ReduceOp, in_place: bool) -> torch.Tensor:
+    """``t`` times PREMUL_SUM's factor, on the current stream (the op waits on it), for the
+    dtypes whose native PREMUL_SUM is wrong; any other ``t`` as it is."""
+    if op.type is not RedOpType.PREMUL_SUM or t.dtype not in _PREMUL_BY_SCALING:
+        return t
+    return t.mul_(op.factor) if in_place else t * op.factor  # type: ignore[operator]
+
+
+def _supports(pg: Any, flag: str) -> bool:
+    """c10d's ``supports_splitting``/``supports_shrinking``: a property or a method by version."""
+    value = getattr(pg, flag, False)
+    return bool(value() if callable(value) else value)
 
 
 class NcclBackend(TorchCommBackend):
@@ -140,9 +159,9 @@ class NcclBackend(TorchCommBackend):
         if pg is None or self._aborted:
             child.init()
         elif ctx.name == self.ctx.name and len(theirs) < len(mine) and set(theirs) <= set(mine) \
-                and pg.supports_shrinking():
+                and _supports(pg, "supports_shrinking"):
             child.init(split_from=self, exclude=[i for i, g in enumerate(mine) if g not in theirs])
-        elif set(theirs) <= set(mine) and pg.supports_splitting() and ctx.name != self.ctx.name:
+        elif set(theirs) <= set(mine) and _supports(pg, "supports_splitting") and ctx.name != self.ctx.name:
             child.init(split_from=self)
         else:
             child.init()
@@ -151,7 +170,7 @@ class NcclBackend(TorchCommBackend):
     def split_excluded(self) -> None:
         """This rank is not in a split: take part in the parent's ``ncclCommSplit`` anyway."""
         pg = getattr(self, "_pg", None)
-        if pg is not None and not self._aborted and pg.supports_splitting():
+        if pg is not None and not self._aborted and _supports(pg, "supports_splitting"):
             pg.perform_nocolor_split(self._device)
 
     def finalize(self) -> None:
@@ -205,10 +224,14 @@ class NcclBackend(TorchCommBackend):
         pg = self._pg
         if pg is None:
             return None
-        err = pg.get_error()
-        if err == dist.ErrorType.SUCCESS:
+        try:
+            err = pg.get_error()
+        except Exception:  # noqa: BLE001 - aborted meanwhile: the communicator already failed its ops
             return None
-        return f"NCCL communicator reported {err.name}"
+        name = getattr(err, "name", str(err))
+        if name.rsplit(".", 1)[-1] == "SUCCESS":
+            return None
+        return f"NCCL communicator reported {name}"
 
     # --- helpers -------------------------------------------------------------------------------
     def _handle(self, work: Any) -> EngineHandle:
@@ -243,14 +266,14 @@ class NcclBackend(TorchCommBackend):
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> EngineHandle:
         opts = dist.AllreduceOptions()
-        opts.reduceOp = _reduce_op(op)
-        return self._handle(self._pg.allreduce([tensor], opts))
+        opts.reduceOp = _reduce_op(op, tensor.dtype)
+        return self._handle(self._pg.allreduce([_scaled(tensor, op, True)], opts))
 
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp) -> EngineHandle:
         opts = dist.ReduceOptions()
-        opts.reduceOp = _reduce_op(op)
+        opts.reduceOp = _reduce_op(op, tensor.dtype)
         opts.rootRank = root
-        return self._handle(self._pg.reduce([tensor], opts))
+        return self._handle(self._pg.reduce([_scaled(tensor, op, True)], opts))
 
     def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> EngineHandle:
         return self._handle(self._pg.allgather([tensor_list], [tensor]))
@@ -264,15 +287,16 @@ class NcclBackend(TorchCommBackend):
 
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp) -> EngineHandle:
         opts = dist.ReduceScatterOptions()
-        opts.reduceOp = _reduce_op(op)
-        return self._handle(self._pg.reduce_scatter([output], [input_list], opts))
+        opts.reduceOp = _reduce_op(op, output.dtype)
+        inputs = [_scaled(t, op, False) for t in input_list]
+        return self._handle(self._pg.reduce_scatter([output], [inputs], opts))
 
     reduce_scatter_v = reduce_scatter
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp) -> EngineHandle:
         opts = dist.ReduceScatterOptions()
-        opts.reduceOp = _reduce_op(op)
-        return self._handle(self._pg._reduce_scatter_base(output, input, opts))
+        opts.reduceOp = _reduce_op(op, output.dtype)
+        return self._handle(self._pg._reduce_scatter_base(output, _scaled(input, op, False), opts))
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
         return self._handle(self._pg.alltoall_base(output, input, [], [], dist.AllToAllOptions()))
