@@ -56,9 +56,6 @@ _C10D_OPS = {
     RedOpType.MIN: dist.ReduceOp.MIN,
     RedOpType.MAX: dist.ReduceOp.MAX,
 }
-# c10d's native PREMUL_SUM returned zeros for bfloat16 on torch 2.11 / NCCL 2.28 (measured on
-# the H200): those dtypes are scaled first, then summed
-_PREMUL_BY_SCALING = frozenset({torch.bfloat16, torch.float16})
 _NCCL_DTYPES = frozenset(
     {torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,
      torch.float64}
@@ -78,16 +75,16 @@ def _c10d_env() -> None:
 
 def _reduce_op(op: ReduceOp, dtype: torch.dtype) -> Any:
     if op.type is RedOpType.PREMUL_SUM:
-        if dtype in _PREMUL_BY_SCALING:
-            return dist.ReduceOp.SUM  # the caller scaled the input
-        return dist._make_nccl_premul_sum(op.factor)  # type: ignore[attr-defined]
+        return dist.ReduceOp.SUM  # the caller scaled the input (see _scaled)
     return _C10D_OPS[op.type]
 
 
 def _scaled(t: torch.Tensor, op: ReduceOp, in_place: bool) -> torch.Tensor:
-    """``t`` times PREMUL_SUM's factor, on the current stream (the op waits on it), for the
-    dtypes whose native PREMUL_SUM is wrong; any other ``t`` as it is."""
-    if op.type is not RedOpType.PREMUL_SUM or t.dtype not in _PREMUL_BY_SCALING:
+    """PREMUL_SUM's input: ``t`` times the factor, on the current stream (the op waits on it);
+    any other op's ``t`` as it is. c10d's native PREMUL_SUM (``_make_nccl_premul_sum``) gave
+    wrong results on the H200 (torch 2.11, NCCL 2.28.9, one rank): zeros from a bfloat16
+    all-reduce, an unscaled float32 reduce-scatter."""
+    if op.type is not RedOpType.PREMUL_SUM:
         return t
     return t.mul_(op.factor) if in_place else t * op.factor  # type: ignore[operator]
 
