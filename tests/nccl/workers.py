@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import torchcomms
-from torchcomms import CommTimeoutError, ReduceOp
+from torchcomms import CommTimeoutError, PeerFailureError, ReduceOp
 
 
 def peer_never_joins(timeout_s: float) -> dict[str, Any]:
@@ -109,7 +109,7 @@ def op_timeout_then_shrink(straggler: int) -> dict[str, Any]:
     w = comm.all_reduce(torch.ones(1024, device=dev), ReduceOp.SUM, True, timeout=timedelta(seconds=2))
     try:
         w.wait_blocking()
-    except CommTimeoutError:
+    except (CommTimeoutError, PeerFailureError):  # NCCL may see the peer's exit before the deadline
         elapsed = time.monotonic() - t0
     else:
         raise AssertionError("the all-reduce completed without the straggler")
