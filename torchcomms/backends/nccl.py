@@ -134,7 +134,9 @@ class NcclBackend(TorchCommBackend):
                 self._pg = dist.ProcessGroupNCCL(dist.PrefixStore(ctx.store_prefix + "/nccl", store), ctx.rank,
                                                  ctx.size, opts)
                 self._pg.eager_connect_single_device(self._device)
-        self._pg._set_default_timeout(ENGINE_OP_BACKSTOP)
+        set_timeout = getattr(self._pg, "_set_default_timeout", None)  # absent on a shrunk c10d Backend
+        if set_timeout is not None:
+            set_timeout(ENGINE_OP_BACKSTOP)
         self._poller = CompletionPoller(ctx.name, self._engine_error)
 
     def version(self) -> str:
@@ -157,7 +159,10 @@ class NcclBackend(TorchCommBackend):
             child.init()
         elif ctx.name == self.ctx.name and len(theirs) < len(mine) and set(theirs) <= set(mine) \
                 and _supports(pg, "supports_shrinking"):
-            child.init(split_from=self, exclude=[i for i, g in enumerate(mine) if g not in theirs])
+            try:
+                child.init(split_from=self, exclude=[i for i, g in enumerate(mine) if g not in theirs])
+            except RuntimeError:  # ncclCommShrink refused (the parent's state): a fresh communicator
+                child.init()
         elif set(theirs) <= set(mine) and _supports(pg, "supports_splitting") and ctx.name != self.ctx.name:
             child.init(split_from=self)
         else:
