@@ -4,6 +4,12 @@
     python3 benchmarks/comm_bench.py --tracing both        # also torchcomms without tracing
     python3 benchmarks/comm_bench.py --control             # plus an A/A control (c10d vs c10d)
     python3 benchmarks/comm_bench.py --ops all_reduce --min-bytes 16M --max-bytes 64M --json out.json
+    python3 benchmarks/comm_bench.py --device cuda --nproc 1   # nccl on one GPU per rank
+
+With ``--device cuda`` both contenders run NCCL (torchcomms' ``nccl`` backend and c10d's
+``ProcessGroupNCCL``) on ``cuda:LOCAL_RANK``; an op's time then runs from its call until
+``torch.cuda.synchronize()`` returns, and ``host µs`` is the host time per call of a burst of
+``--host-burst`` calls issued back to back without synchronizing (the host overhead per op).
 
 The parent process hosts a TCPStore (port 0, so no fixed port) and starts ``--nproc`` rank
 processes. Each rank creates, over that store, a torchcomms communicator
@@ -107,19 +113,23 @@ class Buffers:
     out: torch.Tensor
 
 
-def make_buffers(op: str, size: int, n: int, rank: int, dtype: torch.dtype) -> tuple[Buffers, int]:
+def make_buffers(op: str, size: int, n: int, rank: int, dtype: torch.dtype,
+                 device: torch.device | None = None) -> tuple[Buffers, int]:
     """Buffers for ``op`` whose largest one holds ``size`` bytes (rounded down to whole
     elements divisible by ``n``); returns them and the effective byte size."""
     esize = torch.empty((), dtype=dtype).element_size()
     count = max(n, (size // esize) // n * n)
     gen = torch.Generator().manual_seed(1234 + rank)
     full = torch.randint(-8, 8, (count,), generator=gen).to(dtype)
+    if device is not None:
+        full = full.to(device)
+    dev = full.device
     if op == "all_gather_single":
-        return Buffers(full[: count // n].clone(), torch.empty(count, dtype=dtype)), count * esize
+        return Buffers(full[: count // n].clone(), torch.empty(count, dtype=dtype, device=dev)), count * esize
     if op == "reduce_scatter_single":
-        return Buffers(full, torch.empty(count // n, dtype=dtype)), count * esize
+        return Buffers(full, torch.empty(count // n, dtype=dtype, device=dev)), count * esize
     if op == "all_to_all_single":
-        return Buffers(full, torch.empty(count, dtype=dtype)), count * esize
+        return Buffers(full, torch.empty(count, dtype=dtype, device=dev)), count * esize
     return Buffers(full, full), count * esize  # all_reduce, broadcast: in place
 
 
@@ -156,14 +166,20 @@ def c10d_call(op: str, b: Buffers, group: Any = None) -> Callable[[], object]:
     return lambda: dist.broadcast(b.inp, src=0, group=group)
 
 
-def new_torchcomm(name: str, store: Any, tracing: bool) -> Any:
-    """A gloo communicator; tracing is decided by TORCHCOMM_TRACING_DISABLE at creation."""
+def engine_of(device: torch.device) -> str:
+    """The engine both contenders run on ``device``."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def new_torchcomm(name: str, store: Any, tracing: bool, device: torch.device = torch.device("cpu")) -> Any:
+    """A communicator on ``device``'s engine; tracing is decided by TORCHCOMM_TRACING_DISABLE
+    at creation."""
     import torchcomms
 
     saved = os.environ.get("TORCHCOMM_TRACING_DISABLE")
     os.environ["TORCHCOMM_TRACING_DISABLE"] = "0" if tracing else "1"
     try:
-        return torchcomms.new_comm("gloo", torch.device("cpu"), name=name, store=dist.PrefixStore(name, store))
+        return torchcomms.new_comm(engine_of(device), device, name=name, store=dist.PrefixStore(name, store))
     finally:
         if saved is None:
             del os.environ["TORCHCOMM_TRACING_DISABLE"]
@@ -175,8 +191,9 @@ class Contenders:
     """The torchcomms communicators under test, ``engines`` per label; rebuilt under fresh
     names after an op failure broke them (a broken communicator fails every later op by design)."""
 
-    def __init__(self, tracing: str, store: Any, engines: int = 1) -> None:
+    def __init__(self, tracing: str, store: Any, engines: int = 1, device: torch.device = torch.device("cpu")) -> None:
         self._store = store
+        self._device = device
         self._engines = engines
         self._which = [(TRACED, True)] if tracing in ("on", "both") else []
         self._which += [(UNTRACED, False)] if tracing in ("off", "both") else []
@@ -187,7 +204,8 @@ class Contenders:
     def _build(self) -> None:
         g = self._generation
         self.comms = {
-            label: [new_torchcomm(f"bench-{label}-{g}-{i}", self._store, tracing=on) for i in range(self._engines)]
+            label: [new_torchcomm(f"bench-{label}-{g}-{i}", self._store, tracing=on, device=self._device)
+                    for i in range(self._engines)]
             for label, on in self._which
         }
 
@@ -206,15 +224,20 @@ def run_rank(args: argparse.Namespace) -> None:
     rank, n = int(os.environ["TORCHCOMM_RANK"]), int(os.environ["TORCHCOMM_SIZE"])
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), n, is_master=False,
                           timeout=timedelta(seconds=120))
-    dist.init_process_group("gloo", store=dist.PrefixStore("c10d", store), rank=rank, world_size=n,
-                            timeout=timedelta(seconds=args.op_timeout))
+    device = torch.device(args.device, int(os.environ.get("LOCAL_RANK", rank))) if args.device == "cuda" else None
+    engine = engine_of(device or torch.device("cpu"))
+    if device is not None:
+        torch.cuda.set_device(device)
+    dist.init_process_group(engine, store=dist.PrefixStore("c10d", store), rank=rank, world_size=n,
+                            timeout=timedelta(seconds=args.op_timeout), device_id=device)
     bar = dist.new_group(backend="gloo")
     # --engines K: every contender owns K engines (gloo contexts, each with its own sockets) and
     # iteration i uses engine i % K, so that one engine's luck with its connections does not
     # decide a contender's time.
-    anchors: list[Any] = [None] + [dist.new_group(backend="gloo") for _ in range(args.engines - 1)]
-    controls = [dist.new_group(backend="gloo") for _ in range(args.engines)] if args.control else None
-    ours = Contenders(args.tracing, store, args.engines)
+    anchors: list[Any] = [None] + [dist.new_group(backend=engine) for _ in range(args.engines - 1)]
+    controls = [dist.new_group(backend=engine) for _ in range(args.engines)] if args.control else None
+    ours = Contenders(args.tracing, store, args.engines, device or torch.device("cpu"))
+    sync = torch.cuda.synchronize if device is not None else (lambda: None)
     dtype = DTYPES[args.dtype]
     rows: list[dict[str, Any]] = []
     for op in args.ops:
@@ -223,7 +246,7 @@ def run_rank(args: argparse.Namespace) -> None:
             bufs: dict[str, Buffers] = {}
             engines: dict[str, list[Callable[[], object]]] = {}
             for name in names:
-                bufs[name], nbytes = make_buffers(op, size, n, rank, dtype)
+                bufs[name], nbytes = make_buffers(op, size, n, rank, dtype, device)
                 if name == ANCHOR:
                     engines[name] = [c10d_call(op, bufs[name], grp) for grp in anchors]
                 elif name == CONTROL:
@@ -232,7 +255,7 @@ def run_rank(args: argparse.Namespace) -> None:
                     engines[name] = [torchcomms_call(comm, op, bufs[name]) for comm in ours.comms[name]]
             error = None
             for k in range(args.engines):
-                error = error or check_agreement(op, names, bufs, {nm: engines[nm][k] for nm in names}, bar)
+                error = error or check_agreement(op, names, bufs, {nm: engines[nm][k] for nm in names}, bar, sync)
             error = agreed_error(error, bar)
             if error is not None:  # record it, skip this op's larger sizes, carry on with the next op
                 rows.append({"op": op, "bytes": nbytes, "requested_bytes": size, "error": error})
@@ -249,6 +272,7 @@ def run_rank(args: argparse.Namespace) -> None:
                     call = engines[name][it % args.engines]
                     t0 = time.perf_counter()
                     call()
+                    sync()
                     dt = time.perf_counter() - t0
                     if it >= args.warmup:
                         times[name].append(dt)
@@ -259,6 +283,8 @@ def run_rank(args: argparse.Namespace) -> None:
             slowest = everyone.view(n, *local.shape).amax(dim=0)
             rows.append({"op": op, "bytes": nbytes, "requested_bytes": size,
                          "samples_s": {nm: slowest[i].tolist() for i, nm in enumerate(names)}})
+            if device is not None:
+                rows[-1]["host_s"] = host_overhead(names, engines, args.host_burst, bar, sync)
             if rank == 0 and args.verbose:
                 print(f"  rank0: {op} {fmt_bytes(size)} done", file=sys.stderr, flush=True)
     if rank == 0:
@@ -268,14 +294,35 @@ def run_rank(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
+def host_overhead(names: list[str], engines: dict[str, list[Callable[[], object]]], burst: int, bar: Any,
+                  sync: Callable[[], None]) -> dict[str, float]:
+    """Host seconds per call of ``burst`` calls issued back to back (no synchronization
+    between them), each contender in turn, the median of three bursts."""
+    out: dict[str, float] = {}
+    for name in names:
+        call = engines[name][0]
+        per_call = []
+        for _ in range(3):
+            sync()
+            dist.barrier(group=bar)
+            t0 = time.perf_counter()
+            for _ in range(burst):
+                call()
+            per_call.append((time.perf_counter() - t0) / burst)
+            sync()
+        out[name] = statistics.median(per_call)
+    return out
+
+
 def check_agreement(op: str, names: list[str], bufs: dict[str, Buffers], calls: dict[str, Callable[[], object]],
-                    bar: Any) -> str | None:
+                    bar: Any, sync: Callable[[], None] = lambda: None) -> str | None:
     """Run each contender once on identical inputs; their outputs must be identical.
     Returns what went wrong on this rank, or None."""
     for name in names:
         dist.barrier(group=bar)
         try:
             calls[name]()
+            sync()
         except Exception as e:  # noqa: BLE001 - reported in the table, not hidden
             return f"{name}: {type(e).__name__}: {e}"
     ref = bufs[ANCHOR].out
@@ -360,6 +407,8 @@ def summarize(raw: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
                 "busbw_GBps": algbw * busbw_factor(op, n),
                 "samples_us": [x * 1e6 for x in s],
             }
+            if "host_s" in row:
+                res["contenders"][name]["host_us"] = row["host_s"][name] * 1e6
         anchor = samples[ANCHOR]
         for name, s in samples.items():
             if name == ANCHOR:
@@ -399,6 +448,8 @@ def print_table(results: list[dict[str, Any]], goal_bytes: tuple[int, ...]) -> N
         for nm in names:
             c = res["contenders"][nm]
             cells += [f"{c['time_us']:.0f}", f"{c['algbw_GBps']:.3g}", f"{c['busbw_GBps']:.3g}"]
+            if "host_us" in c:
+                cells[-3] += f" (host {c['host_us']:.1f})"
         for nm in ours:
             c = res["contenders"][nm]
             mark = " ✗" if nm != CONTROL and res["bytes"] in goal_bytes and c["ratio"] > 1.05 else ""
@@ -426,7 +477,10 @@ def machine_description() -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
+    p.add_argument("--nproc", type=int, default=2, help="ranks (default 2; --device cuda: one GPU each, 1 allowed)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cpu: both contenders on gloo; cuda: both on NCCL, rank r on cuda:r")
+    p.add_argument("--host-burst", type=int, default=50, help="--device cuda: calls per host-overhead burst")
     p.add_argument("--min-bytes", type=parse_bytes, default=4 << 10, help="smallest size (default 4K)")
     p.add_argument("--max-bytes", type=parse_bytes, default=64 << 20, help="largest size (default 64M)")
     p.add_argument("--step-factor", type=int, default=4, choices=(2, 4), help="size multiplier (default 4)")
@@ -459,8 +513,8 @@ def validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if not ops or unknown:
         p.error(f"--ops: unknown op(s) {unknown or ops}; choose from {', '.join(OPS)}")
     args.ops = ops
-    if args.nproc < 2:
-        p.error(f"--nproc must be at least 2, got {args.nproc}")
+    if args.nproc < (1 if args.device == "cuda" else 2):
+        p.error(f"--nproc must be at least {1 if args.device == 'cuda' else 2}, got {args.nproc}")
     if args.min_bytes > args.max_bytes:
         p.error(f"--min-bytes ({args.min_bytes}) is larger than --max-bytes ({args.max_bytes})")
     if args.engines < 1:
@@ -506,10 +560,12 @@ def main(argv: list[str] | None = None) -> int:
         "engines_per_contender": args.engines,
         "order": f"shuffled per iteration, seed {args.seed}",
         "iface": args.iface,
+        "device": args.device,
         "anchor": ANCHOR,
         "note": "time = median over interleaved iterations of the slowest rank; ratio = torchcomms / c10d",
     }
-    print(f"comm_bench: {args.nproc} ranks, gloo on {args.iface}, {args.dtype}, {args.iters} iters "
+    engine = "nccl (host µs: host time per call, back-to-back)" if args.device == "cuda" else f"gloo on {args.iface}"
+    print(f"comm_bench: {args.nproc} ranks, {engine}, {args.dtype}, {args.iters} iters "
           f"(+{args.warmup} warm-up), tracing {args.tracing}, {args.engines} engine(s) per contender; {started:%Y-%m-%d %H:%M} UTC, "
           f"load {load_before[0]:.1f} -> {meta['loadavg_after'][0]:.1f}")
     print_table(results, goal)

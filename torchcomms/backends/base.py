@@ -247,6 +247,10 @@ class TorchCommBackend:
         child.init()
         return child
 
+    def split_excluded(self) -> None:
+        """Called on each rank left out of a :meth:`split` (whose members call ``split``), for
+        engines whose split is collective over every rank of the parent (NCCL's)."""
+
     def classify_error(self, error: BaseException) -> str:
         """'timeout', 'peer' or 'other' for an engine error."""
         return "other"

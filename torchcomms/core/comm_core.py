@@ -222,7 +222,7 @@ class CommCore:
                 pending = self.watchdog.pending_locked()
             for w in pending:
                 try:
-                    w.wait()
+                    w.wait_blocking()
                 except CommError:
                     pass
         self.close_engines(abort=self.life.state is not S.ACTIVE)

@@ -102,6 +102,7 @@ def dispatch(
         handle = EngineHandle.failed(mismatch) if mismatch is not None else launch(*args)
     except Exception as e:  # noqa: BLE001 - the engine may throw anything
         handle = EngineHandle.failed(e)
+    work.stream_wait = getattr(handle, "stream_wait", None)
     if not handle.is_immediate:
         core.watchdog.track(work)
         if not async_op and handle.can_wait_in_engine:

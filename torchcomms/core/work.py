@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from torchcomms.core.errors import CommError, CommTimeoutError
@@ -46,7 +47,7 @@ class TorchWork:
     """
 
     __slots__ = ("_owner", "record", "deadline", "_event", "_done", "_status", "_exc", "_lock", "tracked",
-                 "__weakref__")
+                 "stream_wait", "__weakref__")
 
     def __init__(self, owner: WorkOwner, record: OpRecord, deadline: float) -> None:
         self._owner = owner
@@ -58,6 +59,8 @@ class TorchWork:
         self._exc: CommError | None = None
         self._lock = threading.Lock()
         self.tracked = False  # registered with the communicator's in-flight table
+        # set for ops of stream-ordered engines (CUDA): makes the current stream wait on the op
+        self.stream_wait: Callable[[], None] | None = None
 
     def _waiter(self) -> threading.Event | None:
         """The event to block on, or ``None`` when the work already ended."""
@@ -104,9 +107,19 @@ class TorchWork:
 
     # --- public API ------------------------------------------------------------------------
     def wait(self, timeout: timedelta | float | None = None) -> bool:
-        """Block until the op completes (CPU semantics; stream-ordered engines make the current
-        stream wait instead). Raises the op's error. With ``timeout`` shorter than the op's own
-        deadline, returns ``False`` if the op is still running then (the op goes on)."""
+        """Block until the op completes (CPU semantics). On a stream-ordered engine (CUDA) the
+        current stream waits on the op instead and the host goes on; the op's deadline is then
+        enforced by the watchdog, and a failure shows at the next op or ``wait_blocking()``.
+        Raises the op's error. With ``timeout`` shorter than the op's own deadline, returns
+        ``False`` if the op is still running then (the op goes on)."""
+        if self.stream_wait is not None and not self._done:
+            self.stream_wait()
+            return True
+        return self.wait_blocking(timeout)
+
+    def wait_blocking(self, timeout: timedelta | float | None = None) -> bool:
+        """Block the calling thread until the op ends (also on stream-ordered engines); same
+        deadline and ``timeout`` rules as :meth:`wait`."""
         now = time.monotonic()
         limit = self.deadline
         user_limit = None
@@ -126,10 +139,6 @@ class TorchWork:
         if self._exc is not None:
             raise self._exc
         return True
-
-    def wait_blocking(self, timeout: timedelta | float | None = None) -> bool:
-        """Block the calling thread until completion (same as ``wait`` on CPU)."""
-        return self.wait(timeout)
 
     def is_completed(self) -> bool:
         """True once the op ended, successfully or not (an expired deadline counts as ended)."""
@@ -159,7 +168,7 @@ class TorchWork:
             # wait(), not the bare event: the event is set only once the thread that ended the
             # op finished its post-hooks, and nothing expires an op no watchdog tracks.
             try:
-                self.wait()
+                self.wait_blocking()
             except CommError as e:
                 fut.set_exception(e)
             else:

@@ -12,6 +12,8 @@ from torchcomms.core.errors import CollectiveMismatchError
 from torchcomms.core.names import NAMES
 from torchcomms.core.types import OpName
 from torchcomms.core import error_map
+from torchcomms.core.store_calls import StoreNotAnswering, call_until
+from torchcomms.backends.base import TorchCommBackend
 from torchcomms.recovery.engines import build_error, build_until, derived_context
 from torchcomms.recovery.shrink import MakeComm
 
@@ -20,6 +22,23 @@ def _ranks_key(ranks: list[int]) -> str:
     """A short, stable key of a member list, so that disjoint groups split under the same
     name rendezvous under different store keys."""
     return hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:12]
+
+
+def _take_part_excluded(core: CommCore, work: Any) -> None:
+    """A rank left out of a split takes part in the engine's side of it (NCCL's split is
+    collective over the parent), bounded by the split's deadline."""
+    if type(core.backend).split_excluded is TorchCommBackend.split_excluded:
+        return  # nothing to take part in
+    rec = work.record
+    try:
+        call_until(f"{core.name!r}'s engine split", core.backend.split_excluded, work.deadline,
+                   thread_name=f"torchcomms-split-{core.name}", store=core.ctx.store)
+    except StoreNotAnswering:
+        raise error_map.engine_not_built("the split's engine", core.global_ranks, core.known_failures(),
+                                         core.global_ranks, core.ctx.store, rec.timeout_s,
+                                         core.where(rec)) from None
+    except BaseException as e:  # noqa: BLE001 - the engine may throw anything
+        raise build_error(core, e, rec.timeout_s, str(rec.name), rec.seq or None) from None
 
 
 def split(core: CommCore, ranks: list[int], name: str, hints: dict[str, str] | None, timeout: Any,
@@ -50,6 +69,7 @@ def split(core: CommCore, ranks: list[int], name: str, hints: dict[str, str] | N
                 comm=core.name, op="split", seq=seq, ranks=[rank, r],
             )
     if not members:
+        _take_part_excluded(core, work)
         return None
     incarnation = NAMES.claim(name)
     try:

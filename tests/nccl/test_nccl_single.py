@@ -1,0 +1,235 @@
+"""Every op of the API through the nccl backend at world size 1, stream ordering, the
+watchdog's timeout on a busy GPU, abort, split and shrink (one process, one GPU)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+
+import torchcomms
+from tests.helpers.cuda import returns_while_the_gpu_is_busy
+from tests.nccl.conftest import needs_gpu
+from torchcomms import CommAbortedError, CommTimeoutError, ReduceOp
+
+pytestmark = [pytest.mark.gpu, needs_gpu]
+
+_NAMES = iter(range(1_000_000))
+
+
+def make(timeout_s: float = 60.0, **kw):  # noqa: ANN201
+    return torchcomms.new_comm("nccl", torch.device("cuda", 0), name=f"nccl-test-{next(_NAMES)}",
+                               timeout=timedelta(seconds=timeout_s), hints={"rank": "0", "size": "1"}, **kw)
+
+
+@pytest.fixture
+def comm():  # noqa: ANN201
+    c = make()
+    yield c
+    c.finalize()
+
+
+def x(n: int = 1024, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return (torch.arange(n, device="cuda", dtype=torch.int64) % 5 + 1).to(dtype)
+
+
+def test_identity(comm) -> None:  # noqa: ANN001
+    assert comm.get_backend() == "nccl"
+    assert comm.get_rank() == 0 and comm.get_size() == 1
+    assert comm.get_device() == torch.device("cuda", 0)
+    assert "nccl 2." in comm.get_backend_version()
+    assert type(comm.get_backend_impl()).__name__ == "ProcessGroupNCCL"
+    assert torchcomms.is_backend_built("nccl")
+    # c10d's own watchdog may never end the process: we raise instead
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
+    assert os.environ["TORCH_NCCL_ENABLE_MONITORING"] == "0"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+@pytest.mark.parametrize("async_op", [False, True])
+def test_reductions(comm, dtype: torch.dtype, async_op: bool) -> None:  # noqa: ANN001
+    ops = [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX]
+    if dtype.is_floating_point:
+        ops += [ReduceOp.AVG, ReduceOp.PREMUL_SUM(0.5)]
+    for op in ops:
+        t = x(dtype=dtype)
+        want = t * 0.5 if op.type.name == "PREMUL_SUM" else t.clone()
+        w = comm.all_reduce(t, op, async_op)
+        w.wait()
+        assert torch.equal(t, want.to(dtype)), op
+        r = x(dtype=dtype)
+        comm.reduce(r, 0, op, async_op).wait()
+        assert torch.equal(r, want.to(dtype)), op
+        out = torch.empty_like(t)
+        src = x(dtype=dtype)
+        comm.reduce_scatter_single(out, src, op, async_op).wait()
+        assert torch.equal(out, want.to(dtype)) and torch.equal(src, x(dtype=dtype)), op  # input untouched
+
+
+def test_bitwise_ops_refused_before_the_engine(comm) -> None:  # noqa: ANN001
+    with pytest.raises(torchcomms.CommTypeError):
+        comm.all_reduce(x(dtype=torch.int64), ReduceOp.BAND, False)
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+def test_every_other_op(comm, async_op: bool) -> None:  # noqa: ANN001
+    a = x()
+    works = []
+    b = a.clone()
+    works.append(comm.broadcast(b, 0, async_op))
+    ag = [torch.empty_like(a)]
+    works.append(comm.all_gather(ag, a, async_op))
+    agv = [torch.empty_like(a)]
+    works.append(comm.all_gather_v(agv, a, async_op))
+    ags = torch.empty_like(a)
+    works.append(comm.all_gather_single(ags, a, async_op))
+    rs = torch.empty_like(a)
+    works.append(comm.reduce_scatter(rs, [a], ReduceOp.SUM, async_op))
+    rsv = torch.empty_like(a)
+    works.append(comm.reduce_scatter_v(rsv, [a], ReduceOp.SUM, async_op))
+    rss = torch.empty_like(a)
+    works.append(comm.reduce_scatter_single(rss, a, ReduceOp.SUM, async_op))
+    a2a = torch.empty_like(a)
+    works.append(comm.all_to_all_single(a2a, a, async_op))
+    a2av = torch.empty_like(a)
+    works.append(comm.all_to_all_v_single(a2av, a, [a.numel()], [a.numel()], async_op))
+    a2al = [torch.empty_like(a)]
+    works.append(comm.all_to_all(a2al, [a], async_op))
+    works.append(comm.barrier(async_op))
+    sc = torch.empty_like(a)
+    works.append(comm.scatter(sc, [a], 0, async_op))
+    ga = [torch.empty_like(a)]
+    works.append(comm.gather(ga, a, 0, async_op))
+    gs = torch.empty_like(a)
+    works.append(comm.gather_single(gs, a, 0, async_op))
+    for w in works:
+        w.wait()
+    for out in (b, ag[0], agv[0], ags, rs, rsv, rss, a2a, a2av, a2al[0], sc, ga[0], gs):
+        assert torch.equal(out, a)
+    for w in works:
+        w.wait_blocking()
+        assert w.is_completed() and w.status is torchcomms.WorkStatus.COMPLETED
+
+
+def test_wait_orders_the_stream_without_blocking_the_host(comm) -> None:  # noqa: ANN001
+    t = torch.ones(1 << 20, device="cuda")
+
+    def step() -> None:
+        t.fill_(2.0)  # queued behind the spin on the current stream
+        comm.all_reduce(t, ReduceOp.SUM, False)  # synchronous op: stream-ordered, host goes on
+        t.mul_(3.0)
+        w = comm.all_reduce(t, ReduceOp.SUM, True)
+        w.wait()
+
+    assert returns_while_the_gpu_is_busy(step)
+    assert torch.all(t == 6.0)
+
+
+def test_async_op_overlaps_with_caller_stream(comm) -> None:  # noqa: ANN001
+    """An async op's input written on a side stream: the op waits for it (it waits on the
+    stream current at issue) and the result is right without any host synchronization."""
+    side = torch.cuda.Stream()
+    t = torch.zeros(1 << 16, device="cuda")
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        t.fill_(7.0)
+        w = comm.all_reduce(t, ReduceOp.SUM, True)
+        w.wait()
+        out = t * 1.0
+    torch.cuda.synchronize()
+    assert torch.all(out == 7.0)
+
+
+def test_timeout_on_a_busy_gpu_raises_and_breaks(comm) -> None:  # noqa: ANN001
+    """The GPU is busy past the op's deadline: the watchdog ends the op with CommTimeoutError
+    at the deadline (the host is never blocked by the GPU), later ops fail fast, and abort
+    tears the engine down."""
+    torch.cuda._sleep(4_000_000_000)  # ~2 s of spinning before the op can start
+    t = torch.ones(16, device="cuda")
+    t0 = time.monotonic()
+    w = comm.all_reduce(t, ReduceOp.SUM, True, timeout=timedelta(seconds=0.5))
+    with pytest.raises(CommTimeoutError):
+        w.wait_blocking()
+    assert time.monotonic() - t0 < 0.5 + 1.0
+    assert comm.is_broken()
+    with pytest.raises(CommAbortedError):
+        comm.all_reduce(t, ReduceOp.SUM, False)
+    comm.abort()
+    assert comm.is_aborted()
+    torch.cuda.synchronize()
+    fresh = make()
+    u = torch.ones(16, device="cuda")
+    fresh.all_reduce(u, ReduceOp.SUM, False)
+    torch.cuda.synchronize()
+    assert torch.all(u == 1.0)
+    fresh.finalize()
+
+
+def test_timeout_then_shrink_carries_on() -> None:
+    import torch.distributed as dist
+
+    c = make(timeout_s=30.0, store=dist.HashStore())  # survivors agree through a store
+    torch.cuda._sleep(4_000_000_000)
+    w = c.all_reduce(torch.ones(4, device="cuda"), ReduceOp.SUM, True, timeout=timedelta(seconds=0.3))
+    with pytest.raises(CommTimeoutError):
+        w.wait_blocking()
+    new = c.shrink(timeout=timedelta(seconds=20))
+    assert new.get_size() == 1 and new.get_backend() == "nccl"
+    t = torch.full((8,), 3.0, device="cuda")
+    new.all_reduce(t, ReduceOp.SUM, False)
+    torch.cuda.synchronize()
+    assert torch.all(t == 3.0)
+    with pytest.raises(CommAbortedError):
+        c.all_reduce(t, ReduceOp.SUM, False)
+    new.finalize()
+
+
+def test_abort_fails_in_flight_and_later_ops() -> None:
+    c = make()
+    torch.cuda._sleep(1_000_000_000)
+    w = c.all_reduce(torch.ones(4, device="cuda"), ReduceOp.SUM, True)
+    c.abort()
+    with pytest.raises(CommAbortedError):
+        w.wait_blocking()
+    with pytest.raises(CommAbortedError):
+        c.barrier(False)
+    assert c.is_aborted()
+    c.abort()  # idempotent, never raises
+    torch.cuda.synchronize()
+
+
+def test_split_through_nccl(comm) -> None:  # noqa: ANN001
+    child = comm.split([0], "nccl-split-child")
+    assert child is not None and child.get_size() == 1
+    assert comm.get_backend_impl().comm_split_count() >= 1  # ncclCommSplit, not a fresh init
+    t = x()
+    child.all_reduce(t, ReduceOp.MAX, False)
+    torch.cuda.synchronize()
+    assert torch.equal(t, x())
+    child.finalize()
+
+
+def test_flight_recorder_sees_gpu_completion(comm) -> None:  # noqa: ANN001
+    from torchcomms.hooks import FlightRecorderHook
+
+    fr = FlightRecorderHook(max_entries=64, isolated=True)
+    fr.register_with_comm(comm)
+    w = comm.all_reduce(x(), ReduceOp.SUM, True)
+    w.wait_blocking()
+    entries = json.loads(fr.dump_json())["entries"]
+    mine = [e for e in entries if e["profiling_name"] == "nccl:all_reduce"]
+    assert mine and mine[-1]["state"] == "completed"
+
+
+def test_finalize_drains_issued_work() -> None:
+    c = make()
+    torch.cuda._sleep(200_000_000)
+    t = torch.ones(1 << 10, device="cuda")
+    for _ in range(8):
+        c.all_reduce(t, ReduceOp.SUM, True)
+    c.finalize()
+    c.finalize()  # idempotent
+    assert torch.all(t == 1.0)
