@@ -6,11 +6,13 @@ The agent supervises its ranks' processes, so it knows more than a heartbeat can
 - **stopped**: the process state in ``/proc/<pid>/stat`` is ``T`` (SIGSTOP) or ``t`` (a
   debugger). Reported once it has stayed stopped for ``stopped_after`` seconds.
 - **hung**: alive, not stopped, its heartbeats silent (the control server said
-  ``rank_silent`` and not ``rank_heard`` since) *and* no progress: over ``hung_after`` seconds
-  the process used less than ``cpu_floor`` of one core. A starved rank still gets its share
-  of the CPU, and a rank whose Python thread holds the GIL in a long C call burns CPU in it,
-  so neither is ever judged hung, however late its heartbeats are; one that sleeps with the
-  GIL held (or is deadlocked with every thread blocked) is hung after ``hung_after``.
+  ``rank_silent`` and not ``rank_heard`` since) *and* no progress for ``hung_after`` seconds.
+  Progress is judged per one-second window: the process used at least ``cpu_floor`` of one
+  core, or its main thread was runnable (``R``: running, or waiting for a CPU) in at least
+  half the samples. A starved rank waits runnable for its share of the CPU, and a rank whose
+  Python thread holds the GIL in a long C call burns CPU in it, so neither is ever judged
+  hung, however late its heartbeats are; one that sleeps with the GIL held (or is deadlocked
+  with every thread blocked) is hung after ``hung_after``.
 
 The judge only reads ``/proc``; it is fed the heartbeat suspicions and asked for verdicts by
 the agent's monitor loop, and each verdict is given once per rank and process.
@@ -80,6 +82,8 @@ class _Watched:
     mark: float = 0.0  # start of the current CPU window
     mark_cpu: float = 0.0
     windows: int = 0  # CPU windows measured while silent
+    samples: int = 0  # samples in the current window
+    runnable: int = 0  # of which the main thread was runnable
     reported: frozenset[str] = frozenset()
 
 
@@ -116,6 +120,7 @@ class LivenessJudge:
         w.silent_since = now - max(0.0, silent_s)
         w.quiet_since = w.silent_since
         w.mark, w.mark_cpu, w.windows = now, (sample.cpu_s if sample else 0.0), 0
+        w.samples = w.runnable = 0
 
     def heard(self, rank: int, pid: int | None = None) -> None:
         """``rank``'s heartbeats arrive again."""
@@ -145,10 +150,14 @@ class LivenessJudge:
             w.stopped_since = None
             if w.silent_since is None:
                 continue
+            w.samples += 1
+            w.runnable += sample.state == "R"
             if now - w.mark >= _WINDOW_S:
-                if sample.cpu_s - w.mark_cpu >= self.cpu_floor * (now - w.mark):
-                    w.quiet_since = now  # it ran: slow, not hung
+                if sample.cpu_s - w.mark_cpu >= self.cpu_floor * (now - w.mark) \
+                        or 2 * w.runnable >= w.samples:
+                    w.quiet_since = now  # it ran, or waited for a CPU: slow, not hung
                 w.mark, w.mark_cpu = now, sample.cpu_s
+                w.samples = w.runnable = 0
                 w.windows += 1
             quiet = now - w.quiet_since
             if w.windows and quiet >= self.hung_after and "hung" not in w.reported:
