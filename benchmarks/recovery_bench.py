@@ -119,6 +119,7 @@ def one_job(job: list[str], nproc: int, torchrun: bool) -> dict:
     except subprocess.TimeoutExpired as exc:
         out, rc = str(exc.stderr or ""), -1
     return {"ok": rc == 0, "rc": rc, "s": time.monotonic() - t0,
+            "tail": "" if rc == 0 else out[-3000:],
             "false_kill": any(v in out for v in VERDICTS),
             "control_lost": "event subscription interrupted" in out}
 
