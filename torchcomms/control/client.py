@@ -344,19 +344,11 @@ class ControlClient:
         return channel
 
     def _acquire(self) -> _Channel:
-        while True:
-            with self._lock:
-                if self._closed:
-                    raise ControlClosedError(f"control client for {self.address} is closed")
-                if not self._idle:
-                    break
-                channel = self._idle.pop()
-            # An idle connection may have been dropped meanwhile (ZeroMQ's heartbeat, a server
-            # that paused): nothing was sent on it yet, so a fresh channel is safe to use.
-            channel.drain_monitor()
-            if not channel.watch.lost:
-                return channel
-            self._discard_channel(channel)
+        with self._lock:
+            if self._closed:
+                raise ControlClosedError(f"control client for {self.address} is closed")
+            if self._idle:
+                return self._idle.pop()
         return self._new_channel()
 
     def _release(self, channel: _Channel) -> None:
