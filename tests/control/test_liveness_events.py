@@ -29,31 +29,24 @@ def _server_process(tmp_path: Path) -> tuple[subprocess.Popen[str], str, bytes]:
     return srv, addr, parse_secret(secret_file.read_text())
 
 
-def test_a_server_silent_for_9s_is_slow_not_lost(tmp_path: Path) -> None:
-    """A server that answers no poll for 9 s (SIGSTOP stands in for a starved host) is not
-    reported lost: the subscription used to call ``on_error`` after one unanswered 7 s poll,
-    and every communicator of the rank aborted. Events published after it resumes arrive."""
-    srv, addr, secret = _server_process(tmp_path)
+def test_a_server_that_answers_nothing_for_9s_is_slow_not_lost() -> None:
+    """A server whose loop answers nothing for 9 s (busy or starved; its connections stay up)
+    is not reported lost: the subscription used to call ``on_error`` after one unanswered 7 s
+    poll, and every communicator of the rank aborted. Events published afterwards arrive."""
+    secret = new_secret()
     errors: list[Exception] = []
     inbox: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
-    try:
-        c = ControlClient(addr, secret, timeout=10.0)
-        sub = c.subscribe(["job_stopping"], lambda t, p: inbox.put((t, p)), since=None,
-                          on_error=errors.append)
+    with StoreServer("127.0.0.1", 0, secret) as srv:
+        c = ControlClient(srv.address, secret, timeout=10.0)
+        c.subscribe(["job_stopping"], lambda t, p: inbox.put((t, p)), since=None,
+                    on_error=errors.append)
         time.sleep(0.3)
-        srv.send_signal(signal.SIGSTOP)
-        time.sleep(9.0)
-        srv.send_signal(signal.SIGCONT)
-        with ControlClient(addr, secret, timeout=10.0) as other:  # (c's idle pooled
-            other.publish("job_stopping", {"reason": "after the pause"})  # link was dropped)
+        srv._run_in_loop(lambda: time.sleep(9.0), 30.0)  # the serving thread is held 9 s
+        c.publish("job_stopping", {"reason": "after the pause"})
         topic, payload = inbox.get(timeout=30)
         assert payload["reason"] == "after the pause"
         assert errors == []
-        sub.close()
         c.close()
-    finally:
-        srv.send_signal(signal.SIGCONT)
-        stop_process(srv)
 
 
 def test_a_dead_server_is_still_reported_lost(tmp_path: Path) -> None:

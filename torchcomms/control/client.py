@@ -50,7 +50,7 @@ _POLL_SLICE_S = 0.1  # blocked calls notice close() within this
 _SUBSCRIBE_POLL_S = 5.0
 #: How long a subscription goes unanswered before the server is taken for lost (``on_error``):
 #: one slow reply on a starved box is not a lost control plane.
-DEFAULT_CONTROL_LOST_S = 15.0
+DEFAULT_CONTROL_LOST_S = 8.0
 
 EventCallback = Callable[[str, dict[str, Any]], None]
 _log = logging.getLogger("torchcomms.control.client")
@@ -182,14 +182,17 @@ class Subscription:
             except ControlClosedError:
                 break
             except ControlError as exc:
+                # The server closed the connection (its process is gone): lost at once. No
+                # reply in time is only slowness until it lasts ``lost_after``.
+                closed = channel is not None and channel.watch.lost
                 if channel is not None:
                     client._discard_channel(channel)
                     channel = None
                 now = time.monotonic()
                 if failing_since is None:
-                    failing_since = started  # unanswered since this poll was sent
+                    failing_since = now
                     _log.info("event subscription: no answer yet (%s); retrying", exc)
-                if not reported and now - failing_since >= self.lost_after:
+                if not reported and (closed or now - failing_since >= self.lost_after):
                     reported = True
                     _log.warning("event subscription interrupted for %.1f s: %s",
                                  now - failing_since, exc)
@@ -688,7 +691,8 @@ class ControlClient:
         ``topics`` (``None``: all). ``since=0`` first replays every earlier event;
         ``since=None`` delivers only events published from now on. The payload carries the
         event's ``seq``. ``on_error`` hears about a lost server: one that has answered no poll
-        for ``lost_after`` seconds (default ``TORCHCOMM_CONTROL_LOST_S`` or 15; a slow reply
+        for ``lost_after`` seconds after a first failed one (default ``TORCHCOMM_CONTROL_LOST_S``
+        or 8, so at least two polls in a row went unanswered; a slow reply
         on a starved box is retried, not reported); delivery resumes, without gaps, once the
         same server answers again (a restarted server starts a new history)."""
         if not callable(callback):
