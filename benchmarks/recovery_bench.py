@@ -1,9 +1,14 @@
 """Recovery time after a SIGKILL: torchcomms (detect → shrink → first all_reduce on the
 survivors, under ``torchcomms-run --on-failure shrink``) against torchrun's restart of the same
 job (kill → the restarted group's first all_reduce), measured in the same run; plus the time to
-detect a hung (SIGSTOPped) rank.
+detect a stopped (SIGSTOPped) rank; plus false kills: the README's main job (and, with
+``--false-kill-elastic``, its elastic example without a failure) run ``--false-kill-runs`` times
+while the CPU is oversubscribed (``--per-core`` busy processes per core), beside the same job
+under torchrun (which has no hang detection, so it cannot kill falsely: the anchor for "the
+job itself passes under this load").
 
     python3 benchmarks/recovery_bench.py --worlds 4 8 --repeats 3 --json out/recovery.json
+    python3 benchmarks/recovery_bench.py --worlds --false-kill-runs 20   # false kills only
 """
 from __future__ import annotations
 
@@ -20,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 CHAOS = REPO / "tests" / "recovery" / "chaos_worker.py"
 RESTART = REPO / "benchmarks" / "restart_worker.py"
 
@@ -92,16 +99,78 @@ def torchrun_restart(world: int, prefix_workaround: bool = True) -> dict:
     return {"ok": bool(first["ok"]), "first_op_ms": (first["t"] - t_fail) * 1e3}
 
 
+MAIN_JOB = ["examples/train_ddp.py", "--steps", "40"]
+ELASTIC_JOB = ["examples/elastic_train.py", "--steps", "40"]
+#: what the agent prints when it ends a rank on a liveness verdict
+VERDICTS = ("is hung", "is stopped")
+
+
+def one_job(job: list[str], nproc: int, torchrun: bool) -> dict:
+    """Run ``job`` once; did it pass, and did the launcher take a healthy rank for hung or
+    stopped (a false kill: nothing in these jobs fails on purpose)?"""
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone"] if torchrun
+                else [sys.executable, "-m", "launcher", "--no-summary"])
+    env = dict(os.environ, PYTHONPATH=str(REPO), TORCHCOMM_TRACING_DISABLE="1")
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run([*launcher, "--nproc-per-node", str(nproc), *job], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=600)
+        out, rc = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        out, rc = str(exc.stderr or ""), -1
+    return {"ok": rc == 0, "rc": rc, "s": time.monotonic() - t0,
+            "tail": "" if rc == 0 else out[-3000:],
+            "false_kill": any(v in out for v in VERDICTS),
+            "control_lost": "event subscription interrupted" in out}
+
+
+def false_kills(runs: int, per_core: int, elastic: bool, anchor: bool) -> dict:
+    from tests.helpers.cpu_load import oversubscribed
+
+    jobs = {"main": (MAIN_JOB, 2)}
+    if elastic:
+        jobs["elastic"] = (ELASTIC_JOB, 4)
+    found: dict[str, list[dict]] = {f"{k}/{who}": [] for k in jobs
+                                    for who in (("ours", "torchrun") if anchor else ("ours",))}
+    with oversubscribed(per_core=per_core, limit_s=runs * len(found) * 620) as burners:
+        for i in range(runs):  # interleaved, so both see the same load
+            for name, (job, nproc) in jobs.items():
+                found[f"{name}/ours"].append(one_job(job, nproc, torchrun=False))
+                if anchor:
+                    found[f"{name}/torchrun"].append(one_job(job, nproc, torchrun=True))
+                r = found[f"{name}/ours"][-1]
+                print(f"  run {i + 1}/{runs} {name}: ours rc {r['rc']} in {r['s']:.0f} s"
+                      f"{' FALSE KILL' if r['false_kill'] else ''}", flush=True)
+    return {"burners": burners, "per_core": per_core, "runs": runs, "jobs": found}
+
+
+def print_false_kills(fk: dict) -> None:
+    print(f"\nfalse kills under oversubscription ({fk['burners']} busy processes, "
+          f"{fk['per_core']} per core)")
+    hdr = f"{'job':<18} {'passed':>8} {'false kills':>12} {'control lost':>13} {'median s':>9}"
+    print(hdr)
+    print("-" * len(hdr))
+    for name, rs in fk["jobs"].items():
+        print(f"{name:<18} {sum(r['ok'] for r in rs):>4}/{len(rs):<3} "
+              f"{sum(r['false_kill'] for r in rs):>12} {sum(r['control_lost'] for r in rs):>13} "
+              f"{med([r['s'] for r in rs]):>9.0f}")
+
+
 def med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worlds", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--worlds", type=int, nargs="*", default=[4, 8])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--no-torchrun", action="store_true")
+    ap.add_argument("--false-kill-runs", type=int, default=3,
+                    help="runs of the README's main job under oversubscription (0: none)")
+    ap.add_argument("--false-kill-elastic", action="store_true",
+                    help="also run the elastic example (4 ranks, no failure) that many times")
+    ap.add_argument("--per-core", type=int, default=8, help="busy processes per core")
     args = ap.parse_args()
     rows = []
     for world in args.worlds:
@@ -128,6 +197,17 @@ def main() -> None:
         }
         row["speedup"] = row["torchrun_first_op_ms"] / row["first_op_ms"]
         rows.append(row)
+    fk = None
+    if args.false_kill_runs > 0:
+        fk = false_kills(args.false_kill_runs, args.per_core, args.false_kill_elastic,
+                         anchor=not args.no_torchrun)
+    if fk is not None:
+        print_false_kills(fk)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"recovery": rows, "false_kills": fk}, indent=2))
+    if not rows:
+        return
     print(f"\nrecovery after SIGKILL of one rank (medians of {args.repeats}, ms from the kill)")
     hdr = (f"{'world':>5} {'(a) detect':>11} {'(b) shrunk':>11} {'(c) 1st op':>11} {'torchrun 1st op':>16} "
            f"{'torchrun/ours':>14} {'hung detect':>12} {'ok ours/tr/hung':>16}")
@@ -140,9 +220,6 @@ def main() -> None:
     for r in rows:
         print(f"world {r['world']}: stock torchrun restart (no per-attempt prefix) succeeded "
               f"{r['torchrun_stock_ok']}/{r['runs']} times")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,10 @@ __all__ = ["LaunchConfig", "RendezvousConf", "build_parser", "parse_args", "pars
 FAILURE_POLICIES = ("restart", "shrink", "fail")
 RDZV_BACKENDS = ("static", "c10d", "torchcomms")
 START_METHODS = ("spawn", "fork", "forkserver")
+#: Seconds of heartbeat silence without CPU progress before a rank is hung (--hung-timeout).
+DEFAULT_HUNG_TIMEOUT_S = 30.0
+#: Seconds a rank may stay stopped (SIGSTOP) before it is reported (--stopped-timeout).
+DEFAULT_STOPPED_TIMEOUT_S = 2.0
 DEFAULT_RDZV_PORT = 29400
 
 
@@ -76,6 +80,8 @@ class LaunchConfig:
     entrypoint: str
     entrypoint_args: tuple[str, ...]
     scheduler: SchedulerInfo | None = field(default=None)
+    hung_timeout: float = DEFAULT_HUNG_TIMEOUT_S
+    stopped_timeout: float = DEFAULT_STOPPED_TIMEOUT_S
 
     @property
     def rdzv_endpoint(self) -> str:
@@ -121,7 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(p, "nnodes", default=None, help="number of nodes, N or MIN:MAX (default 1)")
     _flag(p, "nproc-per-node", default=None, help="workers per node: N, cpu, gpu or auto (default 1)")
     _flag(p, "node-rank", default=None, help="this node's rank (default: order of arrival)")
-    _flag(p, "rdzv-backend", default="static", help="accepted: static, c10d, torchcomms")
+    _flag(p, "rdzv-backend", default="c10d",
+          help="c10d or torchcomms (default): the agent on the rendezvous host hosts the store "
+          "and nodes join in any order, MIN:MAX of them; static: a fixed --nnodes N, and "
+          "every node of a multi-node job names its --node-rank (as with torchrun)")
     _flag(p, "rdzv-endpoint", default=None, help="HOST[:PORT] of the rendezvous agent")
     _flag(p, "rdzv-id", default=None, help="job id shared by all nodes (default: a fresh one)")
     _flag(p, "rdzv-conf", default="", help="KEY=VALUE,...: join_timeout, last_call_timeout, "
@@ -142,12 +151,20 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(p, "run-path", action="store_true", help="run the entry point with runpy.run_path")
     _flag(p, "signals-to-handle", default="SIGTERM,SIGINT,SIGHUP,SIGQUIT",
           help="signals forwarded to the workers")
-    _flag(p, "start-method", default="spawn", help="accepted for compatibility; workers are exec'd")
+    _flag(p, "start-method", default="spawn",
+          help="spawn only: every worker is a fresh process running the entry point, as "
+          "torchrun does for a script (fork/forkserver apply to function entry points)")
     _flag(p, "on-failure", default=None, help="restart, shrink or fail "
           "(default: restart when --max-restarts > 0, else fail)")
     _flag(p, "job-secret-file", default=None, help="file with the job's hex secret")
     _flag(p, "json-logs", action="store_true", help="print worker output and events as JSON lines")
     _flag(p, "grace-period", default="10", help="seconds between SIGTERM and SIGKILL")
+    _flag(p, "hung-timeout", default=str(DEFAULT_HUNG_TIMEOUT_S),
+          help="seconds a live rank may go without heartbeats AND without using CPU before it "
+          "is hung (dumped, then killed); a slow or starved rank is never hung")
+    _flag(p, "stopped-timeout", default=str(DEFAULT_STOPPED_TIMEOUT_S),
+          help="seconds a rank may stay stopped (SIGSTOP, a debugger) before it is reported "
+          "as failed (reason stopped; it is not killed)")
     _flag(p, "line-prefix", default="[{host}:{rank}]",
           help="console prefix template: {host} {rank} {local_rank} {node_rank} {role}; '' for none")
     _flag(p, "no-summary", action="store_true", help="do not print the end-of-job table")
@@ -332,6 +349,14 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
             f"--rdzv-backend {ns.rdzv_backend!r} is not supported; use one of "
             f"{', '.join(RDZV_BACKENDS)} (the agent hosts its own store)"
         )
+    if ns.rdzv_backend == "static" and max_nodes > 1:
+        if min_nodes != max_nodes:
+            raise UsageError(f"--rdzv-backend static needs a fixed --nnodes N, got "
+                             f"{min_nodes}:{max_nodes}; use --rdzv-backend c10d for an "
+                             f"elastic range")
+        if node_rank is None:
+            raise UsageError("--rdzv-backend static needs --node-rank on every node of a "
+                             "multi-node job; use --rdzv-backend c10d to rank nodes by arrival")
 
     if ns.standalone:
         if max_nodes != 1:
@@ -369,6 +394,17 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         raise UsageError(f"--on-failure must be restart, shrink or fail, got {on_failure!r}{hint}")
     if ns.start_method not in START_METHODS:
         raise UsageError(f"--start-method must be one of {', '.join(START_METHODS)}")
+    if ns.start_method != "spawn":
+        raise UsageError(
+            f"--start-method {ns.start_method} applies to function entry points, which "
+            f"torchcomms-run does not run: every worker is a fresh process running "
+            f"{ns.entrypoint!r} (what torchrun does for a script whatever --start-method "
+            f"says); drop the flag or pass --start-method spawn")
+    hung_timeout = _float(ns.hung_timeout, "--hung-timeout")
+    stopped_timeout = _float(ns.stopped_timeout, "--stopped-timeout")
+    for flag, value in (("--hung-timeout", hung_timeout), ("--stopped-timeout", stopped_timeout)):
+        if not value > 0:
+            raise UsageError(f"{flag} must be a positive number of seconds, got {value:g}")
     if sum((ns.module, ns.no_python)) > 1:
         raise UsageError("--module and --no-python cannot be combined")
     if ns.run_path and (ns.module or ns.no_python):
@@ -420,4 +456,6 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         entrypoint=ns.entrypoint,
         entrypoint_args=tuple(ns.entrypoint_args),
         scheduler=sched,
+        hung_timeout=hung_timeout,
+        stopped_timeout=stopped_timeout,
     )

@@ -49,7 +49,10 @@ class ControlPlane:
              run_id: str) -> ControlPlane:
         """Start the job's store server here (raises ``ControlUnavailableError`` if the
         port is taken) and connect a local client to it."""
-        server = StoreServer(bind_host, port, secret, run_id=run_id).start()
+        # The agents see their ranks' processes: a rank's silent heartbeats are a suspicion
+        # for its agent to judge (launcher.liveness), not a failure to announce.
+        server = StoreServer(bind_host, port, secret, run_id=run_id,
+                             rank_silence="suspect").start()
         address = f"tcp://{advertise_host}:{server.port}"
         local = f"tcp://127.0.0.1:{server.port}" if bind_host in ("0.0.0.0", "127.0.0.1") \
             else address
@@ -120,12 +123,8 @@ class ControlPlane:
 
     def forget_member(self, member: str) -> None:
         """Deregister another process's heartbeat member (a worker that has exited), so the
-        server does not report it lost later (e.g. while its restarted successor runs).
-
-        The client has no public call for someone else's member yet; this sends the same
-        ``heartbeat_stop`` request that ``ControlClient.heartbeat_stop`` sends for its own."""
-        self.kv._call("heartbeat_stop", {"member": member},  # noqa: SLF001
-                      budget=min(5.0, self.kv.timeout))
+        server does not report it lost later (e.g. while its restarted successor runs)."""
+        self.kv.heartbeat_forget(member, timeout=min(5.0, self.kv.timeout))
 
     def subscribe(self, topics: list[str], callback: Callable[[str, dict[str, Any]], None]) -> None:
         """Deliver events of ``topics`` (replaying earlier ones) to ``callback``."""

@@ -140,7 +140,11 @@ VARIABLES: tuple[Var, ...] = (
     Var("TORCHCOMM_HEARTBEAT_S", "heartbeat_s", "float", 0.25, "worker heartbeat interval (s); 0: none",
         minimum=0),
     Var("TORCHCOMM_HEARTBEAT_LIMIT_S", "heartbeat_limit_s", "float", 2.0,
-        "heartbeats missing this long: `rank_failed` (reason `heartbeat`)", minimum=0, positive=True),
+        "heartbeats missing this long: `rank_failed` (reason `heartbeat`); under torchcomms-run only "
+        "`rank_silent`, a suspicion the rank's agent judges from its process", minimum=0, positive=True),
+    Var("TORCHCOMM_CONTROL_LOST_S", "control_lost_s", "float", 8.0,
+        "an event subscription unanswered this long after a first unanswered poll takes the control "
+        "plane for lost", minimum=0, positive=True),
     Var("TORCHCOMM_FAILURE_ATTRIBUTION_S", "failure_attribution_s", "float", 1.0,
         "how long an engine's connection loss waits for the control plane to name the failed rank",
         minimum=0),

@@ -232,7 +232,8 @@ def test_second_sigint_skips_the_grace_period(tmp_path):
 
 def test_hung_rank_gets_sigusr1_then_sigkill(tmp_path):
     env = base_env(PID_DIR=str(tmp_path))
-    proc = run_launcher("--nproc-per-node", "2", "--grace-period", "4", worker("hung.py"),
+    proc = run_launcher("--nproc-per-node", "2", "--grace-period", "4", "--hung-timeout", "2",
+                        worker("hung.py"),
                         env=env)
     assert "rank 1 on" in proc.stderr and "is hung (no heartbeat for" in proc.stderr
     assert (tmp_path / "1.usr1").exists()  # asked for a dump before being killed

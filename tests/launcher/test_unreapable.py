@@ -102,7 +102,7 @@ def test_hung_rank_that_sigkill_cannot_end_fails_the_job(tmp_path):
     """A hung rank (heartbeats stopped) is SIGKILLed by the agent and never exits: it is
     given up as unreapable, that is a failure (policy fail), and it is the root cause."""
     proc, pid, elapsed = _run("--nproc-per-node", "2", "--grace-period", "1",
-                              worker("hung.py"), rank=1, PID_DIR=str(tmp_path))
+                              "--hung-timeout", "2", worker("hung.py"), rank=1, PID_DIR=str(tmp_path))
     assert "rank 1 on" in proc.stderr and "is hung (no heartbeat for" in proc.stderr
     _assert_reported(proc.stderr, 1, pid)
     assert "rank 1 is unreapable; stopping the job" in proc.stderr

@@ -26,6 +26,7 @@ import zmq
 
 from . import protocol as proto
 from .auth import MONITOR_EVENTS, HandshakeWatch, configure_client_socket
+from torchcomms.config import settings
 from .errors import (
     ControlArgumentError,
     ControlArgumentTypeError,
@@ -41,13 +42,16 @@ from .protocol import Limits, ProtocolViolation
 from .secrets import derive_keys
 
 __all__ = ["ControlClient", "Subscription", "EventCallback", "DEFAULT_TIMEOUT_S",
-           "DEFAULT_HEARTBEAT_INTERVAL_S"]
+           "DEFAULT_HEARTBEAT_INTERVAL_S", "DEFAULT_CONTROL_LOST_S"]
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_HEARTBEAT_INTERVAL_S = 0.25
 _REPLY_GRACE_S = 2.0  # how long past a server-side wait we wait for its answer
 _POLL_SLICE_S = 0.1  # blocked calls notice close() within this
 _SUBSCRIBE_POLL_S = 5.0
+#: How long a subscription goes unanswered before the server is taken for lost (``on_error``):
+#: one slow reply on a starved box is not a lost control plane.
+DEFAULT_CONTROL_LOST_S = 8.0
 
 EventCallback = Callable[[str, dict[str, Any]], None]
 _log = logging.getLogger("torchcomms.control.client")
@@ -127,11 +131,13 @@ class Subscription:
     """A running subscription; events are delivered to the callback on its own thread."""
 
     def __init__(self, client: ControlClient, topics: list[str] | None, callback: EventCallback,
-                 since: int, on_error: Callable[[ControlError], None] | None) -> None:
+                 since: int, on_error: Callable[[ControlError], None] | None,
+                 lost_after: float = DEFAULT_CONTROL_LOST_S) -> None:
         self._client = client
         self.topics = topics
         self._callback = callback
         self._on_error = on_error
+        self.lost_after = lost_after
         self.last_seq = since
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="torchcomms-control-subscription",
@@ -158,8 +164,10 @@ class Subscription:
     def _run(self) -> None:
         client = self._client
         channel: _Channel | None = None
+        failing_since: float | None = None  # first unanswered poll of the current outage
         reported = False
         while not self._stop.is_set():
+            started = time.monotonic()
             try:
                 if channel is None:
                     channel = client._new_channel()
@@ -168,16 +176,27 @@ class Subscription:
                     fields["topics"] = self.topics
                 items = client._call("events", fields, budget=_SUBSCRIBE_POLL_S + _REPLY_GRACE_S,
                                      channel=channel, stop=self._stop)
-                reported = False
+                if failing_since is not None:
+                    _log.info("event subscription answered again after %.1f s",
+                              time.monotonic() - failing_since)
+                failing_since, reported = None, False
             except ControlClosedError:
                 break
             except ControlError as exc:
+                # The server closed the connection (its process is gone): lost at once. No
+                # reply in time is only slowness until it lasts ``lost_after``.
+                closed = channel is not None and channel.watch.lost
                 if channel is not None:
                     client._discard_channel(channel)
                     channel = None
-                if not reported:
+                now = time.monotonic()
+                if failing_since is None:
+                    failing_since = now
+                    _log.info("event subscription: no answer yet (%s); retrying", exc)
+                if not reported and (closed or now - failing_since >= self.lost_after):
                     reported = True
-                    _log.warning("event subscription interrupted: %s", exc)
+                    _log.warning("event subscription interrupted for %.1f s: %s",
+                                 now - failing_since, exc)
                     if self._on_error is not None:
                         try:
                             self._on_error(exc)
@@ -667,12 +686,16 @@ class ControlClient:
 
     def subscribe(self, topics: str | Iterable[str] | None, callback: EventCallback, *,
                   since: int | None = 0,
-                  on_error: Callable[[ControlError], None] | None = None) -> Subscription:
+                  on_error: Callable[[ControlError], None] | None = None,
+                  lost_after: float | None = None) -> Subscription:
         """Call ``callback(topic, payload)`` on a background thread for every event of
         ``topics`` (``None``: all). ``since=0`` first replays every earlier event;
         ``since=None`` delivers only events published from now on. The payload carries the
-        event's ``seq``. ``on_error`` hears about lost connections; delivery resumes, without
-        gaps, once the same server answers again (a restarted server starts a new history)."""
+        event's ``seq``. ``on_error`` hears about a lost server: one that has answered no poll
+        for ``lost_after`` seconds after a first failed one (default ``TORCHCOMM_CONTROL_LOST_S``
+        or 8, so at least two polls in a row went unanswered; a slow reply
+        on a starved box is retried, not reported); delivery resumes, without gaps, once the
+        same server answers again (a restarted server starts a new history)."""
         if not callable(callback):
             raise ControlArgumentTypeError("callback must be callable")
         if since is None:
@@ -683,7 +706,11 @@ class ControlClient:
         with self._lock:
             if self._closed:
                 raise ControlClosedError(f"control client for {self.address} is closed")
-        subscription = Subscription(self, topic_list, callback, since, on_error)
+        if lost_after is None:
+            lost_after = settings().control_lost_s
+        patience = _seconds(lost_after, "lost_after", allow_none=False)
+        assert patience is not None
+        subscription = Subscription(self, topic_list, callback, since, on_error, patience)
         with self._lock:
             self._subscriptions.add(subscription)
         return subscription
@@ -708,13 +735,13 @@ class ControlClient:
             raise ControlArgumentError(f"member must be a non-empty str of at most "
                                        f"{proto.MAX_NAME_CHARS} characters, got {member!r}")
         if interval is None:
-            interval = float(os.environ.get("TORCHCOMM_HEARTBEAT_S", DEFAULT_HEARTBEAT_INTERVAL_S))
+            interval = settings().heartbeat_s
         beat = _seconds(interval, "interval", allow_none=False)
         assert beat is not None
         if beat <= 0:
             raise ControlArgumentError("interval must be > 0 seconds")
-        if limit is None and os.environ.get("TORCHCOMM_HEARTBEAT_LIMIT_S"):
-            limit = float(os.environ["TORCHCOMM_HEARTBEAT_LIMIT_S"])
+        if limit is None and settings().source("TORCHCOMM_HEARTBEAT_LIMIT_S"):
+            limit = settings().heartbeat_limit_s  # else the server's own limit
         silence = _seconds(limit, "limit")
         if silence is not None and silence <= beat:
             raise ControlArgumentError(
@@ -753,6 +780,17 @@ class ControlClient:
             heartbeat.stop()
             wait = min(budget, heartbeat.interval) if heartbeat.failing else budget
             self._call("heartbeat_stop", {"member": heartbeat.member}, budget=wait)
+
+    def heartbeat_forget(self, member: str, *, timeout: float | timedelta | None = None) -> bool:
+        """Deregister ``member``, whoever sent its heartbeats (a supervisor forgetting a
+        worker that exited, so its silence is not reported later). Returns whether the server
+        knew it."""
+        if not isinstance(member, str) or not member or len(member) > proto.MAX_NAME_CHARS:
+            raise ControlArgumentError(f"member must be a non-empty str of at most "
+                                       f"{proto.MAX_NAME_CHARS} characters, got {member!r}")
+        budget = _seconds(timeout, "timeout")
+        return bool(self._call("heartbeat_stop", {"member": member},
+                               budget=self.timeout if budget is None else budget))
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -19,6 +19,8 @@ __all__ = [
     "MEMBERSHIP",
     "JOB_STOPPING",
     "MEMBER_LOST",
+    "RANK_SILENT",
+    "RANK_HEARD",
     "KNOWN_TOPICS",
     "EVENT_KEY_PREFIX",
     "event_key",
@@ -32,6 +34,10 @@ NODE_LOST = "node_lost"
 MEMBERSHIP = "membership"
 JOB_STOPPING = "job_stopping"
 MEMBER_LOST = "member_lost"
+#: a supervised rank's heartbeats went silent (a suspicion: its supervisor decides)
+RANK_SILENT = "rank_silent"
+#: a rank reported ``rank_silent`` beats again
+RANK_HEARD = "rank_heard"
 
 EVENT_KEY_PREFIX = "events/"
 
@@ -59,6 +65,10 @@ KNOWN_TOPICS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     },
     JOB_STOPPING: {"reason": ((str,), True)},
     MEMBER_LOST: {"member": ((str,), True), "reason": ((str,), True)},
+    RANK_SILENT: {"rank": ((int,), True), "member": ((str,), True), "silent_s": ((int, float), True),
+                  "host": ((str,), False), "pid": ((int,), False)},
+    RANK_HEARD: {"rank": ((int,), True), "member": ((str,), True), "silent_s": ((int, float), True),
+                 "host": ((str,), False), "pid": ((int,), False)},
 }
 
 

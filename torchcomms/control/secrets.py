@@ -20,6 +20,7 @@ from pathlib import Path
 import zmq
 from zmq.utils import z85
 
+from torchcomms.config import settings
 from .errors import ControlArgumentError, ControlArgumentTypeError, ControlAuthError
 
 __all__ = [
@@ -126,8 +127,8 @@ def load_secret(env: Mapping[str, str] | None = None, *, required: bool = True) 
     ``TORCHCOMM_CONTROL_SECRET`` (the hex secret itself). Returns ``None`` when neither is
     set and ``required`` is false; raises :class:`ControlAuthError` otherwise.
     """
-    env = os.environ if env is None else env
-    path = env.get(ENV_SECRET_FILE)
+    conf = settings(env)
+    path = conf.control_secret_file
     if path:
         try:
             text = Path(path).read_text(encoding="ascii")
@@ -138,7 +139,7 @@ def load_secret(env: Mapping[str, str] | None = None, *, required: bool = True) 
         except UnicodeDecodeError:
             raise ControlAuthError(f"job secret file {path!r} is not ASCII hex") from None
         return parse_secret(text, source=f"job secret file {path!r}")
-    value = env.get(ENV_SECRET)
+    value = conf.control_secret
     if value:
         return parse_secret(value, source=ENV_SECRET)
     if required:

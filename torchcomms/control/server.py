@@ -8,6 +8,12 @@ passes. The event bus is long-polling over the same socket: subscribers ask for 
 seq N", which also makes replay for late subscribers exact. Members that send heartbeats and
 then go silent for longer than their limit are reported on the bus (``rank_failed`` with
 ``reason="heartbeat"`` for ``rank/<n>``, ``node_lost`` for ``node/<n>``).
+
+Under a supervisor that judges its ranks itself (the launcher's agent, which sees their
+processes), a silent ``rank/<n>`` is only a suspicion: with ``rank_silence="suspect"`` the
+server publishes ``rank_silent`` when the rank goes quiet and ``rank_heard`` when it beats
+again, and the agent decides (see ``launcher/liveness.py``). A silent heartbeat alone never
+tells slow from dead: a starved box or a C call holding the GIL silences a healthy rank.
 """
 
 from __future__ import annotations
@@ -15,7 +21,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import os
 import queue
 import socket
 import threading
@@ -30,11 +35,14 @@ import zmq
 
 from . import protocol as proto
 from .auth import ServerAuthenticator, configure_server_socket
+from torchcomms.config import settings
 from .errors import ControlArgumentError, ControlClosedError, ControlError, ControlUnavailableError
 from .events import (
     MEMBER_LOST,
     NODE_LOST,
     RANK_FAILED,
+    RANK_HEARD,
+    RANK_SILENT,
     Event,
     EventSchemaError,
     event_key,
@@ -68,6 +76,7 @@ class _Member:
     limit: float
     last_seen: float
     info: dict[str, Any]
+    silent: bool = False  # reported ``rank_silent`` and not heard since
 
 
 class StoreServer:
@@ -76,6 +85,9 @@ class StoreServer:
     ``secret`` is the per-job secret (bytes); ``None`` reads it from the environment
     (:func:`~torchcomms.control.secrets.load_secret`). ``heartbeat_limit`` is how long a
     member may stay silent before it is reported lost (members may ask for their own).
+    ``rank_silence`` is ``"failed"`` (a silent ``rank/<n>`` is published as ``rank_failed``)
+    or ``"suspect"`` (published as ``rank_silent``, then ``rank_heard`` if it beats again:
+    a supervisor that sees the rank's process decides whether it failed).
     """
 
     def __init__(
@@ -89,6 +101,7 @@ class StoreServer:
         limits: Limits | None = None,
         max_pending: int = 100_000,
         max_events: int = 100_000,
+        rank_silence: str = "failed",
     ) -> None:
         if not isinstance(host, str) or not host:
             raise ControlArgumentError(f"host must be a non-empty str, got {host!r}")
@@ -105,9 +118,13 @@ class StoreServer:
         self._keys = derive_keys(load_secret() if secret is None else secret)
         self._host = host
         self._port = port
+        if rank_silence not in ("failed", "suspect"):
+            raise ControlArgumentError(
+                f"rank_silence must be 'failed' or 'suspect', got {rank_silence!r}")
         self.heartbeat_limit = float(heartbeat_limit)
+        self.rank_silence = rank_silence
         self.run_id = run_id if run_id is not None else (
-            os.environ.get("TORCHCOMM_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or "")
+            settings().run_id or settings().torchelastic_run_id or "")
         self.limits = limits or Limits()
         self._max_pending = max_pending
         self._max_events = max_events
@@ -515,6 +532,9 @@ class StoreServer:
                 self._next_heartbeat_check = now + _HEARTBEAT_CHECK_S
             self._members[member] = _Member(limit, now, info)
         else:
+            if known.silent:
+                known.silent = False
+                self._publish(*self._heard_event(member, known, now - known.last_seen))
             known.last_seen, known.limit = now, limit
             if info:
                 known.info = info
@@ -703,13 +723,36 @@ class StoreServer:
         if not self._members or now < self._next_heartbeat_check:
             return
         self._next_heartbeat_check = now + _HEARTBEAT_CHECK_S
-        lost = [(name, m) for name, m in self._members.items() if now - m.last_seen > m.limit]
+        lost = [(name, m) for name, m in self._members.items()
+                if not m.silent and now - m.last_seen > m.limit]
         for name, member in lost:
-            del self._members[name]
             silent = now - member.last_seen
+            if self.rank_silence == "suspect" and self._rank_of(name) is not None:
+                member.silent = True  # kept: its next beat is published as ``rank_heard``
+                self._publish(RANK_SILENT, {**self._rank_fields(name, member),
+                                            "silent_s": round(silent, 3)})
+                continue
+            del self._members[name]
             _log.warning("member %s sent no heartbeat for %.2f s (limit %.2f s)",
                          name, silent, member.limit)
             self._publish(*self._lost_event(name, member, silent))
+
+    @staticmethod
+    def _rank_of(name: str) -> int | None:
+        kind, _, index = name.partition("/")
+        return int(index) if kind == "rank" and index.isdigit() else None
+
+    def _rank_fields(self, name: str, member: _Member) -> dict[str, Any]:
+        fields: dict[str, Any] = {"rank": self._rank_of(name), "member": name,
+                                  "reason": "heartbeat"}
+        for key, kind in (("host", str), ("pid", int)):
+            value = member.info.get(key)
+            if isinstance(value, kind) and not isinstance(value, bool):
+                fields[key] = value
+        return fields
+
+    def _heard_event(self, name: str, member: _Member, silent: float) -> tuple[str, dict[str, Any]]:
+        return RANK_HEARD, {**self._rank_fields(name, member), "silent_s": round(silent, 3)}
 
     @staticmethod
     def _lost_event(name: str, member: _Member, silent: float) -> tuple[str, dict[str, Any]]:

@@ -6,13 +6,13 @@ use it unchanged. It is the only control module that imports torch.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
+from torchcomms.config import settings
 from .client import ControlClient
 from .errors import (
     ControlArgumentTypeError,
@@ -92,8 +92,7 @@ class ControlStore(dist.Store):
                  timeout: timedelta = DEFAULT_STORE_TIMEOUT) -> ControlStore | None:
         """The store the launcher advertises (``TORCHCOMM_CONTROL_ADDR`` + the job secret),
         or ``None`` when no control-plane address is set."""
-        env = os.environ if env is None else env
-        addr = env.get(ENV_CONTROL_ADDR)
+        addr = settings(env).control_addr
         if not addr:
             return None
         secret = load_secret(env)

@@ -1,0 +1,84 @@
+"""A starved box must not look like a lost control plane, and a supervised rank's silence is a
+suspicion (``rank_silent``/``rank_heard``), not a failure."""
+
+from __future__ import annotations
+
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from torchcomms.control.client import ControlClient
+from torchcomms.control.secrets import new_secret, parse_secret
+from torchcomms.control.server import StoreServer
+
+from .conftest import python_env, stop_process
+
+
+def _server_process(tmp_path: Path) -> tuple[subprocess.Popen[str], str, bytes]:
+    secret_file = tmp_path / "secret"
+    srv = subprocess.Popen([sys.executable, "-m", "torchcomms.control", "--new-secret-file",
+                            str(secret_file)], env=python_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True)
+    assert srv.stdout is not None
+    addr = srv.stdout.readline().strip()
+    return srv, addr, parse_secret(secret_file.read_text())
+
+
+def test_a_server_that_answers_nothing_for_9s_is_slow_not_lost() -> None:
+    """A server whose loop answers nothing for 9 s (busy or starved; its connections stay up)
+    is not reported lost: the subscription used to call ``on_error`` after one unanswered 7 s
+    poll, and every communicator of the rank aborted. Events published afterwards arrive."""
+    secret = new_secret()
+    errors: list[Exception] = []
+    inbox: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+    with StoreServer("127.0.0.1", 0, secret) as srv:
+        c = ControlClient(srv.address, secret, timeout=10.0)
+        c.subscribe(["job_stopping"], lambda t, p: inbox.put((t, p)), since=None,
+                    on_error=errors.append)
+        time.sleep(0.3)
+        srv._run_in_loop(lambda: time.sleep(9.0), 30.0)  # the serving thread is held 9 s
+        c.publish("job_stopping", {"reason": "after the pause"})
+        topic, payload = inbox.get(timeout=30)
+        assert payload["reason"] == "after the pause"
+        assert errors == []
+        c.close()
+
+
+def test_a_dead_server_is_still_reported_lost(tmp_path: Path) -> None:
+    srv, addr, secret = _server_process(tmp_path)
+    lost = threading.Event()
+    c = ControlClient(addr, secret, timeout=10.0)
+    c.subscribe(None, lambda t, p: None, since=None, on_error=lambda e: lost.set(), lost_after=2.0)
+    time.sleep(0.3)
+    srv.kill()
+    srv.wait()
+    assert lost.wait(40), "the subscription never reported the dead server"
+    c.close()
+
+
+def test_supervised_rank_silence_is_a_suspicion_then_heard_again() -> None:
+    secret = new_secret()
+    with StoreServer("127.0.0.1", 0, secret, heartbeat_limit=60.0, rank_silence="suspect") as srv:
+        watcher = ControlClient(srv.address, secret, timeout=10.0)
+        rank = ControlClient(srv.address, secret, timeout=10.0)
+        inbox: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+        watcher.subscribe(["rank_failed", "rank_silent", "rank_heard"],
+                          lambda t, p: inbox.put((t, p)), since=None)
+        rank.heartbeat_start("rank/3", 0.05, limit=0.3, info={"host": "h", "pid": 42})
+        rank._heartbeats["rank/3"].stop()  # beats stop, no deregistration
+        topic, payload = inbox.get(timeout=10)
+        assert topic == "rank_silent" and payload["rank"] == 3 and payload["pid"] == 42
+        rank._call("heartbeat", {"member": "rank/3", "limit": 0.3}, budget=5.0)
+        topic, payload = inbox.get(timeout=10)
+        assert topic == "rank_heard" and payload["rank"] == 3
+        assert payload["silent_s"] >= 0.3
+        rank.heartbeat_forget("rank/3")
+        time.sleep(0.6)
+        assert inbox.empty()  # forgotten: never reported again, and never as rank_failed
+        rank.close()
+        watcher.close()
