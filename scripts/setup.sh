@@ -14,5 +14,5 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
 fi
-python3 -m pip install -q --disable-pip-version-check "torch==2.13.0" -e ".[test]" 2>&1 \
+python3 -m pip install -q --disable-pip-version-check "torch==2.13.0" -e ".[test,mpi]" 2>&1 \
   | grep -v -e "Running pip as the 'root' user" -e "^$" || true
