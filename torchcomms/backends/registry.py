@@ -11,6 +11,7 @@ from torchcomms.errors import BackendNotFoundError, CommTypeError
 _BUILTIN: dict[str, str] = {
     "fake": "torchcomms.backends.fake:FakeBackend",
     "gloo": "torchcomms.backends.gloo:GlooBackend",
+    "mpi": "torchcomms.backends.mpi:MpiBackend",
 }
 _registered: dict[str, type] = {}
 _lock = threading.Lock()
