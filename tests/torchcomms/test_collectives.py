@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.ranks import run_ranks
 from tests.torchcomms.conftest import Launch
 
 
