@@ -64,6 +64,27 @@ class MpiJob:
             time.sleep(0.02)
         return int(path.read_text())
 
+    def wait_ready(self, ranks: list[int], timeout: float = 120.0) -> None:
+        """Until each of ``ranks`` created ``ready<rank>`` in the job's directory."""
+        deadline = time.monotonic() + timeout
+        while not all((self.dir / f"ready{r}").exists() for r in ranks):
+            assert self.proc.poll() is None, f"mpiexec ended early:\n{self.output()}"
+            assert time.monotonic() < deadline, f"ranks {ranks} never got ready\n{self.output()}"
+            time.sleep(0.01)
+
+    def results_of(self, ranks: list[int], timeout: float = 120.0) -> list[RankResult]:
+        """The results of ``ranks`` once each wrote one (the job may still run: e.g. a stopped
+        peer keeps it from finishing)."""
+        deadline = time.monotonic() + timeout
+        while not all((self.dir / f"rank{r}.json").exists() for r in ranks):
+            if self.proc.poll() is not None:
+                break
+            if time.monotonic() >= deadline:
+                self.kill()
+                raise AssertionError(f"ranks {ranks} wrote no result within {timeout} s\n{self.output()}")
+            time.sleep(0.02)
+        return [self._result(r) for r in ranks]
+
     def output(self) -> str:
         return self.log.read_text(errors="replace")[-6000:] if self.log.exists() else ""
 

@@ -1,14 +1,18 @@
-"""The MPI engine: our ops as mpi4py's nonblocking MPI calls on CPU tensors.
+"""The MPI engine: our ops as mpi4py calls on CPU tensors.
 
 Ranks come from the MPI job (``mpiexec -n N python train.py``): the communicator's rank and size
 (discovered from ``OMPI_COMM_WORLD_RANK``/``_SIZE`` or ``PMI_RANK``/``_SIZE``) must be the MPI
-world's, and no store is needed. Every op is a nonblocking MPI call (``Iallreduce``, ``Isend``,
-...) on tensor memory handed over without a copy; ops MPI lacks are composed (AVG = SUM then
-divide, PREMUL_SUM = scale then SUM, the list forms = one v-collective on a packed buffer).
-Sub-communicators come from ``MPI_Comm_create_group`` (collective over the members only, as
-``split`` is). Failures: MPI's errors are returned, not fatal; with ULFM a failed peer is
-reported as a peer failure, the communicator is revoked so that no survivor stays blocked, and
-``shrink`` is ``MPI_Comm_ishrink`` followed by ``MPI_Comm_agree`` (see :mod:`.recovery`).
+world's, and no store is needed. Tensor memory is handed to MPI without a copy. Point-to-point
+ops are nonblocking (``Isend``/``Irecv``), polled by the caller or the progress thread;
+collectives are MPI's blocking calls run in order on the communicator's engine thread (faster
+than MPI's nonblocking collectives: see :mod:`.engine_thread`), or its nonblocking ones with
+hint ``mpi.collectives=nonblocking``. Either way a caller waits in slices and never past its
+op's deadline. Ops MPI lacks are composed (AVG = SUM then divide, PREMUL_SUM = scale then SUM,
+the list forms = one v-collective on a packed buffer). Sub-communicators come from
+``MPI_Comm_create_group`` (collective over the members only, as ``split`` is). Failures: MPI's
+errors are returned, not fatal; with ULFM a failed peer is reported as a peer failure, the
+communicator is revoked so that no survivor stays blocked, and ``shrink`` is
+``MPI_Comm_ishrink`` followed by ``MPI_Comm_iagree`` (see :mod:`.recovery`).
 """
 from __future__ import annotations
 
@@ -22,11 +26,14 @@ import torch
 from torchcomms.backends.base import BackendCapabilities, BackendContext, EngineHandle, TorchCommBackend
 from torchcomms.backends.mpi import engine as mpi_engine
 from torchcomms.backends.mpi.buffers import MPI_DTYPES, Buffers
+from torchcomms.backends.mpi.engine_thread import EngineThread
 from torchcomms.backends.mpi.progress import RequestProgress, blocking_wait
 from torchcomms.backends.mpi.recovery import shrink_comm
 from torchcomms.errors import CommValueError
 from torchcomms.types import RedOpType, ReduceOp
 
+#: how long finalize() waits for the engine thread to free the communicator (its work has drained)
+_FREE_WAIT_S = 10.0
 _RUNTIME: dict[str, Any] = {}  # the process's MPI module, buffer tables and progress thread (made once)
 
 
@@ -61,6 +68,12 @@ class MpiBackend(TorchCommBackend):
         self._ft = mpi_engine.ulfm_enabled(MPI)
         self._failure_classes = mpi_engine.peer_failure_classes(MPI)
         self._aborted = False
+        self._thread: EngineThread | None = None
+        mode = self.ctx.hints.get("mpi.collectives", "blocking")
+        if mode not in ("blocking", "nonblocking"):
+            raise CommValueError(f"hint mpi.collectives={mode!r}: expected 'blocking' or 'nonblocking'",
+                                 comm=self.ctx.name, op="new_comm")
+        self._blocking_collectives = mode == "blocking"
         self.capabilities = dataclasses.replace(type(self).capabilities, shrink=self._ft)
         if not mpi_engine.thread_level_ok(MPI):
             raise CommValueError(
@@ -88,8 +101,17 @@ class MpiBackend(TorchCommBackend):
         return self._comm
 
     def finalize(self) -> None:
-        comm, self._comm = self._comm, None
-        if comm is not None and not self._aborted:
+        """Release the communicator (its engine thread frees it after its last job)."""
+        comm = self._comm
+        if comm is None or self._aborted:
+            return
+        if self._thread is not None:
+            # the thread frees it after its last job; waited for, so that nothing of this
+            # communicator calls into MPI after finalize() returned (MPI_Finalize may follow)
+            self._thread.submit(comm.Free)
+            self._thread.stop()
+            self._thread.join(_FREE_WAIT_S)
+        else:
             try:
                 comm.Free()
             except self.MPI.Exception:
@@ -105,6 +127,8 @@ class MpiBackend(TorchCommBackend):
             self._aborted = True
             self._revoke()
             self._progress.abandon(self)
+            if self._thread is not None:
+                self._thread.stop(mpi_engine.MpiEngineError("the communicator was aborted"))
         except Exception:  # noqa: BLE001 - abort never raises
             pass
 
@@ -175,6 +199,20 @@ class MpiBackend(TorchCommBackend):
             finish,
         )
 
+    def _coll(self, name: str, args: tuple[Any, ...], keep: Any = None,
+              finish: Callable[[], None] | None = None) -> EngineHandle:
+        """Collective ``name`` (mpi4py's nonblocking method, e.g. ``"Iallreduce"``): by default
+        its blocking form on the engine thread; with hint ``mpi.collectives=nonblocking`` the
+        nonblocking call, polled."""
+        if not self._blocking_collectives:
+            method = getattr(self._comm, name)
+            return self._start(lambda: method(*args), keep, finish)
+        if self._thread is None:
+            self._thread = EngineThread(self.ctx.name, self._on_error, self.MPI.Exception)
+        method = getattr(self._comm, name[1].upper() + name[2:])  # "Iallreduce" -> "Allreduce"
+        job = self._thread.submit(lambda: method(*args), keep)
+        return EngineHandle.waitable([job.wait], lambda: [job.future()], finish)
+
     def _avg(self, t: torch.Tensor, op: ReduceOp) -> Callable[[], None] | None:
         if op.type is RedOpType.AVG:
             n = self.ctx.size
@@ -215,39 +253,38 @@ class MpiBackend(TorchCommBackend):
 
     # --- collectives -------------------------------------------------------------------------
     def broadcast(self, tensor: torch.Tensor, root: int) -> EngineHandle:
-        return self._start(lambda: self._comm.Ibcast(self._buf.spec(tensor), root), tensor)
+        return self._coll("Ibcast", (self._buf.spec(tensor), root), tensor)
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> EngineHandle:
         if op.type is RedOpType.PREMUL_SUM:
             tensor.mul_(op.factor)  # type: ignore[arg-type]  # in place: the result overwrites it
         mop = self._buf.op(op.type, tensor.dtype)
-        return self._start(lambda: self._comm.Iallreduce(self.MPI.IN_PLACE, self._buf.spec(tensor), mop), tensor,
-                           self._avg(tensor, op))
+        return self._coll("Iallreduce", (self.MPI.IN_PLACE, self._buf.spec(tensor), mop), tensor,
+                          self._avg(tensor, op))
 
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp) -> EngineHandle:
         mop = self._buf.op(op.type, tensor.dtype)
         if self.ctx.rank == root:
             if op.type is RedOpType.PREMUL_SUM:
                 tensor.mul_(op.factor)  # type: ignore[arg-type]
-            return self._start(lambda: self._comm.Ireduce(self.MPI.IN_PLACE, self._buf.spec(tensor), mop, root),
-                               tensor, self._avg(tensor, op))
+            return self._coll("Ireduce", (self.MPI.IN_PLACE, self._buf.spec(tensor), mop, root), tensor,
+                              self._avg(tensor, op))
         src = self._scaled(tensor, op)  # a non-root's tensor is left as it was
-        return self._start(lambda: self._comm.Ireduce(self._buf.spec(src), None, mop, root), src)
+        return self._coll("Ireduce", (self._buf.spec(src), None, mop, root), src)
 
     def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> EngineHandle:
         flat = torch.empty(tensor.numel() * self.ctx.size, dtype=tensor.dtype)
-        return self._start(lambda: self._comm.Iallgather(self._buf.spec(tensor), self._buf.spec(flat)),
-                           (tensor, flat), self._unpack(flat, tensor_list))
+        return self._coll("Iallgather", (self._buf.spec(tensor), self._buf.spec(flat)), (tensor, flat),
+                          self._unpack(flat, tensor_list))
 
     def all_gather_v(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> EngineHandle:
         counts = [t.numel() for t in tensor_list]
         flat = torch.empty(sum(counts), dtype=tensor.dtype)
-        return self._start(lambda: self._comm.Iallgatherv(self._buf.spec(tensor), self._buf.vspec(flat, counts)),
-                           (tensor, flat), self._unpack(flat, tensor_list))
+        return self._coll("Iallgatherv", (self._buf.spec(tensor), self._buf.vspec(flat, counts)), (tensor, flat),
+                          self._unpack(flat, tensor_list))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
-        return self._start(lambda: self._comm.Iallgather(self._buf.spec(input), self._buf.spec(output)),
-                           (input, output))
+        return self._coll("Iallgather", (self._buf.spec(input), self._buf.spec(output)), (input, output))
 
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp) -> EngineHandle:
         return self.reduce_scatter_v(output, input_list, op)
@@ -256,21 +293,17 @@ class MpiBackend(TorchCommBackend):
         flat = self._scaled(self._pack(input_list, output.dtype), op)
         counts = [t.numel() for t in input_list]
         mop = self._buf.op(op.type, output.dtype)
-        return self._start(
-            lambda: self._comm.Ireduce_scatter(self._buf.spec(flat), self._buf.spec(output), counts, mop),
-            (flat, output), self._avg(output, op))
+        return self._coll("Ireduce_scatter", (self._buf.spec(flat), self._buf.spec(output), counts, mop),
+                          (flat, output), self._avg(output, op))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp) -> EngineHandle:
         src = self._scaled(input, op)
         mop = self._buf.op(op.type, output.dtype)
-        return self._start(
-            lambda: self._comm.Ireduce_scatter_block(self._buf.spec(src), self._buf.spec(output), mop),
-            (src, output), self._avg(output, op))
+        return self._coll("Ireduce_scatter_block", (self._buf.spec(src), self._buf.spec(output), mop),
+                          (src, output), self._avg(output, op))
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
-        return self._start(lambda: self._comm.Ialltoall(self._buf.spec(input),
-                                                        self._buf.spec(output)),
-                           (input, output))
+        return self._coll("Ialltoall", (self._buf.spec(input), self._buf.spec(output)), (input, output))
 
     def all_to_all_v_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                             input_split_sizes: list[int]) -> EngineHandle:
@@ -278,32 +311,31 @@ class MpiBackend(TorchCommBackend):
         row_out = output.numel() // max(output.shape[0], 1) if output.dim() else 1
         sc = [s * row_in for s in input_split_sizes]
         rc = [s * row_out for s in output_split_sizes]
-        return self._start(lambda: self._comm.Ialltoallv(self._buf.vspec(input, sc), self._buf.vspec(output, rc)),
-                           (input, output))
+        return self._coll("Ialltoallv", (self._buf.vspec(input, sc), self._buf.vspec(output, rc)), (input, output))
 
     def all_to_all(self, output_list: list[torch.Tensor], input_list: list[torch.Tensor]) -> EngineHandle:
         dtype = (input_list or output_list)[0].dtype
         send = self._pack(input_list, dtype)
         recv = torch.empty(sum(t.numel() for t in output_list), dtype=dtype)
         sc, rc = [t.numel() for t in input_list], [t.numel() for t in output_list]
-        return self._start(lambda: self._comm.Ialltoallv(self._buf.vspec(send, sc), self._buf.vspec(recv, rc)),
-                           (send, recv), self._unpack(recv, output_list))
+        return self._coll("Ialltoallv", (self._buf.vspec(send, sc), self._buf.vspec(recv, rc)), (send, recv),
+                          self._unpack(recv, output_list))
 
     def barrier(self) -> EngineHandle:
-        return self._start(self._comm.Ibarrier)
+        return self._coll("Ibarrier", ())
 
     def scatter(self, output: torch.Tensor, input_list: list[torch.Tensor] | None, root: int) -> EngineHandle:
         flat = self._pack(input_list, output.dtype) if input_list is not None else None
         send = self._buf.spec(flat) if flat is not None else None
-        return self._start(lambda: self._comm.Iscatter(send, self._buf.spec(output), root), (flat, output))
+        return self._coll("Iscatter", (send, self._buf.spec(output), root), (flat, output))
 
     def gather(self, output_list: list[torch.Tensor] | None, input: torch.Tensor, root: int) -> EngineHandle:
         if output_list is None:
-            return self._start(lambda: self._comm.Igather(self._buf.spec(input), None, root), input)
+            return self._coll("Igather", (self._buf.spec(input), None, root), input)
         flat = torch.empty(input.numel() * self.ctx.size, dtype=input.dtype)
-        return self._start(lambda: self._comm.Igather(self._buf.spec(input), self._buf.spec(flat), root),
-                           (input, flat), self._unpack(flat, output_list))
+        return self._coll("Igather", (self._buf.spec(input), self._buf.spec(flat), root), (input, flat),
+                          self._unpack(flat, output_list))
 
     def gather_single(self, output: torch.Tensor | None, input: torch.Tensor, root: int) -> EngineHandle:
         recv = self._buf.spec(output) if output is not None else None
-        return self._start(lambda: self._comm.Igather(self._buf.spec(input), recv, root), (input, output))
+        return self._coll("Igather", (self._buf.spec(input), recv, root), (input, output))

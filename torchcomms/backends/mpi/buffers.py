@@ -102,6 +102,8 @@ def _half_reducer(red: RedOpType, dtype: torch.dtype):  # type: ignore[no-untype
         raise TypeError(f"{red.name} is not defined for {dtype}")
 
     def reduce(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+        if len(inoutbuf) == 0:  # MPI may reduce empty pieces (torch.frombuffer refuses them)
+            return
         src = torch.frombuffer(inbuf, dtype=dtype)
         dst = torch.frombuffer(inoutbuf, dtype=dtype)
         combine(src, dst, out=dst)
