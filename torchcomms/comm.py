@@ -634,6 +634,9 @@ class TorchComm:
             rec = w.record
             w._finish(WorkStatus.ERROR, CommAbortedError("communicator is being shrunk", comm=self._name,
                                                          op=str(rec.name), seq=rec.seq))
+        in_engine = getattr(self._backend, "shrink_survivors", None)
+        if in_engine is not None:  # the engine agrees on the survivors itself (MPI's ULFM): no store
+            return self._shrink_in_engine(in_engine, secs, deadline)
         me = self._global_ranks[self._rank]
         epoch = self._epoch
         while True:
@@ -775,6 +778,21 @@ class TorchComm:
 
         threading.Thread(target=build, name=f"torchcomms-reconfigure-{self._name}", daemon=True).start()
         return work
+
+    def _shrink_in_engine(self, shrink_survivors: Callable[[float], tuple[TorchCommBackend, list[int]]], secs: float,
+                          deadline: float) -> TorchComm:
+        """``shrink`` by an engine that agrees on its survivors itself (``backend.shrink_survivors(deadline)``
+        returns the survivors' backend and their global ranks, or raises ``TimeoutError`` at the deadline)."""
+        try:
+            backend, survivors = shrink_survivors(deadline)
+        except TimeoutError:
+            raise CommTimeoutError(f"the survivors did not agree on a communicator within {secs:g} s",
+                                   timeout_s=secs, comm=self._name, op="shrink") from None
+        except BaseException as e:  # noqa: BLE001 - the engine may throw anything
+            raise self._translate_engine_error(e, OpRecord(
+                self._name, self._global_ranks, self._rank, self._size, self._backend_name, OpName.shrink, 0, 0,
+                secs, False, 0)) from None
+        return self._become(backend, survivors, self._epoch + 1)
 
     def _rebind(self, backend: TorchCommBackend, work: TorchWork) -> bool:
         """Point this communicator at the engine ``work``'s reconfigure built, if that reconfigure
