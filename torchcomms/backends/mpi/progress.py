@@ -27,7 +27,8 @@ OnError = Callable[[BaseException], BaseException]
 def blocking_wait(MPI: Any, requests: list[Any], on_error: OnError) -> Callable[[float], bool]:  # noqa: N803
     """A ``BlockingWait`` over ``requests``: polls them for at most the given seconds; True once
     all completed, False if they still run; raises ``on_error(error)`` when one failed."""
-    testall = MPI.Request.Testall
+    # one request: Test (Testall hides the request's own error class behind MPI_ERR_IN_STATUS)
+    testall = (lambda reqs: reqs[0].Test()) if len(requests) == 1 else MPI.Request.Testall
     yield_ = os.sched_yield
 
     def wait(timeout_s: float) -> bool:
