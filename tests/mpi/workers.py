@@ -120,3 +120,49 @@ def wrong_world() -> dict[str, Any]:
         return {"raised": None}
     except (torchcomms.CommError, ValueError) as e:
         return {"raised": type(e).__name__, "message": str(e)}
+
+
+def dtype_reductions() -> dict[str, Any]:
+    """all_reduce of every dtype this backend declares, with every reduce op the dtype allows,
+    against a reference computed locally from every rank's input."""
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "dtypes")
+    r, n = comm.get_rank(), comm.get_size()
+    failures: list[str] = []
+    checks = 0
+    for dt in sorted(comm._backend.capabilities.dtypes, key=str):
+        ops: list[tuple[str, ReduceOp]] = [("SUM", ReduceOp.SUM), ("MAX", ReduceOp.MAX), ("MIN", ReduceOp.MIN),
+                                           ("PRODUCT", ReduceOp.PRODUCT)]
+        if dt.is_complex:
+            ops = [("SUM", ReduceOp.SUM), ("PRODUCT", ReduceOp.PRODUCT)]
+        if dt.is_floating_point or dt.is_complex:
+            ops += [("AVG", ReduceOp.AVG), ("PREMUL_SUM", ReduceOp.PREMUL_SUM(0.5))]
+        elif dt is not torch.bool:
+            ops += [("BAND", ReduceOp.BAND), ("BOR", ReduceOp.BOR), ("BXOR", ReduceOp.BXOR)]
+        for name, op in ops:
+            xs = [((torch.arange(7) * (q + 2) + q) % 3 + (0 if dt is torch.bool else 1)).to(dt) for q in range(n)]
+            t = xs[r].clone()
+            comm.all_reduce(t, op, False)
+            want = _reference(name, xs, dt)
+            checks += 1
+            ok = torch.allclose(t.to(torch.complex128), want.to(torch.complex128), rtol=1e-2, atol=1e-2)
+            if not ok:
+                failures.append(f"{dt} {name}: got {t.tolist()} want {want.tolist()}")
+    comm.finalize()
+    return {"failures": failures, "checks": checks}
+
+
+def _reference(name: str, xs: list[torch.Tensor], dt: torch.dtype) -> torch.Tensor:
+    if dt is torch.bool:
+        st = torch.stack(xs)
+        return st.any(0) if name in ("SUM", "MAX") else st.all(0)
+    if name in ("BAND", "BOR", "BXOR"):
+        fn = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[name]
+        out = xs[0].clone()
+        for x in xs[1:]:
+            out = fn(out, x)
+        return out
+    wide = torch.complex128 if dt.is_complex else torch.float64
+    st = torch.stack([x.to(wide) for x in xs])
+    return {"SUM": lambda: st.sum(0), "PRODUCT": lambda: st.prod(0), "MIN": lambda: st.real.min(0).values,
+            "MAX": lambda: st.real.max(0).values, "AVG": lambda: st.mean(0),
+            "PREMUL_SUM": lambda: (st * 0.5).sum(0)}[name]()
