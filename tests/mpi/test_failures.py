@@ -90,3 +90,15 @@ def test_ulfm_survivors_get_a_typed_error_shrink_and_carry_on(world: int, victim
         assert v["old_after"] == "CommAbortedError", v
     # the rank that saw the failure first names it as a peer failure
     assert any(res.value["raised"] == "PeerFailureError" for res in results)
+
+
+def test_exit_with_a_communicator_blocked_on_a_stopped_peer_ends_the_job_with_a_message() -> None:
+    """Without ULFM an engine thread blocked on a stopped peer cannot be released, and
+    MPI_Finalize would wait for it forever: the exit guard ends the job with MPI_Abort instead."""
+    with MpiJob(2, "tests.mpi.workers:exit_with_a_stopped_peer", {"timeout_s": 2.0}) as job:
+        res = job.results_of([0], timeout=90)[0]
+        job.proc.wait(90)
+        out = job.output()
+    assert res.value == {"raised": "CommTimeoutError"}, (res.error, out)
+    assert job.proc.returncode != 0
+    assert "blocked on a failed or stopped peer" in out and "mpiexec --with-ft ulfm" in out, out

@@ -166,3 +166,23 @@ def _reference(name: str, xs: list[torch.Tensor], dt: torch.dtype) -> torch.Tens
     return {"SUM": lambda: st.sum(0), "PRODUCT": lambda: st.prod(0), "MIN": lambda: st.real.min(0).values,
             "MAX": lambda: st.real.max(0).values, "AVG": lambda: st.mean(0),
             "PREMUL_SUM": lambda: (st * 0.5).sum(0)}[name]()
+
+
+def exit_with_a_stopped_peer(timeout_s: float) -> dict[str, Any]:
+    """Rank 1 stops itself; rank 0's op times out, it aborts the communicator and exits
+    normally (the test checks how the job ends)."""
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "exit-stuck", timeout=timedelta(seconds=timeout_s),
+                               abort_process_on_timeout_or_error=False)
+    r = comm.get_rank()
+    comm.all_reduce(torch.ones(4), ReduceOp.SUM, False)
+    if r == 1:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSTOP)
+    try:
+        comm.all_reduce(torch.ones(4), ReduceOp.SUM, False)
+        raised = None
+    except torchcomms.CommError as e:
+        raised = type(e).__name__
+    comm.abort()
+    return {"raised": raised}

@@ -16,7 +16,9 @@ communicator is revoked so that no survivor stays blocked, and ``shrink`` is
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import sys
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -40,8 +42,21 @@ _RUNTIME: dict[str, Any] = {}  # the process's MPI module, buffer tables and pro
 def _runtime() -> tuple[Any, Buffers, RequestProgress]:
     if not _RUNTIME:
         MPI = mpi_engine.load_mpi()  # noqa: N806
-        _RUNTIME.update(MPI=MPI, buffers=Buffers(MPI), progress=RequestProgress(MPI))
+        _RUNTIME.update(MPI=MPI, buffers=Buffers(MPI), progress=RequestProgress(MPI), stuck=[])
+        atexit.register(_end_job_if_stuck)  # runs before mpi4py's MPI_Finalize
     return _RUNTIME["MPI"], _RUNTIME["buffers"], _RUNTIME["progress"]
+
+
+def _end_job_if_stuck() -> None:
+    """At exit: ``MPI_Finalize`` would wait forever for an aborted communicator's engine thread
+    that is still blocked on a stopped peer (an MPI without ULFM cannot release it), so the job
+    is ended with ``MPI_Abort`` and a message saying why, instead of hanging."""
+    stuck = [name for name, busy in _RUNTIME.get("stuck", []) if busy()]
+    if stuck:
+        print(f"torchcomms: exiting while MPI communicator(s) {', '.join(stuck)} are blocked on a failed or stopped "
+              f"peer; this MPI cannot release them (no ULFM: launch with '{mpi_engine.ULFM_LAUNCH}'), so the job "
+              "is ended with MPI_Abort", file=sys.stderr, flush=True)
+        _RUNTIME["MPI"].COMM_WORLD.Abort(1)
 
 
 class MpiBackend(TorchCommBackend):
@@ -129,6 +144,8 @@ class MpiBackend(TorchCommBackend):
             self._progress.abandon(self)
             if self._thread is not None:
                 self._thread.stop(mpi_engine.MpiEngineError("the communicator was aborted"))
+                if not self._ft:
+                    _RUNTIME["stuck"].append((self.ctx.name, self._thread.busy))
         except Exception:  # noqa: BLE001 - abort never raises
             pass
 

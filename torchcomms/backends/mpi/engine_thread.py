@@ -72,6 +72,7 @@ class EngineThread:
         self._on_error = on_error
         self._mpi_exception = mpi_exception
         self._failed: BaseException | None = None
+        self._running = False
         self._thread = threading.Thread(target=self._loop, name=f"torchcomms-mpi-{name}", daemon=True)
         self._thread.start()
 
@@ -87,6 +88,10 @@ class EngineThread:
             self._failed = failure
         self._jobs.put(None)
 
+    def busy(self) -> bool:
+        """True while a job's call is running (possibly blocked on a peer)."""
+        return self._running
+
     def join(self, timeout_s: float) -> bool:
         """Wait (at most ``timeout_s``) for the thread to end after :meth:`stop`; True if it did."""
         self._thread.join(timeout_s)
@@ -100,6 +105,7 @@ class EngineThread:
             if self._failed is not None:
                 job.end(self._failed)
                 continue
+            self._running = True
             try:
                 job.call()
             except self._mpi_exception as e:
@@ -108,3 +114,5 @@ class EngineThread:
                 job.end(e)
             else:
                 job.end(None)
+            finally:
+                self._running = False
