@@ -149,7 +149,11 @@ def launch(args: Any, result_path: Path, script: Path) -> None:
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(server.port), GLOO_SOCKET_IFNAME=args.iface,
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                PYTHONPATH=repo + os.pathsep + env.get("PYTHONPATH", ""))
-    cmd = ["mpiexec", "-n", str(args.nproc), "--oversubscribe", sys.executable, str(script),
+    import shutil
+    import sysconfig
+
+    runner = shutil.which("mpiexec") or str(Path(sysconfig.get_path("scripts")) / "mpiexec")
+    cmd = [runner, "-n", str(args.nproc), "--oversubscribe", sys.executable, str(script),
            "--_rank-result", str(result_path), *args.argv]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:

@@ -26,11 +26,22 @@ _FOREIGN = ("TORCHCOMM_RANK", "TORCHCOMM_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RAN
             "TORCHCOMM_CONTROL_ADDR", "PMI_RANK", "PMI_SIZE")
 
 
+def mpiexec() -> str | None:
+    """The ``mpiexec`` on PATH, else the one Open MPI's wheel installed beside this Python."""
+    import sysconfig
+
+    found = shutil.which("mpiexec")
+    if found:
+        return found
+    beside = Path(sysconfig.get_path("scripts")) / "mpiexec"
+    return str(beside) if beside.exists() else None
+
+
 def mpi_available() -> bool:
-    """mpi4py importable and an ``mpiexec`` on PATH."""
+    """mpi4py importable and an ``mpiexec`` found."""
     import importlib.util
 
-    return importlib.util.find_spec("mpi4py") is not None and shutil.which("mpiexec") is not None
+    return importlib.util.find_spec("mpi4py") is not None and mpiexec() is not None
 
 
 class MpiJob:
@@ -45,7 +56,7 @@ class MpiJob:
                  TORCHCOMM_FR_DUMP_TEMP_FILE=str(self.dir / "fr_rank_"),
                  OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         e.update(env or {})
-        args = ["mpiexec", "-n", str(n), "--oversubscribe"]
+        args = [mpiexec() or "mpiexec", "-n", str(n), "--oversubscribe"]
         if ulfm:
             args += ["--with-ft", "ulfm"]
         args += [sys.executable, "-m", "tests.helpers.mpi_rank_main", target, json.dumps(kwargs or {}), str(self.dir)]
