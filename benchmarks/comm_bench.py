@@ -1,10 +1,12 @@
-"""nccl-tests-style collective sweep: torchcomms vs c10d on the same engine (gloo), one run.
+"""nccl-tests-style collective sweep: torchcomms vs c10d on the same engine (gloo), one run;
+with ``--engine mpi``, torchcomms on MPI vs bare mpi4py vs c10d gloo (see comm_bench_mpi.py).
 
     python3 benchmarks/comm_bench.py                       # 2 ranks, 4 KiB .. 64 MiB, x4 steps
     python3 benchmarks/comm_bench.py --tracing both        # also torchcomms without tracing
     python3 benchmarks/comm_bench.py --control             # plus an A/A control (c10d vs c10d)
     python3 benchmarks/comm_bench.py --ops all_reduce --min-bytes 16M --max-bytes 64M --json out.json
     python3 benchmarks/comm_bench.py --device cuda --nproc 1   # nccl on one GPU per rank
+    python3 benchmarks/comm_bench.py --engine mpi --ops all_reduce --min-bytes 1K --max-bytes 64M
 
 With ``--device cuda`` both contenders run NCCL (torchcomms' ``nccl`` backend and c10d's
 ``ProcessGroupNCCL``) on ``cuda:LOCAL_RANK``; an op's time then runs from its call until
@@ -61,7 +63,7 @@ ANCHOR = "c10d"
 CONTROL = "c10d-again"  # A/A control: the same c10d calls on a second gloo group
 TRACED = "torchcomms"
 UNTRACED = "torchcomms-notrace"
-RATIO_LABELS = {TRACED: "", UNTRACED: " (notrace)", CONTROL: " (A/A)"}
+RATIO_LABELS = {TRACED: "", UNTRACED: " (notrace)", CONTROL: " (A/A)", "mpi4py": " (bare mpi4py)"}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "int64": torch.int64}
 
 
@@ -475,12 +477,26 @@ def machine_description() -> dict[str, Any]:
     return info
 
 
+def mpi_engine() -> Any:
+    """benchmarks/comm_bench_mpi.py, the MPI engine's rank side and launcher."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_comm_bench_mpi", Path(__file__).with_name("comm_bench_mpi.py"))
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nproc", type=int, default=2, help="ranks (default 2; --device cuda: one GPU each, 1 allowed)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cpu: both contenders on gloo; cuda: both on NCCL, rank r on cuda:r")
     p.add_argument("--host-burst", type=int, default=50, help="--device cuda: calls per host-overhead burst")
+    p.add_argument("--engine", default="gloo", choices=("gloo", "mpi"),
+                   help="torchcomms' engine: gloo (vs c10d gloo), or mpi (vs bare mpi4py and c10d gloo, "
+                        "ranks started by mpiexec)")
     p.add_argument("--min-bytes", type=parse_bytes, default=4 << 10, help="smallest size (default 4K)")
     p.add_argument("--max-bytes", type=parse_bytes, default=64 << 20, help="largest size (default 64M)")
     p.add_argument("--step-factor", type=int, default=4, choices=(2, 4), help="size multiplier (default 4)")
@@ -525,6 +541,10 @@ def validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         disabled = os.environ.get("TORCHCOMM_TRACING_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
         args.tracing = "off" if disabled else "on"
     args.sizes = size_sweep(args.min_bytes, args.max_bytes, args.step_factor)
+    if args.engine == "mpi" and args.device == "cuda":
+        p.error("--engine mpi runs on CPU tensors: drop --device cuda")
+    if args.engine == "mpi" and (args.tracing == "both" or args.control or args.engines != 1):
+        p.error("--engine mpi runs one torchcomms contender: use --tracing on|off, without --control or --engines")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -534,15 +554,23 @@ def main(argv: list[str] | None = None) -> int:
     validate(p, args)
     args.argv = argv
     if args.rank_result is not None:
-        run_rank(args)
+        if args.engine == "mpi":
+            mpi_engine().run_rank(args, sys.modules[__name__])
+        else:
+            run_rank(args)
         return 0
     load_before = os.getloadavg()
     started = datetime.now(timezone.utc)
     with tempfile.TemporaryDirectory(prefix="comm-bench-") as tmp:
         result_path = Path(tmp) / "rank0.json"
-        launch(args, result_path)
+        if args.engine == "mpi":
+            mpi_engine().launch(args, result_path, Path(__file__))
+        else:
+            launch(args, result_path)
         raw = json.loads(result_path.read_text())
     results = summarize(raw, args.nproc)
+    if args.engine == "mpi":
+        return report_mpi(args, argv, raw, results, load_before, started)
     goal = (16 << 20, 64 << 20)
     meta = {
         "benchmark": "comm_bench",
@@ -578,6 +606,33 @@ def main(argv: list[str] | None = None) -> int:
         worst = max(goal_rows, key=lambda t: t[2])
         print(f"goal (ratio <= 1.05 at 16 MiB and 64 MiB): worst {worst[0]} {worst[1]} {worst[2]:.3f} -> "
               f"{'met' if worst[2] <= 1.05 else 'NOT met'}")
+    Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    print(f"-> {args.json}")
+    return 0
+
+
+def report_mpi(args: argparse.Namespace, argv: list[str], raw: list[dict[str, Any]], results: list[dict[str, Any]],
+               load_before: tuple[float, float, float], started: datetime) -> int:
+    """The MPI engine's table (ratios to c10d gloo and to bare mpi4py) and its goals."""
+    mpi = mpi_engine()
+    mpi.add_bare_ratios(results, raw)
+    load_after = os.getloadavg()
+    print(f"comm_bench --engine mpi: {args.nproc} ranks (mpiexec, shared memory), gloo on {args.iface}, {args.dtype}, "
+          f"{args.iters} iters (+{args.warmup} warm-up), tracing {args.tracing}; {started:%Y-%m-%d %H:%M} UTC, "
+          f"load {load_before[0]:.1f} -> {load_after[0]:.1f}")
+    print_table(results, ())
+    print("(the ratio columns are to c10d gloo; samples of torchcomms and mpi4py average several back-to-back ops "
+          "at small sizes, see comm_bench_mpi.py)")
+    failed = [f"{r['op']} {fmt_bytes(r['bytes'])}" for r in results if "error" in r]
+    if failed:
+        print(f"FAILED (larger sizes of these ops skipped): {', '.join(failed)}")
+    for line in mpi.goals(results, ANCHOR):
+        print("goal: " + line)
+    meta = {"benchmark": "comm_bench", "engine": "mpi", "date": started.isoformat(timespec="seconds"),
+            "command": " ".join(["python3", "benchmarks/comm_bench.py", *argv]), "machine": machine_description(),
+            "loadavg_before": load_before, "loadavg_after": load_after, "nproc": args.nproc, "dtype": args.dtype,
+            "iters": args.iters, "warmup": args.warmup, "tracing": args.tracing, "anchor": ANCHOR,
+            "note": "time = median over interleaved iterations of the slowest rank; ratio = contender / c10d gloo"}
     Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     print(f"-> {args.json}")
     return 0

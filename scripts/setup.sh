@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-shot, idempotent set-up for a fresh machine: Debian packages the tests need (when root),
-# then this project with its test extras. torch is pinned to the CPU wheel on the machine.
+# then this project with its test and mpi extras (Open MPI and mpi4py). torch is pinned to the CPU wheel on the machine.
 # Quiet when everything works; a failed step exits non-zero, names the step and shows its output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,7 +43,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 step "pip install of torch==2.13.0 and this project with its test extras" \
-  python3 -m pip install -q "torch==2.13.0" -e ".[test]"
+  python3 -m pip install -q "torch==2.13.0" -e ".[test,mpi]"
 step "checking the install (torch 2.13.0 and the project's packages import)" \
   python3 -c 'import torch, torchcomms.control, launcher, kernels
 v = torch.__version__.split("+")[0]

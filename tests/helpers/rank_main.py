@@ -16,8 +16,9 @@ STACKS_SIGNAL = signal.SIGUSR2
 EXIT_NORMALLY_ENV = "TC_RANK_EXIT_NORMALLY"
 
 
-def main() -> int:
-    target, kwargs_json, out_path = sys.argv[1:4]
+def run_target(target: str, kwargs_json: str, out_path: str) -> int:
+    """Run ``module:fn(**kwargs)`` and write its value or exception as JSON to ``out_path``;
+    returns the exit code the rank should leave with."""
     faulthandler.register(STACKS_SIGNAL, all_threads=True)
     module, _, fn_name = target.partition(":")
     t0 = time.monotonic()
@@ -38,6 +39,14 @@ def main() -> int:
     os.replace(out_path + ".tmp", out_path)
     sys.stdout.flush()
     sys.stderr.flush()
+    return code
+
+
+def main() -> int:
+    target, kwargs_json, out_path = sys.argv[1:4]
+    code = run_target(target, kwargs_json, out_path)
+    import os
+
     if os.environ.get(EXIT_NORMALLY_ENV) == "1":
         return code  # the interpreter's own exit: atexit handlers, thread joins, teardown
     os._exit(code)  # skip interpreter teardown: engines of broken comms may still be blocked

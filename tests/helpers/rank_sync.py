@@ -14,7 +14,9 @@ def start_together(timeout: float = 120.0) -> None:
     directory), so a communicator whose timeout is shorter than the ranks' start-up skew
     (interpreter and torch import on a loaded machine) is not failed by that skew alone."""
     root = Path(os.environ[GROUP_DIR_ENV])
-    rank, size = int(os.environ["TORCHCOMM_RANK"]), int(os.environ["TORCHCOMM_SIZE"])
+    env = os.environ
+    rank = int(env["TORCHCOMM_RANK"] if "TORCHCOMM_RANK" in env else env["OMPI_COMM_WORLD_RANK"])
+    size = int(env["TORCHCOMM_SIZE"] if "TORCHCOMM_SIZE" in env else env["OMPI_COMM_WORLD_SIZE"])
     (root / f"started{rank}").touch()
     deadline = time.monotonic() + timeout
     while len(list(root.glob("started*"))) < size:

@@ -1,23 +1,24 @@
-"""Every collective on real gloo ranks, against a locally computed reference."""
+"""Every collective on real ranks of each engine (the ``launch`` fixture: gloo, mpi), against a
+locally computed reference."""
 from __future__ import annotations
 
 import pytest
 
-from tests.helpers.ranks import run_ranks
+from tests.torchcomms.conftest import Launch
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
-def test_collective_matrix(world: int, async_op: bool) -> None:
-    results = run_ranks(world, "tests.torchcomms.workers:collective_matrix", {"async_op": async_op}, timeout=240)
+def test_collective_matrix(world: int, async_op: bool, launch: Launch) -> None:
+    results = launch(world, "tests.torchcomms.workers:collective_matrix", {"async_op": async_op}, timeout=240)
     for res in results:
         assert res.value["failures"] == [], f"rank {res.rank}: {res.value['failures'][:5]}"
         assert res.value["checks"] > 100
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_split(world: int) -> None:
-    results = run_ranks(world, "tests.torchcomms.workers:split_behaviour", timeout=120)
+def test_split(world: int, launch: Launch) -> None:
+    results = launch(world, "tests.torchcomms.workers:split_behaviour", timeout=120)
     for res in results:
         v = res.value
         r = res.rank

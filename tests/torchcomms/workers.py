@@ -15,6 +15,11 @@ from torchcomms import ReduceOp
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64}
 
 
+def engine() -> str:
+    """The backend under test: ``TC_BACKEND`` (set by the ``launch`` fixture), else gloo."""
+    return os.environ.get("TC_BACKEND", "gloo")
+
+
 def data(rank: int, numel: int, dtype: torch.dtype, salt: int) -> torch.Tensor:
     """Rank ``rank``'s deterministic input: small integers 1..3, exact in every dtype."""
     base = (torch.arange(numel, dtype=torch.int64) * (rank + 2) + salt * 7 + rank) % 3 + 1
@@ -52,8 +57,8 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def collective_matrix(async_op: bool = False) -> dict[str, Any]:
-    """Every collective × dtype × reduce op on the gloo backend, against a local reference."""
-    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "matrix")
+    """Every collective × dtype × reduce op on the backend under test, against a local reference."""
+    comm = torchcomms.new_comm(engine(), torch.device("cpu"), "matrix")
     r, n = comm.get_rank(), comm.get_size()
     failures: list[str] = []
     count = 0
@@ -180,7 +185,7 @@ def collective_matrix(async_op: bool = False) -> dict[str, Any]:
 
 def split_behaviour() -> dict[str, Any]:
     """split into odd/even subgroups, a subgroup of rank 0 only, and non-members get None."""
-    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "parent")
+    comm = torchcomms.new_comm(engine(), torch.device("cpu"), "parent")
     r, n = comm.get_rank(), comm.get_size()
     seen: list[tuple[str, int]] = []
     comm.register_pre_hook(lambda name, op_id, rec: seen.append((str(name), rec.seq)))
@@ -226,7 +231,7 @@ def stalled_peer(op: str, timeout_s: float, victim: int) -> dict[str, Any]:
     """Everyone runs one warm-up all_reduce, then ``op``; the victim is stopped or killed by the
     test in between (it sleeps forever), the others report how their op ended."""
     start_together()
-    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "stall", timeout=timedelta(seconds=timeout_s))
+    comm = torchcomms.new_comm(engine(), torch.device("cpu"), "stall", timeout=timedelta(seconds=timeout_s))
     r = comm.get_rank()
     t = torch.ones(1024)
     comm.all_reduce(t, ReduceOp.SUM, False)

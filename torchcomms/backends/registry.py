@@ -12,6 +12,7 @@ _BUILTIN: dict[str, str] = {
     "fake": "torchcomms.backends.fake:FakeBackend",
     "gloo": "torchcomms.backends.gloo:GlooBackend",
     "nccl": "torchcomms.backends.nccl:NcclBackend",
+    "mpi": "torchcomms.backends.mpi:MpiBackend",
 }
 _registered: dict[str, type] = {}
 _lock = threading.Lock()

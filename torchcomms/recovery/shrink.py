@@ -9,7 +9,7 @@ from typing import Any
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.core import error_map
 from torchcomms.core.comm_core import CommCore
-from torchcomms.core.errors import CommAbortedError, CommTimeoutError
+from torchcomms.core.errors import CommAbortedError, CommError, CommTimeoutError
 from torchcomms.core.state import CommState
 from torchcomms.core.store_calls import describe_store
 from torchcomms.core.types import OpName
@@ -32,6 +32,10 @@ def shrink(core: CommCore, secs: float, make_comm: MakeComm) -> Any:
             core.broken = CommAbortedError("communicator is being shrunk", comm=core.name, op="shrink")
         pending = core.watchdog.pending_locked()
     core.fail_works(pending, lambda rec: CommAbortedError("communicator is being shrunk", **core.where(rec)))
+    in_engine = getattr(core.backend, "shrink_survivors", None)
+    if in_engine is not None:  # the engine agrees on the survivors itself (MPI's ULFM): no store
+        backend, survivors = _shrink_in_engine(core, in_engine, secs, deadline)
+        return _become(core, backend, survivors, core.epoch + 1, make_comm)
     me = core.global_ranks[core.rank]
     epoch = core.epoch
     while True:
@@ -57,6 +61,21 @@ def shrink(core: CommCore, secs: float, make_comm: MakeComm) -> Any:
                 f"its rendezvous, or {describe_store(core.ctx.store)} did not answer)",
                 timeout_s=secs, comm=core.name, op="shrink")
     return _become(core, backend, survivors, epoch, make_comm)
+
+
+def _shrink_in_engine(core: CommCore, shrink_survivors: Callable[[float], tuple[TorchCommBackend, list[int]]],
+                      secs: float, deadline: float) -> tuple[TorchCommBackend, list[int]]:
+    """The survivors' engine and global ranks from an engine that agrees on them itself
+    (``backend.shrink_survivors(deadline)``, which raises ``TimeoutError`` at the deadline)."""
+    try:
+        return shrink_survivors(deadline)
+    except TimeoutError:
+        raise CommTimeoutError(f"the survivors did not agree on a communicator within {secs:g} s",
+                               timeout_s=secs, comm=core.name, op="shrink") from None
+    except BaseException as e:  # noqa: BLE001 - the engine may throw anything
+        kind = "" if isinstance(e, CommError) else core.backend.classify_error(e)
+        raise error_map.translate_engine_error(e, kind, secs, core.where(op="shrink"), core.global_ranks,
+                                               core.monitor) from None
 
 
 def _build_engine(core: CommCore, survivors: list[int], epoch: int, deadline: float) -> TorchCommBackend | None:

@@ -1,0 +1,104 @@
+"""Failures on the mpi backend: deadlines with a stopped peer, ULFM's revoke/shrink/agree after
+a SIGKILL at a random instant (3-8 ranks), and without ULFM a clear end, never a hang."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import pytest
+
+from tests.helpers.mpi_ranks import MpiJob, mpi_available, run_mpi_ranks
+
+pytestmark = pytest.mark.skipif(not mpi_available(), reason="mpi4py or mpiexec is not installed")
+
+TIMEOUT_S = 3.0
+#: TC_CHAOS_REPEAT=N repeats every chaos case N times (repeat mode for hunting rare failures)
+REPEAT = int(os.environ.get("TC_CHAOS_REPEAT", "1"))
+
+
+def test_stopped_peer_times_out_everyone_at_the_deadline() -> None:
+    with MpiJob(3, "tests.mpi.workers:stalled_peer", {"timeout_s": TIMEOUT_S, "victim": 2}) as job:
+        job.wait_ready([0, 1, 2])
+        os.kill(job.pid_of(2), signal.SIGSTOP)
+        (job.dir / "go").touch()
+        results = job.results_of([0, 1], timeout=60)
+        os.kill(job.pid_of(2), signal.SIGCONT)
+    for res in results:
+        v = res.value
+        assert v is not None, (res.error, res.stderr[-3000:])
+        assert v["raised"] == "CommTimeoutError", v
+        assert v["op"] == "all_reduce" and v["seq"] == 2, v
+        assert TIMEOUT_S - 0.5 <= v["elapsed"] <= TIMEOUT_S + 2.0, v
+        assert v["after"] == "CommAbortedError" and v["after_elapsed"] < 1.0, v
+
+
+def test_shrink_without_ulfm_names_what_the_mpi_lacks() -> None:
+    results = run_mpi_ranks(2, "tests.mpi.workers:shrink_without_ulfm", timeout=90)
+    for res in results:
+        v = res.value
+        assert v["shrink_capability"] is False
+        assert v["raised"] == "BackendError", v
+        assert "ULFM" in v["message"] and "mpiexec --with-ft ulfm" in v["message"], v
+
+
+def test_killed_rank_without_ulfm_ends_the_job_rather_than_hanging() -> None:
+    """Open MPI without ULFM takes the whole job down when a rank dies: every survivor ends."""
+    with MpiJob(3, "tests.mpi.workers:ops_until_failure", {"timeout_s": 30.0, "limit_s": 60.0}) as job:
+        job.wait_ready([0, 1, 2])
+        time.sleep(random.uniform(0.0, 0.2))
+        os.kill(job.pid_of(1), signal.SIGKILL)
+        t0 = time.monotonic()
+        job.proc.wait(60)
+        ended = time.monotonic() - t0
+    assert job.proc.returncode != 0
+    assert ended < 30.0, ended
+
+
+def test_a_communicator_of_ranks_not_started_by_mpiexec_is_refused() -> None:
+    """Rank/size from TORCHCOMM_* that are not the MPI world's: a clear error, not a hang."""
+    results = run_mpi_ranks(1, "tests.mpi.workers:wrong_world", env={"TORCHCOMM_RANK": "1", "TORCHCOMM_SIZE": "2"},
+                            timeout=60)
+    v = results[0].value
+    assert v["raised"] == "CommValueError", v
+    assert "mpiexec -n 2" in v["message"] and "torchcomms-run" in v["message"], v
+
+
+@pytest.mark.parametrize("run", range(REPEAT))
+@pytest.mark.parametrize("world,victims", [(3, 1), (4, 2), (8, 1)], ids=["3r-1dead", "4r-2dead", "8r-1dead"])
+def test_ulfm_survivors_get_a_typed_error_shrink_and_carry_on(world: int, victims: int, run: int) -> None:
+    rng = random.Random(f"{world}/{victims}/{run}/{time.time_ns()}")
+    dead = sorted(rng.sample(range(world), victims))
+    with MpiJob(world, "tests.mpi.workers:ops_until_failure", {"timeout_s": 30.0, "limit_s": 60.0}, ulfm=True) as job:
+        job.wait_ready(list(range(world)))
+        time.sleep(rng.uniform(0.0, 0.3))  # a random instant inside the all_reduce loop
+        (job.dir / "killed_at").write_text(repr(time.monotonic()))
+        for r in dead:
+            os.kill(job.pid_of(r), signal.SIGKILL)
+        survivors = [r for r in range(world) if r not in dead]
+        results = job.results_of(survivors, timeout=120)
+    for res in results:
+        v = res.value
+        assert v is not None, (res.error, res.stderr[-4000:])
+        assert "wrong_sum" not in v, v
+        assert v["raised"] in ("PeerFailureError", "CommAbortedError"), v
+        assert v["new_size"] == len(survivors), v
+        assert v["global_ranks"] == survivors, v
+        assert v["new_rank"] == survivors.index(v["rank"]), v
+        assert v["sum"] == float(sum(survivors)), v
+        assert v["old_after"] == "CommAbortedError", v
+    # the rank that saw the failure first names it as a peer failure
+    assert any(res.value["raised"] == "PeerFailureError" for res in results)
+
+
+def test_exit_with_a_communicator_blocked_on_a_stopped_peer_ends_the_job_with_a_message() -> None:
+    """Without ULFM an engine thread blocked on a stopped peer cannot be released, and
+    MPI_Finalize would wait for it forever: the exit guard ends the job with MPI_Abort instead."""
+    with MpiJob(2, "tests.mpi.workers:exit_with_a_stopped_peer", {"timeout_s": 2.0}) as job:
+        res = job.results_of([0], timeout=90)[0]
+        job.proc.wait(90)
+        out = job.output()
+    assert res.value == {"raised": "CommTimeoutError"}, (res.error, out)
+    assert job.proc.returncode != 0
+    assert "blocked on a failed or stopped peer" in out and "mpiexec --with-ft ulfm" in out, out

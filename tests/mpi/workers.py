@@ -1,0 +1,188 @@
+"""Code that runs inside MPI test ranks (started by ``tests.helpers.mpi_ranks``)."""
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import torchcomms
+from torchcomms import ReduceOp
+
+
+def _ready(rank: int) -> None:
+    (Path(os.environ["TC_GROUP_DIR"]) / f"ready{rank}").touch()
+
+
+def _go() -> None:
+    go = Path(os.environ["TC_GROUP_DIR"]) / "go"
+    while not go.exists():
+        time.sleep(0.005)
+
+
+def ops_until_failure(timeout_s: float, limit_s: float = 60.0) -> dict[str, Any]:
+    """All ranks loop all_reduce until one fails (the test kills a rank at a random instant);
+    the survivors report the error, shrink, and check an all_reduce on the survivors."""
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "chaos", timeout=timedelta(seconds=timeout_s),
+                               abort_process_on_timeout_or_error=False)
+    r, n = comm.get_rank(), comm.get_size()
+    t = torch.ones(4096)
+    comm.all_reduce(t, ReduceOp.SUM, False)
+    _ready(r)
+    out: dict[str, Any] = {"rank": r}
+    start = time.monotonic()
+    ops = 0
+    failed_at = None
+    try:
+        while time.monotonic() - start < limit_s:
+            t.fill_(1.0)
+            comm.all_reduce(t, ReduceOp.SUM, False)
+            ops += 1
+            if t[0].item() != n:
+                out["wrong_sum"] = t[0].item()
+                break
+        out["raised"] = None
+    except torchcomms.CommError as e:
+        failed_at = time.monotonic()
+        out.update(raised=type(e).__name__, message=str(e), failed_ranks=getattr(e, "failed_ranks", None))
+    out["ops"] = ops
+    if failed_at is None:
+        return out
+    # times are time.monotonic(): one clock for every process of this host (the killer's too)
+    new = comm.shrink()
+    shrunk_at = time.monotonic()
+    out.update(new_rank=new.get_rank(), new_size=new.get_size(), global_ranks=new.get_global_ranks())
+    x = torch.full((8,), float(r))
+    new.all_reduce(x, ReduceOp.SUM, False)
+    out.update(t_detect=failed_at, t_shrunk=shrunk_at, t_first_op=time.monotonic(), sum=x[0].item())
+    old_after = None
+    try:
+        comm.all_reduce(torch.ones(2), ReduceOp.SUM, False)
+    except torchcomms.CommError as e:
+        old_after = type(e).__name__
+    out["old_after"] = old_after
+    new.finalize()
+    return out
+
+
+def stalled_peer(timeout_s: float, victim: int) -> dict[str, Any]:
+    """Everyone runs a warm-up all_reduce; the test stops ``victim``; the others' next
+    all_reduce must end at its deadline with CommTimeoutError, and later ops fail at once."""
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "stall", timeout=timedelta(seconds=timeout_s),
+                               abort_process_on_timeout_or_error=False)
+    r = comm.get_rank()
+    t = torch.ones(1024)
+    comm.all_reduce(t, ReduceOp.SUM, False)
+    _ready(r)
+    if r == victim:
+        time.sleep(3600)
+    _go()
+    out: dict[str, Any] = {}
+    for async_op in (False,):
+        t0 = time.monotonic()
+        try:
+            comm.all_reduce(t, ReduceOp.SUM, async_op)
+            out["raised"] = None
+        except torchcomms.CommError as e:
+            out.update(raised=type(e).__name__, message=str(e), op=e.op, seq=e.seq)
+        out["elapsed"] = time.monotonic() - t0
+    t1 = time.monotonic()
+    try:
+        comm.barrier(False)
+        out["after"] = None
+    except torchcomms.CommError as e:
+        out["after"] = type(e).__name__
+    out["after_elapsed"] = time.monotonic() - t1
+    comm.abort()
+    return out
+
+
+def shrink_without_ulfm() -> dict[str, Any]:
+    """``shrink`` on a job launched without ULFM: a typed error that says what is missing."""
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "noft", abort_process_on_timeout_or_error=False)
+    t = torch.ones(4)
+    comm.all_reduce(t, ReduceOp.SUM, False)
+    caps = comm._backend.capabilities
+    try:
+        comm.shrink(timeout=timedelta(seconds=10))
+        return {"raised": None, "shrink_capability": caps.shrink}
+    except torchcomms.CommError as e:
+        return {"raised": type(e).__name__, "message": str(e), "shrink_capability": caps.shrink}
+
+
+def wrong_world() -> dict[str, Any]:
+    """A communicator whose job rank/size (from TORCHCOMM_*) is not the MPI world's."""
+    try:
+        torchcomms.new_comm("mpi", torch.device("cpu"), "wrong")
+        return {"raised": None}
+    except (torchcomms.CommError, ValueError) as e:
+        return {"raised": type(e).__name__, "message": str(e)}
+
+
+def dtype_reductions() -> dict[str, Any]:
+    """all_reduce of every dtype this backend declares, with every reduce op the dtype allows,
+    against a reference computed locally from every rank's input."""
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "dtypes")
+    r, n = comm.get_rank(), comm.get_size()
+    failures: list[str] = []
+    checks = 0
+    for dt in sorted(comm._backend.capabilities.dtypes, key=str):
+        ops: list[tuple[str, ReduceOp]] = [("SUM", ReduceOp.SUM), ("MAX", ReduceOp.MAX), ("MIN", ReduceOp.MIN),
+                                           ("PRODUCT", ReduceOp.PRODUCT)]
+        if dt.is_complex:
+            ops = [("SUM", ReduceOp.SUM), ("PRODUCT", ReduceOp.PRODUCT)]
+        if dt.is_floating_point or dt.is_complex:
+            ops += [("AVG", ReduceOp.AVG), ("PREMUL_SUM", ReduceOp.PREMUL_SUM(0.5))]
+        elif dt is not torch.bool:
+            ops += [("BAND", ReduceOp.BAND), ("BOR", ReduceOp.BOR), ("BXOR", ReduceOp.BXOR)]
+        for name, op in ops:
+            xs = [((torch.arange(7) * (q + 2) + q) % 3 + (0 if dt is torch.bool else 1)).to(dt) for q in range(n)]
+            t = xs[r].clone()
+            comm.all_reduce(t, op, False)
+            want = _reference(name, xs, dt)
+            checks += 1
+            ok = torch.allclose(t.to(torch.complex128), want.to(torch.complex128), rtol=1e-2, atol=1e-2)
+            if not ok:
+                failures.append(f"{dt} {name}: got {t.tolist()} want {want.tolist()}")
+    comm.finalize()
+    return {"failures": failures, "checks": checks}
+
+
+def _reference(name: str, xs: list[torch.Tensor], dt: torch.dtype) -> torch.Tensor:
+    if dt is torch.bool:
+        st = torch.stack(xs)
+        return st.any(0) if name in ("SUM", "MAX") else st.all(0)
+    if name in ("BAND", "BOR", "BXOR"):
+        fn = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[name]
+        out = xs[0].clone()
+        for x in xs[1:]:
+            out = fn(out, x)
+        return out
+    wide = torch.complex128 if dt.is_complex else torch.float64
+    st = torch.stack([x.to(wide) for x in xs])
+    return {"SUM": lambda: st.sum(0), "PRODUCT": lambda: st.prod(0), "MIN": lambda: st.real.min(0).values,
+            "MAX": lambda: st.real.max(0).values, "AVG": lambda: st.mean(0),
+            "PREMUL_SUM": lambda: (st * 0.5).sum(0)}[name]()
+
+
+def exit_with_a_stopped_peer(timeout_s: float) -> dict[str, Any]:
+    """Rank 1 stops itself; rank 0's op times out, it aborts the communicator and exits
+    normally (the test checks how the job ends)."""
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "exit-stuck", timeout=timedelta(seconds=timeout_s),
+                               abort_process_on_timeout_or_error=False)
+    r = comm.get_rank()
+    comm.all_reduce(torch.ones(4), ReduceOp.SUM, False)
+    if r == 1:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSTOP)
+    try:
+        comm.all_reduce(torch.ones(4), ReduceOp.SUM, False)
+        raised = None
+    except torchcomms.CommError as e:
+        raised = type(e).__name__
+    comm.abort()
+    return {"raised": raised}

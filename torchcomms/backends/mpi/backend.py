@@ -1,0 +1,358 @@
+"""The MPI engine: our ops as mpi4py calls on CPU tensors.
+
+Ranks come from the MPI job (``mpiexec -n N python train.py``): the communicator's rank and size
+(discovered from ``OMPI_COMM_WORLD_RANK``/``_SIZE`` or ``PMI_RANK``/``_SIZE``) must be the MPI
+world's, and no store is needed. Tensor memory is handed to MPI without a copy. Point-to-point
+ops are nonblocking (``Isend``/``Irecv``), polled by the caller or the progress thread;
+collectives are MPI's blocking calls run in order on the communicator's engine thread (faster
+than MPI's nonblocking collectives: see :mod:`.engine_thread`), or its nonblocking ones with
+hint ``mpi.collectives=nonblocking``. Either way a caller waits in slices and never past its
+op's deadline. Ops MPI lacks are composed (AVG = SUM then divide, PREMUL_SUM = scale then SUM,
+the list forms = one v-collective on a packed buffer). Sub-communicators come from
+``MPI_Comm_create_group`` (collective over the members only, as ``split`` is). Failures: MPI's
+errors are returned, not fatal; with ULFM a failed peer is reported as a peer failure, the
+communicator is revoked so that no survivor stays blocked, and ``shrink`` is
+``MPI_Comm_ishrink`` followed by ``MPI_Comm_iagree`` (see :mod:`.recovery`).
+"""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import sys
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torchcomms.backends.base import BackendCapabilities, BackendContext, EngineHandle, TorchCommBackend
+from torchcomms.backends.mpi import engine as mpi_engine
+from torchcomms.backends.mpi.buffers import MPI_DTYPES, Buffers
+from torchcomms.backends.mpi.engine_thread import EngineThread
+from torchcomms.backends.mpi.progress import RequestProgress, blocking_wait
+from torchcomms.backends.mpi.recovery import shrink_comm
+from torchcomms.errors import CommValueError
+from torchcomms.types import RedOpType, ReduceOp
+
+#: how long finalize() waits for the engine thread to free the communicator (its work has drained)
+_FREE_WAIT_S = 10.0
+_RUNTIME: dict[str, Any] = {}  # the process's MPI module, buffer tables and progress thread (made once)
+
+
+def _runtime() -> tuple[Any, Buffers, RequestProgress]:
+    if not _RUNTIME:
+        MPI = mpi_engine.load_mpi()  # noqa: N806
+        _RUNTIME.update(MPI=MPI, buffers=Buffers(MPI), progress=RequestProgress(MPI), stuck=[])
+        atexit.register(_end_job_if_stuck)  # runs before mpi4py's MPI_Finalize
+    return _RUNTIME["MPI"], _RUNTIME["buffers"], _RUNTIME["progress"]
+
+
+def _end_job_if_stuck() -> None:
+    """At exit: ``MPI_Finalize`` would wait forever for an aborted communicator's engine thread
+    that is still blocked on a stopped peer (an MPI without ULFM cannot release it), so the job
+    is ended with ``MPI_Abort`` and a message saying why, instead of hanging."""
+    stuck = [name for name, busy in _RUNTIME.get("stuck", []) if busy()]
+    if stuck:
+        print(f"torchcomms: exiting while MPI communicator(s) {', '.join(stuck)} are blocked on a failed or stopped "
+              f"peer; this MPI cannot release them (no ULFM: launch with '{mpi_engine.ULFM_LAUNCH}'), so the job "
+              "is ended with MPI_Abort", file=sys.stderr, flush=True)
+        _RUNTIME["MPI"].COMM_WORLD.Abort(1)
+
+
+class MpiBackend(TorchCommBackend):
+    backend_name = "mpi"
+    # shrink needs ULFM: each instance states whether this job has it (see init)
+    capabilities = BackendCapabilities(devices=("cpu",), abort=True, shrink=True, dtypes=MPI_DTYPES)
+
+    @classmethod
+    def needs_store(cls, size: int) -> bool:
+        return False  # MPI's own launcher connected the ranks
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return mpi_engine.mpi4py_installed()
+
+    def __init__(self, ctx: BackendContext, comm: Any = None) -> None:
+        super().__init__(ctx)
+        self._comm = comm  # set by split/shrink; made from MPI_COMM_WORLD by init() otherwise
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def init(self) -> None:
+        MPI, self._buf, self._progress = _runtime()  # noqa: N806
+        self.MPI = MPI
+        self._ft = mpi_engine.ulfm_enabled(MPI)
+        self._failure_classes = mpi_engine.peer_failure_classes(MPI)
+        self._aborted = False
+        self._thread: EngineThread | None = None
+        mode = self.ctx.hints.get("mpi.collectives", "blocking")
+        if mode not in ("blocking", "nonblocking"):
+            raise CommValueError(f"hint mpi.collectives={mode!r}: expected 'blocking' or 'nonblocking'",
+                                 comm=self.ctx.name, op="new_comm")
+        self._blocking_collectives = mode == "blocking"
+        self.capabilities = dataclasses.replace(type(self).capabilities, shrink=self._ft)
+        if not mpi_engine.thread_level_ok(MPI):
+            raise CommValueError(
+                "the mpi backend needs MPI_THREAD_MULTIPLE, but MPI was initialised with a lower thread level "
+                "(initialise it through torchcomms, or set mpi4py.rc.thread_level = 'multiple' first)",
+                comm=self.ctx.name, op="new_comm")
+        if self._comm is None:
+            world = MPI.COMM_WORLD
+            if (world.Get_rank(), world.Get_size()) != (self.ctx.rank, self.ctx.size):
+                raise CommValueError(
+                    f"the mpi backend runs on the ranks of an MPI job, but this process is rank "
+                    f"{world.Get_rank()} of an MPI world of {world.Get_size()} while the job's rank/size from the "
+                    f"environment is {self.ctx.rank}/{self.ctx.size}. Start the ranks with "
+                    f"'mpiexec -n {self.ctx.size} python script.py' (add --with-ft ulfm for shrink); "
+                    "torchcomms-run starts ranks that are not one MPI job",
+                    comm=self.ctx.name, op="new_comm")
+            self._comm = world.Dup()
+        self._comm.Set_errhandler(MPI.ERRORS_RETURN)
+
+    def version(self) -> str:
+        return mpi_engine.library_version(_runtime()[0])
+
+    def engine(self) -> Any:
+        """The ``mpi4py.MPI.Comm`` the ops run on."""
+        return self._comm
+
+    def finalize(self) -> None:
+        """Release the communicator (its engine thread frees it after its last job)."""
+        comm = self._comm
+        if comm is None or self._aborted:
+            return
+        if self._thread is not None:
+            # the thread frees it after its last job; waited for, so that nothing of this
+            # communicator calls into MPI after finalize() returned (MPI_Finalize may follow)
+            self._thread.submit(comm.Free)
+            self._thread.stop()
+            self._thread.join(_FREE_WAIT_S)
+        else:
+            try:
+                comm.Free()
+            except self.MPI.Exception:
+                pass
+
+    def abort(self) -> None:
+        """Stop using the communicator now. With ULFM it is revoked: every peer's pending and
+        later ops on it fail at once. Without, its pending requests are abandoned (kept, with
+        their buffers, for as long as the process lives)."""
+        try:
+            if self._aborted:
+                return
+            self._aborted = True
+            self._revoke()
+            self._progress.abandon(self)
+            if self._thread is not None:
+                self._thread.stop(mpi_engine.MpiEngineError("the communicator was aborted"))
+                if not self._ft:
+                    _RUNTIME["stuck"].append((self.ctx.name, self._thread.busy))
+        except Exception:  # noqa: BLE001 - abort never raises
+            pass
+
+    def _revoke(self) -> None:
+        if self._ft and self._comm is not None:
+            try:
+                if not self._comm.Is_revoked():
+                    self._comm.Revoke()
+            except Exception:  # noqa: BLE001 - already revoked or freed
+                pass
+
+    def classify_error(self, error: BaseException) -> str:
+        if isinstance(error, mpi_engine.MpiEngineError):
+            return error.kind
+        if isinstance(error, self.MPI.Exception):
+            return "peer" if error.Get_error_class() in self._failure_classes else "other"
+        return "other"
+
+    def _on_error(self, error: BaseException) -> BaseException:
+        """An MPI error of one of this communicator's ops: a peer's failure revokes the
+        communicator, so that peers blocked in other ops on it are released too."""
+        wrapped = mpi_engine.wrap_mpi_error(self.MPI, error)
+        if wrapped.kind == "peer":
+            self._revoke()
+        return wrapped
+
+    def split(self, ctx: BackendContext) -> MpiBackend:
+        """``MPI_Comm_create_group`` over the members (``ctx.global_ranks``), called by the members only."""
+        parent = self.ctx.global_ranks or tuple(range(self.ctx.size))
+        members = [parent.index(g) for g in ctx.global_ranks]
+        group = self._comm.Get_group()
+        try:
+            sub = group.Incl(members)
+            try:
+                tag = zlib.crc32(ctx.store_prefix.encode()) & 0x7FFF
+                comm = self._comm.Create_group(sub, tag)
+            finally:
+                sub.Free()
+        except self.MPI.Exception as e:
+            raise self._on_error(e) from None
+        finally:
+            group.Free()
+        child = MpiBackend(ctx, comm)
+        child.init()
+        return child
+
+    def shrink_survivors(self, deadline: float) -> tuple[MpiBackend, list[int]]:
+        """The survivors' communicator (ULFM) and their job ranks; see :func:`.recovery.shrink_comm`."""
+        comm, survivors = shrink_comm(self.MPI, self._comm, self._ft, list(self.ctx.global_ranks), deadline)
+        ctx = dataclasses.replace(self.ctx, rank=comm.Get_rank(), size=comm.Get_size(), global_ranks=tuple(survivors))
+        child = MpiBackend(ctx, comm)
+        child.init()
+        return child, survivors
+
+    # --- helpers -----------------------------------------------------------------------------
+    def _start(self, call: Callable[[], Any], keep: Any = None, finish: Callable[[], None] | None = None) -> EngineHandle:
+        """Start the nonblocking MPI call(s) of one op; ``keep`` holds its buffers until it ends."""
+        try:
+            reqs = call()
+        except self.MPI.Exception as e:
+            raise self._on_error(e) from None
+        if not isinstance(reqs, list):
+            reqs = [reqs]
+        on_error = self._on_error
+        return EngineHandle.waitable(
+            [blocking_wait(self.MPI, reqs, on_error)],
+            lambda: [self._progress.submit(reqs, self, keep, on_error)],
+            finish,
+        )
+
+    def _coll(self, name: str, args: tuple[Any, ...], keep: Any = None,
+              finish: Callable[[], None] | None = None) -> EngineHandle:
+        """Collective ``name`` (mpi4py's nonblocking method, e.g. ``"Iallreduce"``): by default
+        its blocking form on the engine thread; with hint ``mpi.collectives=nonblocking`` the
+        nonblocking call, polled."""
+        if not self._blocking_collectives:
+            method = getattr(self._comm, name)
+            return self._start(lambda: method(*args), keep, finish)
+        if self._thread is None:
+            self._thread = EngineThread(self.ctx.name, self._on_error, self.MPI.Exception)
+        method = getattr(self._comm, name[1].upper() + name[2:])  # "Iallreduce" -> "Allreduce"
+        job = self._thread.submit(lambda: method(*args), keep)
+        return EngineHandle.waitable([job.wait], lambda: [job.future()], finish)
+
+    def _avg(self, t: torch.Tensor, op: ReduceOp) -> Callable[[], None] | None:
+        if op.type is RedOpType.AVG:
+            n = self.ctx.size
+            return lambda: t.div_(n)
+        return None
+
+    @staticmethod
+    def _scaled(t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+        """The input a PREMUL_SUM sends (a scaled copy); other ops send ``t`` itself."""
+        if op.type is RedOpType.PREMUL_SUM:
+            return t * op.factor  # type: ignore[operator]
+        return t
+
+    @staticmethod
+    def _pack(ts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return torch.cat([t.reshape(-1) for t in ts]) if ts else torch.empty(0, dtype=dtype)
+
+    @staticmethod
+    def _unpack(flat: torch.Tensor, outs: list[torch.Tensor]) -> Callable[[], None]:
+        def unpack() -> None:
+            for t, piece in zip(outs, flat.split([o.numel() for o in outs])):
+                t.copy_(piece.view(t.shape))
+
+        return unpack
+
+    # --- point to point ----------------------------------------------------------------------
+    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> EngineHandle:
+        return self._start(lambda: self._comm.Isend(self._buf.spec(tensor), dst, tag), tensor)
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> EngineHandle:
+        return self._start(lambda: self._comm.Irecv(self._buf.spec(tensor), src, tag), tensor)
+
+    def batch_p2p(self, ops: list[tuple[bool, torch.Tensor, int]], tag: int) -> EngineHandle:
+        c, spec = self._comm, self._buf.spec
+        return self._start(
+            lambda: [c.Isend(spec(t), p, tag) if is_send else c.Irecv(spec(t), p, tag) for is_send, t, p in ops],
+            ops)
+
+    # --- collectives -------------------------------------------------------------------------
+    def broadcast(self, tensor: torch.Tensor, root: int) -> EngineHandle:
+        return self._coll("Ibcast", (self._buf.spec(tensor), root), tensor)
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> EngineHandle:
+        if op.type is RedOpType.PREMUL_SUM:
+            tensor.mul_(op.factor)  # type: ignore[arg-type]  # in place: the result overwrites it
+        mop = self._buf.op(op.type, tensor.dtype)
+        return self._coll("Iallreduce", (self.MPI.IN_PLACE, self._buf.spec(tensor), mop), tensor,
+                          self._avg(tensor, op))
+
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp) -> EngineHandle:
+        mop = self._buf.op(op.type, tensor.dtype)
+        if self.ctx.rank == root:
+            if op.type is RedOpType.PREMUL_SUM:
+                tensor.mul_(op.factor)  # type: ignore[arg-type]
+            return self._coll("Ireduce", (self.MPI.IN_PLACE, self._buf.spec(tensor), mop, root), tensor,
+                              self._avg(tensor, op))
+        src = self._scaled(tensor, op)  # a non-root's tensor is left as it was
+        return self._coll("Ireduce", (self._buf.spec(src), None, mop, root), src)
+
+    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> EngineHandle:
+        flat = torch.empty(tensor.numel() * self.ctx.size, dtype=tensor.dtype)
+        return self._coll("Iallgather", (self._buf.spec(tensor), self._buf.spec(flat)), (tensor, flat),
+                          self._unpack(flat, tensor_list))
+
+    def all_gather_v(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> EngineHandle:
+        counts = [t.numel() for t in tensor_list]
+        flat = torch.empty(sum(counts), dtype=tensor.dtype)
+        return self._coll("Iallgatherv", (self._buf.spec(tensor), self._buf.vspec(flat, counts)), (tensor, flat),
+                          self._unpack(flat, tensor_list))
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
+        return self._coll("Iallgather", (self._buf.spec(input), self._buf.spec(output)), (input, output))
+
+    def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp) -> EngineHandle:
+        return self.reduce_scatter_v(output, input_list, op)
+
+    def reduce_scatter_v(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp) -> EngineHandle:
+        flat = self._scaled(self._pack(input_list, output.dtype), op)
+        counts = [t.numel() for t in input_list]
+        mop = self._buf.op(op.type, output.dtype)
+        return self._coll("Ireduce_scatter", (self._buf.spec(flat), self._buf.spec(output), counts, mop),
+                          (flat, output), self._avg(output, op))
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp) -> EngineHandle:
+        src = self._scaled(input, op)
+        mop = self._buf.op(op.type, output.dtype)
+        return self._coll("Ireduce_scatter_block", (self._buf.spec(src), self._buf.spec(output), mop),
+                          (src, output), self._avg(output, op))
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
+        return self._coll("Ialltoall", (self._buf.spec(input), self._buf.spec(output)), (input, output))
+
+    def all_to_all_v_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                            input_split_sizes: list[int]) -> EngineHandle:
+        row_in = input.numel() // max(input.shape[0], 1) if input.dim() else 1
+        row_out = output.numel() // max(output.shape[0], 1) if output.dim() else 1
+        sc = [s * row_in for s in input_split_sizes]
+        rc = [s * row_out for s in output_split_sizes]
+        return self._coll("Ialltoallv", (self._buf.vspec(input, sc), self._buf.vspec(output, rc)), (input, output))
+
+    def all_to_all(self, output_list: list[torch.Tensor], input_list: list[torch.Tensor]) -> EngineHandle:
+        dtype = (input_list or output_list)[0].dtype
+        send = self._pack(input_list, dtype)
+        recv = torch.empty(sum(t.numel() for t in output_list), dtype=dtype)
+        sc, rc = [t.numel() for t in input_list], [t.numel() for t in output_list]
+        return self._coll("Ialltoallv", (self._buf.vspec(send, sc), self._buf.vspec(recv, rc)), (send, recv),
+                          self._unpack(recv, output_list))
+
+    def barrier(self) -> EngineHandle:
+        return self._coll("Ibarrier", ())
+
+    def scatter(self, output: torch.Tensor, input_list: list[torch.Tensor] | None, root: int) -> EngineHandle:
+        flat = self._pack(input_list, output.dtype) if input_list is not None else None
+        send = self._buf.spec(flat) if flat is not None else None
+        return self._coll("Iscatter", (send, self._buf.spec(output), root), (flat, output))
+
+    def gather(self, output_list: list[torch.Tensor] | None, input: torch.Tensor, root: int) -> EngineHandle:
+        if output_list is None:
+            return self._coll("Igather", (self._buf.spec(input), None, root), input)
+        flat = torch.empty(input.numel() * self.ctx.size, dtype=input.dtype)
+        return self._coll("Igather", (self._buf.spec(input), self._buf.spec(flat), root), (input, flat),
+                          self._unpack(flat, output_list))
+
+    def gather_single(self, output: torch.Tensor | None, input: torch.Tensor, root: int) -> EngineHandle:
+        recv = self._buf.spec(output) if output is not None else None
+        return self._coll("Igather", (self._buf.spec(input), recv, root), (input, output))

@@ -1,0 +1,83 @@
+"""The MPI library itself: loading mpi4py, what the MPI can do (ULFM), and its errors.
+
+mpi4py initialises MPI when ``mpi4py.MPI`` is first imported, so nothing here imports it at
+module level: ``import torchcomms`` never starts MPI, only the first MPI communicator does
+(with ``MPI_THREAD_MULTIPLE``: the caller's thread and the request-progress thread both call
+into MPI).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+#: How to launch with fault tolerance, for messages about what the MPI lacks.
+ULFM_LAUNCH = "mpiexec --with-ft ulfm"
+
+
+def mpi4py_installed() -> bool:
+    """True when mpi4py can be imported (checked without initialising MPI)."""
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def load_mpi() -> Any:
+    """The ``mpi4py.MPI`` module, MPI initialised with thread level ``MPI_THREAD_MULTIPLE``."""
+    import mpi4py
+
+    if not getattr(load_mpi, "_configured", False):
+        mpi4py.rc.thread_level = "multiple"
+        load_mpi._configured = True  # type: ignore[attr-defined]
+    from mpi4py import MPI
+
+    return MPI
+
+
+def thread_level_ok(MPI: Any) -> bool:  # noqa: N803 - the module's own name
+    return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+
+
+def ulfm_enabled(MPI: Any) -> bool:  # noqa: N803
+    """True when this MPI has ULFM and the job was launched with it on.
+
+    Open MPI 5 ships ULFM but turns it on only under ``mpiexec --with-ft ulfm``, which sets
+    ``OMPI_MCA_mpi_ft_enable=1``; without it a failed process takes the whole job down."""
+    if not hasattr(MPI.Comm, "Ishrink") or not hasattr(MPI, "ERR_PROC_FAILED"):
+        return False
+    flag = os.environ.get("OMPI_MCA_mpi_ft_enable", "")
+    return flag.strip().lower() in ("1", "true", "yes", "on", "enabled")
+
+
+def library_version(MPI: Any) -> str:  # noqa: N803
+    import mpi4py
+
+    first = MPI.Get_library_version().strip().splitlines()[0].split(",")[0]
+    return f"{first} (mpi4py {mpi4py.__version__})"
+
+
+class MpiEngineError(RuntimeError):
+    """An MPI call failed. ``error_class`` is MPI's error class (``MPI.ERR_*``) or ``None``;
+    ``kind`` is what the communicator makes of it: ``"peer"`` or ``"other"``."""
+
+    def __init__(self, message: str, error_class: int | None = None, kind: str = "other") -> None:
+        super().__init__(message)
+        self.error_class = error_class
+        self.kind = kind
+
+
+def peer_failure_classes(MPI: Any) -> frozenset[int]:  # noqa: N803
+    """The error classes by which ULFM reports a failed peer (or a communicator revoked because of one)."""
+    names = ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
+    return frozenset(getattr(MPI, n) for n in names if hasattr(MPI, n))
+
+
+def wrap_mpi_error(MPI: Any, error: BaseException) -> MpiEngineError:  # noqa: N803
+    """An ``MpiEngineError`` naming MPI's error class and saying whether a peer failed."""
+    if isinstance(error, MpiEngineError):
+        return error
+    if isinstance(error, MPI.Exception):
+        cls = error.Get_error_class()
+        peer = cls in peer_failure_classes(MPI)
+        what = "a peer process failed (reported by ULFM)" if peer else "the MPI call failed"
+        return MpiEngineError(f"{what}: {error.Get_error_string()} (MPI error class {cls})", cls,
+                              "peer" if peer else "other")
+    return MpiEngineError(f"{type(error).__name__}: {error}")

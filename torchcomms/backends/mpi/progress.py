@@ -1,0 +1,129 @@
+"""Completion of MPI requests: polled in the caller's thread for a blocking op, by one progress
+thread for async ops.
+
+MPI's nonblocking operations move only while some thread calls into MPI, and ``MPI_Wait``
+cannot be bounded, so nothing here ever waits in MPI: waits poll ``MPI_Testall`` and look at
+the clock, so the communicator's deadline, abort and peer-failure checks are never held up for
+longer than one poll.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+#: polls of an idle progress loop before it starts sleeping between polls
+_SPIN_POLLS = 2000
+#: the longest sleep between polls of pending requests (bounds an async op's added latency)
+_MAX_NAP_S = 0.0005
+
+OnError = Callable[[BaseException], BaseException]
+
+
+def blocking_wait(MPI: Any, requests: list[Any], on_error: OnError) -> Callable[[float], bool]:  # noqa: N803
+    """A ``BlockingWait`` over ``requests``: polls them for at most the given seconds; True once
+    all completed, False if they still run; raises ``on_error(error)`` when one failed."""
+    # one request: Test (Testall hides the request's own error class behind MPI_ERR_IN_STATUS)
+    testall = (lambda reqs: reqs[0].Test()) if len(requests) == 1 else MPI.Request.Testall
+    yield_ = os.sched_yield
+
+    def wait(timeout_s: float) -> bool:
+        end = time.monotonic() + timeout_s
+        polls = 0
+        while True:
+            try:
+                if testall(requests):
+                    return True
+            except MPI.Exception as e:
+                raise on_error(e) from None
+            polls += 1
+            if polls > _SPIN_POLLS:
+                yield_()  # a long op: let another rank on this core run
+            if (polls & 63) == 0 and time.monotonic() >= end:
+                return False
+
+    return wait
+
+
+class _Pending:
+    __slots__ = ("requests", "future", "owner", "keep", "on_error")
+
+    def __init__(self, requests: list[Any], future: torch.futures.Future, owner: object, keep: Any,
+                 on_error: OnError) -> None:
+        self.requests = requests
+        self.future = future
+        self.owner = owner
+        self.keep = keep  # the buffers MPI reads or writes until the requests complete
+        self.on_error = on_error
+
+
+class RequestProgress:
+    """One thread per process that drives every pending async MPI request to completion and
+    completes its future (the op's callbacks then run on this thread)."""
+
+    def __init__(self, MPI: Any) -> None:  # noqa: N803
+        self._MPI = MPI
+        self._cond = threading.Condition()
+        self._pending: list[_Pending] = []
+        self._thread: threading.Thread | None = None
+        #: requests of aborted owners that may still be running: MPI may still touch their
+        #: buffers, so these are never freed
+        self.abandoned: list[_Pending] = []
+
+    def submit(self, requests: list[Any], owner: object, keep: Any, on_error: OnError) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        with self._cond:
+            self._pending.append(_Pending(requests, fut, owner, keep, on_error))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="torchcomms-mpi-progress", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return fut
+
+    def abandon(self, owner: object) -> None:
+        """Stop driving ``owner``'s requests (its communicator is aborted); their futures are
+        never completed (the communicator already failed its ops)."""
+        with self._cond:
+            mine = [p for p in self._pending if p.owner is owner]
+            self._pending = [p for p in self._pending if p.owner is not owner]
+            self.abandoned.extend(mine)
+
+    def _loop(self) -> None:
+        testall = self._MPI.Request.Testall
+        mpi_exception = self._MPI.Exception
+        idle = 0
+        while True:
+            with self._cond:
+                while not self._pending:
+                    idle = 0
+                    self._cond.wait()
+                batch = list(self._pending)
+            ended: list[tuple[_Pending, BaseException | None]] = []
+            for p in batch:
+                try:
+                    if testall(p.requests):
+                        ended.append((p, None))
+                except mpi_exception as e:
+                    ended.append((p, p.on_error(e)))
+                except Exception as e:  # noqa: BLE001 - e.g. a failed user-defined reduction
+                    ended.append((p, e))
+            if ended:
+                gone = {id(p) for p, _ in ended}
+                with self._cond:
+                    self._pending = [p for p in self._pending if id(p) not in gone]
+                for p, err in ended:
+                    if err is None:
+                        p.future.set_result(None)
+                    else:
+                        p.future.set_exception(err)
+                idle = 0
+                continue
+            idle += 1
+            if idle > _SPIN_POLLS:
+                time.sleep(min(_MAX_NAP_S, 1e-6 * (idle - _SPIN_POLLS)))
+            else:
+                os.sched_yield()
