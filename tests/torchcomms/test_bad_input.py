@@ -115,6 +115,8 @@ def test_use_after_end_raises_aborted(how: str) -> None:
 def test_new_comm_bad_arguments() -> None:
     with pytest.raises(torchcomms.BackendNotFoundError, match="no torchcomms backend named 'nope'.*gloo"):
         torchcomms.new_comm("nope", "cpu", "x")
+    with pytest.raises(ModuleNotFoundError, match="failed to find backend 'nope'"):
+        torchcomms.new_comm("nope", "cpu", "x")
     with pytest.raises(CommValueError, match="name"):
         torchcomms.new_comm("fake", "cpu", "")
     with pytest.raises(CommTypeError, match="timeout"):
