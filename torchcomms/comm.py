@@ -683,8 +683,6 @@ class TorchComm:
     # reconfigure (the reference API's fault-tolerance path, on the same machinery)
     def get_init_handle(self) -> str:
         """This rank's handle for :meth:`reconfigure` (exchange them out of band)."""
-        if not self._options.enable_reconfigure:
-            raise CommValueError("get_init_handle() needs new_comm(..., enable_reconfigure=True)", comm=self._name)
         if self._init_handle is None:
             import secrets
 
