@@ -16,4 +16,4 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 fi
 python3 -m pip install -q --disable-pip-version-check "torch==2.13.0" -e ".[test]" 2>&1 \
   | grep -v -e "Running pip as the 'root' user" -e "^$" || true
-python3 -m torchcomms._comms.build  # compile the c10d backend wrapper (torchcomms/csrc) into its per-torch cache
+python3 -m torchcomms.csrc.build  # compile the c10d backend wrapper (torchcomms/csrc) into its per-torch cache

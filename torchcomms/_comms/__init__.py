@@ -2,7 +2,7 @@
 
 ``_BackendWrapper(comm)`` is the c10d ``Backend`` that ``torch.distributed`` registers for a
 process group when ``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1``: a small C++ class (``csrc/``, built
-by :mod:`torchcomms._comms.build`) forwarding every c10d op to ``comm`` through
+by :mod:`torchcomms.csrc.build`) forwarding every c10d op to ``comm`` through
 :class:`torchcomms._comms.forward.CommForwarder`. It is the one name loaded eagerly (torch imports
 it while ``torch.distributed`` itself is being imported); the others are imported on first use.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchcomms._comms.build import load as _load
+from torchcomms.csrc.build import load as _load
 
 _BackendWrapper = _load()._BackendWrapper
 

@@ -9,6 +9,7 @@ engine.
 """
 from __future__ import annotations
 
+import hashlib
 import queue
 import threading
 import time
@@ -109,6 +110,7 @@ class CommForwarder:
         self._p2p: list[tuple[str, torch.Tensor, int, DeferredP2P]] = []
         self._done_queue: queue.SimpleQueue[tuple[Any, Callable[[BaseException | None], None]]] | None = None
         self._lock = threading.Lock()
+        self._split_names: dict[str, int] = {}
 
     # --- bookkeeping ---------------------------------------------------------------------
     def backend_name(self) -> str:
@@ -245,10 +247,24 @@ class CommForwarder:
 
     # --- groups and lifetime ---------------------------------------------------------------
     def split(self, ranks: list[int], name: str, timeout: int | None) -> Any:
+        """``comm.split`` for c10d's ``ProcessGroup.split_group``.
+
+        c10d maps both device types (cpu, cuda) of a gloo group to this one backend and splits
+        each, and its non-member path calls ``comm.split([])`` once per device type: every call
+        here is one split of the communicator, so members and non-members stay in step.
+
+        The new communicator's name must be the same on every member (its engine meets under
+        it), and c10d's ``name`` is not: its hashed group names count the groups each process
+        joined. So the name is derived from the parent and the member ranks, numbered by how
+        often this parent was split over those ranks (which every member saw equally often).
+        """
         members = list(ranks) if self._rank in ranks else []
-        if not name:
-            name = f"{self.comm.get_name()}:split:{'_'.join(map(str, ranks))}"
-        return self.comm.split(members, name, timeout=_timeout(timeout))
+        key = ",".join(map(str, ranks))
+        k = self._split_names.get(key, 0)
+        self._split_names[key] = k + 1
+        digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+        return self.comm.split(members, f"{self.comm.get_name()}/{len(ranks)}r-{digest}#{k}",
+                               timeout=_timeout(timeout))
 
     def abort(self) -> None:
         self.comm.abort()

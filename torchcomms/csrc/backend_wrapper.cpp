@@ -356,10 +356,11 @@ class BackendWrapper : public c10d::Backend {
     return out;
   }
 
+  // Calls a forwarder method for its effect; its result is dropped here, under the GIL.
   template <typename... Args>
-  py::object call(const char* method, Args&&... args) {
+  void call(const char* method, Args&&... args) {
     py::gil_scoped_acquire gil;
-    return fw_.attr(method)(std::forward<Args>(args)...);
+    fw_.attr(method)(std::forward<Args>(args)...);
   }
 
   template <typename... Args>

@@ -5,7 +5,7 @@ ninja, the system C++ compiler) into a cache directory keyed by the torch versio
 version and a hash of the source, so one machine can hold builds for several torch versions
 (2.13 in CI, 2.11 on the GPU machine) and a changed source rebuilds by itself.
 
-- ``python -m torchcomms._comms.build`` builds it now (``scripts/setup.sh`` runs this);
+- ``python -m torchcomms.csrc.build`` builds it now (``scripts/setup.sh`` runs this);
 - importing :mod:`torchcomms._comms` loads a finished build directly from the cache (no
   compiler, no ninja); without one it builds on first use, except while ``torch.distributed``
   itself is being imported with ``TORCH_DISTRIBUTED_USE_TORCHCOMMS`` unset: that import then
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "backend_wrapper.cpp"
+SOURCE = Path(__file__).resolve().parent / "backend_wrapper.cpp"
 _DONE_MARK = "build.ok"
 
 
@@ -103,7 +103,7 @@ def load() -> ModuleType:
     if (directory / _DONE_MARK).exists():
         return _import_built(directory, name)
     if _inside_torch_distributed_import() and not _route_requested():
-        raise ImportError("torchcomms: the C++ backend wrapper is not built (python -m torchcomms._comms.build)")
+        raise ImportError("torchcomms: the C++ backend wrapper is not built (python -m torchcomms.csrc.build)")
     return build()
 
 
