@@ -111,6 +111,7 @@ class CommForwarder:
         self._done_queue: queue.SimpleQueue[tuple[Any, Callable[[BaseException | None], None]]] | None = None
         self._lock = threading.Lock()
         self._split_names: dict[str, int] = {}
+        self._last_split: tuple[tuple[str, tuple[int, ...]], Any] | None = None
 
     # --- bookkeeping ---------------------------------------------------------------------
     def backend_name(self) -> str:
@@ -127,6 +128,7 @@ class CommForwarder:
         return self._issued
 
     def _track(self, works: list[Any]) -> Any:
+        self._last_split = None
         self._issued += len(works)
         if self._coalesced is not None:
             self._coalesced.extend(works)
@@ -249,15 +251,27 @@ class CommForwarder:
     def split(self, ranks: list[int], name: str, timeout: int | None) -> Any:
         """``comm.split`` for c10d's ``ProcessGroup.split_group``.
 
-        c10d maps both device types (cpu, cuda) of a gloo group to this one backend and splits
-        each, and its non-member path calls ``comm.split([])`` once per device type: every call
-        here is one split of the communicator, so members and non-members stay in step.
-
-        The new communicator's name must be the same on every member (its engine meets under
-        it), and c10d's ``name`` is not: its hashed group names count the groups each process
-        joined. So the name is derived from the parent and the member ranks, numbered by how
-        often this parent was split over those ranks (which every member saw equally often).
+        c10d maps both device types (cpu, cuda) of a gloo group to this one backend and calls
+        split once per device type; its non-member path calls ``comm.split([])`` once per device
+        type too. So every call here is one split collective of the parent (members and
+        non-members stay in step), but the repeated call of one ``split_group`` (same c10d name
+        and ranks, nothing issued in between) joins it as a non-member and returns the
+        communicator the first call made: one communicator per group.
         """
+        key = (name, tuple(ranks))
+        first, self._last_split = self._last_split, None
+        if first is not None and first[0] == key:
+            self.comm.split([], "c10d-device-alias", timeout=_timeout(timeout))
+            return first[1]
+        child = self._split(ranks, timeout)
+        self._last_split = (key, child)
+        return child
+
+    def _split(self, ranks: list[int], timeout: int | None) -> Any:
+        # The new communicator's name must be the same on every member (its engine meets under
+        # it), and c10d's group name is not: its hashed names count the groups each process
+        # joined. So it is derived from the parent and the member ranks, numbered by how often
+        # this parent was split over those ranks (which every member saw equally often).
         members = list(ranks) if self._rank in ranks else []
         key = ",".join(map(str, ranks))
         k = self._split_names.get(key, 0)
