@@ -101,3 +101,37 @@ def functional_compiled() -> dict[str, Any]:
             "grad_all_reduce": y.grad.tolist(), "grad_all_gather": z.grad.tolist(),
             "async_type": type(w).__name__, "async_wait": w.wait().tolist(),
             "compile_supported": F.is_torch_compile_supported()}
+
+
+def device_mesh_2d() -> dict[str, Any]:
+    """torchcomms.device_mesh over dp x tp communicators split from a world communicator,
+    without init_process_group; a DTensor reduction runs on them."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    from torchcomms.device_mesh import init_device_mesh
+    from torchcomms.hooks import FlightRecorderHook
+
+    world = _comm("mesh-world")
+    rec = FlightRecorderHook(max_entries=10000)
+    rec.register_with_comm(world)
+    r = world.get_rank()
+    dp_ranks = [q for q in range(4) if q % 2 == r % 2]
+    tp_ranks = [q for q in range(4) if q // 2 == r // 2]
+    dp = world.split(dp_ranks, "mesh-dp")
+    tp = world.split(tp_ranks, "mesh-tp")
+    mesh = init_device_mesh((dp, tp), ("dp", "tp"), _global_comm=world)
+    local = torch.full((2, 3), float(r))
+    dt = DTensor.from_local(local, mesh, [Shard(0), Shard(1)])
+    total = dt.full_tensor()
+    s = dt.sum().full_tensor()
+    rep = DTensor.from_local(torch.full((2,), float(r)), mesh, [Replicate(), Replicate()])
+    import json
+
+    ops = sorted({e["profiling_name"] for e in json.loads(rec.dump_json())["entries"]})
+    out = {"mesh": mesh.mesh.tolist(), "names": list(mesh.mesh_dim_names), "total": total.tolist(),
+           "sum": float(s), "dp_ranks": dist.get_process_group_ranks(mesh.get_group("dp")),
+           "tp_ranks": dist.get_process_group_ranks(mesh.get_group("tp")),
+           "backend": dist.get_backend(mesh.get_group("tp")), "ops": ops,
+           "rep": rep.to_local().tolist()}
+    return out

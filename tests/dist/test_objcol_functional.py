@@ -42,3 +42,20 @@ def test_functional_collectives_compile_fullgraph() -> None:
         assert v["grad_all_gather"] == (2 * n * xs[r]).tolist()
         assert v["async_type"] == "TorchCommsAsyncTensor"
         assert v["async_wait"] == sum(xs).tolist()
+
+
+def test_device_mesh_over_communicators() -> None:
+    results = run_ranks(4, "tests.dist.comm_workers:device_mesh_2d", timeout=300)
+    want = torch.zeros(4, 6)
+    for q in range(4):
+        want[(q // 2) * 2:(q // 2) * 2 + 2, (q % 2) * 3:(q % 2) * 3 + 3] = q
+    for res in results:
+        v, r = res.value, res.rank
+        assert v["mesh"] == [[0, 1], [2, 3]]
+        assert v["names"] == ["dp", "tp"]
+        assert v["dp_ranks"] == [q for q in range(4) if q % 2 == r % 2]
+        assert v["tp_ranks"] == [q for q in range(4) if q // 2 == r // 2]
+        assert v["backend"] == "torchcomm"
+        assert v["total"] == want.tolist()
+        assert v["sum"] == float(want.sum())
+        assert any(op.endswith(":all_gather_single") for op in v["ops"]), v["ops"]
