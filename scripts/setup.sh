@@ -48,3 +48,5 @@ step "checking the install (torch 2.13.0 and the project's packages import)" \
   python3 -c 'import torch, torchcomms.control, launcher, kernels
 v = torch.__version__.split("+")[0]
 assert v == "2.13.0", f"torch {torch.__version__} is installed, the project pins 2.13.0"'
+step "building the c10d backend wrapper (torchcomms/csrc) into its per-torch cache" \
+  python3 -m torchcomms.csrc.build

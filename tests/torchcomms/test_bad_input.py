@@ -35,7 +35,7 @@ CASES: list[tuple[str, Callable[[Any], Any], type, str]] = [
     ("recv peer out of range", lambda c: c.recv(t(2), 9, False), CommValueError, "src=9"),
     ("reduce op not ReduceOp", lambda c: c.all_reduce(t(2), "sum", False), CommTypeError, "ReduceOp"),
     ("bitwise op on float", lambda c: c.all_reduce(t(2), ReduceOp.BAND, False), CommTypeError, "integer"),
-    ("AVG on int", lambda c: c.all_reduce(t(2, dtype=torch.int64), ReduceOp.AVG, False), CommTypeError, "AVG"),
+    ("AVG on bool", lambda c: c.all_reduce(t(2, dtype=torch.bool), ReduceOp.AVG, False), CommTypeError, "AVG"),
     ("PREMUL_SUM on int", lambda c: c.all_reduce(t(2, dtype=torch.int64), ReduceOp.PREMUL_SUM(2.0), False),
      CommTypeError, "PREMUL_SUM"),
     ("all_gather list length", lambda c: c.all_gather([t(2)] * 3, t(2), False), CommValueError, "must have 4"),
@@ -114,6 +114,8 @@ def test_use_after_end_raises_aborted(how: str) -> None:
 
 def test_new_comm_bad_arguments() -> None:
     with pytest.raises(torchcomms.BackendNotFoundError, match="no torchcomms backend named 'nope'.*gloo"):
+        torchcomms.new_comm("nope", "cpu", "x")
+    with pytest.raises(ModuleNotFoundError, match="failed to find backend 'nope'"):
         torchcomms.new_comm("nope", "cpu", "x")
     with pytest.raises(CommValueError, match="name"):
         torchcomms.new_comm("fake", "cpu", "")

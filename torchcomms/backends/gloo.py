@@ -287,7 +287,9 @@ class GlooBackend(TorchCommBackend):
     def _avg_finish(self, t: torch.Tensor, op: ReduceOp) -> Callable[[], None] | None:
         if op.type is RedOpType.AVG:
             n = self.ctx.size
-            return lambda: t.div_(n)
+            if t.is_floating_point() or t.is_complex():
+                return lambda: t.div_(n)
+            return lambda: t.div_(n, rounding_mode="trunc")  # integers: the sum, truncated like c10d
         return None
 
     def _scaled_copies(self, ts: list[torch.Tensor], op: ReduceOp) -> list[torch.Tensor]:

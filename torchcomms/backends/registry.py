@@ -52,7 +52,8 @@ def get_backend_class(name: str) -> type:
     spec = _BUILTIN.get(name) or _entry_points().get(name)
     if spec is None:
         raise BackendNotFoundError(
-            f"no torchcomms backend named {name!r}; built backends: {', '.join(built_backends())}"
+            f"failed to find backend {name!r}: no torchcomms backend named {name!r}; "
+            f"built backends: {', '.join(built_backends())}"
         )
     cls = _load(spec)
     with _lock:

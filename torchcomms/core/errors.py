@@ -120,8 +120,9 @@ class CommTypeError(CommArgumentError, TypeError):
     """An argument has a bad type (not a tensor, wrong dtype, wrong device, ...)."""
 
 
-class BackendNotFoundError(CommValueError):
-    """No backend is registered under the requested name."""
+class BackendNotFoundError(CommValueError, ModuleNotFoundError):
+    """No backend is registered under the requested name (also a ``ModuleNotFoundError``, as the
+    reference raises: "failed to find backend ...")."""
 
 
 __all__ = [

@@ -88,8 +88,8 @@ class Checker:
                 raise self.type_error(op, f"{red!r} needs an integer tensor, got {dtype}")
             if not self.bitwise_ops:
                 raise self.type_error(op, f"{red!r} is not supported by this backend")
-        elif t is RedOpType.AVG and not (dtype.is_floating_point or dtype.is_complex):
-            raise self.type_error(op, f"ReduceOp.AVG needs a floating-point tensor, got {dtype}")
+        elif t is RedOpType.AVG and dtype == torch.bool:
+            raise self.type_error(op, f"ReduceOp.AVG needs a numeric tensor, got {dtype}")
         elif t is RedOpType.PREMUL_SUM and not (dtype.is_floating_point or dtype.is_complex):
             raise self.type_error(op, f"ReduceOp.PREMUL_SUM needs a floating-point tensor, got {dtype}")
 

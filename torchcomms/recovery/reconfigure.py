@@ -13,7 +13,7 @@ from torchcomms.backends.base import TorchCommBackend
 from torchcomms.config import settings
 from torchcomms.core.comm_core import CommCore
 from torchcomms.core.dispatch import OP_IDS
-from torchcomms.core.errors import CommAbortedError, CommValueError
+from torchcomms.core.errors import CommAbortedError
 from torchcomms.core.op import OpRecord
 from torchcomms.core.state import CommState
 from torchcomms.core.store_calls import StoreNotAnswering, call_until
@@ -23,9 +23,8 @@ from torchcomms.recovery.engines import build_error, derived_context, signature_
 
 
 def init_handle(core: CommCore) -> str:
-    """This rank's handle for ``reconfigure`` (made once)."""
-    if not core.options.enable_reconfigure:
-        raise CommValueError("get_init_handle() needs new_comm(..., enable_reconfigure=True)", comm=core.name)
+    """This rank's handle for ``reconfigure`` (made once; as in the reference, also without
+    ``enable_reconfigure``, which only ``reconfigure`` itself needs)."""
     if core.init_handle is None:
         me = core.global_ranks[core.rank]
         run = settings().job_id

@@ -1,0 +1,139 @@
+"""Rank bodies for unchanged torch.distributed programs (DDP, FSDP2, 2-D DeviceMesh with DTensor
+tensor parallel, a dead peer), run with TORCH_DISTRIBUTED_USE_TORCHCOMMS on or off."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def _attach_recorder() -> Any:
+    """A flight recorder on the world communicator (it follows the groups split from it)."""
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    if not hasattr(backend, "get_comm"):
+        return None
+    from torchcomms.hooks import FlightRecorderHook
+
+    rec = FlightRecorderHook(max_entries=100000)
+    rec.register_with_comm(backend.get_comm())
+    return rec
+
+
+def _recorded(rec: Any) -> dict[str, int]:
+    if rec is None:
+        return {}
+    ops: dict[str, int] = {}
+    for e in json.loads(rec.dump_json())["entries"]:
+        ops[e["profiling_name"]] = ops.get(e["profiling_name"], 0) + 1
+    return ops
+
+
+def _data(rank: int, step: int, n: int = 8, d: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(n, d, generator=g), torch.randn(n, 4, generator=g)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def ddp(steps: int = 3) -> dict[str, Any]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    rec = _attach_recorder()
+    model = DDP(_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(steps):
+        x, y = _data(dist.get_rank(), step)
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    params = [p.detach().flatten().tolist() for p in model.parameters()]
+    ops = _recorded(rec)
+    dist.destroy_process_group()
+    return {"losses": losses, "params": params, "recorded": ops}
+
+
+def fsdp2(steps: int = 3) -> dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo")
+    rec = _attach_recorder()
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = _model()
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(steps):
+        x, y = _data(dist.get_rank(), step)
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    params = [p.full_tensor().flatten().tolist() for p in model.parameters()]
+    ops = _recorded(rec)
+    dist.destroy_process_group()
+    return {"losses": losses, "params": params, "recorded": ops}
+
+
+def mesh_2d(steps: int = 2) -> dict[str, Any]:
+    """dp x tp = 2 x 2: tensor parallel (DTensor) inside, FSDP2 across."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    dist.init_process_group("gloo")
+    rec = _attach_recorder()
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    model = _model()
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    dp_rank = mesh.get_local_rank("dp")
+    for step in range(steps):
+        x, y = _data(dp_rank, step)
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    params = [p.full_tensor().flatten().tolist() for p in model.parameters()]
+    ops = _recorded(rec)
+    groups = {name: dist.get_process_group_ranks(mesh.get_group(name)) for name in ("dp", "tp")}
+    backends = sorted({type(mesh.get_group(name)._get_backend(torch.device("cpu"))).__name__
+                       for name in ("dp", "tp")})
+    dist.destroy_process_group()
+    return {"losses": losses, "params": params, "recorded": ops, "groups": groups, "backends": backends}
+
+
+def dead_peer() -> dict[str, Any]:
+    """Rank 1 dies after a first all_reduce; rank 0's next one must raise our typed error."""
+    dist.init_process_group("gloo")
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if dist.get_rank() == 1:
+        os._exit(17)
+    time.sleep(1.0)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(t)
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return {"error": type(e).__name__, "mro": [c.__name__ for c in type(e).__mro__], "message": str(e)[:400],
+                "secs": time.monotonic() - start}
+    return {"error": None, "secs": time.monotonic() - start}

@@ -1,0 +1,57 @@
+"""Unchanged torch.distributed programs (DDP, FSDP2, a 2-D DeviceMesh with DTensor tensor
+parallel) with TORCH_DISTRIBUTED_USE_TORCHCOMMS=1: same numbers as on c10d's gloo, and the
+traffic went through our communicators; a dead peer surfaces as our typed error."""
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.ranks import run_ranks
+
+ROUTE = {"TORCH_DISTRIBUTED_USE_TORCHCOMMS": "1", "TORCHCOMM_ABORT_ON_ERROR": "0"}
+
+
+def _close(a: list, b: list, tol: float = 1e-6) -> bool:
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_close(x, y, tol) for x, y in zip(a, b))
+    return abs(a - b) <= tol * max(1.0, abs(a), abs(b))
+
+
+def _both(target: str, world: int) -> tuple[list, list]:
+    on = run_ranks(world, target, timeout=300, env=ROUTE)
+    off = run_ranks(world, target, timeout=300)
+    return on, off
+
+
+@pytest.mark.parametrize("program,world,ops", [
+    ("ddp", 2, ("all_reduce", "broadcast")),
+    ("fsdp2", 2, ("all_gather_single", "reduce_scatter_single")),
+    ("mesh_2d", 4, ("all_gather_single", "reduce_scatter_single", "all_reduce", "split")),
+])
+def test_program_same_numbers_and_routed(program: str, world: int, ops: tuple[str, ...]) -> None:
+    on, off = _both(f"tests.dist.route_workers:{program}", world)
+    for a, b in zip(on, off):
+        assert _close(a.value["losses"], b.value["losses"]), (a.value["losses"], b.value["losses"])
+        assert _close(a.value["params"], b.value["params"])
+        assert b.value["recorded"] == {}
+        rec = a.value["recorded"]
+        for op in ops:
+            assert any(k.endswith(":" + op) for k in rec), f"rank {a.rank}: no {op} in {rec}"
+    if program == "mesh_2d":
+        for res in on:
+            assert res.value["backends"] == ["_BackendWrapper"]
+            assert res.value["groups"] == off[res.rank].value["groups"]
+
+
+def test_dead_peer_raises_our_typed_error_through_torch_distributed() -> None:
+    from tests.helpers.ranks import RankGroup
+
+    env = dict(ROUTE, TORCHCOMM_TIMEOUT_SECONDS="30")
+    with RankGroup(2, "tests.dist.route_workers:dead_peer", env=env) as g:
+        results = g.wait(120, failed_grace=60)
+    r0 = results[0]
+    assert r0.returncode == 0, r0.stderr[-2000:]
+    v = r0.value
+    assert v["error"] is not None, v
+    assert "CommError" in v["mro"], v
+    assert v["error"] in ("PeerFailureError", "CommTimeoutError", "CommAbortedError"), v
+    assert v["secs"] < 60

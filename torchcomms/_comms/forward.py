@@ -1,0 +1,322 @@
+"""c10d's backend calls, translated to one communicator's ops (the Python half of
+:class:`torchcomms._comms._BackendWrapper`).
+
+The C++ ``_BackendWrapper`` turns every c10d ``Backend`` method into one call of a
+:class:`CommForwarder` method. Each issues the matching ``TorchComm`` op with ``async_op=True``
+(so it goes through the communicator's dispatch path: validation, hooks, deadline, typed errors)
+and returns the op's work; the C++ ``Work`` that c10d sees wraps it. Nothing here talks to an
+engine.
+"""
+from __future__ import annotations
+
+import hashlib
+import queue
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from torchcomms.types import ReduceOp
+
+# c10d's ReduceOp::RedOpType values (torch/csrc/distributed/c10d/Types.hpp) -> ours.
+_C10D_REDUCE = {
+    0: ReduceOp.SUM, 1: ReduceOp.AVG, 2: ReduceOp.PRODUCT, 3: ReduceOp.MIN, 4: ReduceOp.MAX,
+    5: ReduceOp.BAND, 6: ReduceOp.BOR, 7: ReduceOp.BXOR,
+}
+_PREMUL_SUM = 8
+
+
+def reduce_op(arg: tuple[int, float | None, torch.Tensor | None]) -> ReduceOp:
+    """Our reduce op for c10d's ``(kind, scalar factor, tensor factor)``."""
+    kind, scalar, tensor = arg
+    if kind == _PREMUL_SUM:
+        return ReduceOp.PREMUL_SUM(tensor if tensor is not None else scalar)
+    try:
+        return _C10D_REDUCE[kind]
+    except KeyError:
+        raise ValueError(f"torchcomms: c10d reduce op kind {kind} has no torchcomms equivalent") from None
+
+
+def _timeout(ms: int | None) -> timedelta | None:
+    return None if ms is None else timedelta(milliseconds=ms)
+
+
+class WorkGroup:
+    """Several works seen as one (multi-tensor and coalesced c10d calls)."""
+
+    def __init__(self, works: list[Any]) -> None:
+        self.works = works
+
+    def wait(self, timeout: float | None = None) -> bool:
+        end = None if timeout is None else time.monotonic() + timeout
+        for w in self.works:
+            if end is None:
+                w.wait()
+            elif not w.wait(max(0.0, end - time.monotonic())):
+                return False
+        return True
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self.works)
+
+    def is_success(self) -> bool:
+        return all(w.is_success() for w in self.works)
+
+    def exception(self) -> BaseException | None:
+        return next((e for e in (w.exception() for w in self.works) if e is not None), None)
+
+
+class DeferredP2P:
+    """A send/recv issued inside a coalescing block: it runs in the block's batch, at its end."""
+
+    def __init__(self) -> None:
+        self.batch: Any = None
+
+    def _issued(self) -> Any:
+        if self.batch is None:
+            raise RuntimeError("torchcomms: a send/recv issued inside a coalescing block runs when the block "
+                               "ends; wait on the block's work")
+        return self.batch
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._issued().wait(timeout)
+
+    def is_completed(self) -> bool:
+        return self.batch is not None and self.batch.is_completed()
+
+    def is_success(self) -> bool:
+        return self.batch is not None and self.batch.is_success()
+
+    def exception(self) -> BaseException | None:
+        return None if self.batch is None else self.batch.exception()
+
+
+def _one(works: list[Any]) -> Any:
+    return works[0] if len(works) == 1 else WorkGroup(works)
+
+
+class CommForwarder:
+    """One communicator, driven by c10d's ``Backend`` calls."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+        self._rank = comm.get_rank()
+        self._timeout_s = comm.get_options().timeout.total_seconds()
+        self._issued = 0
+        self._coalesced: list[Any] | None = None
+        self._p2p: list[tuple[str, torch.Tensor, int, DeferredP2P]] = []
+        self._done_queue: queue.SimpleQueue[tuple[Any, Callable[[BaseException | None], None]]] | None = None
+        self._lock = threading.Lock()
+        self._split_names: dict[str, int] = {}
+        self._last_split: tuple[tuple[str, tuple[int, ...]], Any] | None = None
+
+    # --- bookkeeping ---------------------------------------------------------------------
+    def backend_name(self) -> str:
+        return str(self.comm.get_backend())
+
+    def timeout_ms(self) -> int:
+        return int(self._timeout_s * 1000)
+
+    def set_timeout(self, ms: int) -> None:
+        self.comm.set_timeout(timedelta(milliseconds=ms))
+        self._timeout_s = ms / 1000.0
+
+    def sequence_number(self) -> int:
+        return self._issued
+
+    def _track(self, works: list[Any]) -> Any:
+        self._last_split = None
+        self._issued += len(works)
+        if self._coalesced is not None:
+            self._coalesced.extend(works)
+        return _one(works)
+
+    # --- collectives ---------------------------------------------------------------------
+    def allreduce(self, tensors: list[torch.Tensor], red: tuple, timeout: int | None) -> Any:
+        op, t = reduce_op(red), _timeout(timeout)
+        return self._track([self.comm.all_reduce(x, op, True, timeout=t) for x in tensors])
+
+    def broadcast(self, tensors: list[torch.Tensor], root: int, root_tensor: int, timeout: int | None) -> Any:
+        t = _timeout(timeout)
+        return self._track([self.comm.broadcast(x, root, True, timeout=t) for x in tensors])
+
+    def reduce(self, tensors: list[torch.Tensor], root: int, red: tuple, timeout: int | None) -> Any:
+        op, t = reduce_op(red), _timeout(timeout)
+        return self._track([self.comm.reduce(x, root, op, True, timeout=t) for x in tensors])
+
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], timeout: int | None) -> Any:
+        t = _timeout(timeout)
+        works = []
+        for outs, x in zip(outputs, inputs):
+            even = all(o.shape == x.shape for o in outs)
+            fn = self.comm.all_gather if even else self.comm.all_gather_v
+            works.append(fn(outs, x, True, timeout=t))
+        return self._track(works)
+
+    def allgather_into_tensor(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                              timeout: int | None) -> Any:
+        t = _timeout(timeout)
+        return self._track([self.comm.all_gather_single(o.view(-1), x.reshape(-1), True, timeout=t)
+                            for o, x in zip(outputs, inputs)])
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], red: tuple,
+                       timeout: int | None) -> Any:
+        op, t = reduce_op(red), _timeout(timeout)
+        works = []
+        for o, xs in zip(outputs, inputs):
+            even = all(x.shape == o.shape for x in xs)
+            fn = self.comm.reduce_scatter if even else self.comm.reduce_scatter_v
+            works.append(fn(o, xs, op, True, timeout=t))
+        return self._track(works)
+
+    def reduce_scatter_tensor(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], red: tuple,
+                              timeout: int | None) -> Any:
+        op, t = reduce_op(red), _timeout(timeout)
+        return self._track([self.comm.reduce_scatter_single(o.view(-1), x.reshape(-1), op, True, timeout=t)
+                            for o, x in zip(outputs, inputs)])
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_splits: list[int],
+                      input_splits: list[int], timeout: int | None) -> Any:
+        t = _timeout(timeout)
+        if not output_splits and not input_splits:
+            return self._track([self.comm.all_to_all_single(output, input, True, timeout=t)])
+        n = self.comm.get_size()
+        out_s = list(output_splits) or [output.shape[0] // n] * n
+        in_s = list(input_splits) or [input.shape[0] // n] * n
+        return self._track([self.comm.all_to_all_v_single(output, input, out_s, in_s, True, timeout=t)])
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], timeout: int | None) -> Any:
+        return self._track([self.comm.all_to_all(outputs, inputs, True, timeout=_timeout(timeout))])
+
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], root: int,
+               timeout: int | None) -> Any:
+        outs = outputs[0] if outputs and self._rank == root else []
+        return self._track([self.comm.gather(outs, inputs[0], root, True, timeout=_timeout(timeout))])
+
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], root: int,
+                timeout: int | None) -> Any:
+        ins = inputs[0] if inputs and self._rank == root else []
+        return self._track([self.comm.scatter(outputs[0], ins, root, True, timeout=_timeout(timeout))])
+
+    def barrier(self, timeout: int | None) -> Any:
+        return self._track([self.comm.barrier(True, timeout=_timeout(timeout))])
+
+    # --- point to point (c10d's tag is not part of the torchcomms API; order matches) -------
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
+        return self._p2p_op("send", tensors, dst)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
+        return self._p2p_op("recv", tensors, src)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
+        from torchcomms.errors import CommValueError
+
+        raise CommValueError("recv from any source is not supported: name the source rank",
+                             comm=self.comm.get_name())
+
+    def _p2p_op(self, kind: str, tensors: list[torch.Tensor], peer: int) -> Any:
+        if self._coalesced is not None:
+            deferred = DeferredP2P()
+            self._p2p.extend((kind, x, peer, deferred) for x in tensors)
+            return deferred
+        fn = self.comm.send if kind == "send" else self.comm.recv
+        return self._track([fn(x, peer, True) for x in tensors])
+
+    # --- coalescing: collectives run as issued; send/recv join one batch at the end --------
+    def start_coalescing(self) -> None:
+        if self._coalesced is not None:
+            raise RuntimeError("torchcomms: coalescing blocks do not nest")
+        self._coalesced = []
+
+    def end_coalescing(self) -> Any:
+        if self._coalesced is None:
+            raise RuntimeError("torchcomms: end_coalescing without start_coalescing")
+        works, self._coalesced = self._coalesced, None
+        p2p, self._p2p = self._p2p, []
+        if p2p:
+            batch = self.comm.batch_op_create()
+            for kind, x, peer, _ in p2p:
+                (batch.send if kind == "send" else batch.recv)(x, peer)
+            work = batch.issue(True)
+            self._issued += 1
+            for *_, deferred in p2p:
+                deferred.batch = work
+            works.append(work)
+        return WorkGroup(works)
+
+    # --- groups and lifetime ---------------------------------------------------------------
+    def split(self, ranks: list[int], name: str, timeout: int | None) -> Any:
+        """``comm.split`` for c10d's ``ProcessGroup.split_group``.
+
+        c10d maps both device types (cpu, cuda) of a gloo group to this one backend and calls
+        split once per device type; its non-member path calls ``comm.split([])`` once per device
+        type too. So every call here is one split collective of the parent (members and
+        non-members stay in step), but the repeated call of one ``split_group`` (same c10d name
+        and ranks, nothing issued in between) joins it as a non-member and returns the
+        communicator the first call made: one communicator per group.
+        """
+        key = (name, tuple(ranks))
+        first, self._last_split = self._last_split, None
+        if first is not None and first[0] == key:
+            self.comm.split([], "c10d-device-alias", timeout=_timeout(timeout))
+            return first[1]
+        child = self._split(ranks, timeout)
+        self._last_split = (key, child)
+        return child
+
+    def _split(self, ranks: list[int], timeout: int | None) -> Any:
+        # The new communicator's name must be the same on every member (its engine meets under
+        # it), and c10d's group name is not: its hashed names count the groups each process
+        # joined. So it is derived from the parent and the member ranks, numbered by how often
+        # this parent was split over those ranks (which every member saw equally often).
+        members = list(ranks) if self._rank in ranks else []
+        key = ",".join(map(str, ranks))
+        k = self._split_names.get(key, 0)
+        self._split_names[key] = k + 1
+        digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+        return self.comm.split(members, f"{self.comm.get_name()}/{len(ranks)}r-{digest}#{k}",
+                               timeout=_timeout(timeout))
+
+    def abort(self) -> None:
+        self.comm.abort()
+
+    def shutdown(self) -> None:
+        from torchcomms.errors import CommError
+
+        try:
+            self.comm.finalize()
+        except CommError:
+            self.comm.abort()
+        q = self._done_queue
+        if q is not None:
+            q.put(None)  # type: ignore[arg-type]
+
+    # --- futures ----------------------------------------------------------------------------
+    def on_done(self, work: Any, done: Callable[[BaseException | None], None]) -> None:
+        """Call ``done(error or None)`` once ``work`` ended (bounded by its deadline)."""
+        if work.is_completed():
+            done(work.exception())
+            return
+        with self._lock:
+            if self._done_queue is None:
+                self._done_queue = queue.SimpleQueue()
+                threading.Thread(target=self._complete_loop, args=(self._done_queue,), daemon=True,
+                                 name=f"torchcomms-c10d-futures:{self.comm.get_name()}").start()
+        self._done_queue.put((work, done))
+
+    @staticmethod
+    def _complete_loop(q: queue.SimpleQueue) -> None:
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            work, done = item
+            try:
+                work.wait()
+                error = None
+            except BaseException as e:  # noqa: BLE001 - handed to the future, not swallowed
+                error = e
+            done(error)

@@ -1,0 +1,82 @@
+"""Typed hook arguments with the reference's names.
+
+This project's hooks receive the op's :class:`torchcomms.OpRecord` (``pre_hook(name, op_id,
+record)``, ``post_hook(op_id, record)``); code written for the reference's per-op argument
+objects builds them from a record with :func:`pre_hook_args` (inside a pre-hook, while the
+record still carries its tensors) or :func:`post_hook_args`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torchcomms.types import OpName
+
+
+@dataclass(frozen=True)
+class AllReducePreHookArgs:
+    tensor: torch.Tensor
+    op: str | None
+    async_op: bool
+
+
+@dataclass(frozen=True)
+class BroadcastPreHookArgs:
+    tensor: torch.Tensor
+    root: int
+    async_op: bool
+
+
+@dataclass(frozen=True)
+class SendPreHookArgs:
+    tensor: torch.Tensor
+    peer: int
+    async_op: bool
+
+
+@dataclass(frozen=True)
+class RecvPreHookArgs:
+    tensor: torch.Tensor
+    peer: int
+    async_op: bool
+
+
+@dataclass(frozen=True)
+class CollectivePreHookArgs:
+    """Any other op: its input and output tensors."""
+
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    async_op: bool
+
+
+@dataclass(frozen=True)
+class OpPostHookArgs:
+    """Every op's post-hook argument: how it ended."""
+
+    name: str
+    seq: int
+    state: str
+    error: str | None
+
+
+def pre_hook_args(name: OpName, record: Any) -> Any:
+    """The reference-style argument object for a pre-hook call ``(name, op_id, record)``."""
+    extra = record.extra or {}
+    inputs, outputs = extra.get("inputs", []), extra.get("outputs", [])
+    first = (inputs or outputs or [None])[0]
+    if name is OpName.all_reduce:
+        return AllReducePreHookArgs(first, record.reduce_op, record.async_op)
+    if name is OpName.broadcast:
+        return BroadcastPreHookArgs(first, record.root, record.async_op)
+    if name is OpName.send:
+        return SendPreHookArgs(first, record.peer, record.async_op)
+    if name is OpName.recv:
+        return RecvPreHookArgs((outputs or inputs or [None])[0], record.peer, record.async_op)
+    return CollectivePreHookArgs(list(inputs), list(outputs), record.async_op)
+
+
+def post_hook_args(record: Any) -> OpPostHookArgs:
+    return OpPostHookArgs(str(record.name), record.seq, record.state, record.error)

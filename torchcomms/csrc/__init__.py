@@ -1,0 +1,1 @@
+"""C++ sources of torchcomms and their build (``python -m torchcomms.csrc.build``)."""

@@ -1,0 +1,117 @@
+"""Build and load the C++ part of :class:`torchcomms._comms._BackendWrapper`.
+
+The extension is compiled with torch's C++ extension tooling (``torch.utils.cpp_extension.load``,
+ninja, the system C++ compiler) into a cache directory keyed by the torch version, the Python
+version and a hash of the source, so one machine can hold builds for several torch versions
+(2.13 in CI, 2.11 on the GPU machine) and a changed source rebuilds by itself.
+
+- ``python -m torchcomms.csrc.build`` builds it now (``scripts/setup.sh`` runs this);
+- importing :mod:`torchcomms._comms` loads a finished build directly from the cache (no
+  compiler, no ninja); without one it builds on first use, except while ``torch.distributed``
+  itself is being imported with ``TORCH_DISTRIBUTED_USE_TORCHCOMMS`` unset: that import then
+  sees an ``ImportError`` and keeps torch's own backends, as it would without torchcomms.
+
+Cache root: ``TORCHCOMMS_EXTENSIONS_DIR``, else ``~/.cache/torchcomms/extensions``.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+SOURCE = Path(__file__).resolve().parent / "backend_wrapper.cpp"
+_DONE_MARK = "build.ok"
+
+
+def _torch_include_dir() -> Path:
+    import torch
+
+    return Path(torch.__file__).parent / "include" / "torch" / "csrc" / "distributed" / "c10d"
+
+
+def _premul_supplement_name() -> str:
+    """The PREMUL_SUM supplement's class name in this torch (it was renamed across versions)."""
+    text = (_torch_include_dir() / "Types.hpp").read_text()
+    return "NCCLPreMulSumSupplement" if "struct NCCLPreMulSumSupplement" in text else "PreMulSumSupplement"
+
+
+def build_key() -> str:
+    """``torch<version>-py<maj><min>-<source hash>``: one cache entry per torch and source."""
+    import torch
+
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(_premul_supplement_name().encode())
+    return f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{digest.hexdigest()[:12]}"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("TORCHCOMMS_EXTENSIONS_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "torchcomms", "extensions")
+    return Path(root) / build_key()
+
+
+def module_name() -> str:
+    return "torchcomms_c10d_" + build_key().rsplit("-", 1)[1]
+
+
+def _import_built(directory: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, directory / f"{name}.so")
+    if spec is None or spec.loader is None:
+        raise ImportError(f"torchcomms: cannot load the C++ extension from {directory}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
+def build(verbose: bool = False) -> ModuleType:
+    """Compile (or find up to date) the extension and load it."""
+    from torch.utils import cpp_extension
+
+    directory = cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    module = cpp_extension.load(
+        name=module_name(),
+        sources=[str(SOURCE)],
+        build_directory=str(directory),
+        extra_cflags=["-O2", f"-DTC_PREMUL_SUPPLEMENT={_premul_supplement_name()}"],
+        verbose=verbose,
+    )
+    (directory / _DONE_MARK).write_text(build_key() + "\n")
+    return module
+
+
+def _inside_torch_distributed_import() -> bool:
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    return c10d is not None and not hasattr(c10d, "_TORCHCOMM_AVAILABLE")
+
+
+def _route_requested() -> bool:
+    return os.environ.get("TORCH_DISTRIBUTED_USE_TORCHCOMMS", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def load() -> ModuleType:
+    """The extension module: from the cache when built, else built now (see the module doc)."""
+    name = module_name()
+    if name in sys.modules:
+        return sys.modules[name]
+    directory = cache_dir()
+    if (directory / _DONE_MARK).exists():
+        return _import_built(directory, name)
+    if _inside_torch_distributed_import() and not _route_requested():
+        raise ImportError("torchcomms: the C++ backend wrapper is not built (python -m torchcomms.csrc.build)")
+    return build()
+
+
+def main() -> None:
+    start = time.perf_counter()
+    build(verbose="-v" in sys.argv)
+    print(f"torchcomms: C++ backend wrapper ready in {cache_dir()} ({time.perf_counter() - start:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
