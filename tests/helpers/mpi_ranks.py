@@ -7,6 +7,7 @@ runner's TORCHCOMM_/torchrun variables are removed so they cannot override it.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -42,6 +43,22 @@ def mpi_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("mpi4py") is not None and mpiexec() is not None
+
+
+@functools.lru_cache(maxsize=1)
+def ulfm_available() -> bool:
+    """Whether this ``mpiexec`` runs a job with ``--with-ft ulfm`` (Open MPI 5's wheel does; older
+    system Open MPIs refuse the option)."""
+    exe = mpiexec()
+    if exe is None:
+        return False
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    try:
+        proc = subprocess.run([exe, "--with-ft", "ulfm", "--oversubscribe", "-n", "1", "true"], env=env,
+                              capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
 
 
 class MpiJob:

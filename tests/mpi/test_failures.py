@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.helpers.mpi_ranks import MpiJob, mpi_available, run_mpi_ranks
+from tests.helpers.mpi_ranks import MpiJob, mpi_available, run_mpi_ranks, ulfm_available
 
 pytestmark = pytest.mark.skipif(not mpi_available(), reason="mpi4py or mpiexec is not installed")
 
@@ -65,6 +65,7 @@ def test_a_communicator_of_ranks_not_started_by_mpiexec_is_refused() -> None:
     assert "mpiexec -n 2" in v["message"] and "torchcomms-run" in v["message"], v
 
 
+@pytest.mark.skipif(not ulfm_available(), reason="this mpiexec has no ULFM (--with-ft ulfm)")
 @pytest.mark.parametrize("run", range(REPEAT))
 @pytest.mark.parametrize("world,victims", [(3, 1), (4, 2), (8, 1)], ids=["3r-1dead", "4r-2dead", "8r-1dead"])
 def test_ulfm_survivors_get_a_typed_error_shrink_and_carry_on(world: int, victims: int, run: int) -> None:
