@@ -190,16 +190,6 @@ class Agent:
             return cfg.node_rank == 0
         return None if _is_local_address(cfg.rdzv_host) else False
 
-    def _wants_host(self) -> bool | None:
-        cfg = self.cfg
-        if cfg.rdzv_conf.is_host is not None:
-            return cfg.rdzv_conf.is_host
-        if cfg.max_nodes == 1:
-            return True
-        if cfg.node_rank is not None:
-            return cfg.node_rank == 0
-        return None if _is_local_address(cfg.rdzv_host) else False
-
     def _setup(self) -> None:
         cfg = self.cfg
         secret, source = self._load_secret()

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from torchcomms.types import ReduceOp
+from torchcomms.types import RedOpType, ReduceOp
 
 DoneCallback = Callable[[BaseException | None], None]
 # Wait in the engine for at most the given seconds: True once done (raises the engine's error),
@@ -23,6 +23,16 @@ DoneCallback = Callable[[BaseException | None], None]
 BlockingWait = Callable[[float], bool]
 # How long one engine wait lasts before the waiter looks up (deadline, abort, peer failure).
 ENGINE_WAIT_SLICE_S = 0.02
+
+
+def avg_finish(t: torch.Tensor, op: ReduceOp, size: int) -> Callable[[], None] | None:
+    """The local step that turns an engine's SUM into ``op``'s AVG over ``size`` ranks (``None``
+    for other ops): floats divide; integers divide with truncation, as c10d and the reference do."""
+    if op.type is not RedOpType.AVG:
+        return None
+    if t.is_floating_point() or t.is_complex():
+        return lambda: t.div_(size)
+    return lambda: t.div_(size, rounding_mode="trunc")
 
 
 class EngineHandle:
@@ -317,4 +327,9 @@ class TorchCommBackend:
         return self._unsupported("gather")
 
     def gather_single(self, output: torch.Tensor | None, input: torch.Tensor, root: int) -> EngineHandle:
-        return self._unsupported("gather_single")
+        """``gather`` into views of ``output`` (one row a rank); engines with a flat gather override it."""
+        outs = None
+        if output is not None:
+            flat = output.view(self.ctx.size, -1)
+            outs = [flat[i].view(input.shape) for i in range(self.ctx.size)]
+        return self.gather(outs, input, root)

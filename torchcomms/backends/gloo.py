@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
-from torchcomms.backends.base import BackendCapabilities, BlockingWait, EngineHandle, TorchCommBackend
+from torchcomms.backends.base import BackendCapabilities, BlockingWait, EngineHandle, TorchCommBackend, avg_finish
 from torchcomms.backends.gloo_sockets import EngineSockets
 from torchcomms.config import settings
 from torchcomms.types import RedOpType, ReduceOp
@@ -285,12 +285,7 @@ class GlooBackend(TorchCommBackend):
             t.mul_(op.factor)  # type: ignore[arg-type]
 
     def _avg_finish(self, t: torch.Tensor, op: ReduceOp) -> Callable[[], None] | None:
-        if op.type is RedOpType.AVG:
-            n = self.ctx.size
-            if t.is_floating_point() or t.is_complex():
-                return lambda: t.div_(n)
-            return lambda: t.div_(n, rounding_mode="trunc")  # integers: the sum, truncated like c10d
-        return None
+        return avg_finish(t, op, self.ctx.size)
 
     def _scaled_copies(self, ts: list[torch.Tensor], op: ReduceOp) -> list[torch.Tensor]:
         if op.type is RedOpType.PREMUL_SUM:
@@ -398,12 +393,6 @@ class GlooBackend(TorchCommBackend):
         opts.rootRank = root
         return self._handle([self._pg.gather([output_list] if output_list is not None else [], [input], opts)])
 
-    def gather_single(self, output: torch.Tensor | None, input: torch.Tensor, root: int) -> EngineHandle:
-        outs = None
-        if output is not None:
-            flat = output.view(self.ctx.size, -1)
-            outs = [flat[i].view(input.shape) for i in range(self.ctx.size)]
-        return self.gather(outs, input, root)
 
 
 # Engines of broken communicators: kept referenced so their destructors (which join threads

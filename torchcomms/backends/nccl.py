@@ -328,12 +328,6 @@ class NcclBackend(TorchCommBackend):
         opts.rootRank = root
         return self._handle(self._pg.gather([output_list] if output_list is not None else [], [input], opts))
 
-    def gather_single(self, output: torch.Tensor | None, input: torch.Tensor, root: int) -> EngineHandle:
-        outs = None
-        if output is not None:
-            flat = output.view(self.ctx.size, -1)
-            outs = [flat[i].view(input.shape) for i in range(self.ctx.size)]
-        return self.gather(outs, input, root)
 
 
 def _split_color(global_ranks: tuple[int, ...]) -> int:

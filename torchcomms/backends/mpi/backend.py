@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from torchcomms.backends.base import BackendCapabilities, BackendContext, EngineHandle, TorchCommBackend
+from torchcomms.backends.base import BackendCapabilities, BackendContext, EngineHandle, TorchCommBackend, avg_finish
 from torchcomms.backends.mpi import engine as mpi_engine
 from torchcomms.backends.mpi.buffers import MPI_DTYPES, Buffers
 from torchcomms.backends.mpi.engine_thread import EngineThread
@@ -231,12 +231,7 @@ class MpiBackend(TorchCommBackend):
         return EngineHandle.waitable([job.wait], lambda: [job.future()], finish)
 
     def _avg(self, t: torch.Tensor, op: ReduceOp) -> Callable[[], None] | None:
-        if op.type is RedOpType.AVG:
-            n = self.ctx.size
-            if t.is_floating_point() or t.is_complex():
-                return lambda: t.div_(n)
-            return lambda: t.div_(n, rounding_mode="trunc")  # integers: the sum, truncated like c10d
-        return None
+        return avg_finish(t, op, self.ctx.size)
 
     @staticmethod
     def _scaled(t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
