@@ -1,16 +1,16 @@
-"""Wire protocol of the control plane: msgpack messages, their schema and size limits.
+"""Wire protocol of the control plane: msgpack framing of requests and replies.
 
 A request is one ZeroMQ frame holding a msgpack map ``{"id": int, "op": str, <fields>}``;
 its reply is one frame ``{"id": int | None, "ok": True, "value": ...}`` or
 ``{"id": ..., "ok": False, "error": {"code": str, "message": str, "keys": [...]}}``.
 Nothing but msgpack's plain types ever crosses the wire (no pickle, no extension types), and
-every request is validated against :data:`SCHEMA` before the server acts on it.
+every request is validated against :data:`SCHEMA` (defined, with the size limits, in
+:mod:`torchcomms.control.schema`) before the server acts on it.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,22 @@ from .errors import (
     ControlTimeoutError,
     ControlUnavailableError,
     ControlValueError,
+)
+from .schema import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_NAME_CHARS,
+    MAX_PAYLOAD_DEPTH,
+    MAX_REQUEST_ID,
+    MAX_TIMEOUT_S,
+    PROTOCOL_VERSION,
+    SCHEMA,
+    Checker,
+    Limits,
+    ProtocolViolation,
+    Request,
+    check_key,
+    check_payload,
 )
 
 __all__ = [
@@ -42,15 +58,12 @@ __all__ = [
     "check_payload",
     "INT64_MIN",
     "INT64_MAX",
+    "MAX_REQUEST_ID",
+    "MAX_TIMEOUT_S",
+    "MAX_PAYLOAD_DEPTH",
+    "MAX_NAME_CHARS",
+    "Checker",
 ]
-
-PROTOCOL_VERSION = 1
-INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
-MAX_REQUEST_ID = 2**63 - 1
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
-MAX_PAYLOAD_DEPTH = 16
-MAX_NAME_CHARS = 256
 
 # Error codes carried in error replies, and the client-side exception of each.
 ERROR_CODES: dict[str, type[ControlError]] = {
@@ -62,258 +75,6 @@ ERROR_CODES: dict[str, type[ControlError]] = {
     "internal": ControlError,
 }
 
-
-@dataclass(frozen=True)
-class Limits:
-    """Size limits enforced on both sides of the wire.
-
-    ``max_message_bytes`` bounds one request frame (checked explicitly, answered with a
-    ``limit`` error); frames beyond ``hard_message_bytes`` are cut off by ZeroMQ itself
-    (``MAXMSGSIZE``: the sender is disconnected without a reply).
-    """
-
-    max_key_bytes: int = 4096
-    max_value_bytes: int = 64 * 1024 * 1024
-    max_keys_per_request: int = 100_000
-    max_payload_bytes: int = 1024 * 1024
-    message_overhead_bytes: int = 1024 * 1024
-
-    def __post_init__(self) -> None:
-        for name in ("max_key_bytes", "max_value_bytes", "max_keys_per_request",
-                     "max_payload_bytes", "message_overhead_bytes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
-
-    @property
-    def max_message_bytes(self) -> int:
-        return self.max_value_bytes + self.message_overhead_bytes
-
-    @property
-    def hard_message_bytes(self) -> int:
-        return 2 * self.max_message_bytes
-
-
-class ProtocolViolation(Exception):
-    """Raised while decoding/validating a request; becomes an error reply."""
-
-    def __init__(self, code: str, message: str, request_id: int | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.request_id = request_id
-
-
-@dataclass
-class Request:
-    """A validated request."""
-
-    id: int
-    op: str
-    args: dict[str, Any] = field(default_factory=dict)
-
-
-# --------------------------------------------------------------------------- field checks
-
-Checker = Callable[[str, Any, Limits], Any]
-
-
-def _fail(code: str, message: str) -> ProtocolViolation:
-    return ProtocolViolation(code, message)
-
-
-def _type_name(value: Any) -> str:
-    return type(value).__name__
-
-
-def check_key(name: str, value: Any, limits: Limits, *, allow_empty: bool = False) -> str:
-    """Validate one store key (a non-empty str of at most ``max_key_bytes`` UTF-8 bytes)."""
-    if not isinstance(value, str):
-        raise _fail("protocol", f"field {name!r} must be a str, got {_type_name(value)}")
-    if not value and not allow_empty:
-        raise _fail("protocol", f"field {name!r} must not be empty")
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise _fail("protocol", f"field {name!r} is not valid Unicode (lone surrogate)") from None
-    if size > limits.max_key_bytes:
-        raise _fail("limit", f"field {name!r} is {size} bytes; the key limit is "
-                             f"{limits.max_key_bytes} bytes")
-    return value
-
-
-def _key(name: str, value: Any, limits: Limits) -> str:
-    return check_key(name, value, limits)
-
-
-def _prefix(name: str, value: Any, limits: Limits) -> str:
-    return check_key(name, value, limits, allow_empty=True)
-
-
-def _keys(name: str, value: Any, limits: Limits) -> list[str]:
-    if not isinstance(value, list):
-        raise _fail("protocol", f"field {name!r} must be a list of str, got {_type_name(value)}")
-    if len(value) > limits.max_keys_per_request:
-        raise _fail("limit", f"field {name!r} has {len(value)} keys; the limit is "
-                             f"{limits.max_keys_per_request}")
-    return [check_key(f"{name}[{i}]", item, limits) for i, item in enumerate(value)]
-
-
-def _value(name: str, value: Any, limits: Limits) -> bytes:
-    if not isinstance(value, bytes):
-        raise _fail("protocol", f"field {name!r} must be bytes, got {_type_name(value)}")
-    if len(value) > limits.max_value_bytes:
-        raise _fail("limit", f"field {name!r} is {len(value)} bytes; the value limit is "
-                             f"{limits.max_value_bytes} bytes")
-    return value
-
-
-def _values(name: str, value: Any, limits: Limits) -> list[bytes]:
-    if not isinstance(value, list):
-        raise _fail("protocol", f"field {name!r} must be a list of bytes, got {_type_name(value)}")
-    if len(value) > limits.max_keys_per_request:
-        raise _fail("limit", f"field {name!r} has {len(value)} values; the limit is "
-                             f"{limits.max_keys_per_request}")
-    return [_value(f"{name}[{i}]", item, limits) for i, item in enumerate(value)]
-
-
-def _int64(name: str, value: Any, limits: Limits) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _fail("protocol", f"field {name!r} must be an int, got {_type_name(value)}")
-    if not INT64_MIN <= value <= INT64_MAX:
-        raise _fail("protocol", f"field {name!r} is outside the int64 range")
-    return value
-
-
-def _seq(name: str, value: Any, limits: Limits) -> int:
-    value = _int64(name, value, limits)
-    if value < 0:
-        raise _fail("protocol", f"field {name!r} must be >= 0, got {value}")
-    return value
-
-
-def _timeout(name: str, value: Any, limits: Limits) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _fail("protocol", f"field {name!r} must be a number of seconds or nil, "
-                                f"got {_type_name(value)}")
-    value = float(value)
-    if math.isnan(value) or value < 0:
-        raise _fail("protocol", f"field {name!r} must be >= 0 seconds, got {value}")
-    return min(value, MAX_TIMEOUT_S)
-
-
-def _name(name: str, value: Any, limits: Limits) -> str:
-    if not isinstance(value, str):
-        raise _fail("protocol", f"field {name!r} must be a str, got {_type_name(value)}")
-    if not value or len(value) > MAX_NAME_CHARS:
-        raise _fail("protocol", f"field {name!r} must have 1..{MAX_NAME_CHARS} characters")
-    if any(ord(c) < 0x20 for c in value):
-        raise _fail("protocol", f"field {name!r} must not contain control characters")
-    return value
-
-
-def _names(name: str, value: Any, limits: Limits) -> list[str]:
-    if not isinstance(value, list):
-        raise _fail("protocol", f"field {name!r} must be a list of str, got {_type_name(value)}")
-    if len(value) > 1024:
-        raise _fail("limit", f"field {name!r} has {len(value)} entries; the limit is 1024")
-    return [_name(f"{name}[{i}]", item, limits) for i, item in enumerate(value)]
-
-
-def _optional_names(name: str, value: Any, limits: Limits) -> list[str] | None:
-    return None if value is None else _names(name, value, limits)
-
-
-def _payload(name: str, value: Any, limits: Limits) -> dict[str, Any]:
-    return check_payload(value, limits, name=name)
-
-
-def _optional_payload(name: str, value: Any, limits: Limits) -> dict[str, Any] | None:
-    return None if value is None else check_payload(value, limits, name=name)
-
-
-def _bool(name: str, value: Any, limits: Limits) -> bool:
-    if not isinstance(value, bool):
-        raise _fail("protocol", f"field {name!r} must be a bool, got {_type_name(value)}")
-    return value
-
-
-def check_payload(value: Any, limits: Limits, *, name: str = "payload") -> dict[str, Any]:
-    """Validate an event/info payload: a map of str keys to JSON-like values."""
-    if not isinstance(value, dict):
-        raise _fail("protocol", f"field {name!r} must be a map, got {_type_name(value)}")
-    _check_plain(value, name, 0)
-    try:
-        size = len(encode(value))
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise _fail("protocol", f"field {name!r} cannot be encoded: {exc}") from None
-    if size > limits.max_payload_bytes:
-        raise _fail("limit", f"field {name!r} is {size} bytes; the payload limit is "
-                             f"{limits.max_payload_bytes} bytes")
-    return value
-
-
-def _check_plain(value: Any, where: str, depth: int) -> None:
-    if depth > MAX_PAYLOAD_DEPTH:
-        raise _fail("protocol", f"{where} nests deeper than {MAX_PAYLOAD_DEPTH} levels")
-    if value is None or isinstance(value, (bool, bytes)):
-        return
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise _fail("protocol", f"{where} is not valid Unicode (lone surrogate)") from None
-        return
-    if isinstance(value, int):
-        if not INT64_MIN <= value <= 2**64 - 1:
-            raise _fail("protocol", f"{where} holds an integer outside 64 bits")
-        return
-    if isinstance(value, float):
-        return
-    if isinstance(value, list):
-        for i, item in enumerate(value):
-            _check_plain(item, f"{where}[{i}]", depth + 1)
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise _fail("protocol", f"{where} has a non-str key of type {_type_name(key)}")
-            _check_plain(item, f"{where}.{key}", depth + 1)
-        return
-    raise _fail("protocol", f"{where} holds an unsupported type {_type_name(value)}")
-
-
-# --------------------------------------------------------------------------- schema
-
-# op -> {field: (checker, required)}
-SCHEMA: dict[str, dict[str, tuple[Checker, bool]]] = {
-    "hello": {},
-    "ping": {},
-    "set": {"key": (_key, True), "value": (_value, True)},
-    "get": {"key": (_key, True), "timeout": (_timeout, False)},
-    "add": {"key": (_key, True), "delta": (_int64, True)},
-    "compare_set": {"key": (_key, True), "expected": (_value, True), "desired": (_value, True)},
-    "delete": {"key": (_key, True)},
-    "delete_prefix": {"prefix": (_prefix, True)},
-    "check": {"keys": (_keys, True)},
-    "wait": {"keys": (_keys, True), "timeout": (_timeout, False)},
-    "keys": {"prefix": (_prefix, True)},
-    "num_keys": {},
-    "append": {"key": (_key, True), "value": (_value, True)},
-    "multi_get": {"keys": (_keys, True), "timeout": (_timeout, False)},
-    "multi_set": {"keys": (_keys, True), "values": (_values, True)},
-    "publish": {"topic": (_name, True), "payload": (_payload, True)},
-    "events": {"since": (_seq, True), "topics": (_optional_names, False),
-               "timeout": (_timeout, False)},
-    "heartbeat": {"member": (_name, True), "limit": (_timeout, False),
-                  "info": (_optional_payload, False)},
-    "heartbeat_stop": {"member": (_name, True)},
-    "queue_push": {"key": (_key, True), "value": (_value, True)},
-    "queue_pop": {"key": (_key, True), "block": (_bool, False), "timeout": (_timeout, False)},
-    "queue_len": {"key": (_key, True)},
-}
 
 
 # --------------------------------------------------------------------------- codec
@@ -353,14 +114,14 @@ def decode_request(frame: bytes, limits: Limits) -> Request:
         # ValueError covers truncated input, invalid UTF-8, ext types and size limits.
         raise ProtocolViolation("protocol", f"not a valid msgpack message: {exc}") from None
     if not isinstance(message, dict):
-        raise ProtocolViolation("protocol", f"message must be a map, got {_type_name(message)}")
+        raise ProtocolViolation("protocol", f"message must be a map, got {type(message).__name__}")
     request_id = message.get("id")
     if not isinstance(request_id, int) or isinstance(request_id, bool) \
             or not 0 <= request_id <= MAX_REQUEST_ID:
         raise ProtocolViolation("protocol", "field 'id' must be an int in [0, 2**63)")
     op = message.get("op")
     if not isinstance(op, str):
-        raise ProtocolViolation("protocol", f"field 'op' must be a str, got {_type_name(op)}",
+        raise ProtocolViolation("protocol", f"field 'op' must be a str, got {type(op).__name__}",
                                 request_id)
     fields = SCHEMA.get(op)
     if fields is None:
