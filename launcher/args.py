@@ -7,7 +7,6 @@ flag names the closest known one).
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import os
 import re
@@ -15,179 +14,20 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 from .exceptions import UsageError
-from .scheduler_env import SchedulerInfo, detect_scheduler
+from .launch_config import (
+    DEFAULT_RDZV_PORT,
+    FAILURE_POLICIES,
+    RDZV_BACKENDS,
+    START_METHODS,
+    LaunchConfig,
+    RendezvousConf,
+)
+from .parser import build_parser, check_unknown_flags
+from .scheduler_env import detect_scheduler
 
 __all__ = ["LaunchConfig", "RendezvousConf", "build_parser", "parse_args", "parse_std_spec"]
-
-FAILURE_POLICIES = ("restart", "shrink", "fail")
-RDZV_BACKENDS = ("static", "c10d", "torchcomms")
-START_METHODS = ("spawn", "fork", "forkserver")
-#: Seconds of heartbeat silence without CPU progress before a rank is hung (--hung-timeout).
-DEFAULT_HUNG_TIMEOUT_S = 30.0
-#: Seconds a rank may stay stopped (SIGSTOP) before it is reported (--stopped-timeout).
-DEFAULT_STOPPED_TIMEOUT_S = 2.0
-DEFAULT_RDZV_PORT = 29400
-
-
-@dataclass(frozen=True)
-class RendezvousConf:
-    """``--rdzv-conf`` settings, in seconds."""
-
-    join_timeout: float = 600.0
-    last_call_timeout: float = 30.0
-    heartbeat_interval: float = 0.5
-    heartbeat_timeout: float = 3.0
-    is_host: bool | None = None
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """Everything the agent needs to run a job, validated."""
-
-    min_nodes: int
-    max_nodes: int
-    nproc_per_node: int
-    node_rank: int | None
-    rdzv_backend: str
-    rdzv_host: str
-    rdzv_port: int
-    rdzv_id: str
-    rdzv_conf: RendezvousConf
-    standalone: bool
-    master_addr: str
-    max_restarts: int
-    monitor_interval: float
-    log_dir: str | None
-    redirects: dict[int, int]
-    tee: dict[int, int]
-    local_ranks_filter: frozenset[int] | None
-    role: str
-    local_addr: str | None
-    module: bool
-    no_python: bool
-    run_path: bool
-    signals_to_handle: tuple[int, ...]
-    start_method: str
-    on_failure: str
-    job_secret_file: str | None
-    json_logs: bool
-    grace_period: float
-    line_prefix: str
-    summary: bool
-    entrypoint: str
-    entrypoint_args: tuple[str, ...]
-    scheduler: SchedulerInfo | None = field(default=None)
-    hung_timeout: float = DEFAULT_HUNG_TIMEOUT_S
-    stopped_timeout: float = DEFAULT_STOPPED_TIMEOUT_S
-
-    @property
-    def rdzv_endpoint(self) -> str:
-        return f"{self.rdzv_host}:{self.rdzv_port}"
-
-    @property
-    def is_multinode(self) -> bool:
-        return self.max_nodes > 1
-
-    def worker_argv(self, python: str) -> list[str]:
-        """The command line each worker process runs."""
-        if self.no_python:
-            return [self.entrypoint, *self.entrypoint_args]
-        if self.module:
-            return [python, "-m", self.entrypoint, *self.entrypoint_args]
-        if self.run_path:
-            runner = ("import runpy, sys; sys.argv = sys.argv[1:]; "
-                      "runpy.run_path(sys.argv[0], run_name='__main__')")
-            return [python, "-c", runner, self.entrypoint, *self.entrypoint_args]
-        return [python, self.entrypoint, *self.entrypoint_args]
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message)
-
-
-def _flag(parser: argparse.ArgumentParser, name: str, *extra: str, **kwargs: object) -> None:
-    """Add ``--name-with-dashes`` and its ``--name_with_underscores`` twin."""
-    spellings = [f"--{name}"]
-    if "-" in name:
-        spellings.append(f"--{name.replace('-', '_')}")
-    parser.add_argument(*extra, *spellings, **kwargs)  # type: ignore[arg-type]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (exposed for ``--help`` and for tests)."""
-    p = _Parser(
-        prog="torchcomms-run",
-        description="Launch and supervise a distributed PyTorch job (torchrun-compatible).",
-        allow_abbrev=False,
-    )
-    _flag(p, "nnodes", default=None, help="number of nodes, N or MIN:MAX (default 1)")
-    _flag(p, "nproc-per-node", default=None, help="workers per node: N, cpu, gpu or auto (default 1)")
-    _flag(p, "node-rank", default=None, help="this node's rank (default: order of arrival)")
-    _flag(p, "rdzv-backend", default="c10d",
-          help="c10d or torchcomms (default): the agent on the rendezvous host hosts the store "
-          "and nodes join in any order, MIN:MAX of them; static: a fixed --nnodes N, and "
-          "every node of a multi-node job names its --node-rank (as with torchrun)")
-    _flag(p, "rdzv-endpoint", default=None, help="HOST[:PORT] of the rendezvous agent")
-    _flag(p, "rdzv-id", default=None, help="job id shared by all nodes (default: a fresh one)")
-    _flag(p, "rdzv-conf", default="", help="KEY=VALUE,...: join_timeout, last_call_timeout, "
-          "heartbeat_interval, heartbeat_timeout, is_host")
-    p.add_argument("--standalone", action="store_true", help="single node, local rendezvous")
-    _flag(p, "master-addr", default=None, help="rendezvous host when no --rdzv-endpoint")
-    _flag(p, "master-port", default=None, help="rendezvous port when no --rdzv-endpoint")
-    _flag(p, "max-restarts", default="0", help="restarts of the worker group (default 0)")
-    _flag(p, "monitor-interval", default="0.1", help="seconds between health checks")
-    _flag(p, "log-dir", default=None, help="directory for per-rank logs and error files")
-    _flag(p, "redirects", "-r", default="0", help="0-3 or LOCAL_RANK:0-3,...: streams to files only")
-    _flag(p, "tee", "-t", default="0", help="0-3 or LOCAL_RANK:0-3,...: streams to files too")
-    _flag(p, "local-ranks-filter", default="", help="show only these local ranks on the console")
-    p.add_argument("--role", default="default", help="worker role name (ROLE_NAME)")
-    _flag(p, "local-addr", default=None, help="address other nodes reach this node at")
-    p.add_argument("-m", "--module", action="store_true", help="run the entry point as a module")
-    _flag(p, "no-python", action="store_true", help="run the entry point as an executable")
-    _flag(p, "run-path", action="store_true", help="run the entry point with runpy.run_path")
-    _flag(p, "signals-to-handle", default="SIGTERM,SIGINT,SIGHUP,SIGQUIT",
-          help="signals forwarded to the workers")
-    _flag(p, "start-method", default="spawn",
-          help="spawn only: every worker is a fresh process running the entry point, as "
-          "torchrun does for a script (fork/forkserver apply to function entry points)")
-    _flag(p, "on-failure", default=None, help="restart, shrink or fail "
-          "(default: restart when --max-restarts > 0, else fail)")
-    _flag(p, "job-secret-file", default=None, help="file with the job's hex secret")
-    _flag(p, "json-logs", action="store_true", help="print worker output and events as JSON lines")
-    _flag(p, "grace-period", default="10", help="seconds between SIGTERM and SIGKILL")
-    _flag(p, "hung-timeout", default=str(DEFAULT_HUNG_TIMEOUT_S),
-          help="seconds a live rank may go without heartbeats AND without using CPU before it "
-          "is hung (dumped, then killed); a slow or starved rank is never hung")
-    _flag(p, "stopped-timeout", default=str(DEFAULT_STOPPED_TIMEOUT_S),
-          help="seconds a rank may stay stopped (SIGSTOP, a debugger) before it is reported "
-          "as failed (reason stopped; it is not killed)")
-    _flag(p, "line-prefix", default="[{host}:{rank}]",
-          help="console prefix template: {host} {rank} {local_rank} {node_rank} {role}; '' for none")
-    _flag(p, "no-summary", action="store_true", help="do not print the end-of-job table")
-    p.add_argument("entrypoint", help="the training script (or module / executable)")
-    p.add_argument("entrypoint_args", nargs=argparse.REMAINDER)
-    return p
-
-
-def _check_unknown_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
-    """Reject unknown options before the entry point, suggesting the closest known one."""
-    known = parser._option_string_actions  # noqa: SLF001 - argparse has no public accessor
-    i = 0
-    while i < len(argv):
-        tok = argv[i]
-        if tok == "--" or not tok.startswith("-") or tok == "-":
-            return
-        name, has_value = (tok.split("=", 1)[0], True) if "=" in tok else (tok, False)
-        action = known.get(name)
-        if action is None:
-            close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.5)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            raise UsageError(f"unknown option {name}{hint}")
-        i += 1 if (has_value or action.nargs == 0) else 2
 
 
 def _int(value: str, flag: str, minimum: int | None = None) -> int:
@@ -326,7 +166,7 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
     """Parse and validate a command line (``argv`` without the program name)."""
     environ = os.environ if environ is None else environ
     parser = build_parser()
-    _check_unknown_flags(parser, argv)
+    check_unknown_flags(parser, argv)
     ns = parser.parse_args(list(argv))
     if ns.entrypoint_args and ns.entrypoint_args[0] == "--":
         ns.entrypoint_args = ns.entrypoint_args[1:]
