@@ -1,4 +1,4 @@
-"""Checks of a control client's call arguments: each raises a typed error naming what was
+"""Checks of the control plane's call arguments (the client's calls, the server's constructor): each raises a typed error naming what was
 wrong before a request is built (:class:`ControlArgumentTypeError` for a wrong type,
 :class:`ControlArgumentError` for a wrong value)."""
 
@@ -14,7 +14,7 @@ from .events import EventSchemaError, validate_topic
 from .protocol import Limits, ProtocolViolation
 
 __all__ = ["seconds", "check_address", "check_key", "check_key_list", "check_value",
-           "check_prefix", "check_topics", "check_member"]
+           "check_prefix", "check_topics", "check_member", "check_server_args"]
 
 
 def seconds(value: Any, name: str, *, allow_none: bool = True) -> float | None:
@@ -117,3 +117,23 @@ def check_member(member: Any) -> str:
         raise ControlArgumentError(f"member must be a non-empty str of at most "
                                    f"{proto.MAX_NAME_CHARS} characters, got {member!r}")
     return member
+
+
+def check_server_args(host: Any, port: Any, heartbeat_limit: Any, max_pending: Any,
+                      max_events: Any, rank_silence: Any) -> None:
+    """The checks of :class:`~torchcomms.control.server.StoreServer`'s arguments."""
+    if not isinstance(host, str) or not host:
+        raise ControlArgumentError(f"host must be a non-empty str, got {host!r}")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ControlArgumentError(f"port must be an int in [0, 65535], got {port!r}")
+    if isinstance(heartbeat_limit, bool) or not isinstance(heartbeat_limit, (int, float)) \
+            or not heartbeat_limit > 0:
+        raise ControlArgumentError(
+            f"heartbeat_limit must be a positive number of seconds, got {heartbeat_limit!r}")
+    if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending <= 0:
+        raise ControlArgumentError(f"max_pending must be a positive int, got {max_pending!r}")
+    if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events <= 0:
+        raise ControlArgumentError(f"max_events must be a positive int, got {max_events!r}")
+    if rank_silence not in ("failed", "suspect"):
+        raise ControlArgumentError(
+            f"rank_silence must be 'failed' or 'suspect', got {rank_silence!r}")

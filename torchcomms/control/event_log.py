@@ -1,0 +1,54 @@
+"""The server's event history: numbered events, the oldest dropped past ``max_events``, and
+the lookup of "events after seq N" that long-polling subscribers (and late ones) ask for."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from .events import Event
+
+__all__ = ["EventLog", "MAX_EVENTS_PER_REPLY"]
+
+#: events one ``events`` reply carries at most
+MAX_EVENTS_PER_REPLY = 1000
+
+
+class EventLog:
+    def __init__(self, max_events: int) -> None:
+        self._max_events = max_events
+        self._events: deque[Event] = deque()
+        self._next_seq = 1
+
+    @property
+    def last_seq(self) -> int:
+        """The sequence number of the last event published (0 before the first)."""
+        return self._next_seq - 1
+
+    def append(self, topic: str, payload: dict[str, Any], run_id: str) -> tuple[Event, Event | None]:
+        """Number and keep a new event (stamped with ``ts`` and ``run_id`` unless it has them);
+        returns it and the event dropped to make room, if any."""
+        payload = dict(payload)
+        payload.setdefault("ts", time.time())
+        payload.setdefault("run_id", run_id)
+        event = Event(self._next_seq, topic, payload)
+        self._next_seq += 1
+        self._events.append(event)
+        dropped = self._events.popleft() if len(self._events) > self._max_events else None
+        return event, dropped
+
+    def after(self, since: int, topics: list[str] | None) -> list[Event]:
+        """Events after ``since`` (of ``topics``, or all), at most :data:`MAX_EVENTS_PER_REPLY`."""
+        if not self._events or since >= self._events[-1].seq:
+            return []
+        first = self._events[0].seq
+        start = max(0, since + 1 - first)
+        found: list[Event] = []
+        for index in range(start, len(self._events)):
+            event = self._events[index]
+            if topics is None or event.topic in topics:
+                found.append(event)
+                if len(found) >= MAX_EVENTS_PER_REPLY:
+                    break
+        return found

@@ -1,0 +1,317 @@
+"""The server's key-value store and its parked requests: the values, the queues, and the
+blocking requests (``get``, ``wait``, ``multi_get``, ``queue_pop``, ``events``) waiting for a
+key, an item or an event until their deadline. Touched by the serving thread only; answers go
+out through the :class:`Replies` it is given."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from . import protocol as proto
+from .events import Event
+from .protocol import Limits, ProtocolViolation, Request
+
+__all__ = ["KeyValueStore", "Waiter", "Replies"]
+
+
+class Replies(Protocol):
+    """Where the store's answers go (the server's socket)."""
+
+    def ok(self, identity: bytes, request_id: int, value: Any = None) -> None: ...
+
+    def error(self, identity: bytes, request_id: int | None, code: str, message: str,
+              keys: list[str] | None = None) -> None: ...
+
+
+@dataclass(eq=False)
+class Waiter:
+    """A parked request."""
+
+    identity: bytes
+    request_id: int
+    op: str
+    keys: list[str]
+    deadline: float
+    started: float
+    args: dict[str, Any] = field(default_factory=dict)
+    done: bool = False
+
+
+class KeyValueStore:
+    """Values, queues and parked requests; ``op_<name>`` answers the request of op ``name``."""
+
+    def __init__(self, limits: Limits, replies: Replies, max_pending: int) -> None:
+        self.limits = limits
+        self._replies = replies
+        self._max_pending = max_pending
+        self.data: dict[str, bytes] = {}
+        self._queues: dict[str, deque[bytes]] = {}
+        self.waiters_by_key: dict[str, list[Waiter]] = {}
+        self.queue_waiters: dict[str, deque[Waiter]] = {}
+        self.event_waiters: list[Waiter] = []
+        self._deadlines: list[tuple[float, int, Waiter]] = []
+        self._tiebreak = itertools.count()
+        #: parked requests not answered yet
+        self.pending = 0
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of a parked request, if any."""
+        return self._deadlines[0][0] if self._deadlines else None
+
+    def pop(self, key: str) -> None:
+        """Drop ``key`` (nobody is woken)."""
+        self.data.pop(key, None)
+
+    def park_events(self, identity: bytes, req: Request) -> None:
+        """Park an ``events`` request until an event it asks for is published."""
+        self.event_waiters.append(self.park(identity, req, []))
+
+    def wake_event_waiters(self, topic: str,
+                           find: Callable[[int, list[str] | None], list[Event]]) -> None:
+        """Answer the ``events`` requests that an event on ``topic`` completes."""
+        still_waiting: list[Waiter] = []
+        for waiter in self.event_waiters:
+            if waiter.done:
+                continue
+            topics = waiter.args.get("topics")
+            if topics is not None and topic not in topics:
+                still_waiting.append(waiter)
+                continue
+            found = find(waiter.args["since"], topics)
+            self.finish(waiter)
+            self._replies.ok(waiter.identity, waiter.request_id, [e.to_wire() for e in found])
+        self.event_waiters = still_waiting
+
+    def op_set(self, identity: bytes, req: Request) -> None:
+        self.put(req.args["key"], req.args["value"])
+        self._replies.ok(identity, req.id)
+
+    def op_multi_set(self, identity: bytes, req: Request) -> None:
+        for key, value in zip(req.args["keys"], req.args["values"]):
+            self.put(key, value)
+        self._replies.ok(identity, req.id)
+
+    def op_get(self, identity: bytes, req: Request) -> None:
+        self._get_or_park(identity, req, [req.args["key"]])
+
+    def op_multi_get(self, identity: bytes, req: Request) -> None:
+        self._get_or_park(identity, req, req.args["keys"])
+
+    def op_wait(self, identity: bytes, req: Request) -> None:
+        self._get_or_park(identity, req, req.args["keys"])
+
+    def op_add(self, identity: bytes, req: Request) -> None:
+        key, delta = req.args["key"], req.args["delta"]
+        current = self.data.get(key)
+        base = 0
+        if current is not None:
+            try:
+                base = int(current.decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                raise ProtocolViolation(
+                    "value", f"add: key {key!r} holds a value that is not an integer") from None
+        result = base + delta
+        if not proto.INT64_MIN <= result <= proto.INT64_MAX:
+            raise ProtocolViolation("value", f"add: key {key!r} would overflow int64")
+        self.put(key, str(result).encode("ascii"))
+        self._replies.ok(identity, req.id, result)
+
+    def op_compare_set(self, identity: bytes, req: Request) -> None:
+        key, expected, desired = req.args["key"], req.args["expected"], req.args["desired"]
+        current = self.data.get(key)
+        if current is None:
+            if expected == b"":
+                self.put(key, desired)
+                result = desired
+            else:
+                result = expected
+        elif current == expected:
+            self.put(key, desired)
+            result = desired
+        else:
+            result = current
+        self._replies.ok(identity, req.id, result)
+
+    def op_append(self, identity: bytes, req: Request) -> None:
+        key, value = req.args["key"], req.args["value"]
+        current = self.data.get(key, b"")
+        if len(current) + len(value) > self.limits.max_value_bytes:
+            raise ProtocolViolation("limit", f"append: key {key!r} would exceed the value limit "
+                                             f"of {self.limits.max_value_bytes} bytes")
+        self.put(key, current + value)
+        self._replies.ok(identity, req.id)
+
+    def op_delete(self, identity: bytes, req: Request) -> None:
+        existed = self.data.pop(req.args["key"], None) is not None
+        self._replies.ok(identity, req.id, existed)
+
+    def op_delete_prefix(self, identity: bytes, req: Request) -> None:
+        prefix = req.args["prefix"]
+        doomed = [key for key in self.data if key.startswith(prefix)]
+        for key in doomed:
+            del self.data[key]
+        self._replies.ok(identity, req.id, len(doomed))
+
+    def op_check(self, identity: bytes, req: Request) -> None:
+        self._replies.ok(identity, req.id, all(key in self.data for key in req.args["keys"]))
+
+    def op_keys(self, identity: bytes, req: Request) -> None:
+        prefix = req.args["prefix"]
+        self._replies.ok(identity, req.id, sorted(k for k in self.data if k.startswith(prefix)))
+
+    def op_num_keys(self, identity: bytes, req: Request) -> None:
+        self._replies.ok(identity, req.id, len(self.data))
+
+    def op_queue_push(self, identity: bytes, req: Request) -> None:
+        key = req.args["key"]
+        self._queues.setdefault(key, deque()).append(req.args["value"])
+        self._replies.ok(identity, req.id)
+        self._serve_queue(key)
+
+    def op_queue_pop(self, identity: bytes, req: Request) -> None:
+        key = req.args["key"]
+        items = self._queues.get(key)
+        if items:
+            self._replies.ok(identity, req.id, self._pop_queue(key))
+            return
+        if not req.args.get("block", True) or req.args.get("timeout") == 0:
+            raise ProtocolViolation("timeout", f"queue_pop: queue {key!r} is empty")
+        waiter = self.park(identity, req, [key])
+        self.queue_waiters.setdefault(key, deque()).append(waiter)
+
+    def op_queue_len(self, identity: bytes, req: Request) -> None:
+        self._replies.ok(identity, req.id, len(self._queues.get(req.args["key"], ())))
+
+    def put(self, key: str, value: bytes) -> None:
+        self.data[key] = value
+        waiters = self.waiters_by_key.pop(key, None)
+        if waiters:
+            for waiter in waiters:
+                if not waiter.done:
+                    self._try_complete(waiter)
+
+    def _missing(self, keys: list[str]) -> list[str]:
+        return [key for key in keys if key not in self.data]
+
+    def _get_or_park(self, identity: bytes, req: Request, keys: list[str]) -> None:
+        missing = self._missing(keys)
+        if not missing:
+            self._replies.ok(identity, req.id, self._result(req.op, keys))
+            return
+        if req.args.get("timeout") == 0:
+            raise ProtocolViolation("timeout", f"{req.op}: keys not present: {missing[:8]}")
+        waiter = self.park(identity, req, keys)
+        for key in missing:
+            self.waiters_by_key.setdefault(key, []).append(waiter)
+
+    def _result(self, op: str, keys: list[str]) -> Any:
+        if op == "get":
+            return self.data[keys[0]]
+        if op == "multi_get":
+            return [self.data[key] for key in keys]
+        return None
+
+    def park(self, identity: bytes, req: Request, keys: list[str]) -> Waiter:
+        if self.pending >= self._max_pending:
+            raise ProtocolViolation("limit", f"{req.op}: the server already holds "
+                                             f"{self._max_pending} blocked requests")
+        timeout = req.args.get("timeout")
+        now = time.monotonic()
+        deadline = now + (proto.MAX_TIMEOUT_S if timeout is None else timeout)
+        waiter = Waiter(identity, req.id, req.op, keys, deadline, now, dict(req.args))
+        heapq.heappush(self._deadlines, (deadline, next(self._tiebreak), waiter))
+        self.pending += 1
+        return waiter
+
+    def finish(self, waiter: Waiter) -> None:
+        waiter.done = True
+        self.pending -= 1
+
+    def _try_complete(self, waiter: Waiter) -> None:
+        missing = self._missing(waiter.keys)
+        if missing:  # a key was deleted meanwhile; keep waiting for what is missing
+            for key in missing:
+                bucket = self.waiters_by_key.setdefault(key, [])
+                if waiter not in bucket:
+                    bucket.append(waiter)
+            return
+        self.finish(waiter)
+        self._replies.ok(waiter.identity, waiter.request_id, self._result(waiter.op, waiter.keys))
+
+    def _pop_queue(self, key: str) -> bytes:
+        items = self._queues[key]
+        value = items.popleft()
+        if not items:
+            del self._queues[key]
+        return value
+
+    def _serve_queue(self, key: str) -> None:
+        waiters = self.queue_waiters.get(key)
+        while waiters and self._queues.get(key):
+            waiter = waiters.popleft()
+            if waiter.done:
+                continue
+            self.finish(waiter)
+            self._replies.ok(waiter.identity, waiter.request_id, self._pop_queue(key))
+        if waiters is not None and not waiters:
+            del self.queue_waiters[key]
+
+    def expire(self, now: float) -> None:
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, waiter = heapq.heappop(self._deadlines)
+            if waiter.done:
+                continue
+            self.finish(waiter)
+            self._unlist(waiter)
+            waited = now - waiter.started
+            if waiter.op == "events":
+                self._replies.ok(waiter.identity, waiter.request_id, [])
+                continue
+            missing = self._missing(waiter.keys) if waiter.op != "queue_pop" else waiter.keys
+            self._replies.error(
+                waiter.identity, waiter.request_id, "timeout",
+                f"{waiter.op} timed out after {waited:.3f} s waiting for "
+                f"{'queue' if waiter.op == 'queue_pop' else 'keys'} {missing[:8]}"
+                + (f" (and {len(missing) - 8} more)" if len(missing) > 8 else ""),
+                missing[:64])
+        if self.pending == 0:
+            self.event_waiters.clear()
+            self.queue_waiters.clear()
+        elif len(self.event_waiters) > 2 * self.pending + 64:
+            self.event_waiters = [w for w in self.event_waiters if not w.done]
+
+    def _unlist(self, waiter: Waiter) -> None:
+        """Forget an expired waiter under the keys it was waiting for (nobody set them)."""
+        if waiter.op == "queue_pop":
+            line = self.queue_waiters.get(waiter.keys[0])
+            if line is not None:
+                try:
+                    line.remove(waiter)
+                except ValueError:
+                    pass
+                if not line:
+                    del self.queue_waiters[waiter.keys[0]]
+            return
+        for key in waiter.keys:
+            bucket = self.waiters_by_key.get(key)
+            if bucket is None:
+                continue
+            try:
+                bucket.remove(waiter)
+            except ValueError:
+                continue
+            if not bucket:
+                del self.waiters_by_key[key]
+
+    def fail_all(self, message: str) -> None:
+        for _, _, waiter in self._deadlines:
+            if not waiter.done:
+                self.finish(waiter)
+                self._replies.error(waiter.identity, waiter.request_id, "unavailable", message)
+        self._deadlines.clear()

@@ -1,0 +1,114 @@
+"""Heartbeat tracking on the server: which members (``rank/3``, ``node/1``, ...) beat, and
+the events their silence (or return) turns into. State only; the server publishes the events
+this returns."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from .events import MEMBER_LOST, NODE_LOST, RANK_FAILED, RANK_HEARD, RANK_SILENT
+
+__all__ = ["Members", "Member", "HEARTBEAT_CHECK_S"]
+
+#: how often silent members are looked for
+HEARTBEAT_CHECK_S = 0.05
+_log = logging.getLogger("torchcomms.control.server")
+
+EventSpec = tuple[str, dict[str, Any]]
+
+
+@dataclass
+class Member:
+    limit: float
+    last_seen: float
+    info: dict[str, Any]
+    silent: bool = False  # reported ``rank_silent`` and not heard since
+
+
+def _rank_of(name: str) -> int | None:
+    kind, _, index = name.partition("/")
+    return int(index) if kind == "rank" and index.isdigit() else None
+
+
+def _rank_fields(name: str, member: Member) -> dict[str, Any]:
+    fields: dict[str, Any] = {"rank": _rank_of(name), "member": name, "reason": "heartbeat"}
+    for key, kind in (("host", str), ("pid", int)):
+        value = member.info.get(key)
+        if isinstance(value, kind) and not isinstance(value, bool):
+            fields[key] = value
+    return fields
+
+
+def _lost_event(name: str, member: Member, silent: float) -> EventSpec:
+    kind, _, index = name.partition("/")
+    host = member.info.get("host")
+    common: dict[str, Any] = {"reason": "heartbeat", "member": name,
+                              "silent_s": round(silent, 3)}
+    if isinstance(host, str):
+        common["host"] = host
+    if kind == "rank" and index.isdigit():
+        return RANK_FAILED, {"rank": int(index), **common}
+    if kind == "node" and index.isdigit():
+        ranks = member.info.get("ranks")
+        ranks = ranks if isinstance(ranks, list) else []
+        return NODE_LOST, {"node_rank": int(index), "ranks": ranks, **common}
+    return MEMBER_LOST, common
+
+
+class Members:
+    """The members that send heartbeats. ``rank_silence`` is ``"failed"`` (a silent rank is
+    lost) or ``"suspect"`` (``rank_silent``, then ``rank_heard`` if it beats again)."""
+
+    def __init__(self, rank_silence: str) -> None:
+        self.rank_silence = rank_silence
+        self._members: dict[str, Member] = {}
+        #: when :meth:`check` next looks for silent members (monotonic seconds)
+        self.next_check = 0.0
+
+    def __bool__(self) -> bool:
+        return bool(self._members)
+
+    def beat(self, name: str, limit: float, info: dict[str, Any], now: float) -> EventSpec | None:
+        """Record a heartbeat; returns the ``rank_heard`` event of a member that was silent."""
+        known = self._members.get(name)
+        if known is None:
+            if not self._members:
+                self.next_check = now + HEARTBEAT_CHECK_S
+            self._members[name] = Member(limit, now, info)
+            return None
+        heard = None
+        if known.silent:
+            known.silent = False
+            heard = (RANK_HEARD, {**_rank_fields(name, known),
+                                  "silent_s": round(now - known.last_seen, 3)})
+        known.last_seen, known.limit = now, limit
+        if info:
+            known.info = info
+        return heard
+
+    def forget(self, name: str) -> bool:
+        """Stop tracking ``name``; returns whether it was tracked."""
+        return self._members.pop(name, None) is not None
+
+    def check(self, now: float) -> list[EventSpec]:
+        """The events of members silent past their limit (lost ones are forgotten)."""
+        if not self._members or now < self.next_check:
+            return []
+        self.next_check = now + HEARTBEAT_CHECK_S
+        events: list[EventSpec] = []
+        lost = [(name, m) for name, m in self._members.items()
+                if not m.silent and now - m.last_seen > m.limit]
+        for name, member in lost:
+            silent = now - member.last_seen
+            if self.rank_silence == "suspect" and _rank_of(name) is not None:
+                member.silent = True  # kept: its next beat is published as ``rank_heard``
+                events.append((RANK_SILENT, {**_rank_fields(name, member),
+                                             "silent_s": round(silent, 3)}))
+                continue
+            del self._members[name]
+            _log.warning("member %s sent no heartbeat for %.2f s (limit %.2f s)",
+                         name, silent, member.limit)
+            events.append(_lost_event(name, member, silent))
+        return events
