@@ -1,7 +1,10 @@
 """The torchcomms control plane: a ZeroMQ store server, its client, an event bus, heartbeats.
 
-Importing this package (or ``client``/``server``/``protocol``/``auth``/``events``/``secrets``)
-never imports torch; only :mod:`torchcomms.control.store` (the torch ``Store`` wrapper) does.
+Importing this package or any of its modules never imports torch; only
+:mod:`torchcomms.control.store` (the torch ``Store`` wrapper) does. The client is
+``client`` (its API) over ``connection`` (sockets, request/reply), ``subscription``,
+``heartbeat`` and ``arguments``; the server is ``server`` (loop, lifecycle) over ``kvstore``,
+``event_log``, ``membership`` and ``router``; the wire is ``protocol`` (framing) over ``schema``.
 Names are re-exported lazily.
 """
 

@@ -114,7 +114,7 @@ class StoreServer:
         # State below is touched by the server thread only.
         self._store = KeyValueStore(self.limits, _SocketReplies(self._send_ok, self._send_error),
                                     max_pending)
-        self._log = EventLog(max_events)
+        self._history = EventLog(max_events)
         self._members = Members(rank_silence)
         self.stats: dict[str, int] = {"requests": 0, "errors": 0, "events": 0}
 
@@ -348,7 +348,7 @@ class StoreServer:
             "max_key_bytes": self.limits.max_key_bytes,
             "max_value_bytes": self.limits.max_value_bytes,
             "max_message_bytes": self.limits.max_message_bytes,
-            "last_event_seq": self._log.last_seq,
+            "last_event_seq": self._history.last_seq,
         })
 
     def _op_ping(self, identity: bytes, req: Request) -> None:
@@ -365,7 +365,7 @@ class StoreServer:
 
     def _op_events(self, identity: bytes, req: Request) -> None:
         since, topics = req.args["since"], req.args.get("topics")
-        found = self._log.after(since, topics)
+        found = self._history.after(since, topics)
         if found or req.args.get("timeout") == 0:
             self._send_ok(identity, req.id, [e.to_wire() for e in found])
             return
@@ -387,11 +387,11 @@ class StoreServer:
     # ------------------------------------------------------------------ events
 
     def _publish(self, topic: str, payload: dict[str, Any]) -> Event:
-        event, dropped = self._log.append(topic, payload, self.run_id)
+        event, dropped = self._history.append(topic, payload, self.run_id)
         self.stats["events"] += 1
         if dropped is not None:
             self._store.pop(event_key(dropped.seq))
         self._store.put(event_key(event.seq), proto.encode(event.to_wire()))
-        self._store.wake_event_waiters(topic, self._log.after)
+        self._store.wake_event_waiters(topic, self._history.after)
         _log.info("event %d %s %s", event.seq, topic, event.payload)
         return event

@@ -67,7 +67,6 @@ class Subscription:
         failing_since: float | None = None  # first unanswered poll of the current outage
         reported = False
         while not self._stop.is_set():
-            started = time.monotonic()
             try:
                 if channel is None:
                     channel = client.new_channel()
