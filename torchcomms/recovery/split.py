@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 import torch
@@ -75,7 +76,8 @@ def split(core: CommCore, ranks: list[int], name: str, hints: dict[str, str] | N
     try:
         child_ctx = derived_context(
             core, [core.global_ranks[r] for r in members],
-            f"{core.ctx.store_prefix}/split{seq}/{name}/{incarnation}/{_ranks_key(members)}", core.timeout_s,
+            f"{core.ctx.store_prefix}/split{seq}/{name}/{incarnation}/{_ranks_key(members)}",
+            max(1.0, work.deadline - time.monotonic()),  # its rendezvous ends with the split
             rank=members.index(rank), name=name, hints=hints)
         # The new engine's rendezvous waits on every member: bounded by this split's own
         # deadline (which its exchange above already counted down), not by the engine's.
