@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from torchcomms.backends.base import BackendCapabilities, BlockingWait, EngineHandle, TorchCommBackend
+from torchcomms.backends.gloo_p2p import FramedRecv, FramedSend
 from torchcomms.backends.gloo_sockets import EngineSockets
 from torchcomms.config import settings
 from torchcomms.types import RedOpType, ReduceOp
@@ -72,7 +73,7 @@ class _Drained:
 class _BlockingWaiter:
     """Daemon threads that turn gloo's future-less p2p works into completed futures."""
 
-    def __init__(self, max_threads: int = 8) -> None:
+    def __init__(self, max_threads: int = 64) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads = 0
@@ -172,6 +173,7 @@ class GlooBackend(TorchCommBackend):
         if ctx.size > 1:
             self._sockets.engine_created(self._peer_listeners())
         self._waiter = _BlockingWaiter()
+        self._last_recv: dict[int, FramedRecv] = {}  # per source: receives post in program order
         self._pending: deque[torch.futures.Future] = deque()
         self._pending_lock = threading.Lock()
         self._prune_at = _PRUNE_MIN
@@ -297,18 +299,24 @@ class GlooBackend(TorchCommBackend):
             return [t * op.factor for t in ts]  # type: ignore[operator]
         return ts
 
-    # point to point ----------------------------------------------------------------------------
+    # point to point (framed: see gloo_p2p) ---------------------------------------------------
+    def _framed_recv(self, tensor: torch.Tensor, src: int, tag: int) -> FramedRecv:
+        with self._pending_lock:
+            op = FramedRecv(self._pg, tensor, src, tag, self.ctx.rank, self._last_recv.get(src))
+            self._last_recv[src] = op
+        return op
+
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> EngineHandle:
-        return EngineHandle([self._p2p_future(self._pg.send([tensor], dst, tag))])
+        return EngineHandle([self._p2p_future(FramedSend(self._pg, tensor, dst, tag))])
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> EngineHandle:
-        return EngineHandle([self._p2p_future(self._pg.recv([tensor], src, tag))])
+        return EngineHandle([self._p2p_future(self._framed_recv(tensor, src, tag))])
 
     def batch_p2p(self, ops: list[tuple[bool, torch.Tensor, int]], tag: int) -> EngineHandle:
         futs = []
         for is_send, t, peer in ops:
-            w = self._pg.send([t], peer, tag) if is_send else self._pg.recv([t], peer, tag)
-            futs.append(self._p2p_future(w))
+            op = FramedSend(self._pg, t, peer, tag) if is_send else self._framed_recv(t, peer, tag)
+            futs.append(self._p2p_future(op))
         return EngineHandle(futs)
 
     # collectives -----------------------------------------------------------------------------

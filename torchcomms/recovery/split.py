@@ -25,6 +25,16 @@ def _ranks_key(ranks: list[int]) -> str:
     return hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:12]
 
 
+def _inconsistency(lists: list[list[int]]) -> tuple[tuple[int, list[int]], tuple[int, list[int]]] | None:
+    """The first pair of ranks whose lists disagree, from the whole table (``lists[r]`` is what
+    rank ``r`` passed): a rank named in a list must have passed that same list."""
+    for r, mine in enumerate(lists):
+        for m in mine:
+            if lists[m] != mine:
+                return (r, mine), (m, lists[m])
+    return None
+
+
 def _take_part_excluded(core: CommCore, work: Any) -> None:
     """A rank left out of a split takes part in the engine's side of it (NCCL's split is
     collective over the parent), bounded by the split's deadline."""
@@ -61,14 +71,14 @@ def split(core: CommCore, ranks: list[int], name: str, hints: dict[str, str] | N
                     (table, mine))
     seq = work.record.seq
     rows = table.view(size, width).cpu().tolist()
-    for r in members:
-        row = rows[r]
-        theirs = row[1: 1 + row[0]]
-        if theirs != members:
-            raise CollectiveMismatchError(
-                f"split: rank {rank} passed ranks {members} but member rank {r} passed {theirs}",
-                comm=core.name, op="split", seq=seq, ranks=[rank, r],
-            )
+    inconsistent = _inconsistency([row[1: 1 + row[0]] for row in rows])
+    if inconsistent is not None:  # every rank sees the same table: every rank raises this
+        (a, lists_a), (b, lists_b) = inconsistent
+        raise CollectiveMismatchError(
+            f"split: rank {a} passed ranks {lists_a} but rank {b} passed {lists_b} (each member of a "
+            f"group must pass the group's list, and every rank in a list must be a member of it)",
+            comm=core.name, op="split", seq=seq, ranks=[a, b],
+        )
     if not members:
         _take_part_excluded(core, work)
         return None
