@@ -8,8 +8,11 @@ from tests.helpers.ranks import RankGroup
 WORKERS = "tests.torchcomms.mismatch_workers"
 
 
-def _run(n: int, target: str, kwargs: dict | None = None, timeout: float = 90) -> list:
-    with RankGroup(n, f"{WORKERS}:{target}", kwargs) as g:
+CHECK = {"TORCHCOMM_CHECK_COLLECTIVES": "1"}
+
+
+def _run(n: int, target: str, kwargs: dict | None = None, timeout: float = 90, env: dict | None = None) -> list:
+    with RankGroup(n, f"{WORKERS}:{target}", kwargs, env=env) as g:
         results = g.wait(timeout, failed_grace=20)
     for r in results:
         assert r.returncode == 0 and r.error is None, f"rank {r.rank}: rc={r.returncode} {r.error}\n{r.stderr[-2000:]}"
@@ -29,13 +32,23 @@ def test_p2p_mismatch_raises_on_the_receiver(sent, sent_dtype, expected, expecte
     assert receiver.startswith("CollectiveMismatchError") and words in receiver, receiver
 
 
-def test_p2p_same_shape_different_view_is_fine() -> None:
-    assert _run(2, "p2p", dict(sent=[2, 4], sent_dtype="float32", expected=[8], expected_dtype="float32")) == ["ok", "ok"]
+def test_p2p_mismatch_raises_on_both_sides_in_the_check_mode() -> None:
+    sender, receiver = _run(2, "p2p", dict(sent=[8], sent_dtype="float32", expected=[4], expected_dtype="float32"),
+                            env=CHECK)
+    assert sender.startswith("CollectiveMismatchError") and "rank 1 posted a buffer for 4 elements" in sender, sender
+    assert receiver.startswith("CollectiveMismatchError") and "rank 0 sent 8 elements" in receiver, receiver
 
 
-def test_p2p_receives_from_one_peer_land_in_order() -> None:
+@pytest.mark.parametrize("env", [None, CHECK], ids=["default", "check"])
+def test_p2p_same_shape_different_view_is_fine(env) -> None:
+    assert _run(2, "p2p", dict(sent=[2, 4], sent_dtype="float32", expected=[8], expected_dtype="float32"),
+                env=env) == ["ok", "ok"]
+
+
+@pytest.mark.parametrize("env", [None, CHECK], ids=["default", "check"])
+def test_p2p_receives_from_one_peer_land_in_order(env) -> None:
     sizes = [3, 1, 5, 2, 7, 1, 4, 6, 2, 9]
-    _, got = _run(2, "p2p_in_order", dict(sizes=sizes))
+    _, got = _run(2, "p2p_in_order", dict(sizes=sizes), env=env)
     assert got == [[float(i)] for i in range(len(sizes))] + [[float(10 + i)] for i in range(len(sizes))]
 
 

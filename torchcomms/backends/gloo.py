@@ -49,6 +49,7 @@ _TIMEOUT_PATTERNS = ("timed out", "timeout")
 
 
 _LISTENER_KEY = "torchcomms/listener/{}"
+_CHECK_HINT = "torchcomms.check_collectives"  # the collective check's hint: p2p is confirmed too
 _DRAIN_LIMIT_S = 5.0  # how long abort() waits for an abandoned engine's failed ops to be delivered
 _PRUNE_MIN = 64  # pending-future bookkeeping is compacted when it reaches this many entries
 
@@ -174,6 +175,10 @@ class GlooBackend(TorchCommBackend):
             self._sockets.engine_created(self._peer_listeners())
         self._waiter = _BlockingWaiter()
         self._last_recv: dict[int, FramedRecv] = {}  # per source: receives post in program order
+        self._last_send: dict[int, FramedSend] = {}  # per destination (the check mode's sends too)
+        check = ctx.hints.get(_CHECK_HINT)
+        self._confirm_p2p = settings().check_collectives if check is None else check.strip().lower() in (
+            "1", "true", "yes", "on")
         self._pending: deque[torch.futures.Future] = deque()
         self._pending_lock = threading.Lock()
         self._prune_at = _PRUNE_MIN
@@ -302,12 +307,19 @@ class GlooBackend(TorchCommBackend):
     # point to point (framed: see gloo_p2p) ---------------------------------------------------
     def _framed_recv(self, tensor: torch.Tensor, src: int, tag: int) -> FramedRecv:
         with self._pending_lock:
-            op = FramedRecv(self._pg, tensor, src, tag, self.ctx.rank, self._last_recv.get(src))
+            op = FramedRecv(self._pg, tensor, src, tag, self.ctx.rank, self._last_recv.get(src), self._confirm_p2p)
             self._last_recv[src] = op
         return op
 
+    def _framed_send(self, tensor: torch.Tensor, dst: int, tag: int) -> FramedSend:
+        with self._pending_lock:
+            op = FramedSend(self._pg, tensor, dst, tag, self.ctx.rank, self._confirm_p2p, self._last_send.get(dst))
+            if self._confirm_p2p:
+                self._last_send[dst] = op
+        return op
+
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> EngineHandle:
-        return EngineHandle([self._p2p_future(FramedSend(self._pg, tensor, dst, tag))])
+        return EngineHandle([self._p2p_future(self._framed_send(tensor, dst, tag))])
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> EngineHandle:
         return EngineHandle([self._p2p_future(self._framed_recv(tensor, src, tag))])
@@ -315,7 +327,7 @@ class GlooBackend(TorchCommBackend):
     def batch_p2p(self, ops: list[tuple[bool, torch.Tensor, int]], tag: int) -> EngineHandle:
         futs = []
         for is_send, t, peer in ops:
-            op = FramedSend(self._pg, t, peer, tag) if is_send else self._framed_recv(t, peer, tag)
+            op = self._framed_send(t, peer, tag) if is_send else self._framed_recv(t, peer, tag)
             futs.append(self._p2p_future(op))
         return EngineHandle(futs)
 
