@@ -33,9 +33,10 @@ STORE_CALL_GRACE_S = 0.5
 _GIVE_UP_POLL_S = 0.005
 
 
-#: How long past a parked call's own limit the interpreter's exit still waits for it (a store's
-#: poll rounds its timeout up; a loaded machine runs the thread late).
-PARKED_EXIT_GRACE_S = 2.0
+#: How long past a parked call's own limit the interpreter's exit still waits for it (a loaded
+#: machine runs the thread late). A call still blocked after that waits on a host that does not
+#: answer (a stopped store host): it stays blocked through the exit, which does not wait for it.
+PARKED_EXIT_GRACE_S = 0.5
 #: The limit assumed for a parked call whose own limit is not known.
 PARKED_DEFAULT_LIMIT_S = 30.0
 
@@ -217,7 +218,7 @@ def call_until(what: str, fn: Callable[[], _T], until: float, *, thread_name: st
     are cancelled where the store can (:func:`cancel_calls`), and a result it still returns
     later is handed to ``on_late`` (to abort an engine nobody will use, say), and the thread
     is parked (:data:`PARKED`) for ``limit_s`` seconds from the call's start (the limit that
-    ends it on its own; default: ``store``'s timeout)."""
+    ends it on its own, when it has one: an engine's rendezvous timeout)."""
     started = time.monotonic()
     call = PendingCall(fn).start(thread_name)
     try:
@@ -227,8 +228,8 @@ def call_until(what: str, fn: Callable[[], _T], until: float, *, thread_name: st
             if call.thread is not None:
                 if store is not None:
                     cancel_calls(store, call.thread)
-                limit = limit_s if limit_s is not None else (store_limit_s(store) if store is not None else None)
-                PARKED.park(call.thread, None if limit is None else started + limit - time.monotonic())
+                if limit_s is not None:  # one that outlives its own limit is stuck: exit leaves it
+                    PARKED.park(call.thread, started + limit_s - time.monotonic())
             raise
     # it ended just as it was abandoned
     if call.error is not None:
@@ -258,7 +259,8 @@ class BoundedCalls:
         try:
             return call.wait(what, self._until)
         except StoreNotAnswering:
-            PARKED.park(self._helper, self._limit_s)
+            if self._limit_s is not None:
+                PARKED.park(self._helper, self._limit_s)
             raise
 
     def close(self) -> None:

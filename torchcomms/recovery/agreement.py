@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from torchcomms.core.store_calls import STORE_CALL_GRACE_S, BoundedCalls, store_limit_s
+from torchcomms.core.store_calls import STORE_CALL_GRACE_S, BoundedCalls
 
 
 def _decode(raw: bytes) -> list[int]:
@@ -39,7 +39,7 @@ def agree_on_survivors(
     not contain ``me`` (it was too late, or declared failed). Returns or raises by ``deadline``
     plus ``STORE_CALL_GRACE_S``: ``store_calls.StoreNotAnswering`` when a store call was not
     answered by then; an error the store raised is raised as it is."""
-    call = BoundedCalls(deadline + STORE_CALL_GRACE_S, "torchcomms-agreement-store", store_limit_s(store))
+    call = BoundedCalls(deadline + STORE_CALL_GRACE_S, "torchcomms-agreement-store")
     try:
         check_in = f"{key_prefix}/in/{me}"
         call(f"set({check_in!r})", lambda: store.set(check_in, b"1"))
