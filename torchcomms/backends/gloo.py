@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from torchcomms.backends.base import BackendCapabilities, BlockingWait, EngineHandle, TorchCommBackend, avg_finish
+from torchcomms.backends.gloo_p2p import FramedRecv, FramedSend
 from torchcomms.backends.gloo_sockets import EngineSockets
 from torchcomms.config import settings
 from torchcomms.types import RedOpType, ReduceOp
@@ -48,6 +49,7 @@ _TIMEOUT_PATTERNS = ("timed out", "timeout")
 
 
 _LISTENER_KEY = "torchcomms/listener/{}"
+_CHECK_HINT = "torchcomms.check_collectives"  # the collective check's hint: p2p is confirmed too
 _DRAIN_LIMIT_S = 5.0  # how long abort() waits for an abandoned engine's failed ops to be delivered
 _PRUNE_MIN = 64  # pending-future bookkeeping is compacted when it reaches this many entries
 
@@ -72,7 +74,7 @@ class _Drained:
 class _BlockingWaiter:
     """Daemon threads that turn gloo's future-less p2p works into completed futures."""
 
-    def __init__(self, max_threads: int = 8) -> None:
+    def __init__(self, max_threads: int = 64) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads = 0
@@ -172,6 +174,11 @@ class GlooBackend(TorchCommBackend):
         if ctx.size > 1:
             self._sockets.engine_created(self._peer_listeners())
         self._waiter = _BlockingWaiter()
+        self._last_recv: dict[int, FramedRecv] = {}  # per source: receives post in program order
+        self._last_send: dict[int, FramedSend] = {}  # per destination (the check mode's sends too)
+        check = ctx.hints.get(_CHECK_HINT)
+        self._confirm_p2p = settings().check_collectives if check is None else check.strip().lower() in (
+            "1", "true", "yes", "on")
         self._pending: deque[torch.futures.Future] = deque()
         self._pending_lock = threading.Lock()
         self._prune_at = _PRUNE_MIN
@@ -292,18 +299,31 @@ class GlooBackend(TorchCommBackend):
             return [t * op.factor for t in ts]  # type: ignore[operator]
         return ts
 
-    # point to point ----------------------------------------------------------------------------
+    # point to point (framed: see gloo_p2p) ---------------------------------------------------
+    def _framed_recv(self, tensor: torch.Tensor, src: int, tag: int) -> FramedRecv:
+        with self._pending_lock:
+            op = FramedRecv(self._pg, tensor, src, tag, self.ctx.rank, self._last_recv.get(src), self._confirm_p2p)
+            self._last_recv[src] = op
+        return op
+
+    def _framed_send(self, tensor: torch.Tensor, dst: int, tag: int) -> FramedSend:
+        with self._pending_lock:
+            op = FramedSend(self._pg, tensor, dst, tag, self.ctx.rank, self._confirm_p2p, self._last_send.get(dst))
+            if self._confirm_p2p:
+                self._last_send[dst] = op
+        return op
+
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> EngineHandle:
-        return EngineHandle([self._p2p_future(self._pg.send([tensor], dst, tag))])
+        return EngineHandle([self._p2p_future(self._framed_send(tensor, dst, tag))])
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> EngineHandle:
-        return EngineHandle([self._p2p_future(self._pg.recv([tensor], src, tag))])
+        return EngineHandle([self._p2p_future(self._framed_recv(tensor, src, tag))])
 
     def batch_p2p(self, ops: list[tuple[bool, torch.Tensor, int]], tag: int) -> EngineHandle:
         futs = []
         for is_send, t, peer in ops:
-            w = self._pg.send([t], peer, tag) if is_send else self._pg.recv([t], peer, tag)
-            futs.append(self._p2p_future(w))
+            op = self._framed_send(t, peer, tag) if is_send else self._framed_recv(t, peer, tag)
+            futs.append(self._p2p_future(op))
         return EngineHandle(futs)
 
     # collectives -----------------------------------------------------------------------------

@@ -7,11 +7,18 @@ timeout. Changing a shared store's timeout would change it for every other threa
 store, so instead the call runs on a helper (daemon) thread and the caller waits for it only
 until its own deadline. A call not answered by then is abandoned: its thread stays blocked in it
 (until the store's own timeout ends it, or a stopped host resumes) and exits afterwards.
+
+Such a thread is *parked* (:data:`PARKED`): the interpreter's exit waits for it (an ``atexit``
+hook, bounded by the call's own limit), because a thread that returns from C++ into Python
+while the interpreter is finalizing is ended by ``pthread_exit``, whose unwinding through
+pybind11's GIL guard aborts the process ("terminate called without an active exception").
 """
 from __future__ import annotations
 
+import atexit
 import math
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +31,72 @@ _T = TypeVar("_T")
 STORE_CALL_GRACE_S = 0.5
 #: How often a wait that can also be given up early (``give_up``) looks at it.
 _GIVE_UP_POLL_S = 0.005
+
+
+#: How long past a parked call's own limit the interpreter's exit still waits for it (a loaded
+#: machine runs the thread late). A call still blocked after that waits on a host that does not
+#: answer (a stopped store host): it stays blocked through the exit, which does not wait for it.
+PARKED_EXIT_GRACE_S = 0.5
+#: The limit assumed for a parked call whose own limit is not known.
+PARKED_DEFAULT_LIMIT_S = 30.0
+
+
+class ParkedCalls:
+    """Threads left inside calls nobody waits for any more, each with the time
+    (``time.monotonic()``) by which its call ends on its own. At the interpreter's exit
+    (``atexit``: before finalization begins) each is waited for until then, so none returns
+    into a finalizing interpreter; one still running after that is named on stderr."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._threads: dict[threading.Thread, float] = {}
+        self._hooked = False
+
+    def park(self, thread: threading.Thread, limit_s: float | None) -> None:
+        """``thread`` runs a call that ends on its own within ``limit_s`` from now (``None``:
+        unknown, :data:`PARKED_DEFAULT_LIMIT_S`)."""
+        limit = PARKED_DEFAULT_LIMIT_S if limit_s is None or not math.isfinite(limit_s) else max(0.0, limit_s)
+        with self._lock:
+            for t in [t for t in self._threads if not t.is_alive()]:
+                del self._threads[t]
+            ends_by = time.monotonic() + limit + PARKED_EXIT_GRACE_S
+            self._threads[thread] = max(ends_by, self._threads.get(thread, 0.0))
+            if not self._hooked:
+                self._hooked = True
+                atexit.register(self.wait_all)
+
+    def running(self) -> list[threading.Thread]:
+        """The parked threads still running."""
+        with self._lock:
+            return [t for t in self._threads if t.is_alive()]
+
+    def wait_all(self) -> list[threading.Thread]:
+        """Wait for every parked thread, each until its call's limit; returns (and names on
+        stderr) those still running after it."""
+        with self._lock:
+            threads = list(self._threads.items())
+        left = []
+        for thread, ends_by in threads:
+            thread.join(max(0.0, ends_by - time.monotonic()))
+            if thread.is_alive():
+                left.append(thread)
+        if left:
+            names = ", ".join(t.name for t in left)
+            print(f"torchcomms: at exit, thread(s) {names} are still blocked in a call past its limit; "
+                  f"the process may abort when they return", file=sys.stderr, flush=True)
+        return left
+
+
+#: The process's parked calls (a registry).
+PARKED = ParkedCalls()
+
+
+def store_limit_s(store: Any) -> float | None:
+    """``store``'s own timeout in seconds (what bounds each of its calls), if it has one."""
+    try:
+        return float(_innermost(store).timeout.total_seconds())
+    except Exception:  # noqa: BLE001 - not a c10d store, or one without a timeout
+        return None
 
 
 class StoreNotAnswering(TimeoutError):
@@ -139,18 +212,24 @@ class PendingCall(Generic[_T]):
 
 def call_until(what: str, fn: Callable[[], _T], until: float, *, thread_name: str,
                give_up: Callable[[], bool] | None = None, on_late: Callable[[_T], None] | None = None,
-               store: Any = None) -> _T:
+               store: Any = None, limit_s: float | None = None) -> _T:
     """``fn()`` on a daemon thread of its own, waited for until ``until`` or until ``give_up()``
     (see :meth:`PendingCall.wait`). When it is abandoned, the calls it makes through ``store``
     are cancelled where the store can (:func:`cancel_calls`), and a result it still returns
-    later is handed to ``on_late`` (to abort an engine nobody will use, say)."""
+    later is handed to ``on_late`` (to abort an engine nobody will use, say), and the thread
+    is parked (:data:`PARKED`) for ``limit_s`` seconds from the call's start (the limit that
+    ends it on its own, when it has one: an engine's rendezvous timeout)."""
+    started = time.monotonic()
     call = PendingCall(fn).start(thread_name)
     try:
         return call.wait(what, until, give_up)
     except StoreNotAnswering:
         if call.abandon(on_late or (lambda _result: None)):
-            if store is not None and call.thread is not None:
-                cancel_calls(store, call.thread)
+            if call.thread is not None:
+                if store is not None:
+                    cancel_calls(store, call.thread)
+                if limit_s is not None:  # one that outlives its own limit is stuck: exit leaves it
+                    PARKED.park(call.thread, started + limit_s - time.monotonic())
             raise
     # it ended just as it was abandoned
     if call.error is not None:
@@ -163,8 +242,9 @@ class BoundedCalls:
     ``until`` (``time.monotonic()`` seconds): for a sequence of calls under one deadline (the
     survivor agreement's). A call that misses it is abandoned, and the helper exits after it."""
 
-    def __init__(self, until: float, thread_name: str = "torchcomms-store-calls") -> None:
+    def __init__(self, until: float, thread_name: str = "torchcomms-store-calls", limit_s: float | None = None) -> None:
         self._until = until
+        self._limit_s = limit_s  # what ends one call on its own (the store's timeout)
         self._thread_name = thread_name
         self._jobs: queue.SimpleQueue[PendingCall[Any] | None] = queue.SimpleQueue()
         self._helper: threading.Thread | None = None
@@ -176,7 +256,12 @@ class BoundedCalls:
             self._helper.start()
         call = PendingCall(fn)
         self._jobs.put(call)
-        return call.wait(what, self._until)
+        try:
+            return call.wait(what, self._until)
+        except StoreNotAnswering:
+            if self._limit_s is not None:
+                PARKED.park(self._helper, self._limit_s)
+            raise
 
     def close(self) -> None:
         """Let the helper exit (after the call it may still be blocked in)."""

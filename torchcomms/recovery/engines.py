@@ -41,7 +41,8 @@ def build_until(core: CommCore, ctx: BackendContext, deadline: float) -> TorchCo
         return call_until(f"the rendezvous of {ctx.name!r}'s engine", lambda: backend.split(ctx), deadline,
                           thread_name=f"torchcomms-build-{ctx.name}",
                           give_up=lambda: bool(core.known_failures().keys() & members),
-                          on_late=lambda built: built.abort(), store=ctx.store)
+                          on_late=lambda built: built.abort(), store=ctx.store,
+                          limit_s=ctx.timeout.total_seconds())
     except StoreNotAnswering:
         return None  # e.g. its rendezvous waits on a dead or stalled rank, or a stopped store
 

@@ -88,7 +88,8 @@ def reconfigure(core: CommCore, uuid: Any, init_handles: list[str], timeout: Any
             backend = call_until(
                 "the reconfigured engine's rendezvous", lambda: old.split(ctx), work.deadline,
                 thread_name=f"torchcomms-reconfigure-{core.name}", store=ctx.store,
-                give_up=lambda: work.status is not WorkStatus.INPROGRESS, on_late=lambda b: b.abort())
+                give_up=lambda: work.status is not WorkStatus.INPROGRESS, on_late=lambda b: b.abort(),
+                limit_s=ctx.timeout.total_seconds())
         except StoreNotAnswering:
             core.expire(work)  # its deadline passed (or it ended already: nothing to do)
             return

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 import torch
@@ -22,6 +23,16 @@ def _ranks_key(ranks: list[int]) -> str:
     """A short, stable key of a member list, so that disjoint groups split under the same
     name rendezvous under different store keys."""
     return hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:12]
+
+
+def _inconsistency(lists: list[list[int]]) -> tuple[tuple[int, list[int]], tuple[int, list[int]]] | None:
+    """The first pair of ranks whose lists disagree, from the whole table (``lists[r]`` is what
+    rank ``r`` passed): a rank named in a list must have passed that same list."""
+    for r, mine in enumerate(lists):
+        for m in mine:
+            if lists[m] != mine:
+                return (r, mine), (m, lists[m])
+    return None
 
 
 def _take_part_excluded(core: CommCore, work: Any) -> None:
@@ -60,14 +71,14 @@ def split(core: CommCore, ranks: list[int], name: str, hints: dict[str, str] | N
                     (table, mine))
     seq = work.record.seq
     rows = table.view(size, width).cpu().tolist()
-    for r in members:
-        row = rows[r]
-        theirs = row[1: 1 + row[0]]
-        if theirs != members:
-            raise CollectiveMismatchError(
-                f"split: rank {rank} passed ranks {members} but member rank {r} passed {theirs}",
-                comm=core.name, op="split", seq=seq, ranks=[rank, r],
-            )
+    inconsistent = _inconsistency([row[1: 1 + row[0]] for row in rows])
+    if inconsistent is not None:  # every rank sees the same table: every rank raises this
+        (a, lists_a), (b, lists_b) = inconsistent
+        raise CollectiveMismatchError(
+            f"split: rank {a} passed ranks {lists_a} but rank {b} passed {lists_b} (each member of a "
+            f"group must pass the group's list, and every rank in a list must be a member of it)",
+            comm=core.name, op="split", seq=seq, ranks=[a, b],
+        )
     if not members:
         _take_part_excluded(core, work)
         return None
@@ -75,7 +86,8 @@ def split(core: CommCore, ranks: list[int], name: str, hints: dict[str, str] | N
     try:
         child_ctx = derived_context(
             core, [core.global_ranks[r] for r in members],
-            f"{core.ctx.store_prefix}/split{seq}/{name}/{incarnation}/{_ranks_key(members)}", core.timeout_s,
+            f"{core.ctx.store_prefix}/split{seq}/{name}/{incarnation}/{_ranks_key(members)}",
+            max(1.0, work.deadline - time.monotonic()),  # its rendezvous ends with the split
             rank=members.index(rank), name=name, hints=hints)
         # The new engine's rendezvous waits on every member: bounded by this split's own
         # deadline (which its exchange above already counted down), not by the engine's.

@@ -132,7 +132,8 @@ def _init_engine(engine: TorchCommBackend, deadline: float, store_words: str, se
         return
     try:
         call_until("the engine's rendezvous", engine.init, deadline, thread_name=f"torchcomms-init-{engine.ctx.name}",
-                   on_late=lambda _none: engine.abort(), store=engine.ctx.store)
+                   on_late=lambda _none: engine.abort(), store=engine.ctx.store,
+                   limit_s=engine.ctx.timeout.total_seconds())
     except StoreNotAnswering:
         raise error_map.engine_not_ready(store_words, secs, where) from None
     except Exception as e:  # noqa: BLE001 - the engine may throw anything

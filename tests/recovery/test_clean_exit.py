@@ -1,0 +1,25 @@
+"""A caught error from new_comm / shrink / split / an op leaves the process to exit with its
+own code: no SIGABRT from a thread returning from C++ into a finalizing interpreter."""
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.rank_main import EXIT_NORMALLY_ENV
+from tests.helpers.ranks import RankGroup
+
+WORKERS = "tests.recovery.clean_exit_workers"
+
+
+@pytest.mark.parametrize("target", ["new_comm_alone", "shrink_peer_never_builds", "split_names_differ",
+                                    "op_times_out"])
+def test_caught_timeout_then_normal_exit(target: str) -> None:
+    with RankGroup(2, f"{WORKERS}:{target}", {"timeout_s": 2.0}, env={EXIT_NORMALLY_ENV: "1"}) as g:
+        results = g.wait(120)
+    for r in results:
+        assert r.returncode == 0, f"rank {r.rank}: rc={r.returncode} error={r.error}\n{r.stderr[-3000:]}"
+        assert r.error is None, r.error
+    if target != "split_names_differ":
+        assert results[0].value["error"] == "CommTimeoutError", results[0].value
+    else:
+        assert all(r.value["error"] == "CommTimeoutError" for r in results), [r.value for r in results]
+    assert all("terminate called" not in r.stderr for r in results)

@@ -1,0 +1,77 @@
+"""Rank targets for test_mismatch.py: ranks whose calls do not fit together."""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import torch
+
+import torchcomms
+
+
+def _comm(name: str = "mm") -> torchcomms.TorchComm:
+    comm = torchcomms.new_comm("gloo", "cpu", name, timeout=timedelta(seconds=30))
+    comm.barrier(False)
+    return comm
+
+
+def _outcome(fn) -> str:
+    try:
+        fn()
+    except torchcomms.CommError as e:
+        return f"{type(e).__name__}: {e}"
+    return "ok"
+
+
+def p2p(sent: list[int], sent_dtype: str, expected: list[int], expected_dtype: str) -> str:
+    """Rank 0 sends a tensor of shape ``sent``; rank 1 receives into one of shape ``expected``."""
+    comm = _comm()
+    t = timedelta(seconds=10)
+    if comm.get_rank() == 0:
+        return _outcome(lambda: comm.send(torch.ones(sent, dtype=getattr(torch, sent_dtype)), 1, False, timeout=t))
+    return _outcome(lambda: comm.recv(torch.empty(expected, dtype=getattr(torch, expected_dtype)), 0, False,
+                                      timeout=t))
+
+
+def p2p_in_order(sizes: list[int]) -> list[list[float]]:
+    """Rank 0 sends one tensor per size (values = its index), rank 1 posts every receive at
+    once (async) and returns what arrived: each must land in its own receive."""
+    comm = _comm()
+    if comm.get_rank() == 0:
+        works = [comm.send(torch.full((n,), float(i)), 1, True) for i, n in enumerate(sizes)]
+        for w in works:
+            w.wait()
+        batch = comm.batch_op_create()
+        for i, n in enumerate(sizes):
+            batch.send(torch.full((n,), float(10 + i)), 1)
+        batch.issue(False)
+        return []
+    bufs = [torch.empty(n) for n in sizes]
+    works = [comm.recv(b, 0, True) for b in bufs]
+    for w in works:
+        w.wait()
+    more = [torch.empty(n) for n in sizes]
+    batch = comm.batch_op_create()
+    for b in more:
+        batch.recv(b, 0)
+    batch.issue(False)
+    return [sorted(set(b.tolist())) for b in bufs + more]
+
+
+def split_lists(lists: dict[str, list[int]]) -> str:
+    """Each rank splits with its own list (``lists[str(rank)]``)."""
+    comm = _comm()
+    mine = lists[str(comm.get_rank())]
+    return _outcome(lambda: comm.split(mine, "child", timeout=timedelta(seconds=10)))
+
+
+def wrong_all_gather_size() -> str:
+    """Rank 0 passes an all_gather output one element short; rank 1's is right. Rank 0 stays
+    alive (it caught its error) while rank 1 waits."""
+    comm = _comm()
+    r = comm.get_rank()
+    out = torch.empty(3 if r == 0 else 4)
+    res = _outcome(lambda: comm.all_gather_single(out, torch.ones(2), False, timeout=timedelta(seconds=3)))
+    if r == 0:
+        time.sleep(6)
+    return res
