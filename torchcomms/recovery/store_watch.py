@@ -195,12 +195,11 @@ class StoreWatch:
 
     def _publish(self, rank: int, how: str) -> None:
         """Publish ``rank`` failed (first publisher wins) and tell this process's communicators."""
+        self._learn(rank, how)  # first: a store that died with that rank cannot tell anyone
         key = f"{self._prefix}/failed/{rank}"
         mine = json.dumps({"how": how, "by": self.global_rank}).encode()
-        stored = self._store.compare_set(key, b"", mine)
-        if bytes(stored) == mine:
+        if bytes(self._store.compare_set(key, b"", mine)) == mine:
             self._store.add(f"{self._prefix}/failed/count", 1)
-        self._learn(rank, json.loads(bytes(stored).decode()).get("how", how))
 
     def _read_failures(self) -> None:
         for r in range(self.world):
