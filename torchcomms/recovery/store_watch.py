@@ -137,10 +137,12 @@ class StoreWatch:
                 self._changed.wait(min(remaining, POLL_S))
 
     def stop(self) -> None:
-        """End the thread (at exit: it must not be inside a store call when the interpreter ends)."""
+        """End the thread. At exit it is waited for briefly (a store call that is answered ends
+        in a round trip); one blocked on a stopped store host is left: a TCPStore call waits in
+        C++ without the interpreter, so exit does not wait for it (see ``store_calls``)."""
         self._stop.set()
         if self._thread.ident is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=1.0)
+            self._thread.join(timeout=2 * POLL_S)
 
     # --- the thread -------------------------------------------------------------------------
     def _run(self) -> None:
