@@ -154,8 +154,9 @@ VARIABLES: tuple[Var, ...] = (
         minimum=0),
     Var("TORCHCOMM_FR_STACK_DEPTH", "fr_stack_depth", "int", 1, "call-site frames kept per op; 0: none",
         minimum=0),
-    Var("TORCHCOMM_FR_DUMP_TEMP_FILE", "fr_dump_prefix", "str", "~/.cache/torch/comm_lib_trace_rank_",
-        "flight-recorder dump path prefix (the rank is appended)"),
+    Var("TORCHCOMM_FR_DUMP_TEMP_FILE", "fr_dump_prefix", "str", None,
+        "flight-recorder dump path prefix (the rank is appended); unset: "
+        "`~/.cache/torch/comm_lib_trace/<run id>/rank_`, one folder per job"),
     Var("TORCHCOMM_FR_DUMP_ON_EXIT", "fr_dump_on_exit", "bool", False, "dump the flight recorder at exit too"),
     Var("TORCHCOMM_LOG_EVENTS", "log_events", "bool", True, "structured log events of every communicator"),
     Var("TORCHCOMM_LOG_LEVEL", "log_level", "choice", "warning", "log level",

@@ -95,7 +95,8 @@ def test_dump_path_follows_the_env_prefix(monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.setenv("TORCHCOMM_FR_DUMP_TEMP_FILE", str(tmp_path / "x_"))
     assert fr_format.dump_path(7) == tmp_path / "x_7"
     monkeypatch.delenv("TORCHCOMM_FR_DUMP_TEMP_FILE")
-    assert str(fr_format.dump_path(0)).endswith(".cache/torch/comm_lib_trace_rank_0")
+    monkeypatch.setenv("TORCHCOMM_RUN_ID", "job-7")
+    assert str(fr_format.dump_path(0)).endswith(".cache/torch/comm_lib_trace/job-7/rank_0")  # one folder per job
 
 
 def test_recorder_rejects_bad_arguments() -> None:

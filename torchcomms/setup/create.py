@@ -21,6 +21,7 @@ from torchcomms.core.names import NAMES
 from torchcomms.core.store_calls import StoreNotAnswering, call_until, describe_store
 from torchcomms.core.types import CommOptions
 from torchcomms.recovery.failure_monitor import MONITORS
+from torchcomms.recovery.store_watch import WATCHES
 
 
 def new_comm(
@@ -111,6 +112,8 @@ def new_comm(
             except Exception as e:  # noqa: BLE001 - the control plane may raise anything
                 engine.abort()
                 raise error_map.monitor_start_error(e, store_words, secs, deadline, where) from None
+            if monitor is None:  # no control plane: failures are found and published through the store
+                monitor = WATCHES.for_store(the_store, rank, size)
         core = CommCore(engine, options, the_store)
         comm = TorchComm.from_core(core)
     except BaseException:

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import pickle
+import re
 import socket
 import tempfile
 import time
@@ -28,7 +29,8 @@ EXTENSION_KEY = "torchcomms"
 
 EXTENSION_FORMAT = 1
 
-DEFAULT_DUMP_PREFIX = "~/.cache/torch/comm_lib_trace_rank_"
+DEFAULT_DUMP_ROOT = "~/.cache/torch/comm_lib_trace"
+"""Where dumps go when ``TORCHCOMM_FR_DUMP_TEMP_FILE`` is unset: ``<root>/<run id>/rank_<r>``."""
 DUMP_PREFIX_ENV = "TORCHCOMM_FR_DUMP_TEMP_FILE"
 
 # States PyTorch's format knows; ours map onto them (the precise one stays in the extension).
@@ -247,12 +249,28 @@ def to_pickle(dump: Mapping[str, Any]) -> bytes:
     return buf.getvalue()
 
 
+def default_dump_prefix() -> str:
+    """``~/.cache/torch/comm_lib_trace/<run id>/rank_``: one folder per job, so concurrent jobs
+    on one machine never overwrite each other's dumps. The run id is ``TORCHCOMM_RUN_ID``, else
+    ``TORCHELASTIC_RUN_ID``; a job with neither is ``local-<MASTER_PORT>`` (``local`` without
+    MASTER_PORT either), which tells apart concurrent jobs that rendezvous on different ports."""
+    from torchcomms.config import settings
+
+    cfg = settings()
+    run = cfg.job_id
+    if cfg.run_id is None and cfg.torchelastic_run_id is None and os.environ.get("MASTER_PORT", "").strip():
+        run = f"local-{os.environ['MASTER_PORT'].strip()}"
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run).lstrip(".") or "local"
+    return f"{DEFAULT_DUMP_ROOT}/{safe}/rank_"
+
+
 def dump_path(rank: int, prefix: str | None = None) -> Path:
-    """``<prefix><rank>``; the prefix comes from ``TORCHCOMM_FR_DUMP_TEMP_FILE``."""
+    """``<prefix><rank>``; the prefix is ``TORCHCOMM_FR_DUMP_TEMP_FILE``, else
+    :func:`default_dump_prefix` (per job)."""
     if prefix is None:
         from torchcomms.config import settings
 
-        prefix = settings().fr_dump_prefix
+        prefix = settings().fr_dump_prefix or default_dump_prefix()
     return Path(os.path.expanduser(f"{prefix}{int(rank)}"))
 
 

@@ -1,0 +1,67 @@
+"""Recovery without the launcher (env vars and a TCPStore the test hosts, no control plane):
+a rank SIGKILLed inside a 16 MiB all_reduce is seen by every survivor within a few seconds,
+named in its ``PeerFailureError``, and shrink over the survivors works; also with the CPU
+oversubscribed. (Before the store watch, one survivor waited for its op timeout and every
+shrink then timed out.)"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cpu_load import oversubscribed
+from tests.helpers.ranks import REPO, RankGroup, free_port
+
+OP_TIMEOUT_S = 30.0  # the survivors' op and shrink timeout: detection must come far sooner
+DETECT_BOUND_S = 5.0
+
+_TCP_HOST = (
+    "import sys, time; from datetime import timedelta; import torch.distributed as dist; "
+    "s = dist.TCPStore('127.0.0.1', int(sys.argv[1]), 1, True, timeout=timedelta(seconds=120), "
+    "wait_for_workers=False); print('up', flush=True); time.sleep(3600)"
+)
+
+
+def _run(world: int, victim: int) -> list:
+    tmp = Path(tempfile.mkdtemp(prefix="tc-nolaunch-"))
+    port = free_port()
+    host = subprocess.Popen([sys.executable, "-c", _TCP_HOST, str(port)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert host.stdout is not None and host.stdout.readline().strip() == b"up"
+        env = {"TC_STORE_PORT": str(port), "TC_READY_DIR": str(tmp), "TORCHCOMM_TRACING_DISABLE": "1"}
+        with RankGroup(world, "tests.recovery.nolaunch_workers:kill_inside_all_reduce",
+                       {"victim": victim, "op_timeout_s": OP_TIMEOUT_S}, env=env) as g:
+            results = g.wait(timeout=OP_TIMEOUT_S * 3)
+        killed_at = float((tmp / "killed").read_text())
+    finally:
+        host.kill()
+        host.wait(10)
+    survivors = [r for r in results if r.rank != victim]
+    assert results[victim].returncode == -signal.SIGKILL
+    for r in survivors:
+        assert r.ok(), (r.error, r.stderr[-3000:])
+        v = r.value
+        assert v["raised"] == "PeerFailureError", v
+        assert v["failed_ranks"] == [victim], v
+        assert v["at"] - killed_at < DETECT_BOUND_S, (v["at"] - killed_at, v)
+        assert v["shrink"] == "ok", v
+        assert v["new_size"] == world - 1
+        assert v["sum"] == sum(s.rank + 1 for s in survivors) and v["uniform"], v  # each adds its old rank + 1
+    return results
+
+
+@pytest.mark.parametrize("world,victim", [(3, 1), (4, 2)])
+def test_kill_inside_all_reduce_every_survivor_raises_and_shrinks(world: int, victim: int) -> None:
+    _run(world, victim)
+
+
+def test_kill_inside_all_reduce_oversubscribed() -> None:
+    with oversubscribed(per_core=8, limit_s=180):
+        _run(3, 1)

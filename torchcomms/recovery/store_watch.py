@@ -1,0 +1,257 @@
+"""Failure detection without the control plane: through the job's store.
+
+Started by ``new_comm`` for a communicator whose store is not the control plane's (env vars and
+a TCPStore, or a store passed in). One watch per process and store; it plays the failure
+monitor's part (``watch``, ``known_failures``, ``explain_connection_loss``):
+
+* Each rank publishes who it is (host, boot, pid namespace, pid) under ``<prefix>/proc/<rank>``.
+* A light thread looks, every ``POLL_S``, at (1) the processes of the peers on its own host
+  (``/proc/<pid>``: gone or a zombie is dead; a stopped one is not), and (2) one counter key of
+  the store, ``<prefix>/failed/count``, that changes when any rank publishes a failure.
+* A rank that finds a peer dead publishes ``<prefix>/failed/<rank>`` (how it was found; the
+  first publisher wins, compare-and-set) and bumps the counter; every watch that sees the
+  counter change reads the new keys and breaks its communicators with ``PeerFailureError``
+  naming the failed rank. Shrink's survivor agreement then leaves those ranks out.
+
+What it cannot do (see INTERNALS, "Failure detection without the launcher"): a rank whose host
+has no other rank of the job is found failed only by its peers' engines (a connection reset,
+then ``PeerFailureError`` without the rank's name) or their timeouts; and with a store hosted
+in a rank's process (torchrun/env vars: rank 0 hosts the TCPStore) the death of that rank takes
+the store with it, so nothing is published or agreed on afterwards: shrink then fails with an
+error that says so.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from torchcomms.config import settings
+from torchcomms.core.store_calls import describe_store
+
+if TYPE_CHECKING:
+    from torchcomms.core.comm_core import CommCore
+
+#: How often the watch thread looks at its peers' processes and the store's failure counter.
+POLL_S = 0.05
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _identity() -> dict[str, Any]:
+    """This process as peers on the same host can find it: host, boot id, pid namespace, pid."""
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        ns = ""
+    return {"host": socket.gethostname(), "boot": _read("/proc/sys/kernel/random/boot_id"), "ns": ns,
+            "pid": os.getpid()}
+
+
+def process_gone(pid: int) -> bool:
+    """Whether process ``pid`` of this host (and pid namespace) is dead: gone, or a zombie."""
+    stat = _read(f"/proc/{pid}/stat")
+    if not stat:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return not os.path.isdir("/proc/self")  # no /proc: alive as far as we can tell
+    state = stat.rpartition(")")[2].split()[:1]
+    return state in (["Z"], ["X"], ["x"])
+
+
+class StoreWatch:
+    """Routes failures found through the store (or on this host) to this process's
+    communicators; see the module docstring."""
+
+    client = None  # no control plane: nothing to publish membership to
+
+    def __init__(self, store: Any, global_rank: int, world: int,
+                 on_end: Callable[[StoreWatch], None] | None = None) -> None:
+        self.global_rank = global_rank
+        self.world = world
+        self._store = store
+        self._prefix = f"torchcomms/{settings().job_id}/liveness"
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._comms: weakref.WeakSet[CommCore] = weakref.WeakSet()
+        self.failed: dict[int, str] = {}
+        self.control_lost: str | None = None  # the store's host is gone (then set, for errors)
+        self.attribution_wait_s = settings().failure_attribution_s
+        self._me = _identity()
+        self._local: dict[int, int] = {}  # peers on this host: rank -> pid
+        self._unknown = set(range(world)) - {global_rank}  # peers whose identity is not read yet
+        self._seen_count = 0
+        self._stop = threading.Event()
+        self._on_end = on_end
+        self._thread = threading.Thread(target=self._run, name="torchcomms-store-watch", daemon=True)
+
+    # --- the failure-monitor interface ----------------------------------------------------
+    @property
+    def store(self) -> Any:
+        return self._store
+
+    def watch(self, comm: CommCore) -> None:
+        with self._lock:
+            self._comms.add(comm)
+            start = self._thread.ident is None and not self._stop.is_set()
+            if start:
+                self._thread.start()
+        if start:
+            atexit.register(self.stop)
+        comm.monitor = self
+
+    def known_failures(self) -> dict[int, str]:
+        with self._lock:
+            return dict(self.failed)
+
+    def explain_connection_loss(self, members: list[int], wait_s: float) -> tuple[str, Any] | None:
+        """Who among ``members`` failed, once known (by this host's look at its peers or a
+        published failure) within ``wait_s``; ``None`` otherwise."""
+        deadline = time.monotonic() + wait_s
+        with self._lock:
+            while True:
+                failed = {r: self.failed[r] for r in members if r in self.failed}
+                remaining = deadline - time.monotonic()
+                if failed:
+                    return ("failed", failed)
+                if remaining <= 0 or self._stop.is_set():
+                    return None
+                self._changed.wait(min(remaining, POLL_S))
+
+    def stop(self) -> None:
+        """End the thread. At exit it is waited for briefly (a store call that is answered ends
+        in a round trip); one blocked on a stopped store host is left: a TCPStore call waits in
+        C++ without the interpreter, so exit does not wait for it (see ``store_calls``)."""
+        self._stop.set()
+        if self._thread.ident is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * POLL_S)
+
+    # --- the thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._store.set(f"{self._prefix}/proc/{self.global_rank}", json.dumps(self._me).encode())
+        except Exception as e:  # noqa: BLE001 - no store: nothing to watch through
+            if isinstance(e, dist.DistNetworkError):
+                self._store_lost(e)
+            return self._end()
+        while not self._stop.wait(POLL_S):
+            if not self._watching():
+                break
+            try:
+                self._learn_identities()
+                for rank, pid in list(self._local.items()):
+                    if rank not in self.failed and process_gone(pid):
+                        self._publish(rank, "process_gone")
+                count = int(self._store.add(f"{self._prefix}/failed/count", 0))
+                if count != self._seen_count:
+                    self._seen_count = count
+                    self._read_failures()
+            except dist.DistNetworkError as e:  # the store's host is gone: nothing more to learn
+                self._store_lost(e)
+                break
+            except Exception:  # noqa: BLE001 - a slow or confused store: look again next time
+                continue
+        self._end()
+
+    def _watching(self) -> bool:
+        """Whether a communicator it watches is still in use (not ended, not collected)."""
+        with self._lock:
+            return any(not c.life.retired for c in list(self._comms))
+
+    def _end(self) -> None:
+        self._stop.set()
+        with self._lock:
+            self._changed.notify_all()
+        if self._on_end is not None:
+            self._on_end(self)
+
+    def _learn_identities(self) -> None:
+        if not self._unknown:
+            return
+        keys = [f"{self._prefix}/proc/{r}" for r in sorted(self._unknown)]
+        if not self._store.check(keys):
+            return
+        for r, raw in zip(sorted(self._unknown), self._store.multi_get(keys)):
+            info = json.loads(bytes(raw).decode())
+            if all(info.get(k) == self._me[k] for k in ("host", "boot", "ns")) and isinstance(info.get("pid"), int):
+                self._local[r] = info["pid"]
+        self._unknown.clear()
+
+    def _publish(self, rank: int, how: str) -> None:
+        """Publish ``rank`` failed (first publisher wins) and tell this process's communicators."""
+        self._learn(rank, how)  # first: a store that died with that rank cannot tell anyone
+        key = f"{self._prefix}/failed/{rank}"
+        mine = json.dumps({"how": how, "by": self.global_rank}).encode()
+        if bytes(self._store.compare_set(key, b"", mine)) == mine:
+            self._store.add(f"{self._prefix}/failed/count", 1)
+
+    def _read_failures(self) -> None:
+        for r in range(self.world):
+            if r == self.global_rank or r in self.failed:
+                continue
+            key = f"{self._prefix}/failed/{r}"
+            if self._store.check([key]):
+                self._learn(r, str(json.loads(bytes(self._store.get(key)).decode()).get("how", "reported")))
+
+    def _learn(self, rank: int, how: str) -> None:
+        with self._lock:
+            if rank in self.failed:
+                return
+            self.failed[rank] = how
+            comms = list(self._comms)
+            self._changed.notify_all()
+        for comm in comms:
+            comm.notify_peer_failure([rank], how)
+
+    def _store_lost(self, error: BaseException) -> None:
+        with self._lock:
+            self.control_lost = (
+                f"{describe_store(self._store)} is gone ({error}): without torchcomms-run, failures are found "
+                "and agreed on through the job's store, so a store hosted in a rank's process (torchrun/env vars: "
+                "rank 0 hosts it) dies with that rank and nothing can be recovered after; to shrink after any "
+                "rank's death pass store= a TCPStore hosted outside the ranks, or run under torchcomms-run")
+            self._changed.notify_all()
+
+
+class _WatchRegistry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watches: dict[int, StoreWatch] = {}
+
+    def for_store(self, store: Any, global_rank: int, world: int) -> StoreWatch | None:
+        """The watch of ``store`` (made once per process); ``None`` for a store that cannot
+        count (a ``HashStore`` of one process has no peers to watch)."""
+        if store is None or isinstance(store, dist.HashStore) or not hasattr(store, "compare_set"):
+            return None
+        with self._lock:
+            watch = self._watches.get(id(store))
+            if watch is None:
+                watch = StoreWatch(store, global_rank, world, on_end=self._ended)
+                self._watches[id(store)] = watch
+            return watch
+
+    def _ended(self, watch: StoreWatch) -> None:
+        with self._lock:
+            if self._watches.get(id(watch.store)) is watch:
+                del self._watches[id(watch.store)]
+
+
+WATCHES = _WatchRegistry()
