@@ -145,6 +145,9 @@ VARIABLES: tuple[Var, ...] = (
     Var("TORCHCOMM_CONTROL_LOST_S", "control_lost_s", "float", 8.0,
         "an event subscription unanswered this long after a first unanswered poll takes the control "
         "plane for lost", minimum=0, positive=True),
+    Var("TORCHCOMM_STORE_WATCH", "store_watch", "bool", False,
+        "without torchcomms-run: find dead peers on this host from /proc and publish them through the store "
+        "(opt-in: a rank that exits cleanly while its peers are still in an op is taken for dead)"),
     Var("TORCHCOMM_FAILURE_ATTRIBUTION_S", "failure_attribution_s", "float", 1.0,
         "how long an engine's connection loss waits for the control plane to name the failed rank",
         minimum=0),

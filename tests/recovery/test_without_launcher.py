@@ -35,7 +35,8 @@ def _run(world: int, victim: int) -> list:
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         assert host.stdout is not None and host.stdout.readline().strip() == b"up"
-        env = {"TC_STORE_PORT": str(port), "TC_READY_DIR": str(tmp), "TORCHCOMM_TRACING_DISABLE": "1"}
+        env = {"TC_STORE_PORT": str(port), "TC_READY_DIR": str(tmp), "TORCHCOMM_TRACING_DISABLE": "1",
+               "TORCHCOMM_STORE_WATCH": "1"}
         with RankGroup(world, "tests.recovery.nolaunch_workers:kill_inside_all_reduce",
                        {"victim": victim, "op_timeout_s": OP_TIMEOUT_S}, env=env) as g:
             results = g.wait(timeout=OP_TIMEOUT_S * 3)

@@ -112,7 +112,8 @@ def new_comm(
             except Exception as e:  # noqa: BLE001 - the control plane may raise anything
                 engine.abort()
                 raise error_map.monitor_start_error(e, store_words, secs, deadline, where) from None
-            if monitor is None:  # no control plane: failures are found and published through the store
+            if monitor is None and settings().store_watch:
+                # no control plane: failures are found and published through the store
                 monitor = WATCHES.for_store(the_store, rank, size)
         core = CommCore(engine, options, the_store)
         comm = TorchComm.from_core(core)
