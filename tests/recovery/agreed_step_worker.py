@@ -55,7 +55,9 @@ def main() -> int:
     while step < CFG["steps"]:
         t0 = time.monotonic()
         if me == CFG["victim"] and step == CFG["kill_step"] and not res["decisions"][-1:] == [False]:
-            kill_after(random.uniform(0.0, sum(durations) / max(1, len(durations))))
+            # uniformly over a typical step (the median of the steps after the first, which warms up)
+            steady = sorted(durations[1:] or durations) or [0.05]
+            kill_after(random.uniform(0.0, steady[len(steady) // 2]))
         grad = torch.full((256, 256), float(me + 1)) * (step + 1)
         ok = True
         try:
@@ -70,6 +72,9 @@ def main() -> int:
         res["decisions"].append(decided)
         if decided:
             w -= 1e-3 * grad
+            if me == CFG["victim"] and step == CFG["kill_step"]:  # this step was shorter than the draw
+                write("killed.json", {"t": time.time(), "at_step_end": True})
+                os.kill(os.getpid(), signal.SIGKILL)
             step += 1
             durations.append(time.monotonic() - t0)
         else:
