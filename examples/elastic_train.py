@@ -5,8 +5,11 @@
 
 Every rank trains on its own data; gradients are averaged over the *current* world size.
 ``--fail-rank`` SIGKILLs itself at ``--fail-step`` (a stand-in for a crashed node). The others
-see ``PeerFailureError`` at once, agree on the survivors with ``comm.shrink()``, print the
-membership change, resynchronise the weights from the new rank 0, and keep training.
+see ``PeerFailureError`` at once. A collective cut short by a failure may still complete on
+some survivors, so each step's outcome is put to ``comm.agree(ok)``: the step is applied only if
+every survivor's collectives succeeded; otherwise all survivors agree on the members with
+``comm.shrink()``, print the membership change and redo the step together. The weights stay
+identical on every survivor without being resynchronised.
 """
 from __future__ import annotations
 
@@ -26,11 +29,6 @@ def batch(gen: torch.Generator, dim: int = 16, n: int = 64) -> tuple[torch.Tenso
     x = torch.randn(n, dim, generator=gen)
     w = torch.linspace(-1, 1, dim).unsqueeze(1)
     return x, x @ w + 0.01 * torch.randn(n, 1, generator=gen)
-
-
-def sync_weights(comm: torchcomms.TorchComm, model: nn.Module) -> None:
-    for p in model.parameters():
-        comm.broadcast(p.data, 0, async_op=False)
 
 
 def main() -> None:
@@ -57,22 +55,25 @@ def main() -> None:
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
+        err: torchcomms.CommError | None = None
         try:
             for p in model.parameters():
                 comm.all_reduce(p.grad, ReduceOp.AVG, async_op=False)
             report = loss.detach().reshape(1)
             comm.all_reduce(report, ReduceOp.AVG, async_op=False)
-        except torchcomms.CommError as err:
+        except torchcomms.CommError as e:
+            err = e
+        if not comm.agree(err is None):  # the same answer on every survivor
             t0 = time.perf_counter()
             old = comm.get_global_ranks()
             comm = comm.shrink()
             if comm.get_rank() == 0:
-                print(f"[step {step}] {type(err).__name__}: {err}", flush=True)
+                why = f"{type(err).__name__}: {err}" if err is not None else "another rank's collectives failed"
+                print(f"[step {step}] {why}", flush=True)
                 print(f"[step {step}] membership {old} -> {comm.get_global_ranks()} "
                       f"(world {len(old)} -> {comm.get_size()}), shrink took "
                       f"{(time.perf_counter() - t0) * 1e3:.1f} ms; redoing the step", flush=True)
-            sync_weights(comm, model)
-            continue  # redo this step on the survivors (its gradients were never applied)
+            continue  # every survivor redoes this step (nobody applied its gradients)
         opt.step()
         if comm.get_rank() == 0 and (step % 10 == 0 or step == args.steps - 1):
             print(f"step {step:3d}  loss {report.item():.4f}  world {comm.get_size()}", flush=True)

@@ -2,14 +2,21 @@
 the others shrink); every survivor raises promptly, all agree on the same survivors and
 numbering, the shrunk communicator computes correctly, and nothing is left running.
 
+A rank is also killed at a uniformly random instant of a training step that uses the agreed
+pattern (``comm.agree`` on each step's outcome, shrink and redo when it says no): every
+survivor ends with the same members, step counter and bitwise identical parameters.
+
 CI runs a small matrix once. ``TC_CHAOS_FULL=1`` runs every signal × timing × op × world size
-(3–8); ``TC_CHAOS_REPEAT=20`` repeats each case (the repeat mode).
+(3–8); ``TC_CHAOS_REPEAT=20`` repeats each case (the repeat mode); ``TC_CHAOS_LOAD=8`` runs
+every case with 8 busy processes per core.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -20,7 +27,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.paths import child_pythonpath
+from tests.helpers.cpu_load import oversubscribed
 from tests.helpers.ranks import REPO
+from tests.recovery.agreed_job import check_agreed, run_agreed_job
 
 WORKER = REPO / "tests" / "recovery" / "chaos_worker.py"
 DETECT_BOUND_S = 5.0  # generous for a loaded 2-core CI box; the benchmark measures the real latency
@@ -44,6 +53,14 @@ if os.environ.get("TC_CHAOS_FULL"):
 else:
     CASES = CI_CASES
 REPEAT = int(os.environ.get("TC_CHAOS_REPEAT", "1"))
+LOAD_PER_CORE = int(os.environ.get("TC_CHAOS_LOAD", "0"))
+STEP_WORLDS = [3, 4, 5, 6, 7, 8] if os.environ.get("TC_CHAOS_FULL") else [3, 5]
+if os.environ.get("TC_CHAOS_STEP_WORLDS"):  # e.g. "4,8" for the repeat mode's sizes
+    STEP_WORLDS = [int(w) for w in os.environ["TC_CHAOS_STEP_WORLDS"].split(",")]
+
+
+def _load() -> contextlib.AbstractContextManager:
+    return oversubscribed(per_core=LOAD_PER_CORE, limit_s=600) if LOAD_PER_CORE else contextlib.nullcontext()
 
 
 def _alive(pid: int) -> bool:
@@ -104,7 +121,8 @@ def run_chaos(sig: str, when: str, op: str, world: int, second: bool) -> dict:
 @pytest.mark.parametrize("sig,when,op,world,second", CASES,
                          ids=[f"{c[0]}-{c[1]}-{c[2]}-w{c[3]}{'-during-shrink' if c[4] else ''}" for c in CASES])
 def test_survivors_shrink_and_continue(sig: str, when: str, op: str, world: int, second: bool, rep: int) -> None:
-    run = run_chaos(sig, when, op, world, second)
+    with _load():
+        run = run_chaos(sig, when, op, world, second)
     ctx = f"\n--- launcher log ---\n{run['log'][-4000:]}"
     res = run["results"]
     assert sorted(res) == run["survivors"], f"missing survivor results {sorted(res)}" + ctx
@@ -122,3 +140,13 @@ def test_survivors_shrink_and_continue(sig: str, when: str, op: str, world: int,
         assert v["old_after"] == "CommAbortedError" and v["old_after_s"] < 1.0
     assert run["rc"] == 0, f"launcher exit {run['rc']}" + ctx
     assert run["leftover"] == [], f"processes left behind: {run['leftover']}"
+
+
+@pytest.mark.parametrize("rep", range(REPEAT))
+@pytest.mark.parametrize("world", STEP_WORLDS)
+def test_kill_at_a_random_instant_of_an_agreed_step(world: int, rep: int) -> None:
+    victim = random.randrange(world)
+    with _load():
+        run = run_agreed_job(world, steps=5, victim=victim, kill_step=2)
+    assert run["killed"] is not None, f"rank {victim} never died\n{run['log'][-3000:]}"
+    check_agreed(run, world, victim, 5)

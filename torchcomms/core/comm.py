@@ -23,6 +23,7 @@ from torchcomms.core.op import OpRecord
 from torchcomms.core.state import ABORTED_STATES
 from torchcomms.core.types import BatchP2POptions, CommOptions, OpName, P2POp, P2POpType, ReduceOp
 from torchcomms.core.work import TorchWork
+from torchcomms.recovery import outcome as _outcome
 from torchcomms.recovery import reconfigure as _reconfigure
 from torchcomms.recovery import shrink as _shrink
 from torchcomms.recovery import split as _split
@@ -180,6 +181,15 @@ class TorchComm:
         """
         secs = self._core.checker.timeout("shrink", timeout) or self._core.timeout_s
         return _shrink.shrink(self._core, secs, type(self).from_core)
+
+    def agree(self, flag: bool, timeout: timedelta | None = None) -> bool:
+        """Fault-tolerant agreement: the AND of ``flag`` over the members not known to have
+        failed, the same on every member that returns (like ULFM's ``MPIX_Comm_agree``).
+        Collective: every member calls it, in the same order of calls. Works on a broken
+        communicator; a member that has not called it by ``timeout`` (default: the
+        communicator's) counts as ``False``. Use it to decide whether a step happened."""
+        secs = self._core.checker.timeout("agree", timeout) if timeout is not None else self._core.timeout_s
+        return _outcome.agree(self._core, flag, secs)
 
     def get_init_handle(self) -> str:
         """This rank's handle for :meth:`reconfigure` (exchange them out of band)."""

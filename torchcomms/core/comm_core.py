@@ -69,6 +69,7 @@ class CommCore:
         self.base_prefix = ctx.store_prefix  # reconfigurations key off this, whatever came before
         self.check_engines = 0  # collective-check engines built so far (their rendezvous prefixes)
         self.signatures: PreflightCheck | None = None
+        self.agree_rounds: dict[str, int] = {}  # agree() calls so far, per store prefix (engine)
         self.bind_engine(backend)
         NAMES.bind(self.name, self)
 

@@ -99,12 +99,22 @@ def dispatch(
     rec.time_started_ns = time.time_ns()
     mismatch = _compare_signatures(core, rec, work) if core.signatures is not None and not is_p2p else None
     try:
-        handle = EngineHandle.failed(mismatch) if mismatch is not None else launch(*args)
+        if mismatch is not None:
+            handle = EngineHandle.failed(mismatch)
+        elif core.life.state is not CommState.ACTIVE:  # broken while the hooks or the check ran
+            handle = EngineHandle.failed(_late_break_error(core, rec))
+        else:
+            handle = launch(*args)
     except Exception as e:  # noqa: BLE001 - the engine may throw anything
         handle = EngineHandle.failed(e)
     work.stream_wait = getattr(handle, "stream_wait", None)
     if not handle.is_immediate:
         core.watchdog.track(work)
+        if core.life.state is not CommState.ACTIVE:
+            # A break that landed between the state check and ``track`` did not see this op
+            # (``mark_broken`` fails only tracked ops): fail it now, or it would wait on the
+            # engine for a dead peer until its deadline. After ``track`` any later break sees it.
+            work.finish(WorkStatus.ERROR, _late_break_error(core, rec))
         if not async_op and handle.can_wait_in_engine:
             _wait_in_engine(core, work, handle)
             return work
@@ -116,6 +126,15 @@ def dispatch(
     if not async_op and (work.exception() is not None or not work.done):
         work.wait()
     return work
+
+
+def _late_break_error(core: CommCore, rec: OpRecord) -> CommError:
+    """The error of an op whose communicator broke after its state check passed: the one an op
+    in flight gets from that break (``PeerFailureError`` for a peer failure)."""
+    cause = core.broken
+    if cause is None:
+        return core.refusal(rec.name)
+    return error_map.in_flight_error(cause, core.where(rec))
 
 
 def _compare_signatures(core: CommCore, rec: OpRecord, work: TorchWork) -> CommError | None:

@@ -61,3 +61,61 @@ def agree_on_survivors(
             time.sleep(poll_s)
     finally:
         call.close()
+
+
+_YES, _NO = b"1", b"0"
+
+
+def _decode_flag(raw: bytes) -> bool:
+    if raw not in (_YES, _NO):
+        raise ValueError(f"malformed outcome decision {raw!r}")
+    return raw == _YES
+
+
+def agree_on_flag(
+    store: Any,
+    key_prefix: str,
+    me: int,
+    members: list[int],
+    flag: bool,
+    known_failed: Callable[[], set[int]],
+    deadline: float,
+    poll_s: float = 0.002,
+) -> bool:
+    """The AND of the flags of ``members`` not known to have failed, decided once under
+    ``key_prefix`` and the same for everybody who returns.
+
+    A ``False`` flag decides ``False`` at once (compare-and-set); a ``True`` flag is written as a
+    vote and the caller waits for every member not known failed to vote ``True`` (then proposes
+    ``True``) or for the deadline (then proposes ``False``: a member that did not vote counts as
+    a no). The first proposal wins and everybody adopts it, so no two callers ever return
+    different values. Bounded like :func:`agree_on_survivors`."""
+    call = BoundedCalls(deadline + STORE_CALL_GRACE_S, "torchcomms-agreement-store")
+    decision_key = f"{key_prefix}/decision"
+    try:
+        if not flag:
+            stored = call(f"compare_set({decision_key!r})", lambda: store.compare_set(decision_key, b"", _NO))
+            return _decode_flag(stored if stored else _NO)
+        vote = f"{key_prefix}/yes/{me}"
+        call(f"set({vote!r})", lambda: store.set(vote, _YES))
+        seen: set[int] = {me}
+        while True:
+            if call(f"check({decision_key!r})", lambda: store.check([decision_key])):
+                return _decode_flag(call(f"get({decision_key!r})", lambda: store.get(decision_key)))
+            failed = known_failed()
+            expected = [r for r in members if r not in failed]
+            for r in expected:
+                key = f"{key_prefix}/yes/{r}"
+                if r not in seen and call(f"check({key!r})", lambda: store.check([key])):
+                    seen.add(r)
+            if all(r in seen for r in expected):
+                proposal = _YES
+            elif time.monotonic() >= deadline:
+                proposal = _NO
+            else:
+                time.sleep(poll_s)
+                continue
+            stored = call(f"compare_set({decision_key!r})", lambda: store.compare_set(decision_key, b"", proposal))
+            return _decode_flag(stored if stored else proposal)
+    finally:
+        call.close()

@@ -1,0 +1,94 @@
+"""One rank of a training job that uses the agreed recovery pattern (under ``torchcomms-run
+--on-failure shrink``): every step's collective outcome is put to ``comm.agree``; the step is
+applied only if every survivor's collective succeeded, otherwise all shrink and redo it.
+
+``TC_STEP_CFG`` (JSON): ``steps``, ``dir``, ``timeout_s``; ``victim``/``kill_step`` (the victim
+SIGKILLs itself at a uniformly random instant of that step; -1 for none); ``fail_rank``/
+``fail_step`` (that rank treats its completed collective of that step as failed, the case of an
+op that completed on some members and failed on others; -1 for none). Each survivor writes
+``result<rank>.json``; the victim writes ``killed.json`` just before it dies.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import torch
+
+import torchcomms
+from torchcomms import ReduceOp
+
+CFG = json.loads(os.environ["TC_STEP_CFG"])
+OUT = CFG["dir"]
+
+
+def write(name: str, data: dict) -> None:
+    tmp = os.path.join(OUT, name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, os.path.join(OUT, name))
+
+
+def kill_after(delay_s: float) -> None:
+    def _die() -> None:
+        time.sleep(delay_s)
+        write("killed.json", {"t": time.time(), "delay_s": delay_s})
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=_die, daemon=True).start()
+
+
+def main() -> int:
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "agreed", timeout=timedelta(seconds=CFG["timeout_s"]))
+    me = comm.get_rank()  # the job rank: it never changes, the communicator's numbering may
+    write(f"pid{me}.json", {"pid": os.getpid()})
+    torch.manual_seed(0)
+    w = torch.randn(256, 256)
+    step, durations = 0, []
+    res: dict = {"rank": me, "raised": [], "decisions": [], "shrinks": 0}
+    while step < CFG["steps"]:
+        t0 = time.monotonic()
+        if me == CFG["victim"] and step == CFG["kill_step"] and not res["decisions"][-1:] == [False]:
+            # uniformly over a typical step (the median of the steps after the first, which warms up)
+            steady = sorted(durations[1:] or durations) or [0.05]
+            kill_after(random.uniform(0.0, steady[len(steady) // 2]))
+        grad = torch.full((256, 256), float(me + 1)) * (step + 1)
+        ok = True
+        try:
+            comm.all_reduce(grad, ReduceOp.SUM, False)
+            if me == CFG["fail_rank"] and step == CFG["fail_step"] and not res["decisions"][-1:] == [False]:
+                ok = False  # as if this member's op had failed where the others' completed
+        except torchcomms.CommError as e:
+            ok = False
+            res["raised"].append(type(e).__name__)
+            res.setdefault("t_raised", time.time())
+        decided = comm.agree(ok)
+        res["decisions"].append(decided)
+        if decided:
+            w -= 1e-3 * grad
+            if me == CFG["victim"] and step == CFG["kill_step"]:  # this step was shorter than the draw
+                write("killed.json", {"t": time.time(), "at_step_end": True})
+                os.kill(os.getpid(), signal.SIGKILL)
+            step += 1
+            durations.append(time.monotonic() - t0)
+        else:
+            comm = comm.shrink()
+            res["shrinks"] += 1
+            res["t_recovered"] = time.time()
+    res["step"] = step
+    res["members"] = comm.get_global_ranks()
+    res["params_sha"] = hashlib.sha256(w.numpy().tobytes()).hexdigest()
+    res["t_end"] = time.time()
+    write(f"result{me}.json", res)
+    comm.finalize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
