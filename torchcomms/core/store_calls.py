@@ -36,7 +36,7 @@ _GIVE_UP_POLL_S = 0.005
 #: How long past a parked call's own limit the interpreter's exit still waits for it (a loaded
 #: machine runs the thread late). A call still blocked after that waits on a host that does not
 #: answer (a stopped store host): it stays blocked through the exit, which does not wait for it.
-PARKED_EXIT_GRACE_S = 0.5
+PARKED_EXIT_GRACE_S = 0.2
 #: The limit assumed for a parked call whose own limit is not known.
 PARKED_DEFAULT_LIMIT_S = 30.0
 
