@@ -2,6 +2,7 @@
 a SIGKILL at a random instant (3-8 ranks), and without ULFM a clear end, never a hang."""
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -24,7 +25,9 @@ def test_stopped_peer_times_out_everyone_at_the_deadline() -> None:
         os.kill(job.pid_of(2), signal.SIGSTOP)
         (job.dir / "go").touch()
         results = job.results_of([0, 1], timeout=60)
-        os.kill(job.pid_of(2), signal.SIGCONT)
+        # mpiexec may already have ended the stopped rank: the others left without finalizing
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(job.pid_of(2), signal.SIGCONT)
     for res in results:
         v = res.value
         assert v is not None, (res.error, res.stderr[-3000:])
