@@ -48,6 +48,13 @@ class EngineHandle:
     __slots__ = ("_futures", "_finish", "_error", "_pending", "_lock", "_callback", "_first_error", "_blocking",
                  "_make_futures")
 
+    #: True for the handle of an op that runs on a device stream (``nccl_completion``'s
+    #: ``StreamOrderedHandle``). Such a handle also has ``stream_wait()`` (the caller's current
+    #: stream waits on the op; the host goes on), ``urge()`` (a host thread blocks on the op:
+    #: report its end promptly) and ``device_duration_ms()`` (the op's time on the device, from
+    #: its start and end events, once it ended; ``None`` without timing).
+    stream_ordered = False
+
     def __init__(
         self,
         futures: Sequence[torch.futures.Future] | None = None,
@@ -209,6 +216,9 @@ class BackendCapabilities:
     dtypes: frozenset[torch.dtype] | None = None  # None: every dtype
     bitwise_ops: bool = True
     reconfigure: bool = False
+    # op methods take a keyword ``async_op``: a synchronous op is issued on the caller's current
+    # device stream (no cross-stream events), an asynchronous one on the engine's own stream
+    current_stream_sync: bool = False
 
 
 class TorchCommBackend:

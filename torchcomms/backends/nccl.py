@@ -7,9 +7,18 @@ the allocator safety of tensors used on its internal stream, the uneven all-gath
 reduce-scatter, PREMUL_SUM and AVG, and it needs no compiled code of ours. Its
 ``init_process_group`` global state is never touched.
 
-Streams: every op runs on the engine's internal NCCL stream, which first waits on the
-caller's current stream; completion is reported by a poller (``nccl_completion``), never by
-blocking the host; ``TorchWork.wait()`` makes the current stream wait on the op's end event.
+Streams: a synchronous op runs on the caller's current stream (c10d's ``asyncOp=False``: no
+cross-stream events, no stashed tensors), as ``torch.distributed``'s own synchronous calls do;
+an asynchronous op runs on the engine's internal NCCL stream, which first waits on the
+caller's current stream. Completion is reported by a lazy poller (``nccl_completion``), never
+by blocking the host; ``TorchWork.wait()`` makes the current stream wait on the op's end event
+(a synchronous op is waited for so at once, as c10d does).
+
+Timing: where the communicator is traced (the default tracing with its flight recorder, or the
+hint ``nccl.timing=1``), c10d records a start event beside each op's end event
+(``_enable_collectives_timing``) and the op's device time is read from the two when the poller
+sees it completed (``Work._get_duration``: no host synchronization), into the op record's
+``device_duration_ms``; the flight recorder dumps it as the entry's ``duration_ms``.
 
 c10d's own failure handling is switched off so that it can never end the process behind the
 communicator's back (this project raises typed errors instead of the reference's SIGABRT):
@@ -31,6 +40,7 @@ import torch.distributed as dist
 
 from torchcomms.backends.base import BackendCapabilities, BackendContext, EngineHandle, TorchCommBackend
 from torchcomms.backends.nccl_completion import CompletionPoller, EngineFailed, StreamOrderedHandle
+from torchcomms.config import settings
 from torchcomms.types import RedOpType, ReduceOp
 
 #: c10d settings that would let its watchdog abort the process or block the host on its own
@@ -60,6 +70,11 @@ _NCCL_DTYPES = frozenset(
     {torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,
      torch.float64}
 )
+#: c10d options carry ``asyncOp`` (False: the op runs on the current stream) on torch >= 2.8
+_HAS_ASYNC_OP = dist.is_available() and hasattr(dist.AllreduceOptions(), "asyncOp")
+#: hint that turns the engine's per-op event timing on ("1") or off ("0"); default: on where
+#: the communicator gets the default tracing (flight recorder)
+TIMING_HINT = "nccl.timing"
 _PEER_PATTERNS = ("remote process exited", "network error", "ncclremoteerror", "ncclsystemerror",
                   "connection closed", "connection reset")
 _TIMEOUT_PATTERNS = ("timed out", "timeout")
@@ -73,7 +88,7 @@ def _c10d_env() -> None:
         os.environ[key] = value
 
 
-def _reduce_op(op: ReduceOp, dtype: torch.dtype) -> Any:
+def _reduce_op(op: ReduceOp) -> Any:
     if op.type is RedOpType.PREMUL_SUM:
         return dist.ReduceOp.SUM  # the caller scaled the input (see _scaled)
     return _C10D_OPS[op.type]
@@ -89,6 +104,24 @@ def _scaled(t: torch.Tensor, op: ReduceOp, in_place: bool) -> torch.Tensor:
     return t.mul_(op.factor) if in_place else t * op.factor  # type: ignore[operator]
 
 
+def _options(kind: Any, async_op: bool, **fields: Any) -> Any:
+    """A c10d options object; ``asyncOp`` set where this torch has it."""
+    opts = kind()
+    for key, value in fields.items():
+        setattr(opts, key, value)
+    if _HAS_ASYNC_OP:
+        opts.asyncOp = async_op
+    return opts
+
+
+def _timing_wanted(hints: dict[str, str]) -> bool:
+    value = hints.get(TIMING_HINT, "")
+    if value in ("0", "1"):
+        return value == "1"
+    s = settings()
+    return not s.tracing_disable and s.fr_max_entries > 0
+
+
 def _supports(pg: Any, flag: str) -> bool:
     """c10d's ``supports_splitting``/``supports_shrinking``: a property or a method by version."""
     value = getattr(pg, flag, False)
@@ -100,7 +133,7 @@ class NcclBackend(TorchCommBackend):
 
     backend_name = "nccl"
     capabilities = BackendCapabilities(devices=("cuda",), abort=True, shrink=True, split=True, dtypes=_NCCL_DTYPES,
-                                       bitwise_ops=False)
+                                       bitwise_ops=False, current_stream_sync=True)
 
     @classmethod
     def is_available(cls) -> bool:
@@ -137,6 +170,12 @@ class NcclBackend(TorchCommBackend):
         set_timeout = getattr(self._pg, "_set_default_timeout", None)  # absent on a shrunk c10d Backend
         if set_timeout is not None:
             set_timeout(ENGINE_OP_BACKSTOP)
+        self._timed = False
+        enable_timing = getattr(self._pg, "_enable_collectives_timing", None)
+        if enable_timing is not None and _timing_wanted(ctx.hints):
+            enable_timing()
+            self._timed = True
+        self._opts: dict[tuple[Any, ...], Any] = {}  # c10d options by (op, reduction/root, async_op)
         self._poller = CompletionPoller(ctx.name, self._engine_error)
 
     def version(self) -> str:
@@ -237,16 +276,24 @@ class NcclBackend(TorchCommBackend):
 
     # --- helpers -------------------------------------------------------------------------------
     def _handle(self, work: Any) -> EngineHandle:
-        return StreamOrderedHandle(work, self._poller)
+        return StreamOrderedHandle(work, self._poller, self._timed)
+
+    def _cached(self, key: tuple[Any, ...], kind: Any, async_op: bool, **fields: Any) -> Any:
+        """The c10d options object for ``key`` (made once: c10d takes them by const reference)."""
+        opts = self._opts.get(key)
+        if opts is None:
+            opts = self._opts[key] = _options(kind, async_op, **fields)
+        return opts
 
     # --- point to point ------------------------------------------------------------------------
-    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> EngineHandle:
+    # c10d's send/recv take no options: they run on the engine's point-to-point streams
+    def send(self, tensor: torch.Tensor, dst: int, tag: int, *, async_op: bool = True) -> EngineHandle:
         return self._handle(self._pg.send([tensor], dst, tag))
 
-    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> EngineHandle:
+    def recv(self, tensor: torch.Tensor, src: int, tag: int, *, async_op: bool = True) -> EngineHandle:
         return self._handle(self._pg.recv([tensor], src, tag))
 
-    def batch_p2p(self, ops: list[tuple[bool, torch.Tensor, int]], tag: int) -> EngineHandle:
+    def batch_p2p(self, ops: list[tuple[bool, torch.Tensor, int]], tag: int, *, async_op: bool = True) -> EngineHandle:
         """One NCCL group (``ncclGroupStart``/``End``) over every send and receive."""
         pg = self._pg
         pg._start_coalescing(self._device)
@@ -261,73 +308,84 @@ class NcclBackend(TorchCommBackend):
         return self._handle(work)
 
     # --- collectives ---------------------------------------------------------------------------
-    def broadcast(self, tensor: torch.Tensor, root: int) -> EngineHandle:
-        opts = dist.BroadcastOptions()
-        opts.rootRank = root
+    # ``async_op=False``: on the caller's current stream (see the module docstring)
+    def broadcast(self, tensor: torch.Tensor, root: int, *, async_op: bool = True) -> EngineHandle:
+        opts = self._cached(("broadcast", root, async_op), dist.BroadcastOptions, async_op, rootRank=root)
         return self._handle(self._pg.broadcast([tensor], opts))
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> EngineHandle:
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = _reduce_op(op, tensor.dtype)
-        return self._handle(self._pg.allreduce([_scaled(tensor, op, True)], opts))
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> EngineHandle:
+        t = op.type
+        opts = self._opts.get(("all_reduce", t, async_op))
+        if opts is None:
+            opts = self._cached(("all_reduce", t, async_op), dist.AllreduceOptions, async_op, reduceOp=_reduce_op(op))
+        if t is RedOpType.PREMUL_SUM:
+            tensor.mul_(op.factor)  # type: ignore[arg-type]
+        return self._handle(self._pg.allreduce([tensor], opts))
 
-    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp) -> EngineHandle:
-        opts = dist.ReduceOptions()
-        opts.reduceOp = _reduce_op(op, tensor.dtype)
-        opts.rootRank = root
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, *, async_op: bool = True) -> EngineHandle:
+        opts = self._cached(("reduce", op.type, root, async_op), dist.ReduceOptions, async_op, reduceOp=_reduce_op(op),
+                            rootRank=root)
         return self._handle(self._pg.reduce([_scaled(tensor, op, True)], opts))
 
-    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> EngineHandle:
-        return self._handle(self._pg.allgather([tensor_list], [tensor]))
+    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True) -> EngineHandle:
+        opts = self._cached(("all_gather", async_op), dist.distributed_c10d.AllgatherOptions, async_op)
+        return self._handle(self._pg.allgather([tensor_list], [tensor], opts))
 
     # c10d's NCCL all-gather and reduce-scatter accept uneven pieces (one coalesced group of
     # broadcasts / reduces): the "v" forms are the same calls
     all_gather_v = all_gather
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
-        return self._handle(self._pg._allgather_base(output, input))
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, *, async_op: bool = True) -> EngineHandle:
+        opts = self._cached(("all_gather", async_op), dist.distributed_c10d.AllgatherOptions, async_op)
+        return self._handle(self._pg._allgather_base(output, input, opts))
 
-    def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp) -> EngineHandle:
-        opts = dist.ReduceScatterOptions()
-        opts.reduceOp = _reduce_op(op, output.dtype)
+    def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp, *,
+                       async_op: bool = True) -> EngineHandle:
+        opts = self._cached(("reduce_scatter", op.type, async_op), dist.ReduceScatterOptions, async_op,
+                            reduceOp=_reduce_op(op))
         inputs = [_scaled(t, op, False) for t in input_list]
         return self._handle(self._pg.reduce_scatter([output], [inputs], opts))
 
     reduce_scatter_v = reduce_scatter
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp) -> EngineHandle:
-        opts = dist.ReduceScatterOptions()
-        opts.reduceOp = _reduce_op(op, output.dtype)
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, *,
+                              async_op: bool = True) -> EngineHandle:
+        opts = self._cached(("reduce_scatter", op.type, async_op), dist.ReduceScatterOptions, async_op,
+                            reduceOp=_reduce_op(op))
         return self._handle(self._pg._reduce_scatter_base(output, _scaled(input, op, False), opts))
 
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
-        return self._handle(self._pg.alltoall_base(output, input, [], [], dist.AllToAllOptions()))
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, *, async_op: bool = True) -> EngineHandle:
+        opts = self._cached(("all_to_all", async_op), dist.AllToAllOptions, async_op)
+        return self._handle(self._pg.alltoall_base(output, input, [], [], opts))
 
     def all_to_all_v_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
-                            input_split_sizes: list[int]) -> EngineHandle:
-        return self._handle(
-            self._pg.alltoall_base(output, input, output_split_sizes, input_split_sizes, dist.AllToAllOptions()))
+                            input_split_sizes: list[int], *, async_op: bool = True) -> EngineHandle:
+        opts = self._cached(("all_to_all", async_op), dist.AllToAllOptions, async_op)
+        return self._handle(self._pg.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts))
 
-    def all_to_all(self, output_list: list[torch.Tensor], input_list: list[torch.Tensor]) -> EngineHandle:
-        return self._handle(self._pg.alltoall(output_list, input_list, dist.AllToAllOptions()))
+    def all_to_all(self, output_list: list[torch.Tensor], input_list: list[torch.Tensor], *,
+                   async_op: bool = True) -> EngineHandle:
+        opts = self._cached(("all_to_all", async_op), dist.AllToAllOptions, async_op)
+        return self._handle(self._pg.alltoall(output_list, input_list, opts))
 
-    def barrier(self) -> EngineHandle:
+    def barrier(self, *, async_op: bool = True) -> EngineHandle:
         """A one-element all-reduce: stream-ordered like every other op (c10d's own barrier
         blocks the host until the GPU is done)."""
         if self._barrier_buf is None:
             self._barrier_buf = torch.zeros(1, dtype=torch.int32, device=self._device)
-        return self._handle(self._pg.allreduce([self._barrier_buf], dist.AllreduceOptions()))
+        opts = self._cached(("all_reduce", RedOpType.SUM, async_op), dist.AllreduceOptions, async_op,
+                            reduceOp=dist.ReduceOp.SUM)
+        return self._handle(self._pg.allreduce([self._barrier_buf], opts))
 
-    def scatter(self, output: torch.Tensor, input_list: list[torch.Tensor] | None, root: int) -> EngineHandle:
-        opts = dist.ScatterOptions()
-        opts.rootRank = root
+    def scatter(self, output: torch.Tensor, input_list: list[torch.Tensor] | None, root: int, *,
+                async_op: bool = True) -> EngineHandle:
+        opts = self._cached(("scatter", root, async_op), dist.ScatterOptions, async_op, rootRank=root)
         return self._handle(self._pg.scatter([output], [input_list] if input_list is not None else [], opts))
 
-    def gather(self, output_list: list[torch.Tensor] | None, input: torch.Tensor, root: int) -> EngineHandle:
-        opts = dist.GatherOptions()
-        opts.rootRank = root
+    def gather(self, output_list: list[torch.Tensor] | None, input: torch.Tensor, root: int, *,
+               async_op: bool = True) -> EngineHandle:
+        opts = self._cached(("gather", root, async_op), dist.GatherOptions, async_op, rootRank=root)
         return self._handle(self._pg.gather([output_list] if output_list is not None else [], [input], opts))
-
 
 
 def _split_color(global_ranks: tuple[int, ...]) -> int:

@@ -1,11 +1,19 @@
 """Completion of stream-ordered engine work without blocking the host.
 
 A CUDA op is done when its end event has passed on the GPU. Nothing wakes a Python thread
-then, so one poller thread per engine asks each pending op (``c10d.Work.is_completed``, an
-event query plus NCCL's asynchronous-error check) every fraction of a millisecond, backing off
-while nothing completes, and runs the op's callback on completion. Callers never block:
+then, so one poller thread per engine asks the pending ops (``c10d.Work.is_completed``, an
+event query) and runs each op's callback once it completed. Callers never block:
 ``TorchWork.wait()`` makes the current stream wait on the op instead (``stream_wait``), and the
 communicator's watchdog ends an op whose deadline passes whatever the GPU does.
+
+The poller is lazy, as c10d's own watchdog is (it looks every 100 ms): while ops are pending
+and nobody waits on the host it polls every ``POLL_LAZY_MIN_S``, backing off to
+``POLL_LAZY_MAX_S`` while none completes, and retires every completed op of a poll in one go.
+Each wake of a Python thread takes the GIL from the thread issuing ops, so polling per op (every
+fraction of a millisecond) made the issuing thread wait for the poller at every engine call.
+A host thread that blocks on an op (``wait_blocking``, ``is_completed`` in a loop, ``finalize``,
+the collective check) calls :meth:`CompletionPoller.urge`: the poller then polls every
+``POLL_URGENT_MIN_S`` (backing off to ``POLL_URGENT_MAX_S``) until nothing is pending.
 """
 from __future__ import annotations
 
@@ -17,9 +25,18 @@ from typing import Any
 
 from torchcomms.backends.base import DoneCallback, EngineHandle
 
-#: first and longest pause between two polls while ops are pending (seconds)
-POLL_MIN_S = 0.0002
-POLL_MAX_S = 0.002
+#: pause between two polls while ops are pending and nobody waits on the host (seconds); it
+#: doubles after each poll that saw nothing complete, up to the maximum
+POLL_LAZY_MIN_S = 0.002
+POLL_LAZY_MAX_S = 0.01
+#: the same while a host thread waits on an op
+POLL_URGENT_MIN_S = 0.0001
+POLL_URGENT_MAX_S = 0.001
+#: with nothing pending the poller keeps looking every ``POLL_LAZY_MAX_S`` for this long (so
+#: that ``add`` need not wake it: an op stream of a training loop never does), then sleeps until
+#: an ``add`` wakes it, looking every ``IDLE_WAIT_S`` whether it was stopped
+QUIET_LOOK_S = 0.2
+IDLE_WAIT_S = 0.5
 
 
 class EngineFailed(RuntimeError):
@@ -32,18 +49,20 @@ class CompletionPoller:
 
     Ops issued to one NCCL stream complete in issue order, so each poll asks only the oldest
     pending ops, up to the first still running; every ``FULL_SCAN_S`` it asks all of them
-    (point-to-point ops run on other streams and may complete out of order). ``add`` takes no
-    lock unless the poller sleeps idle: it is on every op's dispatch path."""
+    (point-to-point ops run on other streams and may complete out of order) and the engine's
+    asynchronous error. ``add`` takes no lock: it is on every op's dispatch path."""
 
     FULL_SCAN_S = 0.01
 
     def __init__(self, name: str, engine_error: Callable[[], str | None]) -> None:
         self._name = name
         self._engine_error = engine_error  # None while the engine is healthy, else why not
-        self._cond = threading.Condition()
+        self._wake = threading.Event()
+        self._start_lock = threading.Lock()
         self._pending: deque[tuple[Any, DoneCallback]] = deque()
         self._thread: threading.Thread | None = None
         self._idle = False
+        self._urgent = False
         self._stopped = False
 
     def add(self, work: Any, callback: DoneCallback) -> None:
@@ -52,50 +71,66 @@ class CompletionPoller:
             return
         self._pending.append((work, callback))  # atomic; read by the poller thread
         if self._thread is None:
-            with self._cond:
+            with self._start_lock:
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._loop, daemon=True,
                                                     name=f"torchcomms-nccl-poll-{self._name}")
                     self._thread.start()
         elif self._idle:
-            with self._cond:
-                self._cond.notify()
+            self._wake.set()
+
+    def urge(self) -> None:
+        """A host thread waits on a pending op: poll at the urgent pace until nothing is pending."""
+        if not self._urgent:
+            self._urgent = True
+            self._wake.set()
 
     def pending(self) -> int:
         return len(self._pending)
 
     def drain(self, deadline: float) -> bool:
         """Wait (host) until nothing is pending or ``deadline`` (``time.monotonic()``) passes."""
+        self.urge()
         while time.monotonic() < deadline:
             if not self._pending:
                 return True
-            time.sleep(POLL_MAX_S)
+            time.sleep(POLL_URGENT_MAX_S)
         return not self._pending
 
     def stop(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._pending.clear()
-            self._cond.notify_all()
+        self._stopped = True
+        self._pending.clear()
+        self._wake.set()
 
     def _loop(self) -> None:
-        pause = POLL_MIN_S
-        last_scan = time.monotonic()
+        backoff = 1.0  # the pause's multiple of its minimum: doubles after each poll that saw nothing end
+        last_scan = quiet_since = time.monotonic()
+        wake = self._wake
         while not self._stopped:
+            wake.clear()  # before looking: a later add() or urge() sets it again
             if not self._pending:
-                with self._cond:
-                    self._idle = True
-                    while not self._pending and not self._stopped:
-                        self._cond.wait(0.05)
-                    self._idle = False
-                pause = POLL_MIN_S
+                self._urgent = False
+                backoff = 1.0
+                if time.monotonic() - quiet_since < QUIET_LOOK_S:
+                    wake.wait(POLL_LAZY_MAX_S)
+                    continue
+                self._idle = True  # from now on add() wakes the thread
+                if not self._pending:
+                    wake.wait(IDLE_WAIT_S)
+                self._idle = False
                 continue
+            quiet_since = time.monotonic()
             progressed = self._poll_head()
             if self._pending and time.monotonic() - last_scan >= self.FULL_SCAN_S:
                 last_scan = time.monotonic()
                 progressed = self._poll_all() or progressed
-            pause = POLL_MIN_S if progressed else min(POLL_MAX_S, pause * 2)
-            time.sleep(pause)
+            if not self._pending:
+                continue
+            backoff = 1.0 if progressed else min(64.0, backoff * 2)
+            if self._urgent:
+                wake.wait(min(POLL_URGENT_MAX_S, POLL_URGENT_MIN_S * backoff))
+            else:
+                wake.wait(min(POLL_LAZY_MAX_S, POLL_LAZY_MIN_S * backoff))
 
     def _poll_head(self) -> bool:
         pending = self._pending
@@ -108,7 +143,10 @@ class CompletionPoller:
                 err: BaseException | None = None
             except BaseException as e:  # noqa: BLE001 - the engine may throw anything
                 err = e
-            pending.popleft()
+            try:
+                pending.popleft()
+            except IndexError:  # cleared by a concurrent stop()
+                break
             _call(cb, err)
             progressed = True
         return progressed
@@ -146,16 +184,49 @@ def _call(cb: DoneCallback, err: BaseException | None) -> None:
 
 class StreamOrderedHandle(EngineHandle):
     """An engine op whose completion the poller reports and that callers wait for by making
-    their current stream wait on it (``stream_wait``), never the host."""
+    their current stream wait on it (``stream_wait``), never the host.
 
-    __slots__ = ("_work", "_poller", "stream_wait")
+    ``timed``: the engine records a start event for the op (c10d's collectives timing), so
+    :meth:`device_duration_ms` reads the op's device time once it completed."""
 
-    def __init__(self, work: Any, poller: CompletionPoller) -> None:
-        super().__init__(None, None)
-        self._pending = 1  # not immediate: the op runs on the GPU
+    __slots__ = ("_work", "_poller", "_timed")
+
+    stream_ordered = True
+
+    def __init__(self, work: Any, poller: CompletionPoller, timed: bool = False) -> None:
+        # EngineHandle's state, set directly (this is on every op's dispatch path): one pending
+        # part, no futures, nothing to finish, no blocking wait in the engine
+        self._futures = ()
+        self._finish = None
+        self._error = None
+        self._pending = 1
+        self._blocking = None
+        self._make_futures = None
         self._work = work
         self._poller = poller
-        self.stream_wait: Callable[[], None] = work.wait  # c10d NCCL: the current stream waits, the host does not
+        self._timed = timed
+
+    def stream_wait(self) -> None:
+        """c10d NCCL's ``Work.wait()``: the current stream waits on the op's end event; the
+        host does not."""
+        self._work.wait()
+
+    def urge(self) -> None:
+        self._poller.urge()
+
+    def device_duration_ms(self) -> float | None:
+        """Milliseconds between the op's start and end events (``Work._get_duration``); ``None``
+        without timing. Call once the op completed: the end event has passed, nothing blocks."""
+        if not self._timed:
+            return None
+        try:
+            return float(self._work._get_duration())
+        except Exception:  # noqa: BLE001 - no start event (timing off in the engine) or not completed
+            return None
 
     def on_done(self, callback: DoneCallback) -> None:
         self._poller.add(self._work, callback)
+
+    def wait_until(self, deadline: float) -> BaseException | None:
+        self._poller.urge()
+        return super().wait_until(deadline)

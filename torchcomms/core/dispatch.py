@@ -103,11 +103,14 @@ def dispatch(
             handle = EngineHandle.failed(mismatch)
         elif core.life.state is not CommState.ACTIVE:  # broken while the hooks or the check ran
             handle = EngineHandle.failed(_late_break_error(core, rec))
+        elif core.current_stream_sync:
+            handle = launch(*args, async_op=async_op)
         else:
             handle = launch(*args)
     except Exception as e:  # noqa: BLE001 - the engine may throw anything
         handle = EngineHandle.failed(e)
-    work.stream_wait = getattr(handle, "stream_wait", None)
+    if handle.stream_ordered:
+        work.stream_op = handle
     if not handle.is_immediate:
         core.watchdog.track(work)
         if core.life.state is not CommState.ACTIVE:

@@ -34,6 +34,7 @@ class OpRecord:
         "time_created_ns",
         "time_started_ns",
         "time_completed_ns",
+        "device_duration_ms",
         "state",
         "error",
         "hints",
@@ -85,6 +86,9 @@ class OpRecord:
         self.time_created_ns = time_created_ns
         self.time_started_ns: int | None = None
         self.time_completed_ns: int | None = None
+        # the op's time on the device between its start and end events (stream-ordered engines
+        # with timing on), filled when the op is seen completed; None otherwise
+        self.device_duration_ms: float | None = None
         self.state = "scheduled"
         self.error: str | None = None
         self.hints = hints

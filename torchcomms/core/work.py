@@ -4,8 +4,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torchcomms.core.errors import CommError, CommTimeoutError
 from torchcomms.core.types import WorkStatus
@@ -47,7 +46,7 @@ class TorchWork:
     """
 
     __slots__ = ("_owner", "record", "deadline", "_event", "_done", "_status", "_exc", "_lock", "tracked",
-                 "stream_wait", "__weakref__")
+                 "stream_op", "__weakref__")
 
     def __init__(self, owner: WorkOwner, record: OpRecord, deadline: float) -> None:
         self._owner = owner
@@ -59,8 +58,9 @@ class TorchWork:
         self._exc: CommError | None = None
         self._lock = threading.Lock()
         self.tracked = False  # registered with the communicator's in-flight table
-        # set for ops of stream-ordered engines (CUDA): makes the current stream wait on the op
-        self.stream_wait: Callable[[], None] | None = None
+        # the engine handle of an op that runs on a device stream (``EngineHandle.stream_ordered``):
+        # ``wait()`` makes the current stream wait on it; dropped once the op ended
+        self.stream_op: Any = None
 
     def _waiter(self) -> threading.Event | None:
         """The event to block on, or ``None`` when the work already ended."""
@@ -80,6 +80,9 @@ class TorchWork:
     def engine_done(self, error: BaseException | None) -> None:
         """The engine ended the op (with ``error``, or successfully)."""
         if error is None:
+            op = self.stream_op
+            if op is not None:  # the device's own timing of the op (its events have passed: no sync)
+                self.record.device_duration_ms = op.device_duration_ms()
             self.finish(WorkStatus.COMPLETED, None)
         else:
             exc = self._owner.translate_error(error, self.record)
@@ -92,6 +95,7 @@ class TorchWork:
                 return False
             self._status = status
             self._exc = exc
+        self.stream_op = None  # the engine's work (and the tensors it holds) is no longer needed
         rec = self.record
         rec.time_completed_ns = time.time_ns()
         rec.state = state or _TERMINAL_STATE[status]
@@ -112,8 +116,9 @@ class TorchWork:
         enforced by the watchdog, and a failure shows at the next op or ``wait_blocking()``.
         Raises the op's error. With ``timeout`` shorter than the op's own deadline, returns
         ``False`` if the op is still running then (the op goes on)."""
-        if self.stream_wait is not None and not self._done:
-            self.stream_wait()
+        op = self.stream_op
+        if op is not None and not self._done:
+            op.stream_wait()
             return True
         return self.wait_blocking(timeout)
 
@@ -129,6 +134,9 @@ class TorchWork:
             if user_limit < limit:
                 limit = user_limit
         event = self._waiter()
+        op = self.stream_op
+        if event is not None and op is not None:
+            op.urge()  # a stream-ordered engine reports completions lazily unless someone blocks
         if event is not None and not event.wait(max(0.0, limit - now)):
             if user_limit is not None and limit == user_limit and user_limit < self.deadline:
                 return False
@@ -142,8 +150,13 @@ class TorchWork:
 
     def is_completed(self) -> bool:
         """True once the op ended, successfully or not (an expired deadline counts as ended)."""
-        if not self._done and time.monotonic() >= self.deadline:
-            self._owner.expire(self)
+        if not self._done:
+            if time.monotonic() >= self.deadline:
+                self._owner.expire(self)
+            else:
+                op = self.stream_op
+                if op is not None:
+                    op.urge()  # someone polls: report the end promptly
         return self._done
 
     def is_success(self) -> bool:

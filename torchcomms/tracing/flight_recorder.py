@@ -364,6 +364,7 @@ def _view(e: tuple[Any, ...], thread_names: dict[int, str]) -> EntryView:
         thread_name=thread_names.get(tid, f"thread-{tid}"),
         thread_id=tid,
         frames=[{"name": co.co_name, "filename": co.co_filename, "line": ln} for co, ln in frames],
+        device_duration_ms=_opt(rec, "device_duration_ms"),
     )
 
 

@@ -92,6 +92,7 @@ class EntryView:
     thread_name: str
     thread_id: int
     frames: list[dict[str, Any]] = field(default_factory=list)
+    device_duration_ms: float | None = None  # from the op's device events (stream-ordered engines)
 
 
 def profiling_name(backend: str, op: str, is_p2p: bool, rank: int, peer: int | None) -> str:
@@ -114,7 +115,9 @@ def entry_dict(e: EntryView) -> dict[str, Any]:
     """The PyTorch "2.10" entry for one op."""
     completed = e.state == "completed"
     duration_ms: float | None = None
-    if completed and e.time_completed_ns and (e.time_started_ns or e.time_created_ns):
+    if completed and e.device_duration_ms is not None:  # measured by the device's events, as PyTorch's
+        duration_ms = e.device_duration_ms
+    elif completed and e.time_completed_ns and (e.time_started_ns or e.time_created_ns):
         start = e.time_started_ns or e.time_created_ns
         duration_ms = max(0, e.time_completed_ns - start) / 1e6
     return {
@@ -153,6 +156,7 @@ def extension_op(e: EntryView) -> dict[str, Any]:
         "peer": e.peer,
         "root": e.root,
         "reduce_op": e.reduce_op,
+        "device_duration_ms": e.device_duration_ms,
     }
 
 
