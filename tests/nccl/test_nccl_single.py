@@ -20,9 +20,10 @@ pytestmark = [pytest.mark.gpu, needs_gpu]
 _NAMES = iter(range(1_000_000))
 
 
-def make(timeout_s: float = 60.0, **kw):  # noqa: ANN201
+def make(timeout_s: float = 60.0, hints: dict[str, str] | None = None, **kw):  # noqa: ANN201
     return torchcomms.new_comm("nccl", torch.device("cuda", 0), name=f"nccl-test-{next(_NAMES)}",
-                               timeout=timedelta(seconds=timeout_s), hints={"rank": "0", "size": "1"}, **kw)
+                               timeout=timedelta(seconds=timeout_s), hints={"rank": "0", "size": "1", **(hints or {})},
+                               **kw)
 
 
 @pytest.fixture
@@ -233,3 +234,54 @@ def test_finalize_drains_issued_work() -> None:
     c.finalize()
     c.finalize()  # idempotent
     assert torch.all(t == 1.0)
+
+
+def test_flight_recorder_durations_come_from_the_gpu_events() -> None:
+    """Timing on (the hint): the op's duration is its device time from c10d's start and end
+    events, read once the op completed: it leaves out the spin queued before the op on the
+    stream, which the host-observed time (issue to seen completed) includes."""
+    from torchcomms.hooks import FlightRecorderHook
+
+    timed = make(hints={"nccl.timing": "1"})
+    untimed = make(hints={"nccl.timing": "0"})
+    fr = FlightRecorderHook(max_entries=64, isolated=True)
+    fr.register_with_comm(timed)
+    t = x()
+    torch.cuda._sleep(1_000_000_000)  # ~0.5 s at H200 clocks, queued before the op
+    w = timed.all_reduce(t, ReduceOp.SUM, False)
+    w.wait_blocking()
+    rec = w.record
+    host_ms = (rec.time_completed_ns - rec.time_started_ns) / 1e6
+    assert rec.device_duration_ms is not None and 0 <= rec.device_duration_ms < host_ms / 2, (rec.device_duration_ms,
+                                                                                              host_ms)
+    entry = [e for e in json.loads(fr.dump_json())["entries"] if e["collective_seq_id"] == rec.seq][-1]
+    assert entry["duration_ms"] == rec.device_duration_ms
+    u = untimed.all_reduce(x(), ReduceOp.SUM, True)
+    u.wait_blocking()
+    assert u.record.device_duration_ms is None
+    timed.finalize()
+    untimed.finalize()
+
+
+@pytest.mark.parametrize("side_stream", [False, True])
+def test_sync_op_outputs_are_ready_for_the_callers_next_kernel(comm, side_stream: bool) -> None:  # noqa: ANN001
+    """A synchronous op (on the caller's current stream, c10d's asyncOp=False) followed at once
+    by a kernel reading its output on that stream: the kernel sees the op's result, also when
+    the caller's stream is not the default one. The op is queued behind a spin so that a kernel
+    not ordered after it would run first and read the poison."""
+    n = 1 << 24
+    stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
+    with torch.cuda.stream(stream):
+        src = torch.full((n,), 3.0, device="cuda")
+        outs = {name: torch.full((n,), -1.0, device="cuda") for name in ("ag", "rs", "a2a", "bc")}
+        bc = outs["bc"]
+        torch.cuda._sleep(200_000_000)
+        bc.copy_(src)  # broadcast is in place: its input is the copy
+        comm.all_gather_single(outs["ag"], src, False)
+        comm.reduce_scatter_single(outs["rs"], src, ReduceOp.SUM, False)
+        comm.all_to_all_single(outs["a2a"], src, False)
+        comm.broadcast(bc, 0, False)
+        seen = {name: o * 1.0 for name, o in outs.items()}
+    torch.cuda.synchronize()
+    for name, s in seen.items():
+        assert torch.all(s == 3.0), name
