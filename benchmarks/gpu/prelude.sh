@@ -7,10 +7,16 @@
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+# WHL_DIR: where the carried wheels are (.whl; ../../.whl for a tree copied under .nccl_carry/)
+WHL_DIR=${WHL_DIR:-.whl}
+if ls "$WHL_DIR"/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHL_DIR"/*.whl \
     || { echo "prelude: installing the carried wheels failed" >&2; exit 1; }
+else
+  echo "prelude: no wheels in $WHL_DIR (pyzmq, structlog... may be missing)" >&2
 fi
+# NVLink multicast stays off on every lent machine (see the device tool's KINDS.md)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD:/tmp/site
 export PYTHONUNBUFFERED=1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"

@@ -218,3 +218,13 @@ def test_queued_timing_opens_each_region_behind_a_call_already_issued(monkeypatc
     log.clear()
     bench.time_ms(lambda: log.append("c"), warmup=0, min_reps=2, target_ms=1.0)
     assert "".join(log) == "rcr" + "rcr" * 2
+
+
+@pytest.mark.timeout(200)
+def test_nccl_host_path_breakdown_runs_on_the_stand_in_engine(tmp_path: Path) -> None:
+    out = tmp_path / "host.json"
+    run_script("diagnostics/nccl_host_path", "--device", "cpu", "--rounds", "2", "--burst", "5", "--json", str(out))
+    summary = json.loads(out.read_text())["summary"]
+    assert set(summary) == {"engine call alone (stand-in: no work)", "ours sync, untraced", "ours async+wait, untraced",
+                            "ours sync, traced", "ours async+wait, traced", "ours sync, traced, no timing"}
+    assert all(row["cpu_us"] >= 0 and row["wall_us"] > 0 for row in summary.values())
