@@ -6,8 +6,8 @@ of ``comm_bench.py --device cuda``).
 
 Each row is a zero-argument call issued ``--burst`` times back to back (the GPU, if any, is
 synchronized before and after the burst, outside the timed region), in ``--rounds`` rounds of
-shuffled order. Columns: wall µs per call (median over rounds), and CPU µs per call of the
-whole process over the burst *and* the drain after it (every thread: the completion poller's
+shuffled order. Columns: wall µs per call (median over rounds), the issuing thread's CPU µs per call
+during the burst, and CPU µs per call of the whole process over the burst *and* the drain after it (every thread: the completion poller's
 work is in it; robust to a loaded machine, where wall time measures the scheduler), and the
 process's voluntary context switches per call during the burst (each is a thread giving up
 the CPU: mostly the GIL passing between the issuing thread and the completion poller).
@@ -192,7 +192,7 @@ def build(args: argparse.Namespace) -> tuple[dict[str, Callable[[], object]], li
 def measure(rows: dict[str, Callable[[], object]], drain: Callable[[], None], rounds: int, burst: int,
             seed: int) -> dict[str, dict[str, list[float]]]:
     rng = random.Random(seed)
-    out: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": [], "switches": []} for n in rows}
+    out: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": [], "thread_cpu": [], "switches": []} for n in rows}
     for call in rows.values():  # warm-up: first-call costs stay out
         for _ in range(max(10, burst // 5)):
             call()
@@ -205,13 +205,16 @@ def measure(rows: dict[str, Callable[[], object]], drain: Callable[[], None], ro
             drain()
             r0 = resource.getrusage(resource.RUSAGE_SELF)
             c0 = time.process_time()
+            m0 = time.thread_time()
             t0 = time.perf_counter()
             for _ in range(burst):
                 call()
             t1 = time.perf_counter()
+            m1 = time.thread_time()
             r1 = resource.getrusage(resource.RUSAGE_SELF)
             drain()
             c1 = time.process_time()
+            out[name]["thread_cpu"].append((m1 - m0) / burst * 1e6)
             out[name]["switches"].append((r1.ru_nvcsw - r0.ru_nvcsw) / burst)
             out[name]["wall"].append((t1 - t0) / burst * 1e6)
             out[name]["cpu"].append((c1 - c0) / burst * 1e6)
@@ -247,14 +250,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"nccl_host_path --device {args.device}: all_reduce of {args.numel} float32, {args.rounds} rounds x "
           f"{args.burst} calls; {started:%Y-%m-%d %H:%M} UTC, load {load[0]:.1f} -> {os.getloadavg()[0]:.1f}, "
           f"torch {torch.__version__}")
-    print("| call | wall µs/call (median) | wall best round | process CPU µs/call (median) | thread switches/call |")
-    print("|---|---:|---:|---:|---:|")
+    print("| call | wall µs/call (median) | wall best round | issuing thread CPU µs/call | process CPU µs/call "
+          "(with the drain) | thread switches/call |")
+    print("|---|---:|---:|---:|---:|---:|")
     summary = {}
     for name, r in res.items():
         summary[name] = {"wall_us": statistics.median(r["wall"]), "wall_best_us": min(r["wall"]),
-                         "cpu_us": statistics.median(r["cpu"]), "switches": statistics.median(r["switches"])}
+                         "thread_cpu_us": statistics.median(r["thread_cpu"]), "cpu_us": statistics.median(r["cpu"]),
+                         "switches": statistics.median(r["switches"])}
         s = summary[name]
-        print(f"| {name} | {s['wall_us']:.1f} | {s['wall_best_us']:.1f} | {s['cpu_us']:.1f} | {s['switches']:.2f} |")
+        print(f"| {name} | {s['wall_us']:.1f} | {s['wall_best_us']:.1f} | {s['thread_cpu_us']:.1f} | {s['cpu_us']:.1f} | "
+              f"{s['switches']:.2f} |")
     if args.profile:
         print(profile(rows["ours sync, traced"], 5000, args.profile))
     for c in comms:
