@@ -265,3 +265,58 @@ def test_timing_follows_tracing_unless_hinted(monkeypatch) -> None:  # noqa: ANN
     monkeypatch.setenv("TORCHCOMM_TRACING_DISABLE", "0")
     monkeypatch.setenv("TORCHCOMM_FR_MAX_ENTRIES", "0")
     assert nccl._timing_wanted({}) is False
+
+
+class GlooEngineNccl(RecordingNccl):
+    """``NcclBackend``'s op methods over c10d's gloo engine (the same ``Backend`` bindings as
+    ``ProcessGroupNCCL``): every call must be one c10d accepts, with the options it is given."""
+
+    backend_name = "nccl-over-gloo"
+
+    def init(self, split_from: Any = None, exclude: Any = None) -> None:
+        super().init()
+        self._pg = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=30))
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+def test_every_op_method_makes_a_call_c10d_accepts(async_op: bool) -> None:
+    b = GlooEngineNccl(BackendContext("gl", 0, 1, torch.device("cpu"), None, "gl", timedelta(seconds=5)))
+    b.init()
+    a = torch.arange(8, dtype=torch.float32) + 1
+    kw = {"async_op": async_op}
+    outs: dict[str, Any] = {}
+
+    def run(name: str, handle: EngineHandle, out: Any) -> None:
+        handle._work.wait()
+        outs[name] = out
+
+    t = a.clone()
+    run("all_reduce", b.all_reduce(t, ReduceOp.SUM, **kw), t)
+    t = a.clone()
+    run("premul", b.all_reduce(t, ReduceOp.PREMUL_SUM(2.0), **kw), t / 2)
+    t = a.clone()
+    run("reduce", b.reduce(t, 0, ReduceOp.MAX, **kw), t)
+    t = a.clone()
+    run("broadcast", b.broadcast(t, 0, **kw), t)
+    o = [torch.empty(8)]
+    run("all_gather", b.all_gather(o, a, **kw), o[0])
+    o1 = torch.empty(8)
+    run("all_gather_single", b.all_gather_single(o1, a, **kw), o1)
+    o2 = torch.empty(8)
+    run("reduce_scatter", b.reduce_scatter(o2, [a], ReduceOp.SUM, **kw), o2)
+    o3 = torch.empty(8)
+    run("reduce_scatter_single", b.reduce_scatter_single(o3, a, ReduceOp.SUM, **kw), o3)
+    o4 = torch.empty(8)
+    run("all_to_all_single", b.all_to_all_single(o4, a, **kw), o4)
+    o5 = torch.empty(8)
+    run("all_to_all_v_single", b.all_to_all_v_single(o5, a, [8], [8], **kw), o5)
+    o6 = [torch.empty(8)]
+    run("all_to_all", b.all_to_all(o6, [a], **kw), o6[0])
+    o7 = torch.empty(8)
+    run("scatter", b.scatter(o7, [a], 0, **kw), o7)
+    o8 = [torch.empty(8)]
+    run("gather", b.gather(o8, a, 0, **kw), o8[0])
+    b.barrier(**kw)._work.wait()
+    for name, out in outs.items():
+        assert torch.equal(out, a), name
+    b._poller.stop()
