@@ -320,3 +320,19 @@ def test_every_op_method_makes_a_call_c10d_accepts(async_op: bool) -> None:
     for name, out in outs.items():
         assert torch.equal(out, a), name
     b._poller.stop()
+
+
+def test_stream_ordered_handle_waits_on_the_host_only_when_asked() -> None:
+    """What dispatch and the collective check ask of the handle: pending, no wait inside the
+    engine; ``wait_until`` ends at the deadline while the op runs, and with the op's outcome."""
+    poller = CompletionPoller("h", lambda: None)
+    work = Work()
+    h = StreamOrderedHandle(work, poller)
+    assert h.stream_ordered and not h.is_immediate and not h.succeeded_in_call and not h.can_wait_in_engine
+    with pytest.raises(TimeoutError):
+        h.wait_until(time.monotonic() + 0.05)
+    work.done.set()
+    assert StreamOrderedHandle(work, poller).wait_until(time.monotonic() + 30) is None
+    h.stream_wait()
+    assert work.stream_waits == 1 and h.device_duration_ms() is None
+    poller.stop()

@@ -187,21 +187,20 @@ class StreamOrderedHandle(EngineHandle):
     their current stream wait on it (``stream_wait``), never the host.
 
     ``timed``: the engine records a start event for the op (c10d's collectives timing), so
-    :meth:`device_duration_ms` reads the op's device time once it completed."""
+    :meth:`device_duration_ms` reads the op's device time once it completed.
+
+    Made on every op's dispatch path, so it sets only its own three slots: what dispatch asks of
+    an ``EngineHandle`` is constant here (the op is pending on the GPU, with no future to make and
+    no wait inside the engine), class attributes in place of ``EngineHandle``'s properties."""
 
     __slots__ = ("_work", "_poller", "_timed")
 
     stream_ordered = True
+    is_immediate = False  # type: ignore[assignment]
+    succeeded_in_call = False  # type: ignore[assignment]
+    can_wait_in_engine = False  # type: ignore[assignment]
 
-    def __init__(self, work: Any, poller: CompletionPoller, timed: bool = False) -> None:
-        # EngineHandle's state, set directly (this is on every op's dispatch path): one pending
-        # part, no futures, nothing to finish, no blocking wait in the engine
-        self._futures = ()
-        self._finish = None
-        self._error = None
-        self._pending = 1
-        self._blocking = None
-        self._make_futures = None
+    def __init__(self, work: Any, poller: CompletionPoller, timed: bool = False) -> None:  # noqa: D107
         self._work = work
         self._poller = poller
         self._timed = timed
@@ -227,6 +226,21 @@ class StreamOrderedHandle(EngineHandle):
     def on_done(self, callback: DoneCallback) -> None:
         self._poller.add(self._work, callback)
 
+    def wait_engine(self, timeout_s: float) -> tuple[bool, BaseException | None]:
+        raise TypeError("a stream-ordered op is not waited for inside the engine (can_wait_in_engine is False)")
+
     def wait_until(self, deadline: float) -> BaseException | None:
+        """Block until the op ends (its error, or ``None``) or ``deadline`` (``time.monotonic()``)
+        passes (``TimeoutError``; the op goes on); the poller is urged meanwhile."""
+        ended = threading.Event()
+        box: list[BaseException | None] = []
+
+        def done(error: BaseException | None) -> None:
+            box.append(error)
+            ended.set()
+
+        self.on_done(done)
         self._poller.urge()
-        return super().wait_until(deadline)
+        if not ended.wait(max(0.0, deadline - time.monotonic())):
+            raise TimeoutError("the engine op did not end before the deadline")
+        return box[0]
