@@ -15,6 +15,7 @@ The lowest live rank prints the loss of every step, which replicas trained it, a
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -23,6 +24,7 @@ import sys
 import threading
 import time
 import warnings
+from datetime import timedelta
 
 import torch
 
@@ -56,11 +58,14 @@ def main() -> None:
     p.add_argument("--fail-step", type=int, default=10)
     p.add_argument("--fail-at", choices=("forward", "backward", "random"), default="backward")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds each step waits (slows the job)")
+    p.add_argument("--stop-after-heal", type=int, default=0,
+                   help="end K steps after a replica healed in, whatever --steps says (tests, demos)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds: every communicator's op timeout")
     p.add_argument("--record", default="", help="append one JSON line per applied step to RECORD.<rank>")
     args = p.parse_args()
     torch.set_num_threads(1)
 
-    el = ElasticHSDP(shard_size=args.shard)
+    el = ElasticHSDP(shard_size=args.shard, timeout=timedelta(seconds=args.timeout))
     torch.manual_seed(0)
     cfg = LlamaConfig.tiny(vocab_size=args.vocab, dim=args.dim, n_layers=args.layers, n_heads=4, n_kv_heads=2,
                            ffn_dim=4 * args.dim)
@@ -73,10 +78,13 @@ def main() -> None:
     if not el.start(model, opt):
         print(f"[rank {el.rank}] the job finished before this replica was admitted", flush=True)
         return
+    end = args.steps
     if not first_life:
         print(f"[rank {el.rank}] replica {el.replica} healed in at step {el.step}", flush=True)
+        if args.stop_after_heal:
+            end = el.step + args.stop_after_heal
     record = open(f"{args.record}.{el.rank}", "a") if args.record else None
-    while el.step < args.steps:
+    while el.step < end:
         idx = el.batch_indices(args.batch)
         doomed = first_life and el.rank == args.fail_rank and el.step == args.fail_step
 
@@ -99,12 +107,17 @@ def main() -> None:
         except ReplicaLostError as e:
             print(f"[rank {el.rank}] {e}", flush=True)
             sys.exit(1)
+        if res.event == "healed" and args.stop_after_heal:
+            end = el.step + args.stop_after_heal
         if res.applied and record is not None:
-            digest = float(sum(float(q.to_local().double().sum()) for q in model.parameters()))
+            h = hashlib.sha256()
+            for q in model.parameters():
+                h.update(q.detach().to_local().contiguous().numpy().tobytes())
+            digest = h.hexdigest()
             record.write(json.dumps({"step": res.step, "loss": res.loss, "replicas": list(res.replicas),
                                      "event": res.event, "params": digest, "time": time.time()}) + "\n")
             record.flush()
-        if el.rank == el.members()[0] and (res.event or res.step % 5 == 0 or res.step == args.steps - 1):
+        if el.rank == el.members()[0] and (res.event or res.step % 5 == 0 or el.step == end):
             what = f"step {res.step:3d}  loss {res.loss:.4f}" if res.applied else f"step {res.step:3d}  not applied"
             print(f"{what}  replicas {list(res.replicas)}{'  (' + res.event + ')' if res.event else ''}", flush=True)
     el.finish()
