@@ -14,6 +14,10 @@ The lowest live rank prints the loss of every step, which replicas trained it, a
 """
 from __future__ import annotations
 
+import time
+
+T_START = time.time()  # this process's start, for the heal time of benchmarks/elastic_bench.py
+
 import argparse
 import hashlib
 import json
@@ -22,7 +26,6 @@ import random
 import signal
 import sys
 import threading
-import time
 import warnings
 from datetime import timedelta
 
@@ -62,8 +65,12 @@ def main() -> None:
                    help="end K steps after a replica healed in, whatever --steps says (tests, demos)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds: every communicator's op timeout")
     p.add_argument("--record", default="", help="append one JSON line per applied step to RECORD.<rank>")
+    p.add_argument("--plain", action="store_true", help="the same job without elasticity (fsdp2.fully_shard HSDP "
+                   "on one communicator), for torchrun --max-restarts (benchmarks/elastic_bench.py's anchor)")
     args = p.parse_args()
     torch.set_num_threads(1)
+    if args.plain:
+        return plain(args)
 
     el = ElasticHSDP(shard_size=args.shard, timeout=timedelta(seconds=args.timeout))
     torch.manual_seed(0)
@@ -84,9 +91,16 @@ def main() -> None:
         if args.stop_after_heal:
             end = el.step + args.stop_after_heal
     record = open(f"{args.record}.{el.rank}", "a") if args.record else None
+    if record is not None:
+        record.write(json.dumps({"start": T_START, "incarnation": el.incarnation, "at_step": el.step,
+                                 "heal": el.heal_times}) + "\n")
+        record.flush()
     while el.step < end:
         idx = el.batch_indices(args.batch)
         doomed = first_life and el.rank == args.fail_rank and el.step == args.fail_step
+        if doomed and record is not None:
+            record.write(json.dumps({"killed": time.time(), "at_step": el.step}) + "\n")
+            record.flush()
 
         def forward_backward() -> torch.Tensor:
             if doomed and args.fail_at == "random":
@@ -121,6 +135,50 @@ def main() -> None:
             what = f"step {res.step:3d}  loss {res.loss:.4f}" if res.applied else f"step {res.step:3d}  not applied"
             print(f"{what}  replicas {list(res.replicas)}{'  (' + res.event + ')' if res.event else ''}", flush=True)
     el.finish()
+
+
+def plain(args: argparse.Namespace) -> None:
+    """The same model, data and kill without elasticity: HSDP on one communicator; a failure
+    ends the attempt and torchrun starts every worker again from step 0."""
+    import torch.distributed as dist
+
+    import fsdp2
+    import torchcomms
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    store = dist.PrefixStore(f"attempt{attempt}", dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False))
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), name="plain", store=store,
+                               timeout=timedelta(seconds=args.timeout))
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig.tiny(vocab_size=args.vocab, dim=args.dim, n_layers=args.layers, n_heads=4,
+                                   n_kv_heads=2, ffn_dim=4 * args.dim))
+    for blk in model.blocks:
+        fsdp2.fully_shard(blk, comm, replicate_size=world // args.shard)
+    fsdp2.fully_shard(model, comm, replicate_size=world // args.shard)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    record = open(f"{args.record}.{rank}", "a") if args.record else None
+    if record is not None:
+        record.write(json.dumps({"start": T_START, "incarnation": attempt + 1, "at_step": 0, "heal": {}}) + "\n")
+    for step in range(args.steps):
+        if attempt == 0 and rank == args.fail_rank and step == args.fail_step:
+            if record is not None:
+                record.write(json.dumps({"killed": time.time(), "at_step": step}) + "\n")
+                record.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        per, extra = divmod(args.batch, world)
+        lo = step * args.batch + rank * per + min(rank, extra)
+        x = torch.stack([sample(i, args.seq, args.vocab) for i in range(lo, lo + per + (rank < extra))])
+        loss = model(x[:, :-1], x[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if record is not None:
+            record.write(json.dumps({"step": step, "loss": float(loss), "time": time.time(), "attempt": attempt}) + "\n")
+            record.flush()
+    fsdp2.release_comms(fsdp2.comms_of(model))
+    comm.finalize()
 
 
 if __name__ == "__main__":

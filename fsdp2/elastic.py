@@ -113,6 +113,8 @@ class ElasticHSDP:
         self.live: list[int] = []
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
+        #: a healed rank's timings (seconds): ready -> admitted, re-forming, receiving the state
+        self.heal_times: dict[str, float] = {}
         self.comms = self._form_shard()
 
     # --- forming ---------------------------------------------------------------------------
@@ -176,6 +178,7 @@ class ElasticHSDP:
         ready = f"{self.ns}/ready/{self.rank}"
         admit = f"{self.ns}/admit/{self.replica}/i{self.incarnation}"
         self.store.set(ready, str(self.incarnation).encode())
+        t0 = time.monotonic()
         deadline = time.monotonic() + self.join_timeout.total_seconds()
         while not self.store.check([admit]):
             if self.store.check([f"{self.ns}/done"]):
@@ -185,12 +188,15 @@ class ElasticHSDP:
                 raise FSDPCommError(f"replica {self.replica} was not admitted within {self.join_timeout}")
             time.sleep(0.02)
         rec = json.loads(self.store.get(admit))
+        t1 = time.monotonic()
         self.store.delete_key(ready)
         self._reform(int(rec["cfg"]), [int(r) for r in rec["live"]])
         self.step = int(rec["step"])
         assert self.optimizer is not None
+        t2 = time.monotonic()
         receive_state(self.replicate, self.live.index(int(rec["source"])), self._params(), self.optimizer,
                       json.loads(self.store.get(f"{self.ns}/cfg{rec['cfg']}/state/{self.shard_index}")))
+        self.heal_times = {"wait_admit_s": t1 - t0, "reform_s": t2 - t1, "state_s": time.monotonic() - t2}
         return True
 
     def _ready(self, replica: int) -> float:

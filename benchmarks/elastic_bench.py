@@ -1,0 +1,112 @@
+"""Elastic FSDP against torchrun's restart of the same job (examples/train_elastic_fsdp.py).
+
+Both runs train the small Llama of kernels.model (``--dim/--layers/--vocab``: 512/8/32000 is
+57 M parameters) on CPU, 2 replicas x 2 shards, and SIGKILL rank ``--victim`` at the start of
+step ``--fail-step`` (the example's ``--fail-at forward``):
+
+- ours: ``torchcomms-run --on-failure shrink --max-restarts 1``: the surviving replica redoes
+  the step alone, the launcher restarts the lost replica, which heals in;
+- anchor: ``torchrun --max-restarts 1`` on the example's ``--plain`` mode (the same model and
+  data, HSDP on one communicator): every worker is started again and training resumes at step 0
+  (no checkpoint: the restart's cost alone).
+
+Printed: the survivors' stall (kill -> their next completed step) for both and the ratio; the
+normal step time; the heal (the replacement's processes started -> first completed step with
+them) and its parts as the healed rank measured them (waiting for admission, re-forming the
+communicators, receiving the state: the state sent once over the same engine), with the load.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "train_elastic_fsdp.py"
+
+
+def run(cmd: list[str], limit_s: float) -> tuple[int | None, str]:
+    env = dict(os.environ, TORCHCOMM_TRACING_DISABLE="1", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=limit_s)
+        return proc.returncode, out.decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate()
+        return None, out.decode(errors="replace")
+
+
+def lines(prefix: Path, world: int) -> dict[int, list[dict]]:
+    return {r: [json.loads(x) for x in Path(f"{prefix}.{r}").read_text().splitlines()]
+            for r in range(world) if Path(f"{prefix}.{r}").exists()}
+
+
+def measure(recs: dict[int, list[dict]], victim: int, shard: int) -> dict:
+    killed = next(d["killed"] for d in recs[victim] if "killed" in d)
+    survivor = next(r for r in recs if r // shard != victim // shard)
+    steps = [d for d in recs[survivor] if "step" in d]
+    before = [d["time"] for d in steps if d["time"] < killed]
+    after = [d for d in steps if d["time"] > killed]
+    out = {"stall_s": after[0]["time"] - killed,
+           "step_s": statistics.median(b - a for a, b in zip(before, before[1:])) if len(before) > 2 else None}
+    lost = [r for r in recs if r // shard == victim // shard]
+    starts = [d for r in lost for d in recs[r] if "start" in d and d["incarnation"] > 1]
+    if len(starts) == len(lost):
+        first = min(d["time"] for r in lost for d in recs[r] if "step" in d and d["time"] > killed)
+        out["heal_s"] = first - max(d["start"] for d in starts)
+        out["heal_parts"] = [d["heal"] for d in starts]
+        out["replacement_start_after_kill_s"] = max(d["start"] for d in starts) - killed
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dim", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--seq", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--fail-step", type=int, default=3)
+    ap.add_argument("--victim", type=int, default=3)
+    ap.add_argument("--limit-s", type=float, default=1800)
+    ap.add_argument("--no-torchrun", action="store_true")
+    args = ap.parse_args()
+    d = Path(tempfile.mkdtemp(prefix="elastic-bench-"))
+    model = ["--dim", str(args.dim), "--layers", str(args.layers), "--vocab", str(args.vocab), "--seq", str(args.seq),
+             "--batch", str(args.batch), "--shard", "2", "--fail-rank", str(args.victim),
+             "--fail-step", str(args.fail_step), "--fail-at", "forward", "--timeout", "300"]
+    load0 = os.getloadavg()
+    t0 = time.time()
+    rc, log = run([sys.executable, "-m", "launcher", "--nproc-per-node", "4", "--on-failure", "shrink",
+                   "--max-restarts", "1", "--no-summary", str(EXAMPLE), *model, "--steps", "100000",
+                   "--stop-after-heal", "2", "--record", str(d / "ours")], args.limit_s)
+    ours = measure(lines(d / "ours", 4), args.victim, 2) if rc == 0 else {"error": log[-3000:]}
+    t1 = time.time()
+    anchor: dict = {}
+    if not args.no_torchrun:
+        rc2, log2 = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                         "--max-restarts", "1", str(EXAMPLE), "--plain", *model, "--steps", str(args.fail_step + 2),
+                         "--record", str(d / "torchrun")], args.limit_s)
+        anchor = measure(lines(d / "torchrun", 4), args.victim, 2) if rc2 == 0 else {"error": log2[-3000:]}
+    load1 = os.getloadavg()
+    from kernels.model import Llama, LlamaConfig
+
+    n = Llama(LlamaConfig.tiny(vocab_size=args.vocab, dim=args.dim, n_layers=args.layers, n_heads=4, n_kv_heads=2,
+                               ffn_dim=4 * args.dim)).num_params()
+    result = {"params_M": n / 1e6, "ours": ours, "torchrun": anchor, "load_before": load0, "load_after": load1,
+              "ours_wall_s": t1 - t0, "anchor_wall_s": time.time() - t1}
+    if "stall_s" in ours and "stall_s" in anchor:
+        result["stall_ratio"] = ours["stall_s"] / anchor["stall_s"]
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
