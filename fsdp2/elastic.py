@@ -163,13 +163,11 @@ class ElasticHSDP:
         others); a later start waits to be admitted at a step boundary and receives the
         state. Returns ``False`` when the job ended before this replica was admitted."""
         self.model, self.optimizer = model, optimizer
-        if not self.store.check([f"{self.ns}/formed"]):
+        if self.incarnation == 1:  # every rank's first process: the job's start
             self._reform(0, list(range(self.n_replicas)))
             with torch.no_grad():
                 for p in self._params():
                     self.replicate.broadcast(_local(p), 0, async_op=False)
-            if self.rank == 0:
-                self.store.set(f"{self.ns}/formed", b"1")
             return True
         return self._join()
 
