@@ -65,6 +65,7 @@ def main() -> None:
                    help="end K steps after a replica healed in, whatever --steps says (tests, demos)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds: every communicator's op timeout")
     p.add_argument("--record", default="", help="append one JSON line per applied step to RECORD.<rank>")
+    p.add_argument("--no-hash", action="store_true", help="records leave out the parameters' sha256")
     p.add_argument("--plain", action="store_true", help="the same job without elasticity (fsdp2.fully_shard HSDP "
                    "on one communicator), for torchrun --max-restarts (benchmarks/elastic_bench.py's anchor)")
     args = p.parse_args()
@@ -92,8 +93,8 @@ def main() -> None:
             end = el.step + args.stop_after_heal
     record = open(f"{args.record}.{el.rank}", "a") if args.record else None
     if record is not None:
-        record.write(json.dumps({"start": T_START, "incarnation": el.incarnation, "at_step": el.step,
-                                 "heal": el.heal_times}) + "\n")
+        record.write(json.dumps({"start": T_START, "joined": time.time(), "incarnation": el.incarnation,
+                                 "at_step": el.step, "heal": el.heal_times}) + "\n")
         record.flush()
     while el.step < end:
         idx = el.batch_indices(args.batch)
@@ -125,7 +126,7 @@ def main() -> None:
             end = el.step + args.stop_after_heal
         if res.applied and record is not None:
             h = hashlib.sha256()
-            for q in model.parameters():
+            for q in [] if args.no_hash else model.parameters():
                 h.update(q.detach().to_local().contiguous().numpy().tobytes())
             digest = h.hexdigest()
             record.write(json.dumps({"step": res.step, "loss": res.loss, "replicas": list(res.replicas),
