@@ -31,17 +31,19 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "train_elastic_fsdp.py"
 
 
-def run(cmd: list[str], limit_s: float) -> tuple[int | None, str]:
+def run(cmd: list[str], limit_s: float, log: Path) -> tuple[int | None, str]:
+    """Run ``cmd``, its output going to ``log`` as it comes; returns its exit code (None: killed
+    at the limit) and the output."""
     env = dict(os.environ, TORCHCOMM_TRACING_DISABLE="1", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=limit_s)
-        return proc.returncode, out.decode(errors="replace")
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        out, _ = proc.communicate()
-        return None, out.decode(errors="replace")
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc: int | None = proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            rc = None
+    return rc, log.read_text(errors="replace")
 
 
 def lines(prefix: Path, world: int) -> dict[int, list[dict]]:
@@ -57,12 +59,13 @@ def measure(recs: dict[int, list[dict]], victim: int, shard: int, fail_step: int
     before = [d["time"] for d in steps if d["step"] < fail_step and d.get("attempt", 0) == 0]
     # the next completed step: the redone step (ours), or the restarted job's first (torchrun)
     after = next(d for d in steps if d["time"] > killed and (d.get("attempt", 0) > 0 or d["step"] >= fail_step))
-    out = {"stall_s": after["time"] - killed,
+    out = {"stall_s": after["time"] - killed, "recovery_s": after.get("recovery_s"),
            "step_s": statistics.median(b - a for a, b in zip(before, before[1:])) if len(before) > 1 else None}
     lost = [r for r in recs if r // shard == victim // shard]
     starts = [d for r in lost for d in recs[r] if "start" in d and d["incarnation"] > 1]
     if len(starts) == len(lost):  # the replacement processes: started -> first step with them
-        first = min(d["time"] for r in lost for d in recs[r] if "step" in d and d["time"] > killed)
+        healed_at = min(d["at_step"] for d in starts)
+        first = min(d["time"] for r in lost for d in recs[r] if "step" in d and d["step"] >= healed_at)
         out["replacements_started_after_kill_s"] = max(d["start"] for d in starts) - killed
         out["heal_s"] = first - max(d["start"] for d in starts)
         parts = [d["heal"] for d in starts if d["heal"]]
@@ -95,14 +98,14 @@ def main() -> None:
     t0 = time.time()
     rc, log = run([sys.executable, "-m", "launcher", "--nproc-per-node", "4", "--on-failure", "shrink",
                    "--max-restarts", "1", "--no-summary", str(EXAMPLE), *model, "--steps", "100000",
-                   "--stop-after-heal", "2", "--record", str(d / "ours")], args.limit_s)
+                   "--stop-after-heal", "2", "--record", str(d / "ours")], args.limit_s, d / "ours.log")
     ours = measure(lines(d / "ours", 4), args.victim, 2, args.fail_step) if rc == 0 else {"error": log[-3000:]}
     t1 = time.time()
     anchor: dict = {}
     if not args.no_torchrun:
         rc2, log2 = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
                          "--max-restarts", "1", str(EXAMPLE), "--plain", *model, "--steps", str(args.fail_step + 2),
-                         "--record", str(d / "torchrun")], args.limit_s)
+                         "--record", str(d / "torchrun")], args.limit_s, d / "torchrun.log")
         anchor = measure(lines(d / "torchrun", 4), args.victim, 2, args.fail_step) if rc2 == 0 \
             else {"error": log2[-3000:]}
     load1 = os.getloadavg()
@@ -118,6 +121,7 @@ def main() -> None:
         # the goal's reading: heal (admitted -> first step with it, less that step's own compute)
         # against sending the state once over the same engine
         result["heal_over_state_send"] = (ours["admitted_to_first_step_s"] - ours["step_s"]) / ours["state_send_s"]
+    result["logs"] = str(d)
     print(json.dumps(result, indent=1))
 
 

@@ -130,7 +130,8 @@ def main() -> None:
                 h.update(q.detach().to_local().contiguous().numpy().tobytes())
             digest = h.hexdigest()
             record.write(json.dumps({"step": res.step, "loss": res.loss, "replicas": list(res.replicas),
-                                     "event": res.event, "params": digest, "time": time.time()}) + "\n")
+                                     "event": res.event, "params": digest, "time": time.time(),
+                                     "recovery_s": el.recovery_s}) + "\n")
             record.flush()
         if el.rank == el.members()[0] and (res.event or res.step % 5 == 0 or el.step == end):
             what = f"step {res.step:3d}  loss {res.loss:.4f}" if res.applied else f"step {res.step:3d}  not applied"

@@ -115,6 +115,7 @@ class ElasticHSDP:
         self.optimizer: torch.optim.Optimizer | None = None
         #: a healed rank's timings (seconds): ready -> admitted, re-forming, receiving the state
         self.heal_times: dict[str, float] = {}
+        self.recovery_s = 0.0  #: how long the last recovery took (shrink, re-forming)
         self.comms = self._form_shard()
 
     # --- forming ---------------------------------------------------------------------------
@@ -276,7 +277,9 @@ class ElasticHSDP:
             error = e
         if not self.world.agree(error is None):
             opt.zero_grad(set_to_none=True)
+            t0 = time.monotonic()
             self._recover()
+            self.recovery_s = time.monotonic() - t0
             return StepResult(False, self.step, None, tuple(self.live), "shrunk")
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -88,7 +88,9 @@ def check_run(job: dict[str, Any], world: int, shard: int, fail_rank: int, fail_
                 cut += 1
             assert cut <= fail_step + 1, f"rank {g} applied steps past its replica's loss: {steps}\n{log}"
             healed = steps[cut:]
-            assert healed and healed == list(range(healed[0], healed[0] + len(healed))), f"rank {g}: {steps}\n{log}"
+            heal_step = 1 + next(r["step"] for r in job["records"][survivors[0]] if r.get("event") == "healed")
+            assert healed == list(range(heal_step, heal_step + len(healed))) and healed, \
+                f"rank {g} applied {steps}; its replica was admitted at step {heal_step}\n{log}"
         for r in recs:
             by_step.setdefault(r["step"], {})[g] = r
     final = max(by_step)
