@@ -51,7 +51,7 @@ def lines(prefix: Path, world: int) -> dict[int, list[dict]]:
             for r in range(world) if Path(f"{prefix}.{r}").exists()}
 
 
-def measure(recs: dict[int, list[dict]], victim: int, shard: int, fail_step: int) -> dict:
+def measure(recs: dict[int, list[dict]], victim: int, shard: int, fail_step: int, heal: bool = True) -> dict:
     """Times from one run's records (each rank's JSON lines: start, steps, the kill, the heal)."""
     killed = next(d["killed"] for d in recs[victim] if "killed" in d)
     survivor = next(r for r in recs if r // shard != victim // shard)
@@ -63,7 +63,7 @@ def measure(recs: dict[int, list[dict]], victim: int, shard: int, fail_step: int
            "step_s": statistics.median(b - a for a, b in zip(before, before[1:])) if len(before) > 1 else None}
     lost = [r for r in recs if r // shard == victim // shard]
     starts = [d for r in lost for d in recs[r] if "start" in d and d["incarnation"] > 1]
-    if len(starts) == len(lost):  # the replacement processes: started -> first step with them
+    if heal and len(starts) == len(lost):  # the replacement processes: started -> first step with them
         healed_at = min(d["at_step"] for d in starts)
         first = min(d["time"] for r in lost for d in recs[r] if "step" in d and d["step"] >= healed_at)
         out["replacements_started_after_kill_s"] = max(d["start"] for d in starts) - killed
@@ -106,7 +106,7 @@ def main() -> None:
         rc2, log2 = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
                          "--max-restarts", "1", str(EXAMPLE), "--plain", *model, "--steps", str(args.fail_step + 2),
                          "--record", str(d / "torchrun")], args.limit_s, d / "torchrun.log")
-        anchor = measure(lines(d / "torchrun", 4), args.victim, 2, args.fail_step) if rc2 == 0 \
+        anchor = measure(lines(d / "torchrun", 4), args.victim, 2, args.fail_step, heal=False) if rc2 == 0 \
             else {"error": log2[-3000:]}
     load1 = os.getloadavg()
     from kernels.model import Llama, LlamaConfig

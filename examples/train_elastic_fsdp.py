@@ -177,7 +177,8 @@ def plain(args: argparse.Namespace) -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
         if record is not None:
-            record.write(json.dumps({"step": step, "loss": float(loss), "time": time.time(), "attempt": attempt}) + "\n")
+            record.write(json.dumps({"step": step, "loss": float(loss.detach()), "time": time.time(),
+                                     "attempt": attempt}) + "\n")
             record.flush()
     fsdp2.release_comms(fsdp2.comms_of(model))
     comm.finalize()

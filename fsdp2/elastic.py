@@ -267,7 +267,8 @@ class ElasticHSDP:
             if len(self.live) > 1:
                 flat = torch.cat([g.reshape(-1) for g in grads])
                 self._wait(self.replicate.all_reduce(flat, torchcomms.ReduceOp.AVG, async_op=True))
-                torch._foreach_copy_(grads, [c.view_as(g) for c, g in zip(flat.split([g.numel() for g in grads]), grads)])
+                parts = flat.split([g.numel() for g in grads])
+                torch._foreach_copy_(grads, [c.view_as(g) for c, g in zip(parts, grads)])
             report[0] = float(loss.detach())
             for r in range(self.n_replicas):
                 if r not in self.live:
