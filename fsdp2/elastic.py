@@ -51,7 +51,8 @@ from fsdp2.groups import FSDPComms
 
 __all__ = ["ElasticHSDP", "ReplicaLostError", "StepResult"]
 
-_POLL_S = 0.005
+_POLL_S = 0.005  # a replica all-reduce's checks for a failure of the world
+_KEY_POLL_S = 0.02  # store keys (configurations, admissions)
 
 
 class ReplicaLostError(FSDPCommError):
@@ -64,7 +65,7 @@ class StepResult:
     """What :meth:`ElasticHSDP.train_step` did: ``applied`` (the optimizer stepped; ``step``
     is then the number of the step applied) or not (the survivors re-formed; ``step`` is the
     step to redo), the loss averaged over the live ranks (``None`` when not applied), the live
-    replicas afterwards and what changed (``"shrunk"``, ``"healed"`` or ``None``)."""
+    replicas afterwards and what changed (``"shrunk"``, ``"healed"``, ``"heal failed"`` or ``None``)."""
 
     applied: bool
     step: int
@@ -120,7 +121,16 @@ class ElasticHSDP:
 
     # --- forming ---------------------------------------------------------------------------
     def _wait_keys(self, keys: list[str], limit: timedelta | None = None) -> None:
-        self.store.wait(keys, limit or self.timeout)
+        """Wait until every key is set; ``CommTimeoutError`` (a failed configuration, handled
+        like any other) after ``limit`` (default: the timeout) when a rank never wrote its key."""
+        secs = (limit or self.timeout).total_seconds()
+        deadline = time.monotonic() + secs
+        while not self.store.check(keys):
+            if time.monotonic() > deadline:
+                missing = [k for k in keys if not self.store.check([k])]
+                raise torchcomms.CommTimeoutError(f"fsdp2.elastic: {missing} not written within {secs:g} s",
+                                                  timeout_s=secs, comm=self.world.get_name(), op="configure")
+            time.sleep(_KEY_POLL_S)
 
     def _form_shard(self) -> FSDPComms:
         """The replica's shard communicator (its ranks of this incarnation) and FSDP's mesh."""
@@ -145,7 +155,9 @@ class ElasticHSDP:
         return [r * s + j for r in (self.live if replicas is None else replicas) for j in range(s)]
 
     def _reform(self, cfg: int, live: list[int]) -> None:
-        """Re-form the world and replicate communicators over the ranks of ``live``."""
+        """Re-form the world and replicate communicators over the ranks of ``live`` (configuration
+        ``cfg``: every rank taking part holds it from now on, also when this fails)."""
+        self.cfg = cfg
         base = f"{self.ns}/cfg{cfg}"
         self.store.set(f"{base}/world/{self.rank}", self.world.get_init_handle())
         self.store.set(f"{base}/rep/{self.rank}", self.replicate.get_init_handle())
@@ -185,16 +197,26 @@ class ElasticHSDP:
                 return False
             if time.monotonic() > deadline:
                 raise FSDPCommError(f"replica {self.replica} was not admitted within {self.join_timeout}")
-            time.sleep(0.02)
+            time.sleep(_KEY_POLL_S)
         rec = json.loads(self.store.get(admit))
-        t1 = time.monotonic()
+        t1 = t2 = time.monotonic()
         self.store.delete_key(ready)
-        self._reform(int(rec["cfg"]), [int(r) for r in rec["live"]])
-        self.step = int(rec["step"])
         assert self.optimizer is not None
-        t2 = time.monotonic()
-        receive_state(self.replicate, self.live.index(int(rec["source"])), self._params(), self.optimizer,
-                      json.loads(self.store.get(f"{self.ns}/cfg{rec['cfg']}/state/{self.shard_index}")))
+        error: BaseException | None = None
+        try:
+            self._reform(int(rec["cfg"]), [int(r) for r in rec["live"]])
+            self.step = int(rec["step"])
+            t2 = time.monotonic()
+            receive_state(self.replicate, self.live.index(int(rec["source"])), self._params(), self.optimizer,
+                          json.loads(self.store.get(f"{self.ns}/cfg{rec['cfg']}/state/{self.shard_index}")))
+        except torchcomms.CommError as e:
+            error = e
+        if not self.world.agree(error is None):  # the live ranks put their side of the heal to it too
+            self.world = self.world.shrink()  # (they shrink: check in, then leave)
+            self.leave()
+            why = error if error is not None else "on another rank"
+            raise ReplicaLostError(f"healing replica {self.replica} at step {rec['step']} failed ({why}); "
+                                   f"rank {self.rank} left the job")
         self.heal_times = {"wait_admit_s": t1 - t0, "reform_s": t2 - t1, "state_s": time.monotonic() - t2}
         return True
 
@@ -288,7 +310,16 @@ class ElasticHSDP:
         n = self.world.get_size()
         joining = [r for r in range(self.n_replicas) if r not in self.live and report[1 + r].item() == n]
         if joining:
-            self._heal(joining)
+            before = list(self.live)
+            healed = True
+            try:
+                self._heal(joining)
+            except torchcomms.CommError:
+                healed = False
+            if not self.world.agree(healed):  # joiners and live ranks alike: the heal failed somewhere
+                self.live = before
+                self._recover()  # the joining replicas leave; the step applied stays applied
+                return StepResult(True, applied, report[0].item() / n, tuple(self.live), "heal failed")
         return StepResult(True, applied, report[0].item() / n, tuple(self.live), "healed" if joining else None)
 
     def _recover(self) -> None:
