@@ -82,6 +82,7 @@ class Round:
         self.judge = LivenessJudge(hung_after=self.cfg.hung_timeout,
                                    stopped_after=self.cfg.stopped_timeout)
         self.group = WorkerGroup(on_exit=self._on_worker_exit)
+        self.restarts: dict[int, int] = {}  # rank -> processes started in its place
 
     # ------------------------------------------------------------------ start / stop
 
@@ -91,43 +92,65 @@ class Round:
             self.judge.watch(w.result.rank, w.pid)
 
     def _worker_specs(self) -> list[WorkerSpec]:
+        return [self._worker_spec(lr) for lr in range(self.slot.nproc)]
+
+    def _worker_spec(self, lr: int, restart: int = 0) -> WorkerSpec:
+        """The spec of local rank ``lr``; ``restart`` > 0 for its replacements under
+        ``--on-failure shrink`` (their own directory, error file and output pump)."""
         cfg, agent, plan, slot = self.cfg, self.agent, self.plan, self.slot
         assert agent.logs_root is not None and agent.secret_file is not None
         job = JobEndpoints(run_id=cfg.rdzv_id, master_addr=plan.master_addr,
                            master_port=plan.master_port, control_addr=self.control.address,
-                           secret_file=agent.secret_file, restart_count=plan.round,
+                           secret_file=agent.secret_file, restart_count=plan.round + restart,
                            max_restarts=cfg.max_restarts)
         argv = cfg.worker_argv(agent.python)
-        specs = []
-        for lr in range(slot.nproc):
-            rank = slot.rank_offset + lr
-            placement = WorkerPlacement(rank=rank, local_rank=lr, world_size=plan.world_size,
-                                        local_world_size=slot.nproc, node_rank=slot.node_rank,
-                                        num_nodes=len(plan.nodes), role=cfg.role)
-            wdir = agent.logs_root / f"attempt_{plan.round}" / str(rank)
-            wdir.mkdir(parents=True, exist_ok=True)
-            error_file = wdir / "error.json"
-            error_file.unlink(missing_ok=True)
-            env = worker_env(agent.environ, placement, job, error_file=str(error_file))
-            routes = {
-                bit: StreamRoute(
-                    to_console=(cfg.local_ranks_filter is None or lr in cfg.local_ranks_filter)
-                    and not cfg.redirects.get(lr, 0) & bit,
-                    log_file=(wdir / ("stdout.log" if bit == STDOUT else "stderr.log"))
-                    if agent.keep_logs and (cfg.log_dir or (cfg.redirects.get(lr, 0)
-                                                            | cfg.tee.get(lr, 0)) & bit)
-                    else None,
-                )
-                for bit in (STDOUT, STDERR)
-            }
-            prefix = cfg.line_prefix.format(host=agent.hostname, rank=rank, local_rank=lr,
-                                            node_rank=slot.node_rank, role=cfg.role)
-            meta = {"host": agent.hostname, "rank": rank, "local_rank": lr,
-                    "node_rank": slot.node_rank, "attempt": plan.round}
-            specs.append(WorkerSpec(placement=placement, argv=argv, env=env, host=agent.hostname,
-                                    error_file=str(error_file),
-                                    output=OutputPump(self.console, prefix, meta, routes)))
-        return specs
+        rank = slot.rank_offset + lr
+        placement = WorkerPlacement(rank=rank, local_rank=lr, world_size=plan.world_size,
+                                    local_world_size=slot.nproc, node_rank=slot.node_rank,
+                                    num_nodes=len(plan.nodes), role=cfg.role)
+        wdir = agent.logs_root / f"attempt_{plan.round}" / str(rank)
+        if restart:
+            wdir = wdir / f"restart_{restart}"
+        wdir.mkdir(parents=True, exist_ok=True)
+        error_file = wdir / "error.json"
+        error_file.unlink(missing_ok=True)
+        env = worker_env(agent.environ, placement, job, error_file=str(error_file))
+        routes = {
+            bit: StreamRoute(
+                to_console=(cfg.local_ranks_filter is None or lr in cfg.local_ranks_filter)
+                and not cfg.redirects.get(lr, 0) & bit,
+                log_file=(wdir / ("stdout.log" if bit == STDOUT else "stderr.log"))
+                if agent.keep_logs and (cfg.log_dir or (cfg.redirects.get(lr, 0)
+                                                        | cfg.tee.get(lr, 0)) & bit)
+                else None,
+            )
+            for bit in (STDOUT, STDERR)
+        }
+        prefix = cfg.line_prefix.format(host=agent.hostname, rank=rank, local_rank=lr,
+                                        node_rank=slot.node_rank, role=cfg.role)
+        meta = {"host": agent.hostname, "rank": rank, "local_rank": lr,
+                "node_rank": slot.node_rank, "attempt": plan.round}
+        return WorkerSpec(placement=placement, argv=argv, env=env, host=agent.hostname,
+                          error_file=str(error_file),
+                          output=OutputPump(self.console, prefix, meta, routes))
+
+    def replace(self, w: Worker) -> bool:
+        """Under ``--on-failure shrink`` with restarts left for its rank (``--max-restarts``
+        each), start a new process in the place of the failed worker ``w`` while other
+        workers of this node still run; the healthy ones are never restarted. Call from the
+        agent's main thread."""
+        rank = w.result.rank
+        done = self.restarts.get(rank, 0)
+        if (self.cfg.on_failure != "shrink" or self.stopping or done >= self.cfg.max_restarts
+                or not any(x.alive for x in self.group.workers if x is not w)):
+            return False
+        self.restarts[rank] = done + 1
+        spec = self._worker_spec(w.result.local_rank, restart=done + 1)
+        new = self.group.start([spec])[-1]
+        self.judge.watch(rank, new.pid)
+        self.console.event(f"rank {rank} restarted (pid {new.pid}; restart {done + 1} of "
+                           f"{self.cfg.max_restarts}, --on-failure shrink)")
+        return True
 
     def stop_local(self, first: int = signal.SIGTERM) -> None:
         if self.stopping:
@@ -185,6 +208,8 @@ class Round:
             if r.failed and not r.unreapable and not self.stopping:
                 self.console.event(f"rank {r.rank} on {r.host} failed ({describe_end(r)})")
             out.append(w)
+            if r.failed and not self.stopping:
+                self.replace(w)
 
     def all_exits_seen(self) -> bool:
         return self.exits_seen == len(self.group.workers)

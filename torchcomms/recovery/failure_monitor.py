@@ -82,6 +82,15 @@ class FailureMonitor:
         with self._lock:
             return dict(self.failed)
 
+    def revive(self, ranks: list[int]) -> None:
+        """Forget the failures of ``ranks``: new processes took those job ranks (they joined a
+        communicator's rendezvous). A failure event of a previous process that arrives later
+        would be taken for the new one's; the launcher publishes it within milliseconds of
+        the exit, a replacement takes seconds to start."""
+        with self._lock:
+            for r in ranks:
+                self.failed.pop(r, None)
+
     def _on_event(self, topic: str, payload: dict[str, Any]) -> None:
         if topic == "node_lost":
             ranks = [int(r) for r in payload.get("ranks", []) if isinstance(r, int)]

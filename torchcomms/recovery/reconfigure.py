@@ -61,7 +61,9 @@ def reconfigure(core: CommCore, uuid: Any, init_handles: list[str], timeout: Any
     members = _members(core, uuid, init_handles, hints)
     secs = core.checker.timeout("reconfigure", timeout) or core.timeout_s
     key = hashlib.sha1("\n".join(init_handles).encode()).hexdigest()[:12]
-    ctx = derived_context(core, members, f"{core.base_prefix}/reconf/{uuid}/{key}", secs,
+    # keyed by name, uuid and handles only (the handles are unique to their processes), so a
+    # communicator made afresh in a replacement process meets one that was shrunk since
+    ctx = derived_context(core, members, f"torchcomms/{core.name}/reconf/{uuid}/{key}", secs,
                           rank=init_handles.index(init_handle(core)), hints=hints)
     rec = OpRecord(core.name, tuple(members), ctx.rank, ctx.size, core.backend_name, OpName.reconfigure,
                    0, next(OP_IDS), secs, True, time.time_ns())
@@ -127,6 +129,12 @@ def _rebind(core: CommCore, backend: TorchCommBackend, work: TorchWork) -> bool:
         core.epoch += 1
         core.life.move(CommState.ACTIVE)
         old_check, core.signatures = core.signatures, signature_check(core)
+        # every member just joined the new engine's rendezvous: a failure known of one of
+        # those job ranks was its previous process's (a replacement took its place)
+        for g in core.global_ranks:
+            core.failed_global.pop(g, None)
+    if core.monitor is not None:
+        core.monitor.revive(list(core.global_ranks))
     if old_check is not None:
         old_check.close(abort=True)
     return True

@@ -63,6 +63,7 @@ def new_comm(
     rank, size, _src = bootstrap.discover_rank_size()
     if "rank" in hints or "size" in hints:  # fake backend / tests may pin their own world
         rank, size = int(hints.get("rank", rank)), int(hints.get("size", size))
+    deferred = _deferred(hints, enable_reconfigure, name)
     cfg = settings()
     timeout_td = timeout if timeout is not None else timedelta(seconds=cfg.timeout_s)
     options = CommOptions(
@@ -83,7 +84,7 @@ def new_comm(
     incarnation = NAMES.claim(name)
     try:
         store_words = describe_store(store) if store is not None else bootstrap.describe_default_store()
-        if cls.needs_store(size):
+        if cls.needs_store(size) or deferred:
             try:
                 the_store, _kind = bootstrap.resolve_store(store, rank, size, timeout_td, until=deadline)
             except (StoreNotAnswering, dist.DistError) as e:
@@ -94,14 +95,14 @@ def new_comm(
         prefix = f"torchcomms/{name}/{incarnation}"
         ctx = BackendContext(
             name=name,
-            rank=rank,
-            size=size,
+            rank=0 if deferred else rank,
+            size=1 if deferred else size,
             device=dev,
             store=the_store,
             store_prefix=prefix,
             timeout=timeout_td,
             hints=hints,
-            global_ranks=tuple(range(size)),
+            global_ranks=(rank,) if deferred else tuple(range(size)),
         )
         engine = cls(ctx)
         _init_engine(engine, deadline, store_words, secs, where)
@@ -124,6 +125,32 @@ def new_comm(
         monitor.watch(core)
     _attach_default_observers(comm)
     return comm
+
+
+def _deferred(hints: dict[str, str], enable_reconfigure: bool, name: str) -> bool:
+    """Whether the hint ``deferred_init="true"`` asks for a communicator of this rank alone,
+    formed with the others later by ``reconfigure`` (it needs ``enable_reconfigure=True``)."""
+    value = hints.get("deferred_init", "false")
+    if value not in ("true", "false"):
+        raise CommValueError(f"hint deferred_init must be 'true' or 'false', got {value!r} (comm {name!r})")
+    if value == "true" and not enable_reconfigure:
+        raise CommValueError(f"hint deferred_init='true' needs enable_reconfigure=True (comm {name!r})")
+    return value == "true"
+
+
+def job_store(timeout: timedelta | None = None) -> Any:
+    """The job's key-value store, as ``new_comm`` finds it without ``store=``: the control
+    plane's under ``torchcomms-run`` (it outlives every worker), else the TCPStore at
+    MASTER_ADDR:MASTER_PORT (hosted by rank 0: it ends with rank 0's process)."""
+    if timeout is not None and not isinstance(timeout, timedelta):
+        raise CommTypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+    rank, size, _src = bootstrap.discover_rank_size()
+    td = timeout if timeout is not None else timedelta(seconds=settings().timeout_s)
+    try:
+        return bootstrap.resolve_store(None, rank, max(size, 2), td)[0]
+    except (StoreNotAnswering, dist.DistError) as e:
+        raise error_map.store_connect_error(e, bootstrap.describe_default_store(), td.total_seconds(),
+                                            dict(comm=None, op="job_store")) from None
 
 
 def _init_engine(engine: TorchCommBackend, deadline: float, store_words: str, secs: float,

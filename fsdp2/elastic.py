@@ -1,0 +1,357 @@
+"""Elastic HSDP: replicas are the unit of failure; survivors carry on, replacements heal in.
+
+The job's ``W`` ranks form ``W // shard_size`` replicas of ``shard_size`` ranks (job rank ``g``
+is shard ``g % shard_size`` of replica ``g // shard_size``). Inside a replica the parameters are
+sharded by ``fsdp2.fully_shard`` on the replica's *shard* communicator; after each backward,
+:meth:`ElasticHSDP.train_step` averages the gradient shards across the live replicas on the
+*replicate* communicator of its shard index, and a *world* communicator over every live rank
+carries the step's report and the agreement.
+
+    el = ElasticHSDP(shard_size=2)
+    for block in model.blocks:
+        el.fully_shard(block)
+    el.fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters())
+    if el.start(model, opt):                       # forms the job, or heals into it
+        while el.step < steps:
+            idx = el.batch_indices(global_batch)    # this rank's part of the step's batch
+            res = el.train_step(lambda: loss_of(idx))   # forward + backward, returns the loss
+    el.finish()
+
+A step is applied only if ``world.agree(ok)`` says every live rank's collectives succeeded, so
+no survivor applies a step another did not. Otherwise the survivors shrink the world, keep the
+replicas that still have all their ranks, re-form the world and replicate communicators over
+them (``reconfigure``) and redo the same step, its global batch now split over fewer ranks
+(no sample lost or repeated). A rank whose replica lost a member raises
+:class:`ReplicaLostError` (its process should exit; ``torchcomms-run --on-failure shrink
+--max-restarts N`` starts it again). A restarted replica forms its shard communicator, says it
+is ready in the job's store, and is admitted by the live ranks at the next step boundary: the
+communicators are re-formed with it and a live replica sends it the parameters and optimizer
+state (point to point on the replicate communicator, no file system).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch import nn
+
+import torchcomms
+from fsdp2.api import fully_shard as _fully_shard
+from fsdp2.api import release_comms
+from fsdp2.collectives import FSDPCommError
+from fsdp2.elastic_state import receive_state, send_state, state_meta
+from fsdp2.groups import FSDPComms
+
+__all__ = ["ElasticHSDP", "ReplicaLostError", "StepResult"]
+
+_POLL_S = 0.005  # a replica all-reduce's checks for a failure of the world
+_KEY_POLL_S = 0.02  # store keys (configurations, admissions)
+
+
+class ReplicaLostError(FSDPCommError):
+    """This rank's replica lost a member: the rank has left the job (its communicators are
+    aborted); its process should exit so that the launcher can start the replica again."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What :meth:`ElasticHSDP.train_step` did: ``applied`` (the optimizer stepped; ``step``
+    is then the number of the step applied) or not (the survivors re-formed; ``step`` is the
+    step to redo), the loss averaged over the live ranks (``None`` when not applied), the live
+    replicas afterwards and what changed (``"shrunk"``, ``"healed"``, ``"heal failed"`` or ``None``)."""
+
+    applied: bool
+    step: int
+    loss: float | None
+    replicas: tuple[int, ...]
+    event: str | None = None
+
+
+def _job_world() -> int:
+    for name in ("TORCHCOMM_SIZE", "WORLD_SIZE"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    raise FSDPCommError("the job's world size is unknown: set TORCHCOMM_SIZE or WORLD_SIZE (torchcomms-run does)")
+
+
+class ElasticHSDP:
+    """Elastic HSDP over replicas of ``shard_size`` ranks (see the module docstring).
+
+    ``store``: the job's store (default ``torchcomms.job_store()``, the control plane's under
+    ``torchcomms-run``, which outlives every worker). ``timeout``: of every communicator and
+    of each wait in forming, healing and recovery. ``join_timeout``: how long a replacement
+    waits to be admitted.
+    """
+
+    def __init__(self, shard_size: int, *, name: str = "elastic", backend: str = "gloo",
+                 device: torch.device | str = "cpu", store: Any = None,
+                 timeout: timedelta = timedelta(seconds=60), join_timeout: timedelta = timedelta(seconds=600)) -> None:
+        world = _job_world()
+        if not isinstance(shard_size, int) or shard_size < 1 or world % shard_size:
+            raise FSDPCommError(f"shard_size must be a positive divisor of the world size {world}, got {shard_size!r}")
+        self.timeout, self.join_timeout = timeout, join_timeout
+        self.store = store if store is not None else torchcomms.job_store(timeout)
+
+        def comm(kind: str) -> Any:
+            return torchcomms.new_comm(backend, device, f"{name}.{kind}", abort_process_on_timeout_or_error=False,
+                                       timeout=timeout, enable_reconfigure=True, hints={"deferred_init": "true"})
+
+        self.shard, self.world, self.replicate = comm("shard"), comm("world"), comm("replicate")
+        self.rank = self.world.get_global_ranks()[0]
+        self.shard_size, self.n_replicas = shard_size, world // shard_size
+        self.replica, self.shard_index = divmod(self.rank, shard_size)
+        self.ns = f"fsdp2.elastic/{name}"
+        self.incarnation = int(self.store.add(f"{self.ns}/starts/{self.rank}", 1))
+        self.step = 0
+        self.cfg = -1
+        self.live: list[int] = []
+        self.model: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        #: a healed rank's timings (seconds): ready -> admitted, re-forming, receiving the state
+        self.heal_times: dict[str, float] = {}
+        self.recovery_s = 0.0  #: how long the last recovery took (shrink, re-forming)
+        self.comms = self._form_shard()
+
+    # --- forming ---------------------------------------------------------------------------
+    def _wait_keys(self, keys: list[str], limit: timedelta | None = None) -> None:
+        """Wait until every key is set; ``CommTimeoutError`` (a failed configuration, handled
+        like any other) after ``limit`` (default: the timeout) when a rank never wrote its key."""
+        secs = (limit or self.timeout).total_seconds()
+        deadline = time.monotonic() + secs
+        while not self.store.check(keys):
+            if time.monotonic() > deadline:
+                missing = [k for k in keys if not self.store.check([k])]
+                raise torchcomms.CommTimeoutError(f"fsdp2.elastic: {missing} not written within {secs:g} s",
+                                                  timeout_s=secs, comm=self.world.get_name(), op="configure")
+            time.sleep(_KEY_POLL_S)
+
+    def _form_shard(self) -> FSDPComms:
+        """The replica's shard communicator (its ranks of this incarnation) and FSDP's mesh."""
+        from torchcomms.device_mesh import init_device_mesh
+
+        base = f"{self.ns}/shard/{self.replica}/i{self.incarnation}"
+        self.store.set(f"{base}/{self.shard_index}", self.shard.get_init_handle())
+        keys = [f"{base}/{j}" for j in range(self.shard_size)]
+        self._wait_keys(keys, self.join_timeout)
+        self.shard.reconfigure(f"r{self.replica}i{self.incarnation}",
+                               [self.store.get(k).decode() for k in keys]).wait()
+        mesh = init_device_mesh((self.shard,), ("shard",), _global_comm=self.shard)
+        return FSDPComms(self.shard, 1, self.shard_size, self.shard, self.shard, None, mesh, mesh, False)
+
+    def fully_shard(self, module: nn.Module, **kwargs: Any) -> nn.Module:
+        """``fsdp2.fully_shard`` of ``module`` over this rank's replica."""
+        return _fully_shard(module, self.comms, overlap=False, **kwargs)
+
+    def members(self, replicas: list[int] | None = None) -> list[int]:
+        """The job ranks of ``replicas`` (default: the live ones), in order."""
+        s = self.shard_size
+        return [r * s + j for r in (self.live if replicas is None else replicas) for j in range(s)]
+
+    def _reform(self, cfg: int, live: list[int]) -> None:
+        """Re-form the world and replicate communicators over the ranks of ``live`` (configuration
+        ``cfg``: every rank taking part holds it from now on, also when this fails)."""
+        self.cfg = cfg
+        base = f"{self.ns}/cfg{cfg}"
+        self.store.set(f"{base}/world/{self.rank}", self.world.get_init_handle())
+        self.store.set(f"{base}/rep/{self.rank}", self.replicate.get_init_handle())
+        world_keys = [f"{base}/world/{g}" for g in self.members(live)]
+        rep_keys = [f"{base}/rep/{r * self.shard_size + self.shard_index}" for r in live]
+        self._wait_keys(world_keys + rep_keys)
+        works = [self.world.reconfigure(f"cfg{cfg}", [self.store.get(k).decode() for k in world_keys]),
+                 self.replicate.reconfigure(f"cfg{cfg}", [self.store.get(k).decode() for k in rep_keys])]
+        for w in works:
+            w.wait()
+        self.cfg, self.live = cfg, list(live)
+
+    def start(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+        """Join the job with ``model`` (sharded by :meth:`fully_shard`) and ``optimizer``: the
+        first start of every rank forms the job (replica 0's parameters are broadcast to the
+        others); a later start waits to be admitted at a step boundary and receives the
+        state. Returns ``False`` when the job ended before this replica was admitted."""
+        self.model, self.optimizer = model, optimizer
+        if self.incarnation == 1:  # every rank's first process: the job's start
+            self._reform(0, list(range(self.n_replicas)))
+            with torch.no_grad():
+                for p in self._params():
+                    self.replicate.broadcast(_local(p), 0, async_op=False)
+            return True
+        return self._join()
+
+    # --- healing ---------------------------------------------------------------------------
+    def _join(self) -> bool:
+        ready = f"{self.ns}/ready/{self.rank}"
+        admit = f"{self.ns}/admit/{self.replica}/i{self.incarnation}"
+        self.store.set(ready, str(self.incarnation).encode())
+        t0 = time.monotonic()
+        deadline = time.monotonic() + self.join_timeout.total_seconds()
+        while not self.store.check([admit]):
+            if self.store.check([f"{self.ns}/done"]):
+                self.store.delete_key(ready)
+                return False
+            if time.monotonic() > deadline:
+                raise FSDPCommError(f"replica {self.replica} was not admitted within {self.join_timeout}")
+            time.sleep(_KEY_POLL_S)
+        rec = json.loads(self.store.get(admit))
+        t1 = t2 = time.monotonic()
+        self.store.delete_key(ready)
+        assert self.optimizer is not None
+        error: BaseException | None = None
+        try:
+            self._reform(int(rec["cfg"]), [int(r) for r in rec["live"]])
+            self.step = int(rec["step"])
+            t2 = time.monotonic()
+            receive_state(self.replicate, self.live.index(int(rec["source"])), self._params(), self.optimizer,
+                          json.loads(self.store.get(f"{self.ns}/cfg{rec['cfg']}/state/{self.shard_index}")))
+        except torchcomms.CommError as e:
+            error = e
+        if not self.world.agree(error is None):  # the live ranks put their side of the heal to it too
+            self.world = self.world.shrink()  # (they shrink: check in, then leave)
+            self.leave()
+            why = error if error is not None else "on another rank"
+            raise ReplicaLostError(f"healing replica {self.replica} at step {rec['step']} failed ({why}); "
+                                   f"rank {self.rank} left the job")
+        self.heal_times = {"wait_admit_s": t1 - t0, "reform_s": t2 - t1, "state_s": time.monotonic() - t2}
+        return True
+
+    def _ready(self, replica: int) -> float:
+        """1.0 when every rank of ``replica`` has said it is ready, in one incarnation."""
+        keys = [f"{self.ns}/ready/{g}" for g in self.members([replica])]
+        if not self.store.check(keys):
+            return 0.0
+        return 1.0 if len({self.store.get(k) for k in keys}) == 1 else 0.0
+
+    def _heal(self, joining: list[int]) -> None:
+        """Admit the replicas ``joining`` (every live rank calls it at the same step boundary)."""
+        cfg, live, source = self.cfg + 1, sorted(self.live + joining), self.live[0]
+        if self.rank == self.members()[0]:
+            for r in joining:
+                inc = self.store.get(f"{self.ns}/ready/{r * self.shard_size}").decode()
+                self.store.set(f"{self.ns}/admit/{r}/i{inc}", json.dumps(
+                    {"cfg": cfg, "live": live, "step": self.step, "source": source}).encode())
+        if self.replica == source:
+            assert self.optimizer is not None
+            meta = state_meta(self._params(), self.optimizer)
+            self.store.set(f"{self.ns}/cfg{cfg}/state/{self.shard_index}", json.dumps(meta).encode())
+        self._reform(cfg, live)
+        if self.replica == source:
+            assert self.optimizer is not None
+            send_state(self.replicate, [live.index(r) for r in joining], self._params(), self.optimizer)
+
+    # --- training --------------------------------------------------------------------------
+    def _params(self) -> list[nn.Parameter]:
+        assert self.model is not None, "call start() first"
+        return list(self.model.parameters())
+
+    def batch_indices(self, global_batch: int) -> range:
+        """This rank's part of the step's global batch ``[step * B, (step + 1) * B)``, split
+        in order over the live ranks (uneven parts differ by one sample at most)."""
+        members = self.members()
+        n, i = len(members), members.index(self.rank)
+        lo = self.step * global_batch
+        per, extra = divmod(global_batch, n)
+        start = lo + i * per + min(i, extra)
+        return range(start, start + per + (1 if i < extra else 0))
+
+    def _broken(self) -> bool:
+        return self.world.is_broken() or self.shard.is_broken()
+
+    def _wait(self, work: Any) -> None:
+        """Wait for ``work`` of the replicate communicator; a failure of any live rank (the
+        world communicator breaks) revokes it, so no rank waits for a replica that left."""
+        while not work.wait(_POLL_S):
+            if self._broken():
+                self.replicate.abort()
+        work.wait()
+
+    def train_step(self, forward_backward: Callable[[], torch.Tensor]) -> StepResult:
+        """Run ``forward_backward()`` (returns the loss, gradients computed), average the
+        gradients across the live replicas and apply the optimizer if every live rank agrees
+        the step succeeded; else recover (see the module docstring). Raises
+        :class:`ReplicaLostError` when this rank's replica left."""
+        opt = self.optimizer
+        assert opt is not None, "call start() first"
+        error: BaseException | None = None
+        report = torch.zeros(1 + self.n_replicas, dtype=torch.float64)
+        try:
+            loss = forward_backward()
+            params = self._params()
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            grads = [_local(p.grad) for p in params]
+            if len(self.live) > 1:
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                self._wait(self.replicate.all_reduce(flat, torchcomms.ReduceOp.AVG, async_op=True))
+                parts = flat.split([g.numel() for g in grads])
+                torch._foreach_copy_(grads, [c.view_as(g) for c, g in zip(parts, grads)])
+            report[0] = float(loss.detach())
+            for r in range(self.n_replicas):
+                if r not in self.live:
+                    report[1 + r] = self._ready(r)
+            self.world.all_reduce(report, torchcomms.ReduceOp.SUM, async_op=False)
+        except torchcomms.CommError as e:
+            error = e
+        if not self.world.agree(error is None):
+            opt.zero_grad(set_to_none=True)
+            t0 = time.monotonic()
+            self._recover()
+            self.recovery_s = time.monotonic() - t0
+            return StepResult(False, self.step, None, tuple(self.live), "shrunk")
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        applied, self.step = self.step, self.step + 1
+        n = self.world.get_size()
+        joining = [r for r in range(self.n_replicas) if r not in self.live and report[1 + r].item() == n]
+        if joining:
+            before = list(self.live)
+            healed = True
+            try:
+                self._heal(joining)
+            except torchcomms.CommError:
+                healed = False
+            if not self.world.agree(healed):  # joiners and live ranks alike: the heal failed somewhere
+                self.live = before
+                self._recover()  # the joining replicas leave; the step applied stays applied
+                return StepResult(True, applied, report[0].item() / n, tuple(self.live), "heal failed")
+        return StepResult(True, applied, report[0].item() / n, tuple(self.live), "healed" if joining else None)
+
+    def _recover(self) -> None:
+        """After a step that was not applied: agree on the survivors, keep the complete
+        replicas, re-form over them."""
+        self.world = self.world.shrink()
+        survivors = set(self.world.get_global_ranks())
+        live = [r for r in self.live if all(g in survivors for g in self.members([r]))]
+        if self.replica not in live:
+            self.leave()
+            raise ReplicaLostError(f"replica {self.replica} lost a rank (survivors {sorted(survivors)}); "
+                                   f"rank {self.rank} left the job at step {self.step}")
+        self._reform(self.cfg + 1, live)
+
+    # --- the end ---------------------------------------------------------------------------
+    def leave(self) -> None:
+        """Abort this rank's communicators (it takes no further part in the job)."""
+        release_comms(self.comms, abort=True)
+        for c in (self.world, self.replicate):
+            c.abort()
+
+    def finish(self) -> None:
+        """Training is over: replacements still waiting to join give up; the communicators
+        are finalized."""
+        if self.live and self.rank == self.members()[0]:
+            self.store.set(f"{self.ns}/done", b"1")
+        for c in (self.world, self.replicate):
+            c.finalize()
+        release_comms(self.comms)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (the tensor itself otherwise)."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None else t

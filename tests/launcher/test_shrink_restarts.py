@@ -1,0 +1,26 @@
+"""``--on-failure shrink --max-restarts N``: a failed worker's process is started again (at most N
+times per rank) while others run; healthy workers are never restarted."""
+
+from __future__ import annotations
+
+from conftest import base_env, run_launcher, worker
+
+
+def test_a_failed_rank_is_restarted_up_to_max_restarts_and_healthy_ones_never(tmp_path):
+    # rank 1 exits 3 at once in every life; rank 0 runs for 4 s and exits 0
+    env = base_env(PID_DIR=str(tmp_path), EXIT_RANK="1", EXIT_CODE="3", SLEEP="4")
+    proc = run_launcher("--nproc-per-node", "2", "--on-failure", "shrink", "--max-restarts", "1",
+                        worker("sleeper.py"), env=env)
+    restarts = [ln for ln in proc.stderr.splitlines() if " restarted (pid " in ln]
+    assert len(restarts) == 1 and "rank 1 restarted" in restarts[0] and "restart 1 of 1" in restarts[0], \
+        proc.stderr
+    assert proc.stderr.count("failed (exit 3)") == 2, proc.stderr  # both lives of rank 1 failed
+    assert proc.returncode == 0, proc.stderr  # tolerated: rank 0 ran on and succeeded
+    table = [ln.split() for ln in proc.stderr.splitlines() if ln.startswith(("0 ", "1 "))]
+    assert [row[0] for row in table] == ["0", "1", "1"], proc.stderr  # one row per process
+
+
+def test_without_max_restarts_shrink_restarts_nobody(tmp_path):
+    env = base_env(PID_DIR=str(tmp_path), EXIT_RANK="1", EXIT_CODE="3", SLEEP="2")
+    proc = run_launcher("--nproc-per-node", "2", "--on-failure", "shrink", worker("sleeper.py"), env=env)
+    assert " restarted (pid " not in proc.stderr and proc.returncode == 0, proc.stderr
