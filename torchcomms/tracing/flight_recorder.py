@@ -339,6 +339,8 @@ def _view(e: tuple[Any, ...], thread_names: dict[int, str]) -> EntryView:
     if reduce_op is not None and not isinstance(reduce_op, str):
         t = getattr(reduce_op, "type", None)
         reduce_op = (getattr(t, "name", None) or str(reduce_op)).lower() if t is not None else str(reduce_op)
+    in_engine = bool(_opt(rec, "in_engine", False))
+    state, outcome = fr_format.entry_state(str(_opt(rec, "state", "scheduled")), in_engine)
     return EntryView(
         record_id=record_id,
         comm=info,
@@ -359,11 +361,13 @@ def _view(e: tuple[Any, ...], thread_names: dict[int, str]) -> EntryView:
         time_created_ns=int(_opt(rec, "time_created_ns") or 0),
         time_started_ns=_opt(rec, "time_started_ns"),
         time_completed_ns=_opt(rec, "time_completed_ns"),
-        state=str(_opt(rec, "state", "scheduled")),
+        state=state,
         error=_opt(rec, "error"),
         thread_name=thread_names.get(tid, f"thread-{tid}"),
         thread_id=tid,
         frames=[{"name": co.co_name, "filename": co.co_filename, "line": ln} for co, ln in frames],
+        outcome=outcome,
+        in_engine=in_engine,
     )
 
 
