@@ -49,11 +49,6 @@ def _sizes(value: Any) -> list[list[int]]:
     return [list(map(int, s)) for s in value]
 
 
-def run_id_from_env() -> str:
-    """The job id: ``TORCHCOMM_RUN_ID``, else torchrun's ``TORCHELASTIC_RUN_ID``, else ``"local"``."""
-    return settings().job_id
-
-
 def global_rank_from_env() -> int | None:
     if settings().rank is not None:
         return settings().rank
@@ -290,7 +285,7 @@ class FlightRecorder:
         ctx = DumpContext(
             rank=int(rank) if rank is not None else 0,
             world_size=self.world_size if self.world_size is not None else world_size_from_env(),
-            run_id=run_id_from_env(),
+            run_id=settings().job_id,
             reason=reason,
             comm_lib_version=f"torchcomms {__version__}",
         )

@@ -267,17 +267,11 @@ def to_pickle(dump: Mapping[str, Any]) -> bytes:
 
 
 def default_dump_prefix() -> str:
-    """``~/.cache/torch/comm_lib_trace/<run id>/rank_``: one folder per job, so concurrent jobs
-    on one machine never overwrite each other's dumps. The run id is ``TORCHCOMM_RUN_ID``, else
-    ``TORCHELASTIC_RUN_ID``; a job with neither is ``local-<MASTER_PORT>`` (``local`` without
-    MASTER_PORT either), which tells apart concurrent jobs that rendezvous on different ports."""
+    """``~/.cache/torch/comm_lib_trace/<job id>/rank_``: one folder per job, so concurrent jobs
+    on one machine never overwrite each other's dumps (``config.Settings.job_id``)."""
     from torchcomms.config import settings
 
-    cfg = settings()
-    run = cfg.job_id
-    if cfg.run_id is None and cfg.torchelastic_run_id is None and os.environ.get("MASTER_PORT", "").strip():
-        run = f"local-{os.environ['MASTER_PORT'].strip()}"
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run).lstrip(".") or "local"
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", settings().job_id).lstrip(".") or "local"
     return f"{DEFAULT_DUMP_ROOT}/{safe}/rank_"
 
 
