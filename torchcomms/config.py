@@ -147,7 +147,7 @@ VARIABLES: tuple[Var, ...] = (
         "plane for lost", minimum=0, positive=True),
     Var("TORCHCOMM_STORE_WATCH", "store_watch", "bool", False,
         "without torchcomms-run: find dead peers on this host from /proc and publish them through the store "
-        "(opt-in: a rank that exits cleanly while its peers are still in an op is taken for dead)"),
+        "(opt-in: a rank that leaves by `os._exit` without finalizing is taken for dead; see INTERNALS)"),
     Var("TORCHCOMM_FAILURE_ATTRIBUTION_S", "failure_attribution_s", "float", 1.0,
         "how long an engine's connection loss waits for the control plane to name the failed rank",
         minimum=0),

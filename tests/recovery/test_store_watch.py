@@ -113,3 +113,26 @@ def test_agree_leaves_no_key_of_its_rounds_in_the_store() -> None:
     assert all(r.value["decided"] == expected for r in results), [r.value["decided"] for r in results]
     v = results[0].value
     assert v["after"] - v["before"] == 1, v
+
+
+def test_a_peer_is_watched_once_its_identity_is_read_whatever_the_others() -> None:
+    """Peers' identities are read one by one: a rank that never published its own (killed
+    before its watch ran) used to keep every other peer of the host unwatched too."""
+    import json
+
+    import torch.distributed as dist
+
+    from torchcomms.config import settings
+    from torchcomms.recovery.store_watch import StoreWatch, _identity  # noqa: PLC2701
+
+    store = dist.HashStore()
+    watch = StoreWatch(store, 0, 3)
+    peer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        key = f"torchcomms/{settings().job_id}/liveness/proc/1"
+        store.set(key, json.dumps({**_identity(), "pid": peer.pid}).encode())
+        watch._learn_identities()  # noqa: SLF001 - rank 2 never published
+        assert watch._local == {1: peer.pid}  # noqa: SLF001
+    finally:
+        peer.kill()
+        peer.wait()

@@ -52,6 +52,10 @@ POLL_S = 0.05
 #: Answered in a round trip or two; a store that does not answer by then (its host stopped)
 #: cannot tell anybody anything, and finalize and exit do not wait for it.
 LEAVE_WAIT_S = 0.5
+#: At exit, how long the watch thread's store calls in progress are waited for at most, and
+#: after how long in one look a call is taken for blocked on a store that does not answer.
+EXIT_WAIT_S = 2.0
+STUCK_S = 1.0
 
 
 def _read(path: str) -> str:
@@ -113,6 +117,9 @@ class StoreWatch:
         self._left = False  # this rank's done key is written (cleared when it is in use again)
         self._leave_asked = False
         self._rejoined = False
+        self._busy_since: float | None = None  # when the thread's look in progress began
+        self._published = False  # this rank's identity is in the store
+        self._claimed = False  # the first watch() starts the thread
         self._wake = threading.Condition(self._lock)  # wakes the thread before its next look
         self._errors_at_start = getattr(sys, "last_value", None)  # an uncaught exception sets it
         self._stop = threading.Event()
@@ -128,10 +135,17 @@ class StoreWatch:
         with self._lock:
             self._comms.add(comm)
             self._rejoined = self._left  # in use again after it left: not done any more
-            start = self._thread.ident is None and not self._stop.is_set()
-            if start:
-                self._thread.start()
+            start = not self._claimed and not self._stop.is_set()
+            self._claimed = True
         if start:
+            # Before new_comm returns, not on the thread: a rank killed before the thread ran
+            # would never be found (peers find only ranks whose identity they read).
+            try:
+                self._store.set(self._proc_key(self.global_rank), json.dumps(self._me).encode())
+                self._published = True
+            except Exception:  # noqa: BLE001 - the thread tries again (and finds the store's loss)
+                pass
+            self._thread.start()
             atexit.register(self._at_exit)
         comm.monitor = self
 
@@ -162,6 +176,9 @@ class StoreWatch:
 
     def _done_key(self, rank: int) -> str:
         return f"{self._prefix}/done/{rank}"
+
+    def _proc_key(self, rank: int) -> str:
+        return f"{self._prefix}/proc/{rank}"
 
     def _at_exit(self) -> None:
         """At interpreter exit: leave cleanly, unless an uncaught exception ends the process
@@ -195,19 +212,30 @@ class StoreWatch:
         self._stop.set()
         with self._lock:
             self._wake.notify_all()
-        if self._thread.ident is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2 * POLL_S)
+        if self._thread.ident is None or self._thread is threading.current_thread():
+            return
+        # Wait for the store call in progress: a thread that returns from the store's C++ code
+        # while the interpreter finalizes aborts the process (see ``store_calls``). One that has
+        # waited ``STUCK_S`` already is on a store that does not answer: left, it stays blocked.
+        until = time.monotonic() + EXIT_WAIT_S
+        while self._thread.is_alive() and time.monotonic() < until:
+            since = self._busy_since
+            if since is not None and time.monotonic() - since > STUCK_S:
+                return
+            self._thread.join(POLL_S)
 
     # --- the thread -------------------------------------------------------------------------
     def _run(self) -> None:
         try:
             self._store.delete_key(self._done_key(self.global_rank))  # in use (again)
-            self._store.set(f"{self._prefix}/proc/{self.global_rank}", json.dumps(self._me).encode())
+            if not self._published:
+                self._store.set(self._proc_key(self.global_rank), json.dumps(self._me).encode())
         except Exception as e:  # noqa: BLE001 - no store: nothing to watch through
             if isinstance(e, dist.DistNetworkError):
                 self._store_lost(e)
             return self._end()
         while not self._stop.is_set():
+            self._busy_since = time.monotonic()
             try:
                 if self._leave_asked:
                     self._write_done()
@@ -234,6 +262,7 @@ class StoreWatch:
                 break
             except Exception:  # noqa: BLE001 - a slow or confused store: look again next time
                 pass
+            self._busy_since = None
             with self._lock:
                 if not self._leave_asked and not self._stop.is_set():
                     self._wake.wait(POLL_S)
@@ -261,16 +290,17 @@ class StoreWatch:
             self._on_end(self)
 
     def _learn_identities(self) -> None:
+        """Read the identities peers have published so far (each peer's once)."""
         if not self._unknown:
             return
-        keys = [f"{self._prefix}/proc/{r}" for r in sorted(self._unknown)]
-        if not self._store.check(keys):
+        ready = [r for r in sorted(self._unknown) if self._store.check([self._proc_key(r)])]
+        if not ready:
             return
-        for r, raw in zip(sorted(self._unknown), self._store.multi_get(keys)):
+        for r, raw in zip(ready, self._store.multi_get([self._proc_key(r) for r in ready])):
             info = json.loads(bytes(raw).decode())
             if all(info.get(k) == self._me[k] for k in ("host", "boot", "ns")) and isinstance(info.get("pid"), int):
                 self._local[r] = info["pid"]
-        self._unknown.clear()
+            self._unknown.discard(r)
 
     def _publish(self, rank: int, how: str) -> None:
         """Publish ``rank`` failed (first publisher wins) and tell this process's communicators."""
