@@ -206,9 +206,10 @@ class StoreWatch:
                 self._changed.wait(min(remaining, POLL_S))
 
     def stop(self) -> None:
-        """End the thread. At exit it is waited for briefly (a store call that is answered ends
-        in a round trip); one blocked on a stopped store host is left: a TCPStore call waits in
-        C++ without the interpreter, so exit does not wait for it (see ``store_calls``)."""
+        """End the thread, waiting for its store call in progress (at most ``EXIT_WAIT_S``; a
+        call answered ends in a round trip). One blocked for ``STUCK_S`` already, on a stopped
+        store host, is left: a TCPStore call waits in C++ without the interpreter, so exit does
+        not wait for it (see ``store_calls``)."""
         self._stop.set()
         with self._lock:
             self._wake.notify_all()
