@@ -147,7 +147,7 @@ VARIABLES: tuple[Var, ...] = (
         "plane for lost", minimum=0, positive=True),
     Var("TORCHCOMM_STORE_WATCH", "store_watch", "bool", False,
         "without torchcomms-run: find dead peers on this host from /proc and publish them through the store "
-        "(opt-in: a rank that exits cleanly while its peers are still in an op is taken for dead)"),
+        "(opt-in: a rank that leaves by `os._exit` without finalizing is taken for dead; see INTERNALS)"),
     Var("TORCHCOMM_FAILURE_ATTRIBUTION_S", "failure_attribution_s", "float", 1.0,
         "how long an engine's connection loss waits for the control plane to name the failed rank",
         minimum=0),
@@ -177,21 +177,26 @@ class Settings:
     """The validated values of every declared variable, as attributes named by ``Var.attr``
     (``settings().timeout_s``)."""
 
-    def __init__(self, values: dict[str, Any], raw: dict[str, str | None]) -> None:
+    def __init__(self, values: dict[str, Any], raw: dict[str, str | None], master_port: str | None = None) -> None:
         self.__dict__.update(values)
         self._raw = raw
+        self._master_port = (master_port or "").strip() or None
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read and validate every variable of ``env`` (default ``os.environ``)."""
         env = os.environ if env is None else env
         raw = {v.name: env.get(v.name) for v in VARIABLES}
-        return cls({v.attr: v.parse(raw[v.name]) for v in VARIABLES}, raw)
+        return cls({v.attr: v.parse(raw[v.name]) for v in VARIABLES}, raw, env.get("MASTER_PORT"))
 
     @property
     def job_id(self) -> str:
-        """``TORCHCOMM_RUN_ID``, else ``TORCHELASTIC_RUN_ID``, else ``"local"``."""
-        return self.run_id or self.torchelastic_run_id or "local"
+        """``TORCHCOMM_RUN_ID``, else ``TORCHELASTIC_RUN_ID``; a job with neither is
+        ``local-<MASTER_PORT>`` (``local`` without MASTER_PORT either), which tells apart
+        concurrent jobs on one machine that rendezvous on different ports."""
+        if self.run_id or self.torchelastic_run_id:
+            return self.run_id or self.torchelastic_run_id
+        return f"local-{self._master_port}" if self._master_port else "local"
 
     def source(self, name: str) -> str | None:
         """The raw text of variable ``name`` (``None`` when unset)."""

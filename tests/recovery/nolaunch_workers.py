@@ -62,3 +62,90 @@ def kill_inside_all_reduce(victim: int, op_timeout_s: float) -> dict[str, Any]:
     return out
 
 
+
+
+def _job(name: str) -> tuple[torchcomms.TorchComm, Any, int]:
+    world = int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore("127.0.0.1", int(os.environ["TC_STORE_PORT"]), world, False,
+                          timeout=timedelta(seconds=120), wait_for_workers=False)
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), name, timeout=timedelta(seconds=120), store=store)
+    t = torch.ones(8)
+    comm.all_reduce(t, ReduceOp.SUM, False)  # every rank is up and has published who it is
+    return comm, store, world
+
+
+def _note(name: str, text: str) -> None:
+    ready_dir = os.environ["TC_READY_DIR"]
+    with open(os.path.join(ready_dir, name + ".tmp"), "w") as f:
+        f.write(text)
+    os.replace(os.path.join(ready_dir, name + ".tmp"), os.path.join(ready_dir, name))
+
+
+def peer_leaves(leaver: int, how: str, seen_within_s: float) -> dict[str, Any]:
+    """``leaver`` leaves once every rank is up: ``finalize`` (its communicator finalized, then
+    ``os._exit``), ``exit`` (no finalize, the interpreter's normal exit: run with
+    TC_RANK_EXIT_NORMALLY=1) or ``kill`` (SIGKILL); it writes the wall-clock time it left to
+    ``$TC_READY_DIR/left`` first. Every other rank waits until its store watch has a verdict on
+    the leaver (exited cleanly, or failed) and reports it, when, and whether its communicator
+    broke."""
+    from torchcomms.recovery.store_watch import process_gone
+
+    comm, store, world = _job("leaves")
+    me = comm.get_rank()
+    store.set(f"test/pid/{me}", str(os.getpid()).encode())
+    if me == leaver:
+        store.wait(["test/pid/" + str(r) for r in range(world)])
+        _note("left", repr(time.time()))
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if how == "finalize":
+            comm.finalize()
+        return {"rank": me, "left": how}
+    pid = int(store.get(f"test/pid/{leaver}"))
+    watch = comm._core.monitor  # noqa: SLF001 - the test reads the watch's verdict
+    deadline = time.monotonic() + seen_within_s
+    while not process_gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gone_at = time.time()
+    exited: set[int] = getattr(watch, "exited", set())  # (a watch without it takes every exit for a death)
+    while leaver not in exited and leaver not in watch.failed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    out = {"rank": me, "gone": process_gone(pid), "gone_at": gone_at, "at": time.time(),
+           "verdict": "exited" if leaver in exited else "failed" if leaver in watch.failed else None,
+           "broken": comm.is_broken(), "failed": sorted(watch.failed)}
+    # No survivor leaves before all have looked: one that leaves with os._exit without
+    # finalizing is (rightly) a failure to the others.
+    store.add("test/looked", 1)
+    while int(store.add("test/looked", 0)) < world - 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return out
+
+
+def agree_after_kill(victim: int, agree_timeout_s: float) -> dict[str, Any]:
+    """``victim`` SIGKILLs itself once every rank is up (after writing the time to
+    ``$TC_READY_DIR/killed``); the others call ``agree(True)`` at once and report what it
+    decided and when it returned."""
+    comm, store, world = _job("agree-kill")
+    me = comm.get_rank()
+    if me == victim:
+        _note("killed", repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        decided: Any = comm.agree(True, timeout=timedelta(seconds=agree_timeout_s))
+    except torchcomms.CommError as e:
+        decided = f"{type(e).__name__}: {e}"
+    return {"rank": me, "decided": decided, "at": time.time()}
+
+
+def agree_rounds(rounds: int) -> dict[str, Any]:
+    """``rounds`` agrees (rank 1 says no in every third); rank 0 counts the store's keys before
+    and after (every rank has returned from the last one by then: an all_reduce follows)."""
+    comm, store, world = _job("agree-rounds")
+    me = comm.get_rank()
+    before = store.num_keys()
+    comm.all_reduce(torch.ones(1), ReduceOp.SUM, False)
+    decided = [comm.agree(not (me == 1 and n % 3 == 0)) for n in range(rounds)]
+    comm.all_reduce(torch.ones(1), ReduceOp.SUM, False)
+    after = store.num_keys()
+    comm.finalize()
+    return {"rank": me, "decided": decided, "before": before, "after": after}

@@ -68,6 +68,39 @@ def test_rank_that_skips_a_collective_is_named(tmp_path: Path) -> None:
     assert "missing ranks: {2}" in fr.stdout + fr.stderr
 
 
+def test_op_that_timed_out_while_gloo_still_blocks_in_it_is_dumped_as_started(tmp_path: Path) -> None:
+    """Rank 0's all_reduce #2 times out while gloo still blocks in it (rank 1 never entered):
+    its dump says the op is started and still in the engine, with the caller's timeout beside
+    it, not that it failed; once an abort makes gloo return, the dump says it timed out. The
+    dumps used to say "timed_out" (retired) while the engine was still inside the op."""
+    results = run_ranks("timeout_then_abort", 2, tmp_path)
+    assert [rc for rc, _ in results] == [3, 0], [e[-2000:] for _, e in results]
+    assert "CommTimeoutError" in results[0][1]
+
+    def op2(name: str) -> tuple[dict, dict]:
+        with open(tmp_path / name, "rb") as f:
+            d = pickle.load(f)
+        (e,) = [e for e in d["entries"] if e["collective_seq_id"] == 2 and e["profiling_name"] == "gloo:all_reduce"]
+        return e, d["torchcomms"]["ops"][str(e["record_id"])]
+
+    e, x = op2("fr_rank_blocked_0")
+    assert (e["state"], e["retired"], e["time_discovered_completed_ns"]) == ("started", False, None)
+    assert (x["state"], x["outcome"], x["in_engine"]) == ("started", "timed_out", True)
+    assert "did not complete within" in x["error"]
+    e, x = op2("fr_rank_aborted_0")
+    assert (e["state"], e["retired"]) == ("started", True)  # PyTorch's format has no failed state
+    assert (x["state"], x["outcome"], x["in_engine"]) == ("timed_out", None, False)
+    # The viewer reads the first dump as the dump says: in flight, not failed.
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "fr_rank_0").write_bytes((tmp_path / "fr_rank_blocked_0").read_bytes())
+    res = _trace_cli("analyze", "--json", str(blocked))
+    report = json.loads(res.stdout)
+    assert not [f for f in report["findings"] if f["kind"] == "failed"], report["findings"]
+    calls = [c for f in report["findings"] for c in f["calls"].values() if c.startswith("all_reduce")]
+    assert any("started, still in the engine after the caller got timed_out" in c for c in calls), report
+
+
 def test_size_mismatch_report_shows_both_ranks_calls(tmp_path: Path) -> None:
     results = run_ranks("size_mismatch", 2, tmp_path)
     assert all(rc == 0 for rc, _ in results), [e[-2000:] for _, e in results]

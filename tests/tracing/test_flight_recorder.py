@@ -177,6 +177,32 @@ def test_timeout_writes_a_dump_naming_the_cause(job_env: Path) -> None:
     comm.finalize()
 
 
+def test_op_ended_for_the_caller_but_not_in_the_engine_is_dumped_as_started() -> None:
+    """A timeout fails the caller while the engine still holds the op: the dump says started
+    and in the engine, with the caller's outcome beside it; once the engine returns, it says
+    timed out. It used to say "timed_out" (retired) while the engine was still inside."""
+    hook = FlightRecorderHook(max_entries=16, isolated=True)
+    comm = _fake("fr-blocked-1", **{"fake.hang_ops": "all_reduce"})
+    hook.register_with_comm(comm)
+    with pytest.raises(torchcomms.CommTimeoutError):
+        comm.all_reduce(torch.ones(4), torchcomms.ReduceOp.SUM, async_op=False)
+
+    def entry() -> tuple[dict, dict]:
+        d = json.loads(hook.dump_json())
+        (e,) = d["entries"]
+        return e, d["torchcomms"]["ops"][str(e["record_id"])]
+
+    e, x = entry()
+    assert (e["state"], e["retired"], e["time_discovered_completed_ns"]) == ("started", False, None)
+    assert (x["state"], x["outcome"], x["in_engine"]) == ("started", "timed_out", True)
+    assert "did not complete within" in x["error"]
+    comm._backend._pending[0].set_result(None)  # the engine returns, too late for the caller
+    e, x = entry()
+    assert (e["state"], e["retired"]) == ("started", True)
+    assert (x["state"], x["outcome"], x["in_engine"]) == ("timed_out", None, False)
+    comm.finalize()
+
+
 def test_abort_writes_a_dump(job_env: Path) -> None:
     comm = _fake("fr-auto-2")
     comm.barrier(async_op=False)

@@ -77,6 +77,36 @@ def byte_mismatch() -> int:
     return 0
 
 
+def timeout_then_abort() -> int:
+    """The last rank skips all_reduce #2 and stays connected, so the first rank's op times out
+    while gloo still blocks in it; that rank dumps (``<prefix>blocked_<rank>``), aborts the
+    communicator (gloo then returns from the op) and dumps again (``<prefix>aborted_<rank>``)."""
+    from torchcomms.tracing.flight_recorder import process_recorder
+
+    comm = _comm()
+    rank, size = comm.get_rank(), comm.get_size()
+    t = torch.ones(256)
+    comm.all_reduce(t, ReduceOp.SUM, async_op=False)
+    if rank == size - 1:
+        time.sleep(TIMEOUT_S + 8)
+        return 0
+    prefix = os.environ["TORCHCOMM_FR_DUMP_TEMP_FILE"]
+    try:
+        comm.all_reduce(t, ReduceOp.SUM, async_op=False)
+    except torchcomms.CommTimeoutError as exc:
+        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    else:
+        return 1
+    process_recorder().dump_file(rank, reason="blocked", prefix=f"{prefix}blocked_")
+    comm.abort()
+    # gloo's abort returns once the engine delivered the op's end; allow a loaded box a while
+    deadline = time.monotonic() + 10
+    while any(e.in_engine for e in process_recorder().entries()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process_recorder().dump_file(rank, reason="aborted", prefix=f"{prefix}aborted_")
+    return 3
+
+
 def clean() -> int:
     """A few correct collectives, then exit (atexit dump)."""
     comm = _comm()

@@ -162,6 +162,29 @@ class EngineHandle:
         for fut in self._futures:
             fut.add_done_callback(self._one_done)
 
+    def on_engine_end(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the engine is done with every part of the op (maybe right
+        now), without running ``finish``: for an op the caller stopped waiting for in the
+        engine (its deadline passed, or it was failed elsewhere), whose outputs must not be
+        written any more. Not together with :meth:`on_done`."""
+        if self._make_futures is not None:
+            self._futures, self._make_futures, self._blocking = list(self._make_futures()), None, None
+        futures = list(self._futures)
+        if not futures:
+            callback()
+            return
+        left, lock = [len(futures)], threading.Lock()
+
+        def one(_: torch.futures.Future) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                callback()
+
+        for fut in futures:
+            fut.add_done_callback(one)
+
     def _one_done(self, fut: torch.futures.Future) -> None:
         try:
             fut.value()

@@ -232,6 +232,8 @@ class CommCore:
             if self.life.can(S.FINALIZED):
                 self.life.move(S.FINALIZED)
         self.release()
+        if self.monitor is not None:
+            self.monitor.finalized(self)  # the last one: this rank leaves cleanly
 
     def abort(self) -> None:
         revoke = self.options.enable_reconfigure

@@ -103,12 +103,13 @@ def dispatch(
             handle = EngineHandle.failed(mismatch)
         elif core.life.state is not CommState.ACTIVE:  # broken while the hooks or the check ran
             handle = EngineHandle.failed(_late_break_error(core, rec))
-        elif core.current_stream_sync:
-            handle = launch(*args, async_op=async_op)
         else:
-            handle = launch(*args)
+            rec.in_engine = True
+            handle = launch(*args, async_op=async_op) if core.current_stream_sync else launch(*args)
     except Exception as e:  # noqa: BLE001 - the engine may throw anything
         handle = EngineHandle.failed(e)
+    if handle.is_immediate:
+        rec.in_engine = False
     if handle.stream_ordered:
         work.stream_op = handle
     if not handle.is_immediate:
@@ -168,7 +169,9 @@ def _wait_in_engine(core: CommCore, work: TorchWork, handle: EngineHandle) -> No
     """The synchronous fast path: block in the engine on the caller's thread, as c10d does,
     instead of a future callback on the engine's thread waking this one. The wait runs in
     slices so that an op ended elsewhere (deadline, peer failure, abort) is seen within one
-    slice; raises the op's error like ``wait()``."""
+    slice; raises the op's error like ``wait()``. An op ended elsewhere while the engine still
+    runs it is left to the engine, which clears ``record.in_engine`` when it is done with it."""
+    returned = False
     while work.status is WorkStatus.INPROGRESS:
         remaining = work.deadline - time.monotonic()
         if remaining <= 0:
@@ -176,6 +179,10 @@ def _wait_in_engine(core: CommCore, work: TorchWork, handle: EngineHandle) -> No
             break
         done, error = handle.wait_engine(min(ENGINE_WAIT_SLICE_S, remaining))
         if done:
+            returned = True
             work.engine_done(error)
             break
+    if not returned:
+        rec = work.record
+        handle.on_engine_end(lambda: setattr(rec, "in_engine", False))
     work.wait()

@@ -8,7 +8,11 @@ class OpRecord:
     """What an operation was, where it stands, and how it ended.
 
     Built once per op by ``TorchComm`` before dispatch; updated in place as the op starts and
-    completes. Hooks receive it (``pre_hook(name, op_id, record)``, ``post_hook(op_id,
+    completes. ``state`` is the outcome the caller sees (``scheduled``, ``started``, then
+    ``completed``, ``failed``, ``timed_out`` or ``aborted``); ``in_engine`` is true from the
+    engine call until the engine is done with the op. The two differ when the caller was
+    failed (deadline, peer failure, abort) while the engine still blocks in the op: then the
+    op ended for the caller but not in the engine, and tracing says so. Hooks receive it (``pre_hook(name, op_id, record)``, ``post_hook(op_id,
     record)``); tracing keeps references to it, so fields are only ever filled in, never reused.
     """
 
@@ -36,6 +40,7 @@ class OpRecord:
         "time_completed_ns",
         "device_duration_ms",
         "state",
+        "in_engine",
         "error",
         "hints",
         "extra",
@@ -90,6 +95,7 @@ class OpRecord:
         # with timing on), filled when the op is seen completed; None otherwise
         self.device_duration_ms: float | None = None
         self.state = "scheduled"
+        self.in_engine = False
         self.error: str | None = None
         self.hints = hints
         self.extra: dict[str, Any] | None = None

@@ -79,6 +79,7 @@ class TorchWork:
 
     def engine_done(self, error: BaseException | None) -> None:
         """The engine ended the op (with ``error``, or successfully)."""
+        self.record.in_engine = False
         if error is None:
             op = self.stream_op
             if op is not None:  # the device's own timing of the op (its events have passed: no sync)

@@ -1,9 +1,10 @@
-"""Survivor agreement over a key-value store: every survivor gets the same member list.
+"""Agreement over a key-value store: every member who returns gets the same decision.
 
-Survivors check in under a membership epoch; once every member not known to have failed has
-checked in (or the deadline passed), a proposal is written with compare-and-set. The first
+Members check in (or vote) under a round's keys; once every member not known to have failed
+has checked in (or the deadline passed), a proposal is written with compare-and-set. The first
 proposal wins and everybody adopts it, so there is no split brain by construction. Works on any
-torch ``Store`` (the control plane's, or a TCPStore).
+torch ``Store`` (the control plane's, or a TCPStore). Two decisions are built on that one loop
+(:func:`_decide`): the survivor list of a shrink and the AND of a flag (``agree``).
 
 Every store call is bounded by the agreement's deadline, whatever the store's own timeout: a
 store whose host is stopped or cut off raises ``StoreNotAnswering`` at the deadline (plus
@@ -17,6 +18,41 @@ from collections.abc import Callable
 from typing import Any
 
 from torchcomms.core.store_calls import STORE_CALL_GRACE_S, BoundedCalls
+
+#: ``propose(complete, arrived, expected)``: the proposal once every expected member arrived
+#: (``complete``) or the deadline passed; ``arrived`` and ``expected`` exclude known failures.
+Propose = Callable[[bool, list[int], list[int]], bytes]
+
+
+class RoundClosed(Exception):
+    """This member read an ``agree`` round after every member it was decided for had read it
+    and its keys were deleted: the others held this member failed and went on without it."""
+
+
+def _decide(call: BoundedCalls, store: Any, key_prefix: str, mark: str, me: int, members: list[int],
+            known_failed: Callable[[], set[int]], deadline: float, poll_s: float, propose: Propose) -> bytes:
+    """Check in under ``<key_prefix>/<mark>/<me>`` and return the stored decision: another
+    member's, or ``propose(...)`` written with compare-and-set once every member not known
+    failed checked in under ``mark`` (or ``deadline`` passed)."""
+    decision_key = f"{key_prefix}/decision"
+    mine = f"{key_prefix}/{mark}/{me}"
+    call(f"set({mine!r})", lambda: store.set(mine, b"1"))
+    arrived: set[int] = {me}
+    while True:
+        if call(f"check({decision_key!r})", lambda: store.check([decision_key])):
+            return bytes(call(f"get({decision_key!r})", lambda: store.get(decision_key)))
+        failed = known_failed()
+        expected = [r for r in members if r not in failed]
+        for r in expected:
+            key = f"{key_prefix}/{mark}/{r}"
+            if r not in arrived and call(f"check({key!r})", lambda: store.check([key])):
+                arrived.add(r)
+        complete = all(r in arrived for r in expected)
+        if complete or time.monotonic() >= deadline:
+            proposal = propose(complete, sorted(r for r in arrived if r not in failed), expected)
+            stored = call(f"compare_set({decision_key!r})", lambda: store.compare_set(decision_key, b"", proposal))
+            return bytes(stored) if stored else proposal
+        time.sleep(poll_s)
 
 
 def _decode(raw: bytes) -> list[int]:
@@ -41,24 +77,8 @@ def agree_on_survivors(
     answered by then; an error the store raised is raised as it is."""
     call = BoundedCalls(deadline + STORE_CALL_GRACE_S, "torchcomms-agreement-store")
     try:
-        check_in = f"{key_prefix}/in/{me}"
-        call(f"set({check_in!r})", lambda: store.set(check_in, b"1"))
-        decision_key = f"{key_prefix}/decision"
-        arrived: set[int] = set()
-        while True:
-            if call(f"check({decision_key!r})", lambda: store.check([decision_key])):
-                return _decode(call(f"get({decision_key!r})", lambda: store.get(decision_key)))
-            failed = known_failed()
-            expected = [r for r in candidates if r not in failed]
-            for r in expected:
-                key = f"{key_prefix}/in/{r}"
-                if r not in arrived and call(f"check({key!r})", lambda: store.check([key])):
-                    arrived.add(r)
-            if all(r in arrived for r in expected) or time.monotonic() >= deadline:
-                proposal = json.dumps(sorted(r for r in arrived if r not in failed)).encode()
-                stored = call(f"compare_set({decision_key!r})", lambda: store.compare_set(decision_key, b"", proposal))
-                return _decode(stored if stored else proposal)
-            time.sleep(poll_s)
+        return _decode(_decide(call, store, key_prefix, "in", me, candidates, known_failed, deadline, poll_s,
+                               lambda complete, arrived, expected: json.dumps(arrived).encode()))
     finally:
         call.close()
 
@@ -66,15 +86,23 @@ def agree_on_survivors(
 _YES, _NO = b"1", b"0"
 
 
-def _decode_flag(raw: bytes) -> bool:
-    if raw not in (_YES, _NO):
+def _flag_value(flag: bool, readers: list[int]) -> bytes:
+    """A flag decision: ``1`` or ``0``, then ``:`` and the members it is decided for (those who
+    must read it before its keys go), comma-separated."""
+    return (_YES if flag else _NO) + b":" + ",".join(map(str, readers)).encode()
+
+
+def _decode_flag(raw: bytes) -> tuple[bool, list[int]]:
+    value, sep, readers = raw.partition(b":")
+    if value not in (_YES, _NO) or not sep or not all(r.isdigit() for r in readers.split(b",") if readers):
         raise ValueError(f"malformed outcome decision {raw!r}")
-    return raw == _YES
+    return value == _YES, [int(r) for r in readers.split(b",")] if readers else []
 
 
 def agree_on_flag(
     store: Any,
-    key_prefix: str,
+    prefix: str,
+    round_no: int,
     me: int,
     members: list[int],
     flag: bool,
@@ -82,40 +110,60 @@ def agree_on_flag(
     deadline: float,
     poll_s: float = 0.002,
 ) -> bool:
-    """The AND of the flags of ``members`` not known to have failed, decided once under
-    ``key_prefix`` and the same for everybody who returns.
+    """The AND of the flags of ``members`` not known to have failed, decided once for round
+    ``round_no`` (keys ``<prefix>/agree<round_no>/...``) and the same for everybody who returns.
 
     A ``False`` flag decides ``False`` at once (compare-and-set); a ``True`` flag is written as a
     vote and the caller waits for every member not known failed to vote ``True`` (then proposes
     ``True``) or for the deadline (then proposes ``False``: a member that did not vote counts as
     a no). The first proposal wins and everybody adopts it, so no two callers ever return
-    different values. Bounded like :func:`agree_on_survivors`."""
+    different values.
+
+    The decision names the members it is decided for (those not known failed by its proposer).
+    Each of them counts its read; the last one deletes the round's keys, so a slow reader
+    always finds the decision. It first raises ``<prefix>/agree/closed`` to ``round_no``: a
+    member the decision was not for that comes after that raises :class:`RoundClosed` instead
+    of deciding the round again. Bounded like :func:`agree_on_survivors`."""
     call = BoundedCalls(deadline + STORE_CALL_GRACE_S, "torchcomms-agreement-store")
+    key_prefix = f"{prefix}/agree{round_no}"
     decision_key = f"{key_prefix}/decision"
     try:
-        if not flag:
-            stored = call(f"compare_set({decision_key!r})", lambda: store.compare_set(decision_key, b"", _NO))
-            return _decode_flag(stored if stored else _NO)
-        vote = f"{key_prefix}/yes/{me}"
-        call(f"set({vote!r})", lambda: store.set(vote, _YES))
-        seen: set[int] = {me}
-        while True:
-            if call(f"check({decision_key!r})", lambda: store.check([decision_key])):
-                return _decode_flag(call(f"get({decision_key!r})", lambda: store.get(decision_key)))
+        if flag:
+            raw = _decide(call, store, key_prefix, "yes", me, members, known_failed, deadline, poll_s,
+                          lambda complete, arrived, expected: _flag_value(complete, expected))
+        else:
             failed = known_failed()
-            expected = [r for r in members if r not in failed]
-            for r in expected:
-                key = f"{key_prefix}/yes/{r}"
-                if r not in seen and call(f"check({key!r})", lambda: store.check([key])):
-                    seen.add(r)
-            if all(r in seen for r in expected):
-                proposal = _YES
-            elif time.monotonic() >= deadline:
-                proposal = _NO
-            else:
-                time.sleep(poll_s)
-                continue
-            stored = call(f"compare_set({decision_key!r})", lambda: store.compare_set(decision_key, b"", proposal))
-            return _decode_flag(stored if stored else proposal)
+            mine = _flag_value(False, [r for r in members if r not in failed])
+            stored = call(f"compare_set({decision_key!r})", lambda: store.compare_set(decision_key, b"", mine))
+            raw = bytes(stored) if stored else mine
+        decided, readers = _decode_flag(raw)
+        closed_key = f"{prefix}/agree/closed"
+        if call(f"check({closed_key!r})", lambda: store.check([closed_key])):
+            closed = call(f"get({closed_key!r})", lambda: store.get(closed_key))
+            if int(closed) >= round_no:  # what this member found or wrote came after: remove it
+                for key in (decision_key, f"{key_prefix}/yes/{me}"):
+                    call(f"delete_key({key!r})", lambda: store.delete_key(key))
+                raise RoundClosed(f"agree round {round_no} was decided and closed without member {me}")
+        if me in readers:
+            read_key = f"{key_prefix}/read"
+            if call(f"add({read_key!r})", lambda: store.add(read_key, 1)) == len(readers):
+                _close(call, store, closed_key, round_no,
+                       [decision_key, read_key, *(f"{key_prefix}/yes/{r}" for r in members)])
+        return decided
     finally:
         call.close()
+
+
+def _close(call: BoundedCalls, store: Any, closed_key: str, round_no: int, keys: list[str]) -> None:
+    """Raise ``closed_key`` to ``round_no`` (never lower it: rounds may close out of order),
+    then delete ``keys``."""
+    want = str(round_no).encode()
+    current = bytes(call(f"get({closed_key!r})", lambda: store.get(closed_key))) if call(
+        f"check({closed_key!r})", lambda: store.check([closed_key])) else b""
+    while not current or int(current) < round_no:
+        stored = bytes(call(f"compare_set({closed_key!r})", lambda: store.compare_set(closed_key, current, want)))
+        if stored == want:
+            break
+        current = stored
+    for key in keys:
+        call(f"delete_key({key!r})", lambda: store.delete_key(key))

@@ -77,6 +77,10 @@ class FailureMonitor:
             self._comms.add(comm)
         comm.monitor = self
 
+    def finalized(self, comm: CommCore) -> None:
+        """``comm`` was finalized: nothing to do (the launcher's agent sees this process's exit
+        and its code; :meth:`stop` deregisters the heartbeat at exit)."""
+
     def known_failures(self) -> dict[int, str]:
         """Failed job ranks (global) and how each was seen to fail, as of now."""
         with self._lock:

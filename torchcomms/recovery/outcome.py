@@ -14,7 +14,7 @@ from torchcomms.core import error_map
 from torchcomms.core.comm_core import CommCore
 from torchcomms.core.errors import CommAbortedError
 from torchcomms.core.state import CommState
-from torchcomms.recovery.agreement import agree_on_flag
+from torchcomms.recovery.agreement import RoundClosed, agree_on_flag
 
 _AGREE = "agree"
 
@@ -30,13 +30,19 @@ def agree(core: CommCore, flag: bool, secs: float) -> bool:
     core.agree_rounds[prefix] = n
     me = core.global_ranks[core.rank]
     where = dict(comm=core.name, op=_AGREE, seq=n)
+
+    def declared_failed() -> CommAbortedError:
+        return CommAbortedError(f"this rank ({me}) was declared failed; the survivors decided without it", **where)
+
     try:
-        decided = agree_on_flag(core.ctx.store, f"{prefix}/agree{n}", me, list(core.global_ranks), flag,
+        decided = agree_on_flag(core.ctx.store, prefix, n, me, list(core.global_ranks), flag,
                                 lambda: set(core.known_failures()), time.monotonic() + secs)
+    except RoundClosed:
+        raise declared_failed() from None
     except Exception as e:  # noqa: BLE001 - a store may raise anything
         raise error_map.agreement_error(e, core.ctx.store, secs, where,
                                         core.monitor.control_lost if core.monitor is not None else None) from e
     if decided and not flag or core.state is CommState.EXPELLED:
         # decided without this rank: the others hold it failed
-        raise CommAbortedError(f"this rank ({me}) was declared failed; the survivors decided without it", **where)
+        raise declared_failed()
     return decided

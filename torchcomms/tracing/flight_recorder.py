@@ -49,11 +49,6 @@ def _sizes(value: Any) -> list[list[int]]:
     return [list(map(int, s)) for s in value]
 
 
-def run_id_from_env() -> str:
-    """The job id: ``TORCHCOMM_RUN_ID``, else torchrun's ``TORCHELASTIC_RUN_ID``, else ``"local"``."""
-    return settings().job_id
-
-
 def global_rank_from_env() -> int | None:
     if settings().rank is not None:
         return settings().rank
@@ -290,7 +285,7 @@ class FlightRecorder:
         ctx = DumpContext(
             rank=int(rank) if rank is not None else 0,
             world_size=self.world_size if self.world_size is not None else world_size_from_env(),
-            run_id=run_id_from_env(),
+            run_id=settings().job_id,
             reason=reason,
             comm_lib_version=f"torchcomms {__version__}",
         )
@@ -339,6 +334,8 @@ def _view(e: tuple[Any, ...], thread_names: dict[int, str]) -> EntryView:
     if reduce_op is not None and not isinstance(reduce_op, str):
         t = getattr(reduce_op, "type", None)
         reduce_op = (getattr(t, "name", None) or str(reduce_op)).lower() if t is not None else str(reduce_op)
+    in_engine = bool(_opt(rec, "in_engine", False))
+    state, outcome = fr_format.entry_state(str(_opt(rec, "state", "scheduled")), in_engine)
     return EntryView(
         record_id=record_id,
         comm=info,
@@ -359,12 +356,14 @@ def _view(e: tuple[Any, ...], thread_names: dict[int, str]) -> EntryView:
         time_created_ns=int(_opt(rec, "time_created_ns") or 0),
         time_started_ns=_opt(rec, "time_started_ns"),
         time_completed_ns=_opt(rec, "time_completed_ns"),
-        state=str(_opt(rec, "state", "scheduled")),
+        state=state,
         error=_opt(rec, "error"),
         thread_name=thread_names.get(tid, f"thread-{tid}"),
         thread_id=tid,
         frames=[{"name": co.co_name, "filename": co.co_filename, "line": ln} for co, ln in frames],
         device_duration_ms=_opt(rec, "device_duration_ms"),
+        outcome=outcome,
+        in_engine=in_engine,
     )
 
 

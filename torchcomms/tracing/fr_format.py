@@ -36,6 +36,19 @@ DUMP_PREFIX_ENV = "TORCHCOMM_FR_DUMP_TEMP_FILE"
 # States PyTorch's format knows; ours map onto them (the precise one stays in the extension).
 FR_STATES = ("scheduled", "started", "completed")
 TERMINAL_STATES = frozenset({"completed", "failed", "timed_out", "aborted"})
+# Outcomes a caller can get while the engine still runs the op (its deadline passed, a peer
+# failure or an abort ended it for the caller): the op is then written "started", still in
+# the engine, with the caller's outcome beside it, never as failed (see ``entry_state``).
+CALLER_FAILURES = frozenset({"failed", "timed_out", "aborted"})
+
+
+def entry_state(state: str, in_engine: bool) -> tuple[str, str | None]:
+    """``(state, outcome)`` a dump writes for an op whose record says ``state``: an op the
+    caller was failed out of while the engine has not returned from it is ``"started"``, with
+    the caller's ``state`` as its outcome; any other op is its own state, without one."""
+    if in_engine and state in CALLER_FAILURES:
+        return "started", state
+    return state, None
 
 # p2p_seq_id values are written offset by this base. PyTorch's analyzer
 # (find_coalesced_group_with_non_p2p) treats consecutive entries of one group as a coalesced
@@ -93,6 +106,8 @@ class EntryView:
     thread_id: int
     frames: list[dict[str, Any]] = field(default_factory=list)
     device_duration_ms: float | None = None  # from the op's device events (stream-ordered engines)
+    outcome: str | None = None  # what the caller got while the engine still runs the op
+    in_engine: bool = False
 
 
 def profiling_name(backend: str, op: str, is_p2p: bool, rank: int, peer: int | None) -> str:
@@ -152,6 +167,8 @@ def extension_op(e: EntryView) -> dict[str, Any]:
         "op": e.op,
         "seq": e.seq,
         "state": e.state,
+        "outcome": e.outcome,
+        "in_engine": e.in_engine,
         "error": e.error,
         "peer": e.peer,
         "root": e.root,
@@ -254,17 +271,11 @@ def to_pickle(dump: Mapping[str, Any]) -> bytes:
 
 
 def default_dump_prefix() -> str:
-    """``~/.cache/torch/comm_lib_trace/<run id>/rank_``: one folder per job, so concurrent jobs
-    on one machine never overwrite each other's dumps. The run id is ``TORCHCOMM_RUN_ID``, else
-    ``TORCHELASTIC_RUN_ID``; a job with neither is ``local-<MASTER_PORT>`` (``local`` without
-    MASTER_PORT either), which tells apart concurrent jobs that rendezvous on different ports."""
+    """``~/.cache/torch/comm_lib_trace/<job id>/rank_``: one folder per job, so concurrent jobs
+    on one machine never overwrite each other's dumps (``config.Settings.job_id``)."""
     from torchcomms.config import settings
 
-    cfg = settings()
-    run = cfg.job_id
-    if cfg.run_id is None and cfg.torchelastic_run_id is None and os.environ.get("MASTER_PORT", "").strip():
-        run = f"local-{os.environ['MASTER_PORT'].strip()}"
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run).lstrip(".") or "local"
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", settings().job_id).lstrip(".") or "local"
     return f"{DEFAULT_DUMP_ROOT}/{safe}/rank_"
 
 

@@ -148,9 +148,8 @@ def configure_logging(
         if log_dir is None:
             log_dir = settings().log_dir
         file_path = Path(log_dir) / f"torchcomms-rank{rank if rank is not None else 'x'}.jsonl" if log_dir else None
-        from torchcomms.tracing.flight_recorder import run_id_from_env
 
-        context = {"run_id": run_id_from_env(), "host": socket.gethostname(), "pid": os.getpid(), "rank": rank}
+        context = {"run_id": settings().job_id, "host": socket.gethostname(), "pid": os.getpid(), "rank": rank}
         if _config is not None:
             _config.sink.close()
         _config = _Config(lvl, _Sink(out, console, file_path), context)

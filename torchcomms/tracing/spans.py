@@ -271,11 +271,11 @@ def process_span_recorder() -> SpanRecorder | None:
             parsed = settings().otel
             if parsed is None:
                 return None
-            from torchcomms.tracing.flight_recorder import global_rank_from_env, run_id_from_env
+            from torchcomms.tracing.flight_recorder import global_rank_from_env
 
             rank = global_rank_from_env()
             max_q = settings().otel_queue
-            _recorder = SpanRecorder(make_exporter(*parsed, rank), run_id=run_id_from_env(), rank=rank, max_queue=max_q)
+            _recorder = SpanRecorder(make_exporter(*parsed, rank), run_id=settings().job_id, rank=rank, max_queue=max_q)
             atexit.register(_recorder.shutdown)
         return _recorder
 

@@ -80,6 +80,8 @@ def describe_call(op: Op) -> str:
     if op.reduce_op:
         parts.append(f"op={op.reduce_op}")
     s = f"{op.op}({', '.join(parts)}) {op.state}"
+    if op.outcome:
+        s += f", still in the engine after the caller got {op.outcome}"
     if op.call_site:
         s += f" at {op.call_site}"
     return s

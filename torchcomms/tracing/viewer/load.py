@@ -67,6 +67,9 @@ class Op:
     reduce_op: str | None = None
     comm_rank: int | None = None
     core_seq: int | None = None  # the communicator's own sequence number (torchcomms dumps)
+    # what the caller got (failed, timed_out, aborted) while the engine still ran the op: the
+    # op's ``state`` is then "started" (torchcomms dumps; see ``fr_format.entry_state``)
+    outcome: str | None = None
 
     @property
     def call_site(self) -> str:
@@ -306,10 +309,11 @@ def _parse_entry(e: dict[str, Any], rank: int, ext_ops: dict[str, Any], comms: d
     state = str(e.get("state", "scheduled"))
     record_id = int(e.get("record_id", 0))
     x = ext_ops.get(str(record_id)) if isinstance(ext_ops, dict) else None
-    error = root = reduce_op = core_seq = None
+    error = root = reduce_op = core_seq = outcome = None
     if isinstance(x, dict):
         state = str(x.get("state", state))
         error = x.get("error")
+        outcome = str(x["outcome"]) if x.get("outcome") else None
         peer = _int_or_none(x.get("peer")) if x.get("peer") is not None else peer
         root = _int_or_none(x.get("root"))
         reduce_op = x.get("reduce_op")
@@ -346,6 +350,7 @@ def _parse_entry(e: dict[str, Any], rank: int, ext_ops: dict[str, Any], comms: d
         reduce_op=str(reduce_op) if reduce_op else None,
         comm_rank=comm_rank,
         core_seq=core_seq,
+        outcome=outcome,
     )
 
 
