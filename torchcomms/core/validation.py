@@ -184,6 +184,22 @@ class Checker:
             self.same_dtype(op, f"{name}[{i}]", t, ref_name, ref)
         self.same_shape(op, f"{name}[{self.rank}]", ts[self.rank], ref_name, ref)
 
+    def reduce_scatter(self, op: str, output: Any, inputs: Any, red: Any) -> list[_Tensor]:
+        """A reduce-scatter's arguments: ``reduce_scatter`` (one ``output``-shaped input per rank),
+        ``reduce_scatter_v`` (per-rank inputs, ``output``'s shape at this rank) or
+        ``reduce_scatter_single`` (one input of world_size × ``output``); the reduce op against
+        ``output``'s dtype. Returns the inputs as a list."""
+        if op == "reduce_scatter_single":
+            self.pair(op, output, inputs)
+            self.numel_ratio(op, "input", inputs, "output", output)
+            ins = [inputs]
+        else:
+            self.tensor(op, "output", output)
+            (self.v_list if op == "reduce_scatter_v" else self.list_like)(op, "input_list", inputs, "output", output)
+            ins = list(inputs)
+        self.reduce_op(op, red, output.dtype)
+        return ins
+
     def all_to_all_single(self, output: Any, input: Any) -> None:
         op = "all_to_all_single"
         self.pair(op, output, input)
