@@ -19,7 +19,7 @@ from torchcomms.core.comm_core import CommCore
 from torchcomms.core.dispatch import dispatch
 from torchcomms.core.errors import CommTypeError
 from torchcomms.core.names import NAMES
-from torchcomms.core.op import OpRecord
+from torchcomms.core.op import OpRecord, SenderSlot
 from torchcomms.core.state import ABORTED_STATES
 from torchcomms.core.types import BatchP2POptions, CommOptions, OpName, P2POp, P2POpType, ReduceOp
 from torchcomms.core.work import TorchWork
@@ -246,6 +246,17 @@ class TorchComm:
         self._core.checker.rank_arg("recv", "src", src, allow_self=False)
         return dispatch(self._core, OpName.recv, async_op, hints, timeout, [], [tensor], self._core.backend.recv,
                         (tensor, src, 0), peer=src, is_p2p=True)
+
+    def recv_any_source(self, tensor: torch.Tensor, async_op: bool, hints: _Hints = None,
+                        timeout: _Timeout = None) -> TorchWork:
+        """Receive ``tensor`` from whichever rank sends to this one first (c10d's
+        ``recv(tensor)`` without ``src``); once it completed, ``work.source_rank()`` names the
+        sender. Only on engines that can (gloo); others raise ``CommValueError``."""
+        self._core.checker.tensor("recv", "tensor", tensor)
+        self._core.checker.any_source("recv")
+        slot = SenderSlot()
+        return dispatch(self._core, OpName.recv, async_op, hints, timeout, [], [tensor],
+                        self._core.backend.recv_any_source, (tensor, 0, slot.found), is_p2p=True, bind=slot.bind)
 
     def batch_op_create(self) -> BatchSendRecv:
         """A new batch of point-to-point ops."""

@@ -21,7 +21,8 @@ _BITWISE = (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR)
 class Checker:
     """Argument checks bound to one communicator's identity, rank, size and device."""
 
-    __slots__ = ("comm", "rank", "size", "device_type", "device", "dtypes", "bitwise_ops")
+    __slots__ = ("comm", "rank", "size", "device_type", "device", "dtypes", "bitwise_ops", "backend",
+                 "recv_any_source")
 
     def __init__(
         self,
@@ -31,6 +32,8 @@ class Checker:
         device: torch.device,
         dtypes: frozenset[torch.dtype] | None,
         bitwise_ops: bool = True,
+        backend: str = "",
+        recv_any_source: bool = False,
     ) -> None:
         self.comm = comm
         self.rank = rank
@@ -39,6 +42,8 @@ class Checker:
         self.device_type = device.type
         self.dtypes = dtypes
         self.bitwise_ops = bitwise_ops
+        self.backend = backend
+        self.recv_any_source = recv_any_source
 
     # --- errors ----------------------------------------------------------------------------
     def type_error(self, op: str, msg: str) -> CommTypeError:
@@ -59,6 +64,12 @@ class Checker:
             raise self.value_error(op, f"{name}={value} is out of range for a communicator of size {self.size}")
         if not allow_self and value == self.rank:
             raise self.value_error(op, f"{name}={value} is this rank itself; a rank cannot {op} to itself")
+
+    def any_source(self, op: str) -> None:
+        """A receive from any source: only on engines that can take one."""
+        if not self.recv_any_source:
+            raise self.value_error(op, f"backend {self.backend!r} cannot receive from any source; name the "
+                                       f"sending rank (recv(tensor, src, ...))")
 
     def timeout(self, op: str, value: Any) -> float | None:
         if value is None:
