@@ -76,6 +76,7 @@ def assemble_comm(
             store_words = describe_store(the_store)
         else:
             the_store = store
+        options.store = the_store  # the store it met on, found or given (get_options().store)
         prefix = f"torchcomms/{name}/{incarnation}"
         ctx = BackendContext(
             name=name,
