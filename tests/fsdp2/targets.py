@@ -32,8 +32,10 @@ def mp_policy(mp: bool) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mp else MixedPrecisionPolicy()
 
 
-def train(model: torch.nn.Module, data: list[torch.Tensor], lr: float = 1e-2) -> list[float]:
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=True)
+def train(model: torch.nn.Module, data: list[torch.Tensor], lr: float = 1e-2, sgd: bool = False) -> list[float]:
+    # SGD where the gradients' scale must show in the parameters (AdamW all but cancels it)
+    opt = (torch.optim.SGD(model.parameters(), lr=lr, foreach=True) if sgd
+           else torch.optim.AdamW(model.parameters(), lr=lr, foreach=True))
     losses = []
     for tok in data:
         loss = model(tok[:, :-1], tok[:, 1:])
@@ -92,6 +94,42 @@ def numerics(steps: int = 20, replicate: int = 1, mp: bool = False, overlap: boo
     return {"ours": our_losses, "stock": stock_losses, "max_param_diff": max_diff,
             "ours_digest": digest(our_params), "stock_digest": digest(stock_params)}
 
+
+def fsdp_modules(model: torch.nn.Module) -> list[Any]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def divide_factor(steps: int = 6, factor: float = 3.0, replicate: int = 1) -> dict[str, Any]:
+    """``set_gradient_divide_factor(factor)`` on every FSDP module, ours and stock, trained with
+    SGD (so the gradients' scale shows): FSDP then reduce-scatters with PREMUL_SUM(1 / factor).
+    On c10d's gloo (which refuses PREMUL_SUM) stock also needs ``set_force_sum_reduction_for_comms``
+    (SUM, then divide by the factor); under TORCH_DISTRIBUTED_USE_TORCHCOMMS=1 stock's PREMUL_SUM
+    runs as issued."""
+    rank = int(os.environ["RANK"])
+    routed = os.environ.get("TORCH_DISTRIBUTED_USE_TORCHCOMMS") == "1"
+    comm = world_comm()
+    ours = shard_ours(make_model(), comm, replicate_size=replicate)
+    issued: list[str] = []
+    fsdp2.comms_of(ours).reduce_scatter.register_pre_hook(lambda name, op_id, rec: issued.append(rec.reduce_op))
+    for m in fsdp_modules(ours):
+        m.set_gradient_divide_factor(factor)
+    data = batches(rank, steps)
+    our_losses = train(ours, data, lr=0.5, sgd=True)
+    our_params = full_params(ours)
+    stock = shard_stock(make_model(), fsdp2.comms_of(ours).global_mesh)
+    for m in fsdp_modules(stock):
+        m.set_gradient_divide_factor(factor)
+        if not routed:
+            m.set_force_sum_reduction_for_comms(True)
+    stock_losses = train(stock, data, lr=0.5, sgd=True)
+    stock_params = full_params(stock)
+    max_diff = max((our_params[n] - stock_params[n]).abs().max().item() for n in our_params)
+    moved = max((our_params[n] - p).abs().max().item() for n, p in full_params(shard_stock(make_model(), fsdp2.comms_of(ours).global_mesh)).items())
+    return {"ours": our_losses, "stock": stock_losses, "max_param_diff": max_diff, "moved": moved,
+            "ops": sorted(set(issued)), "routed": routed,
+            "ours_digest": digest(our_params), "stock_digest": digest(stock_params)}
 
 
 def flight_record(steps: int = 2) -> dict[str, Any]:

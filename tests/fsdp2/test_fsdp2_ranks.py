@@ -7,6 +7,7 @@ import pytest
 from tests.helpers.ranks import RankGroup, run_ranks
 
 T = "tests.fsdp2.targets"
+ROUTE = {"TORCH_DISTRIBUTED_USE_TORCHCOMMS": "1", "TORCHCOMM_ABORT_ON_ERROR": "0"}
 
 
 def _same_everywhere(results: list) -> dict:
@@ -36,6 +37,28 @@ def test_fsdp_without_overlap_matches_stock_bitwise() -> None:
 def test_hsdp_matches_stock_bitwise_over_20_steps(mp: bool) -> None:
     # 4 ranks as (replicate 2, shard 2); stock runs native HSDP on the same 2-D mesh
     _same_everywhere(run_ranks(4, f"{T}:numerics", {"steps": 20, "mp": mp, "replicate": 2}, timeout=300))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replicate", [1, 2], ids=["fsdp", "hsdp"])
+def test_gradient_divide_factor_premul_sum_matches_stock(replicate: int) -> None:
+    world = 2 * replicate
+    # stock fully_shard on torch.distributed over our communicators issues the same PREMUL_SUM
+    # (c10d's own gloo refuses it): bitwise equal, FSDP and HSDP (whose replica all-reduce is
+    # then a SUM, as stock's)
+    routed = run_ranks(world, f"{T}:divide_factor", {"replicate": replicate}, timeout=280, env=ROUTE)
+    for r in routed:
+        v = r.value
+        assert v["routed"] and len(v["ops"]) == 1 and v["ops"][0].startswith("PREMUL_SUM(0.333"), v
+        assert v["ours"] == v["stock"] and v["ours_digest"] == v["stock_digest"], f"rank {r.rank}: {v}"
+        assert v["moved"] > 1e-3, v  # the parameters trained: equality above is not of untouched weights
+    # stock on c10d's gloo: SUM, then divided by the factor (other rounding): within 1e-5
+    anchor = run_ranks(world, f"{T}:divide_factor", {"replicate": replicate}, timeout=280)
+    for r, rr in zip(anchor, routed):
+        v = r.value
+        assert not v["routed"] and v["ours_digest"] == rr.value["ours_digest"]  # ours does not depend on the route
+        assert v["max_param_diff"] <= 1e-5, v
+        assert all(abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(v["ours"], v["stock"])), v
 
 
 def test_all_gather_and_reduce_scatter_run_on_their_own_communicators() -> None:
