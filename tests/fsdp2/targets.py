@@ -132,6 +132,33 @@ def divide_factor(steps: int = 6, factor: float = 3.0, replicate: int = 1) -> di
             "ours_digest": digest(our_params), "stock_digest": digest(stock_params)}
 
 
+def clipped(steps: int = 6, replicate: int = 1, max_norm: float = 0.05) -> dict[str, Any]:
+    """``torch.nn.utils.clip_grad_norm_`` on the DTensor gradients before every step, ours and
+    stock from the same weights and data: the total norms it returned and the results."""
+    rank = int(os.environ["RANK"])
+    comm = world_comm()
+    ours = shard_ours(make_model(), comm, replicate_size=replicate)
+    stock = shard_stock(make_model(), fsdp2.comms_of(ours).global_mesh)
+    out: dict[str, Any] = {}
+    for name, model in (("ours", ours), ("stock", stock)):
+        opt = torch.optim.SGD(model.parameters(), lr=0.5, foreach=True)
+        losses, norms = [], []
+        for tok in batches(rank, steps):
+            loss = model(tok[:, :-1], tok[:, 1:])
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            norms.append(norm.full_tensor().item() if hasattr(norm, "full_tensor") else norm.item())
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        params = full_params(model)
+        out[name] = {"losses": losses, "norms": norms, "digest": digest(params)}
+        out[f"{name}_params"] = params
+    ours_p, stock_p = out.pop("ours_params"), out.pop("stock_params")
+    out["max_param_diff"] = max((ours_p[n] - stock_p[n]).abs().max().item() for n in ours_p)
+    return out
+
+
 def flight_record(steps: int = 2) -> dict[str, Any]:
     """Train a few steps with a flight recorder on the parent communicator; return, per
     communicator name, the op names it ran (from the recorder's dump)."""
@@ -174,14 +201,19 @@ def prefetch_order(prefetch: int = 1, n_layers: int = 4) -> list[int]:
     return seen
 
 
-def killed_rank(victim: int = 2, step: int = 2, timeout_s: float = 30.0, phase: str = "forward") -> dict[str, Any]:
+def killed_rank(victim: int = 2, step: int = 2, timeout_s: float = 30.0, phase: str = "forward",
+                replicate: int = 1) -> dict[str, Any]:
     """The victim exits abruptly inside block 1's ``phase`` (forward/backward) of ``step``; survivors report the
-    error they got (type, MRO, seconds from the victim's exit to the raise)."""
+    error they got (type, MRO, seconds from the victim's exit to the raise, and from the last op
+    this rank issued on an FSDP communicator before it raised)."""
     import time
 
     rank = int(os.environ["RANK"])
     comm = world_comm(timeout_s=timeout_s)
-    model = shard_ours(make_model(n_layers=3), comm)
+    model = shard_ours(make_model(n_layers=3), comm, replicate_size=replicate)
+    issued = [0.0]
+    for c in fsdp2.comms_of(model).communicators():
+        c.register_pre_hook(lambda name, op_id, rec: issued.__setitem__(0, time.time()))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     state = {"step": 0}
     mark = os.path.join(os.environ["TC_GROUP_DIR"], "victim_exit")
@@ -211,8 +243,9 @@ def killed_rank(victim: int = 2, step: int = 2, timeout_s: float = 30.0, phase: 
         shards = {k: v.to_local().clone() for k, v in model.state_dict().items()}
         fsdp2.release_comms(fsdp2.comms_of(model), abort=True)
         comm.abort()
-        return {"teardown_s": time.time() - raised, "shards": len(shards),"type": type(e).__name__, "mro": [c.__name__ for c in type(e).__mro__], "message": str(e)[:400],
-                "after_s": raised - died, "step": state["step"]}
+        return {"teardown_s": time.time() - raised, "shards": len(shards), "type": type(e).__name__,
+                "mro": [c.__name__ for c in type(e).__mro__], "message": str(e)[:400],
+                "after_s": raised - died, "after_last_issue_s": raised - issued[0], "step": state["step"]}
     return {"type": None, "step": state["step"]}
 
 

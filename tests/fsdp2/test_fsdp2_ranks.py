@@ -102,6 +102,46 @@ def test_killed_rank_mid_step_raises_typed_error_on_every_survivor(phase: str) -
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("victim", [3, 1], ids=["shard-peer-of-2", "replica-peer-of-1"])
+def test_hsdp_killed_rank_in_backward_raises_typed_error_on_every_survivor(victim: int) -> None:
+    # 4 ranks as (replicate 2, shard 2): shard groups {0,1} {2,3}, replica groups {0,2} {1,3}.
+    # The victim dies in block 1's backward (reduce-scatters and replica all-reduces in flight);
+    # a survivor that shares a communicator with it sees the closed peer, the others see their
+    # own op stop answering: each raises within its op's deadline, none hangs in autograd.
+    timeout_s = 20.0
+    args = {"victim": victim, "step": 2, "timeout_s": timeout_s, "phase": "backward", "replicate": 2}
+    with RankGroup(4, f"{T}:killed_rank", args) as g:
+        res = g.wait(timeout=200)
+    assert res[victim].returncode == 17
+    for r in res:
+        if r.rank == victim:
+            continue
+        assert r.ok(), r.stderr[-3000:]
+        v = r.value
+        assert v["step"] == 2 and "CommError" in v["mro"], v
+        assert v["type"] in ("PeerFailureError", "CommTimeoutError", "CommAbortedError"), v
+        assert "world.fsdp." in v["message"], v
+        # the bound is mechanical: an op ends at its deadline (timeout_s after it was issued);
+        # the op that raised was issued at the latest at this rank's last issue, and no later
+        # than the victim's death plus what this rank still computed
+        assert v["after_last_issue_s"] < timeout_s + 5, v
+        assert v["shards"] > 0 and v["teardown_s"] < timeout_s, v
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replicate", [1, 2], ids=["fsdp", "hsdp"])
+def test_clip_grad_norm_on_dtensor_grads_matches_stock(replicate: int) -> None:
+    res = run_ranks(2 * replicate, f"{T}:clipped", {"replicate": replicate}, timeout=280)
+    for r in res:
+        v = r.value
+        assert all(n > 0.05 for n in v["ours"]["norms"]), v  # every step was clipped
+        assert v["ours"]["norms"] == v["stock"]["norms"], v
+        assert v["ours"]["losses"] == v["stock"]["losses"], v
+        assert v["max_param_diff"] == 0.0 and v["ours"]["digest"] == v["stock"]["digest"], v
+    assert len({r.value["ours"]["digest"] for r in res}) == 1
+
+
+@pytest.mark.slow
 def test_dcp_save_on_4_ranks_load_on_3(tmp_path) -> None:
     path = str(tmp_path / "ckpt")
     saved = run_ranks(4, f"{T}:dcp_save", {"path": path, "steps": 3}, timeout=240)
