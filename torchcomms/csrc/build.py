@@ -20,11 +20,13 @@ import hashlib
 import importlib.util
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
 
 SOURCE = Path(__file__).resolve().parent / "backend_wrapper.cpp"
+_LOAD_LOCK = threading.Lock()
 _DONE_MARK = "build.ok"
 
 
@@ -89,14 +91,17 @@ def build(verbose: bool = False) -> ModuleType:
 
 
 def load() -> ModuleType:
-    """The extension module: from the cache when built, else built now (see the module doc)."""
+    """The extension module: from the cache when built, else built now (see the module doc).
+    One load per process, whichever thread asks first (a second import of the same pybind
+    module would register its class twice)."""
     name = module_name()
-    if name in sys.modules:
-        return sys.modules[name]
-    directory = cache_dir()
-    if (directory / _DONE_MARK).exists():
-        return _import_built(directory, name)
-    return build()
+    with _LOAD_LOCK:
+        if name in sys.modules:
+            return sys.modules[name]
+        directory = cache_dir()
+        if (directory / _DONE_MARK).exists():
+            return _import_built(directory, name)
+        return build()
 
 
 def wrapper_class(loaded_only: bool = False) -> type | None:
