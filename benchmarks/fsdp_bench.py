@@ -72,7 +72,7 @@ def build(name: str, args: argparse.Namespace, comm: Any) -> tuple[Any, Any]:
                            n_kv_heads=args.heads // 2, ffn_dim=4 * args.dim, loss_impl=args.loss)
     model = Llama(cfg)
     if name.startswith("fsdp2"):
-        kw = dict(overlap=name != "fsdp2-no-overlap", prefetch=0 if name == "fsdp2-no-prefetch" else 1)
+        kw = dict(overlap=name != "fsdp2-no-overlap", prefetch=0 if name == "fsdp2-no-prefetch" else args.prefetch)
         for blk in model.blocks:
             fsdp2.fully_shard(blk, comm, **kw)
         fsdp2.fully_shard(model, comm, **kw)
@@ -101,7 +101,7 @@ def worker(args: argparse.Namespace) -> None:
 
     import torchcomms
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     rank = int(os.environ["RANK"])
     comm = torchcomms.new_comm("gloo", torch.device("cpu"), name="bench",
                                abort_process_on_timeout_or_error=False)
@@ -147,7 +147,7 @@ def launch(args: argparse.Namespace, only: str | None = None) -> list[dict[str, 
     for r in range(args.ranks):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.ranks), TORCHCOMM_RANK=str(r),
                    TORCHCOMM_SIZE=str(args.ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   LOCAL_RANK=str(r), OMP_NUM_THREADS="1",
+                   LOCAL_RANK=str(r), OMP_NUM_THREADS=str(args.threads),
                    PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
         env.pop("TORCHCOMM_CONTROL_ADDR", None)
         cmd = [sys.executable, __file__, "--worker", "--out", str(tmp / f"rank{r}.json")] + args.passthrough
@@ -203,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--loss", choices=("auto", "torch", "fused"), default="auto")
+    p.add_argument("--prefetch", type=int, default=1, help="fsdp2's forward prefetch depth (modules all-gathered ahead)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="intra-op threads per rank (a many-core host: cores / ranks leaves compute to overlap with)")
     p.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
     p.add_argument("--no-memory", action="store_true", help="skip the per-contender memory runs")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, 3 steps")
@@ -214,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def passthrough(args: argparse.Namespace) -> list[str]:
+    """The options every rank process gets (the worker rebuilds ``args`` from them)."""
+    keep = ("steps", "warmup", "dim", "layers", "heads", "vocab", "seq", "batch", "lr", "loss", "prefetch", "threads")
+    return [x for k in keep for x in ("--" + k, str(getattr(args, k)))] + ["--contenders", *args.contenders]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
@@ -222,21 +231,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args)
         return 0
-    keep = ("--steps", "--warmup", "--dim", "--layers", "--heads", "--vocab", "--seq", "--batch", "--lr", "--loss")
-    args.passthrough = [x for k in keep for x in (k, str(getattr(args, k[2:])))] + ["--contenders", *args.contenders]
+    args.passthrough = passthrough(args)
     started = datetime.now(timezone.utc)
     load0 = os.getloadavg()
     timed = launch(args)
     memory: dict[str, int] = {}
     if not args.no_memory:
         one = argparse.Namespace(**{**vars(args), "steps": 3, "warmup": 0})
-        one.passthrough = [x if x != str(args.steps) else "3" for x in args.passthrough]
+        one.passthrough = passthrough(one)
         for n in timed[0]["contenders"]:
             res = launch(one, only=n)
             memory[n] = max(r["hwm_kib"] - r["rss_before_kib"] for r in res)
     rows = summarize(timed, memory)
     print(f"fsdp_bench: {args.ranks} ranks, dim {args.dim}, {args.layers} layers, vocab {args.vocab}, "
-          f"batch {args.batch}x{args.seq}, {args.steps} timed steps; torch {timed[0]['torch']}; "
+          f"batch {args.batch}x{args.seq}, {args.steps} timed steps, prefetch {args.prefetch}, "
+          f"{args.threads} thread(s)/rank; torch {timed[0]['torch']}; "
           f"{os.cpu_count()} CPUs; load {load0[0]:.1f} -> {os.getloadavg()[0]:.1f}; {started:%Y-%m-%d %H:%M} UTC")
     print_table(rows)
     if args.json:

@@ -89,9 +89,17 @@ def _install(module: FSDPModule, comms: FSDPComms, overlap: bool) -> None:
     rs = CommReduceScatter(comms.reduce_scatter, comms.reductions, lambda: _own_params(module), overlap)
     module.set_custom_reduce_scatter(rs)
     if comms.is_hsdp:
-        module.set_all_reduce_hook(ReplicaAllReduce(comms.all_reduce, rs, comms.reductions))
+        module.set_all_reduce_hook(ReplicaAllReduce(comms.all_reduce, rs, comms.reductions,
+                                                    lambda: gradient_divide_factor(module)))
     module._fsdp2_comms = comms  # type: ignore[attr-defined]
     module.register_forward_pre_hook(lambda *_: comms.reductions.new_pass())
+
+
+def gradient_divide_factor(module: FSDPModule) -> float | None:
+    """The factor set by ``module.set_gradient_divide_factor`` (torch keeps it on the module's
+    parameter group and has no getter), or None."""
+    group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
+    return getattr(group, "gradient_divide_factor", None)
 
 
 def comms_of(module: nn.Module) -> FSDPComms:

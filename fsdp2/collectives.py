@@ -40,15 +40,30 @@ class FSDPCommError(torchcomms.CommValueError):
     """FSDP handed a collective something the torchcomms path cannot run (named in the message)."""
 
 
+def _premul_factor(op: Any) -> float | torch.Tensor | None:
+    """The factor of c10d's ``ReduceOp.PREMUL_SUM(factor)`` (FSDP's ``1 / gradient_divide_factor``):
+    its ``factor`` attribute, or the pickled state ``(kind, factor)`` where that is missing."""
+    factor = getattr(op, "factor", None)
+    if factor is None and hasattr(op, "__getstate__"):
+        state = op.__getstate__()
+        if isinstance(state, tuple) and len(state) == 2:
+            factor = state[1]
+    return factor if isinstance(factor, (float, int, torch.Tensor)) and not isinstance(factor, bool) else None
+
+
 def comms_op(op: Any) -> torchcomms.ReduceOp:
-    """torch's reduce op (a ``dist.ReduceOp`` or its ``RedOpType``) as a torchcomms ``ReduceOp``."""
+    """torch's reduce op (a ``dist.ReduceOp`` or its ``RedOpType``) as a torchcomms ``ReduceOp``;
+    ``PREMUL_SUM(f)`` keeps its factor (the communicator multiplies by it, then sums)."""
     kind = getattr(op, "op", op)  # dist.ReduceOp wraps a RedOpType in .op
+    if kind == dist.ReduceOp.PREMUL_SUM:
+        factor = _premul_factor(op)
+        if factor is None:
+            raise FSDPCommError(f"reduce op {op!r} is a PREMUL_SUM without a readable factor")
+        return torchcomms.ReduceOp.PREMUL_SUM(factor)
     for c10d, name in _C10D_TO_COMMS.items():
         if kind == c10d or kind == getattr(c10d, "op", c10d):
             return getattr(torchcomms.ReduceOp, name)
-    raise FSDPCommError(
-        f"reduce op {op!r} has no torchcomms equivalent here (PREMUL_SUM from "
-        "set_gradient_divide_factor is not supported: its factor is not readable from Python)")
+    raise FSDPCommError(f"reduce op {op!r} has no torchcomms equivalent here")
 
 
 def _check_group(group: dist.ProcessGroup | None, comm: Any, what: str) -> None:
@@ -204,19 +219,27 @@ class CommReduceScatter(ReduceScatter):
 
 class ReplicaAllReduce:
     """HSDP's all-reduce of the reduce-scattered gradient across replicas, on ``comm``; FSDP calls
-    it (``set_all_reduce_hook``) right after the reduce-scatter of ``reduce_scatter``."""
+    it (``set_all_reduce_hook``) right after the reduce-scatter of ``reduce_scatter``.
 
-    def __init__(self, comm: Any, reduce_scatter: CommReduceScatter, reductions: Reductions) -> None:
+    torch's FSDP sees only the shard group, so the replica step is chosen as stock HSDP chooses
+    its all-reduce: AVG while no gradient divide factor is set (the shard group's reduction
+    divided by its size), SUM once ``divide_factor()`` returns one (the whole division is then
+    the reduce-scatter's PREMUL_SUM, or FSDP's pre/post-divide).
+    """
+
+    def __init__(self, comm: Any, reduce_scatter: CommReduceScatter, reductions: Reductions,
+                 divide_factor: Callable[[], float | None] = lambda: None) -> None:
         self.comm = comm
         self.reduce_scatter = reduce_scatter
         self.reductions = reductions
+        self.divide_factor = divide_factor
 
     def __call__(self, reduce_output: torch.Tensor) -> None:
         last = self.reduce_scatter.last
         self.reduce_scatter.last = None
+        op = torchcomms.ReduceOp.AVG if self.divide_factor() is None else torchcomms.ReduceOp.SUM
         if last is not None and last[1]:  # the reduce-scatter is still in flight: chain after it
             rs_work = last[0]
-            self.reductions.chain(rs_work, lambda: CommWork(
-                self.comm.all_reduce(reduce_output, torchcomms.ReduceOp.AVG, async_op=True)))
+            self.reductions.chain(rs_work, lambda: CommWork(self.comm.all_reduce(reduce_output, op, async_op=True)))
         else:
-            self.comm.all_reduce(reduce_output, torchcomms.ReduceOp.AVG, async_op=False)
+            self.comm.all_reduce(reduce_output, op, async_op=False)

@@ -9,7 +9,7 @@ one communicator split for the shard group (``<name>.fsdp.shard``). The HSDP all
 """
 from __future__ import annotations
 
-import os
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +18,10 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from fsdp2.collectives import FSDPCommError, Reductions
 
-#: metadata c10d groups use this prefix of the communicator's store
+#: metadata c10d groups use this prefix of the communicator's store (then the communicator's
+#: name and the how-many-th metadata group of this process it is: every rank counts alike)
 METADATA_STORE_PREFIX = "fsdp2/metadata/"
+_METADATA_GROUPS = itertools.count()
 
 
 @dataclass
@@ -95,11 +97,10 @@ def metadata_mesh(parent: Any, device_type: str, replicate_size: int, shard_size
     (CUDA) process group over ``parent``'s store when none exists. No collective of the training
     step runs on it; checkpointing (DCP) and ``DTensor.full_tensor()`` do."""
     if not dist.is_initialized():
-        store = _rendezvous_store(parent)
         dist.init_process_group(
             "gloo" if device_type == "cpu" else f"cpu:gloo,{device_type}:nccl",
-            store=None if store is None else dist.PrefixStore(METADATA_STORE_PREFIX, store),
-            init_method="env://" if store is None else None,
+            store=dist.PrefixStore(f"{METADATA_STORE_PREFIX}{parent.get_name()}/{next(_METADATA_GROUPS)}/",
+                                   _rendezvous_store(parent)),
             rank=parent.get_rank(), world_size=parent.get_size(),
             timeout=parent.get_options().timeout)
     if dist.get_world_size() != parent.get_size() or dist.get_rank() != parent.get_rank():
@@ -112,20 +113,13 @@ def metadata_mesh(parent: Any, device_type: str, replicate_size: int, shard_size
 
 
 def _rendezvous_store(parent: Any) -> Any:
-    """The store the metadata group meets on, following where ``new_comm`` found its own (API.md):
-    ``parent.get_options().store`` when it exposes one; under the launcher's control plane,
-    none (``init_process_group`` then hosts a TCPStore at the launcher's MASTER_ADDR/PORT, which
-    nothing else uses); else a client of the TCPStore at MASTER_ADDR:MASTER_PORT that
-    ``new_comm`` made rank 0 host."""
+    """The store the metadata group meets on: the one ``parent`` met on (its options' store,
+    given to ``new_comm`` or found by it: the control plane's, or the TCPStore at
+    MASTER_ADDR:MASTER_PORT); a private ``HashStore`` for a one-rank communicator without one."""
     store = parent.get_options().store
     if store is not None:
         return store
-    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not (host and port and port.isdigit()):
-        raise FSDPCommError(
-            f"communicator {parent.get_name()!r} exposes no store and MASTER_ADDR/MASTER_PORT are unset: call "
-            "torch.distributed.init_process_group before fsdp2.fully_shard (FSDP keeps its DTensor metadata there)")
-    if os.environ.get("TORCHCOMM_CONTROL_ADDR"):
-        return None
-    return dist.TCPStore(host, int(port), parent.get_size(), False, timeout=parent.get_options().timeout,
-                         wait_for_workers=False)
+    if parent.get_size() == 1:
+        return dist.HashStore()
+    raise FSDPCommError(f"communicator {parent.get_name()!r} has no store to meet on: call "
+                        "torch.distributed.init_process_group before fsdp2.fully_shard")

@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     # communicator
     "new_comm": "torchcomms.setup.create",
-    "job_store": "torchcomms.setup.create",
+    "job_store": "torchcomms.setup.assemble",
     "TorchComm": "torchcomms.core.comm",
     "BatchSendRecv": "torchcomms.core.comm",
     "TorchWork": "torchcomms.core.work",

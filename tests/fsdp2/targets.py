@@ -32,8 +32,10 @@ def mp_policy(mp: bool) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mp else MixedPrecisionPolicy()
 
 
-def train(model: torch.nn.Module, data: list[torch.Tensor], lr: float = 1e-2) -> list[float]:
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=True)
+def train(model: torch.nn.Module, data: list[torch.Tensor], lr: float = 1e-2, sgd: bool = False) -> list[float]:
+    # SGD where the gradients' scale must show in the parameters (AdamW all but cancels it)
+    opt = (torch.optim.SGD(model.parameters(), lr=lr, foreach=True) if sgd
+           else torch.optim.AdamW(model.parameters(), lr=lr, foreach=True))
     losses = []
     for tok in data:
         loss = model(tok[:, :-1], tok[:, 1:])
@@ -93,6 +95,69 @@ def numerics(steps: int = 20, replicate: int = 1, mp: bool = False, overlap: boo
             "ours_digest": digest(our_params), "stock_digest": digest(stock_params)}
 
 
+def fsdp_modules(model: torch.nn.Module) -> list[Any]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def divide_factor(steps: int = 6, factor: float = 3.0, replicate: int = 1) -> dict[str, Any]:
+    """``set_gradient_divide_factor(factor)`` on every FSDP module, ours and stock, trained with
+    SGD (so the gradients' scale shows): FSDP then reduce-scatters with PREMUL_SUM(1 / factor).
+    On c10d's gloo (which refuses PREMUL_SUM) stock also needs ``set_force_sum_reduction_for_comms``
+    (SUM, then divide by the factor); under TORCH_DISTRIBUTED_USE_TORCHCOMMS=1 stock's PREMUL_SUM
+    runs as issued."""
+    rank = int(os.environ["RANK"])
+    routed = os.environ.get("TORCH_DISTRIBUTED_USE_TORCHCOMMS") == "1"
+    comm = world_comm()
+    ours = shard_ours(make_model(), comm, replicate_size=replicate)
+    issued: list[str] = []
+    fsdp2.comms_of(ours).reduce_scatter.register_pre_hook(lambda name, op_id, rec: issued.append(rec.reduce_op))
+    for m in fsdp_modules(ours):
+        m.set_gradient_divide_factor(factor)
+    data = batches(rank, steps)
+    our_losses = train(ours, data, lr=0.5, sgd=True)
+    our_params = full_params(ours)
+    stock = shard_stock(make_model(), fsdp2.comms_of(ours).global_mesh)
+    for m in fsdp_modules(stock):
+        m.set_gradient_divide_factor(factor)
+        if not routed:
+            m.set_force_sum_reduction_for_comms(True)
+    stock_losses = train(stock, data, lr=0.5, sgd=True)
+    stock_params = full_params(stock)
+    max_diff = max((our_params[n] - stock_params[n]).abs().max().item() for n in our_params)
+    moved = max((our_params[n] - p).abs().max().item() for n, p in full_params(shard_stock(make_model(), fsdp2.comms_of(ours).global_mesh)).items())
+    return {"ours": our_losses, "stock": stock_losses, "max_param_diff": max_diff, "moved": moved,
+            "ops": sorted(set(issued)), "routed": routed,
+            "ours_digest": digest(our_params), "stock_digest": digest(stock_params)}
+
+
+def clipped(steps: int = 6, replicate: int = 1, max_norm: float = 0.05) -> dict[str, Any]:
+    """``torch.nn.utils.clip_grad_norm_`` on the DTensor gradients before every step, ours and
+    stock from the same weights and data: the total norms it returned and the results."""
+    rank = int(os.environ["RANK"])
+    comm = world_comm()
+    ours = shard_ours(make_model(), comm, replicate_size=replicate)
+    stock = shard_stock(make_model(), fsdp2.comms_of(ours).global_mesh)
+    out: dict[str, Any] = {}
+    for name, model in (("ours", ours), ("stock", stock)):
+        opt = torch.optim.SGD(model.parameters(), lr=0.5, foreach=True)
+        losses, norms = [], []
+        for tok in batches(rank, steps):
+            loss = model(tok[:, :-1], tok[:, 1:])
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            norms.append(norm.full_tensor().item() if hasattr(norm, "full_tensor") else norm.item())
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        params = full_params(model)
+        out[name] = {"losses": losses, "norms": norms, "digest": digest(params)}
+        out[f"{name}_params"] = params
+    ours_p, stock_p = out.pop("ours_params"), out.pop("stock_params")
+    out["max_param_diff"] = max((ours_p[n] - stock_p[n]).abs().max().item() for n in ours_p)
+    return out
+
 
 def flight_record(steps: int = 2) -> dict[str, Any]:
     """Train a few steps with a flight recorder on the parent communicator; return, per
@@ -136,14 +201,19 @@ def prefetch_order(prefetch: int = 1, n_layers: int = 4) -> list[int]:
     return seen
 
 
-def killed_rank(victim: int = 2, step: int = 2, timeout_s: float = 30.0, phase: str = "forward") -> dict[str, Any]:
+def killed_rank(victim: int = 2, step: int = 2, timeout_s: float = 30.0, phase: str = "forward",
+                replicate: int = 1) -> dict[str, Any]:
     """The victim exits abruptly inside block 1's ``phase`` (forward/backward) of ``step``; survivors report the
-    error they got (type, MRO, seconds from the victim's exit to the raise)."""
+    error they got (type, MRO, seconds from the victim's exit to the raise, and from the last op
+    this rank issued on an FSDP communicator before it raised)."""
     import time
 
     rank = int(os.environ["RANK"])
     comm = world_comm(timeout_s=timeout_s)
-    model = shard_ours(make_model(n_layers=3), comm)
+    model = shard_ours(make_model(n_layers=3), comm, replicate_size=replicate)
+    issued = [0.0]
+    for c in fsdp2.comms_of(model).communicators():
+        c.register_pre_hook(lambda name, op_id, rec: issued.__setitem__(0, time.time()))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     state = {"step": 0}
     mark = os.path.join(os.environ["TC_GROUP_DIR"], "victim_exit")
@@ -173,8 +243,9 @@ def killed_rank(victim: int = 2, step: int = 2, timeout_s: float = 30.0, phase: 
         shards = {k: v.to_local().clone() for k, v in model.state_dict().items()}
         fsdp2.release_comms(fsdp2.comms_of(model), abort=True)
         comm.abort()
-        return {"teardown_s": time.time() - raised, "shards": len(shards),"type": type(e).__name__, "mro": [c.__name__ for c in type(e).__mro__], "message": str(e)[:400],
-                "after_s": raised - died, "step": state["step"]}
+        return {"teardown_s": time.time() - raised, "shards": len(shards), "type": type(e).__name__,
+                "mro": [c.__name__ for c in type(e).__mro__], "message": str(e)[:400],
+                "after_s": raised - died, "after_last_issue_s": raised - issued[0], "step": state["step"]}
     return {"type": None, "step": state["step"]}
 
 

@@ -7,6 +7,7 @@ import pytest
 from tests.helpers.ranks import RankGroup, run_ranks
 
 T = "tests.fsdp2.targets"
+ROUTE = {"TORCH_DISTRIBUTED_USE_TORCHCOMMS": "1", "TORCHCOMM_ABORT_ON_ERROR": "0"}
 
 
 def _same_everywhere(results: list) -> dict:
@@ -36,6 +37,28 @@ def test_fsdp_without_overlap_matches_stock_bitwise() -> None:
 def test_hsdp_matches_stock_bitwise_over_20_steps(mp: bool) -> None:
     # 4 ranks as (replicate 2, shard 2); stock runs native HSDP on the same 2-D mesh
     _same_everywhere(run_ranks(4, f"{T}:numerics", {"steps": 20, "mp": mp, "replicate": 2}, timeout=300))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replicate", [1, 2], ids=["fsdp", "hsdp"])
+def test_gradient_divide_factor_premul_sum_matches_stock(replicate: int) -> None:
+    world = 2 * replicate
+    # stock fully_shard on torch.distributed over our communicators issues the same PREMUL_SUM
+    # (c10d's own gloo refuses it): bitwise equal, FSDP and HSDP (whose replica all-reduce is
+    # then a SUM, as stock's)
+    routed = run_ranks(world, f"{T}:divide_factor", {"replicate": replicate}, timeout=280, env=ROUTE)
+    for r in routed:
+        v = r.value
+        assert v["routed"] and len(v["ops"]) == 1 and v["ops"][0].startswith("PREMUL_SUM(0.333"), v
+        assert v["ours"] == v["stock"] and v["ours_digest"] == v["stock_digest"], f"rank {r.rank}: {v}"
+        assert v["moved"] > 1e-3, v  # the parameters trained: equality above is not of untouched weights
+    # stock on c10d's gloo: SUM, then divided by the factor (other rounding): within 1e-5
+    anchor = run_ranks(world, f"{T}:divide_factor", {"replicate": replicate}, timeout=280)
+    for r, rr in zip(anchor, routed):
+        v = r.value
+        assert not v["routed"] and v["ours_digest"] == rr.value["ours_digest"]  # ours does not depend on the route
+        assert v["max_param_diff"] <= 1e-5, v
+        assert all(abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(v["ours"], v["stock"])), v
 
 
 def test_all_gather_and_reduce_scatter_run_on_their_own_communicators() -> None:
@@ -76,6 +99,46 @@ def test_killed_rank_mid_step_raises_typed_error_on_every_survivor(phase: str) -
         assert v["after_s"] < timeout_s + 5, v
         # the sharded state is readable and the communicators tear down without waiting out a deadline
         assert v["shards"] > 0 and v["teardown_s"] < timeout_s, v
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", [3, 1], ids=["shard-peer-of-2", "replica-peer-of-1"])
+def test_hsdp_killed_rank_in_backward_raises_typed_error_on_every_survivor(victim: int) -> None:
+    # 4 ranks as (replicate 2, shard 2): shard groups {0,1} {2,3}, replica groups {0,2} {1,3}.
+    # The victim dies in block 1's backward (reduce-scatters and replica all-reduces in flight);
+    # a survivor that shares a communicator with it sees the closed peer, the others see their
+    # own op stop answering: each raises within its op's deadline, none hangs in autograd.
+    timeout_s = 20.0
+    args = {"victim": victim, "step": 2, "timeout_s": timeout_s, "phase": "backward", "replicate": 2}
+    with RankGroup(4, f"{T}:killed_rank", args) as g:
+        res = g.wait(timeout=200)
+    assert res[victim].returncode == 17
+    for r in res:
+        if r.rank == victim:
+            continue
+        assert r.ok(), r.stderr[-3000:]
+        v = r.value
+        assert v["step"] == 2 and "CommError" in v["mro"], v
+        assert v["type"] in ("PeerFailureError", "CommTimeoutError", "CommAbortedError"), v
+        assert "world.fsdp." in v["message"], v
+        # the bound is mechanical: an op ends at its deadline (timeout_s after it was issued);
+        # the op that raised was issued at the latest at this rank's last issue, and no later
+        # than the victim's death plus what this rank still computed
+        assert v["after_last_issue_s"] < timeout_s + 5, v
+        assert v["shards"] > 0 and v["teardown_s"] < timeout_s, v
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replicate", [1, 2], ids=["fsdp", "hsdp"])
+def test_clip_grad_norm_on_dtensor_grads_matches_stock(replicate: int) -> None:
+    res = run_ranks(2 * replicate, f"{T}:clipped", {"replicate": replicate}, timeout=280)
+    for r in res:
+        v = r.value
+        assert all(n > 0.05 for n in v["ours"]["norms"]), v  # every step was clipped
+        assert v["ours"]["norms"] == v["stock"]["norms"], v
+        assert v["ours"]["losses"] == v["stock"]["losses"], v
+        assert v["max_param_diff"] == 0.0 and v["ours"]["digest"] == v["stock"]["digest"], v
+    assert len({r.value["ours"]["digest"] for r in res}) == 1
 
 
 @pytest.mark.slow

@@ -46,3 +46,20 @@ def test_train_fsdp_example_runs_on_two_ranks() -> None:
                 p.kill()
     assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outs)
     assert "fsdp.fsdp.all_gather" in outs[0] and "step   2  loss" in outs[0] and "tokens/s" in outs[0]
+
+
+def test_fsdp_bench_memory_runs_keep_every_other_option() -> None:
+    # the memory runs (3 steps, no warm-up) once rewrote every option whose value equalled
+    # --steps: with --steps 4 --layers 4 they measured a 3-layer model
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fsdp_bench", REPO / "benchmarks" / "fsdp_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = bench.build_parser().parse_args(["--steps", "4", "--layers", "4", "--heads", "4", "--prefetch", "2"])
+    one = vars(args) | {"steps": 3, "warmup": 0}
+    opts = bench.passthrough(type(args)(**one))
+    pairs = dict(zip(opts[0:opts.index("--contenders"):2], opts[1:opts.index("--contenders"):2]))
+    assert pairs["--steps"] == "3" and pairs["--warmup"] == "0"
+    assert pairs["--layers"] == "4" and pairs["--heads"] == "4" and pairs["--prefetch"] == "2"
+    assert bench.build_parser().parse_args(opts).layers == 4

@@ -17,10 +17,16 @@ def test_reduce_ops_map_to_torchcomms() -> None:
     assert comms_op(dist.ReduceOp.MAX).type is torchcomms.RedOpType.MAX
 
 
-def test_premul_sum_is_refused_with_a_typed_error() -> None:
-    op = dist._make_nccl_premul_sum(0.5)
-    with pytest.raises(fsdp2.FSDPCommError, match="PREMUL_SUM"):
-        comms_op(op)
+def test_premul_sum_keeps_its_factor() -> None:
+    from torch.distributed.distributed_c10d import ReduceOp
+
+    for c10d_op, want in ((ReduceOp.PREMUL_SUM(0.25), 0.25), (dist._make_nccl_premul_sum(0.5), 0.5)):
+        op = comms_op(c10d_op)
+        assert op.type is torchcomms.RedOpType.PREMUL_SUM and op.factor == want
+    t = comms_op(dist._make_nccl_premul_sum(torch.tensor(0.125)))
+    assert isinstance(t.factor, torch.Tensor) and t.factor.item() == 0.125
+    with pytest.raises(fsdp2.FSDPCommError, match="no torchcomms equivalent"):
+        comms_op("not an op")
 
 
 def test_bad_arguments_raise_typed_errors() -> None:

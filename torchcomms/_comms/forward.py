@@ -68,6 +68,9 @@ class WorkGroup:
     def exception(self) -> BaseException | None:
         return next((e for e in (w.exception() for w in self.works) if e is not None), None)
 
+    def source_rank(self) -> int:
+        return self.works[0].source_rank()
+
 
 class DeferredP2P:
     """A send/recv issued inside a coalescing block: it runs in the block's batch, at its end."""
@@ -212,10 +215,14 @@ class CommForwarder:
         return self._p2p_op("recv", tensors, src)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
-        from torchcomms.errors import CommValueError
+        """``comm.recv_any_source`` (raises ``CommValueError`` on engines that cannot); the
+        work's ``source_rank()`` is what c10d's ``Work._source_rank()`` returns."""
+        if self._coalesced is not None:
+            from torchcomms.errors import CommValueError
 
-        raise CommValueError("recv from any source is not supported: name the source rank",
-                             comm=self.comm.get_name())
+            raise CommValueError("a recv from any source cannot join a coalescing block (batch_isend_irecv): "
+                                 "name the source rank", comm=self.comm.get_name(), op="recv")
+        return self._track([self.comm.recv_any_source(x, True) for x in tensors])
 
     def _p2p_op(self, kind: str, tensors: list[torch.Tensor], peer: int) -> Any:
         if self._coalesced is not None:

@@ -242,6 +242,7 @@ class BackendCapabilities:
     # op methods take a keyword ``async_op``: a synchronous op is issued on the caller's current
     # device stream (no cross-stream events), an asynchronous one on the engine's own stream
     current_stream_sync: bool = False
+    recv_any_source: bool = False  # implements recv_any_source()
 
 
 class TorchCommBackend:
@@ -307,6 +308,12 @@ class TorchCommBackend:
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> EngineHandle:
         return self._unsupported("recv")
+
+    def recv_any_source(self, tensor: torch.Tensor, tag: int, found: Callable[[int], None]) -> EngineHandle:
+        """A receive from whichever peer sends first; ``found(rank)`` names that peer as soon as
+        it is known (before the op completes). Only engines whose capabilities say
+        ``recv_any_source`` implement it."""
+        return self._unsupported("recv_any_source")
 
     def batch_p2p(self, ops: list[tuple[bool, torch.Tensor, int]], tag: int) -> EngineHandle:
         """``ops``: (is_send, tensor, peer) in the user's order."""

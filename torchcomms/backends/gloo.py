@@ -151,7 +151,8 @@ ENGINE_OP_BACKSTOP = timedelta(days=1)
 
 class GlooBackend(TorchCommBackend):
     backend_name = "gloo"
-    capabilities = BackendCapabilities(devices=("cpu",), abort=False, shrink=True, dtypes=_GLOO_DTYPES)
+    capabilities = BackendCapabilities(devices=("cpu",), abort=False, shrink=True, dtypes=_GLOO_DTYPES,
+                                       recv_any_source=True)
 
     def init(self) -> None:
         ctx = self.ctx
@@ -302,9 +303,22 @@ class GlooBackend(TorchCommBackend):
     # point to point (framed: see gloo_p2p) ---------------------------------------------------
     def _framed_recv(self, tensor: torch.Tensor, src: int, tag: int) -> FramedRecv:
         with self._pending_lock:
-            op = FramedRecv(self._pg, tensor, src, tag, self.ctx.rank, self._last_recv.get(src), self._confirm_p2p)
+            last = self._last_recv.get(src)
+            op = FramedRecv(self._pg, tensor, src, tag, self.ctx.rank, [last] if last else [], self._confirm_p2p)
             self._last_recv[src] = op
         return op
+
+    def recv_any_source(self, tensor: torch.Tensor, tag: int, found: Callable[[int], None]) -> EngineHandle:
+        """A receive from any peer: it posts its header after every receive issued before it
+        posted its payload buffer, and every receive issued after it waits likewise for it (so
+        no two header receives that one message could match are ever posted together)."""
+        with self._pending_lock:
+            op = FramedRecv(self._pg, tensor, None, tag, self.ctx.rank, list(set(self._last_recv.values())),
+                            self._confirm_p2p, found)
+            for peer in range(self.ctx.size):
+                if peer != self.ctx.rank:
+                    self._last_recv[peer] = op
+        return EngineHandle([self._p2p_future(op)])
 
     def _framed_send(self, tensor: torch.Tensor, dst: int, tag: int) -> FramedSend:
         with self._pending_lock:

@@ -18,6 +18,7 @@ round trip per message; sends to one peer are then posted in program order like 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -100,44 +101,66 @@ class FramedSend:
 class FramedRecv:
     """A receive: header, comparison, then the payload into ``tensor`` (or drained on a
     mismatch, then :class:`CollectiveMismatchError`). ``wait()`` runs it all on the caller's
-    thread; ``after`` is the previous receive from the same peer (its payload buffer must be
-    posted first); :attr:`posted` is set once this one's payload buffer is."""
+    thread; ``after`` are the receives whose payload buffers must be posted first (the previous
+    receive from the same peer; for a receive from any source, the last one from every peer);
+    :attr:`posted` is set once this one's payload buffer is.
 
-    def __init__(self, pg: Any, tensor: torch.Tensor, src: int, tag: int, rank: int,
-                 after: FramedRecv | None, confirm: bool = False) -> None:
+    With ``src=None`` it receives from any source: the header is taken with gloo's
+    ``recv_anysource``, ``found(sender)`` is called as soon as it arrived, and the payload is
+    then taken from that sender. The engine orders every later receive after this one (see
+    ``GlooBackend.recv_any_source``), so no other header receive is posted meanwhile.
+    """
+
+    def __init__(self, pg: Any, tensor: torch.Tensor, src: int | None, tag: int, rank: int,
+                 after: list[FramedRecv], confirm: bool = False,
+                 found: Callable[[int], None] | None = None) -> None:
         self._pg, self._tensor, self._src, self._tag, self._rank = pg, tensor, src, tag, rank
         self._confirm = confirm
         self._after = after
+        self._found = found
         self.posted = threading.Event()
+
+    def _header(self) -> torch.Tensor:
+        header = torch.empty(HEADER_WORDS, dtype=torch.int64)
+        if self._src is not None:
+            self._pg.recv([header], self._src, self._tag).wait()
+            return header
+        work = self._pg.recv_anysource([header], self._tag)
+        work.wait()
+        self._src = int(work._source_rank())
+        if self._found is not None:
+            self._found(self._src)
+        return header
 
     def wait(self) -> None:
         mismatch = ""
         try:
-            if self._after is not None:
-                self._after.posted.wait()
-                self._after = None
-            header = torch.empty(HEADER_WORDS, dtype=torch.int64)
-            self._pg.recv([header], self._src, self._tag).wait()
+            for before in self._after:
+                before.posted.wait()
+            self._after = []
+            header = self._header()
+            src = self._src
+            assert src is not None
             magic, code, numel, nbytes = header.tolist()
             t = self._tensor
             if magic != _MAGIC:
                 raise CollectiveMismatchError(
-                    f"recv from rank {self._src}: it sent a message without a torchcomms header",
-                    ranks=[self._src, self._rank])
+                    f"recv from rank {src}: it sent a message without a torchcomms header",
+                    ranks=[src, self._rank])
             if self._confirm:  # the sender waits for this answer before its payload
-                self._pg.send([header_of(t)], self._src, self._tag + REPLY_TAG_OFFSET).wait()
+                self._pg.send([header_of(t)], src, self._tag + REPLY_TAG_OFFSET).wait()
             if not _fits([magic, code, numel], t):
-                mismatch = f"recv: {_mismatch(self._src, [magic, code, numel], self._rank, t)}"
+                mismatch = f"recv: {_mismatch(src, [magic, code, numel], self._rank, t)}"
                 target = torch.empty(nbytes, dtype=torch.uint8)
             else:
                 target = t
             if mismatch and self._confirm:
                 work = None  # the sender sends no payload
             else:
-                work = self._pg.recv([target], self._src, self._tag)
+                work = self._pg.recv([target], src, self._tag)
         finally:
             self.posted.set()
         if work is not None:
             work.wait()
         if mismatch:
-            raise CollectiveMismatchError(mismatch, ranks=sorted({self._src, self._rank}))
+            raise CollectiveMismatchError(mismatch, ranks=sorted({src, self._rank}))

@@ -19,7 +19,7 @@ from torchcomms.core.comm_core import CommCore
 from torchcomms.core.dispatch import dispatch
 from torchcomms.core.errors import CommTypeError
 from torchcomms.core.names import NAMES
-from torchcomms.core.op import OpRecord
+from torchcomms.core.op import OpRecord, SenderSlot
 from torchcomms.core.state import ABORTED_STATES
 from torchcomms.core.types import BatchP2POptions, CommOptions, OpName, P2POp, P2POpType, ReduceOp
 from torchcomms.core.work import TorchWork
@@ -247,6 +247,17 @@ class TorchComm:
         return dispatch(self._core, OpName.recv, async_op, hints, timeout, [], [tensor], self._core.backend.recv,
                         (tensor, src, 0), peer=src, is_p2p=True)
 
+    def recv_any_source(self, tensor: torch.Tensor, async_op: bool, hints: _Hints = None,
+                        timeout: _Timeout = None) -> TorchWork:
+        """Receive ``tensor`` from whichever rank sends to this one first (c10d's
+        ``recv(tensor)`` without ``src``); once it completed, ``work.source_rank()`` names the
+        sender. Only on engines that can (gloo); others raise ``CommValueError``."""
+        self._core.checker.tensor("recv", "tensor", tensor)
+        self._core.checker.any_source("recv")
+        slot = SenderSlot()
+        return dispatch(self._core, OpName.recv, async_op, hints, timeout, [], [tensor],
+                        self._core.backend.recv_any_source, (tensor, 0, slot.found), is_p2p=True, bind=slot.bind)
+
     def batch_op_create(self) -> BatchSendRecv:
         """A new batch of point-to-point ops."""
         return BatchSendRecv(self._core)
@@ -292,29 +303,22 @@ class TorchComm:
 
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp, async_op: bool,
                        hints: _Hints = None, timeout: _Timeout = None) -> TorchWork:
-        self._core.checker.tensor("reduce_scatter", "output", output)
-        self._core.checker.list_like("reduce_scatter", "input_list", input_list, "output", output)
-        self._core.checker.reduce_op("reduce_scatter", op, output.dtype)
-        ins = list(input_list)
-        return self._run(OpName.reduce_scatter, async_op, hints, timeout, ins, [output], (output, ins, op),
-                         reduce_op=op)
+        return self._reduce_scatter(OpName.reduce_scatter, output, input_list, op, async_op, hints, timeout)
 
     def reduce_scatter_v(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp, async_op: bool,
                          hints: _Hints = None, timeout: _Timeout = None) -> TorchWork:
-        self._core.checker.tensor("reduce_scatter_v", "output", output)
-        self._core.checker.v_list("reduce_scatter_v", "input_list", input_list, "output", output)
-        self._core.checker.reduce_op("reduce_scatter_v", op, output.dtype)
-        ins = list(input_list)
-        return self._run(OpName.reduce_scatter_v, async_op, hints, timeout, ins, [output], (output, ins, op),
-                         reduce_op=op)
+        return self._reduce_scatter(OpName.reduce_scatter_v, output, input_list, op, async_op, hints, timeout)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, async_op: bool,
                               hints: _Hints = None, timeout: _Timeout = None) -> TorchWork:
-        self._core.checker.pair("reduce_scatter_single", output, input)
-        self._core.checker.numel_ratio("reduce_scatter_single", "input", input, "output", output)
-        self._core.checker.reduce_op("reduce_scatter_single", op, output.dtype)
-        return self._run(OpName.reduce_scatter_single, async_op, hints, timeout, [input], [output],
-                         (output, input, op), reduce_op=op)
+        return self._reduce_scatter(OpName.reduce_scatter_single, output, input, op, async_op, hints, timeout)
+
+    def _reduce_scatter(self, name: OpName, output: torch.Tensor, inputs: Any, op: ReduceOp, async_op: bool,
+                        hints: _Hints, timeout: _Timeout) -> TorchWork:
+        """The three reduce-scatters: one check of their arguments, then the op of ``name``."""
+        ins = self._core.checker.reduce_scatter(str(name), output, inputs, op)
+        engine_inputs = inputs if name is OpName.reduce_scatter_single else ins
+        return self._run(name, async_op, hints, timeout, ins, [output], (output, engine_inputs, op), reduce_op=op)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool,
                           hints: _Hints = None, timeout: _Timeout = None) -> TorchWork:

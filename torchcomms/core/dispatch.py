@@ -63,8 +63,11 @@ def dispatch(
     root: int | None = None,
     reduce_op: ReduceOp | None = None,
     is_p2p: bool = False,
+    bind: Callable[[OpRecord], None] | None = None,
 ) -> TorchWork:
-    """Run op ``name`` (its arguments already checked): ``launch(*args)`` is the backend call."""
+    """Run op ``name`` (its arguments already checked): ``launch(*args)`` is the backend call;
+    ``bind(record)``, when given, is called with the op's record before any hook or the engine
+    sees it (an engine that fills in the record later, like a receive from any source)."""
     checker = core.checker
     if async_op is not True and async_op is not False:
         raise checker.type_error(str(name), f"async_op must be a bool, got {type(async_op).__name__}")
@@ -87,6 +90,8 @@ def dispatch(
         output_sizes=_shapes(outputs), output_dtypes=_dtype_names(outputs),
         hints=hints,
     )
+    if bind is not None:
+        bind(rec)
     if core.pre_hooks:
         rec.extra = {"inputs": inputs, "outputs": outputs}  # for hooks that inspect data
         try:

@@ -119,3 +119,21 @@ class OpRecord:
             f"OpRecord({self.comm_name!r} {self.name} #{self.seq} rank {self.rank}/{self.size} "
             f"state={self.state})"
         )
+
+
+class SenderSlot:
+    """Where a receive from any source names its sender: the dispatch path binds the op's
+    record to it, and the engine calls :meth:`found` once the sender is known (the record's
+    ``peer``, which ``TorchWork.source_rank()`` reads)."""
+
+    __slots__ = ("record",)
+
+    def __init__(self) -> None:
+        self.record: OpRecord | None = None
+
+    def bind(self, record: OpRecord) -> None:
+        self.record = record
+
+    def found(self, rank: int) -> None:
+        if self.record is not None:
+            self.record.peer = rank

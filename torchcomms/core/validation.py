@@ -21,7 +21,8 @@ _BITWISE = (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR)
 class Checker:
     """Argument checks bound to one communicator's identity, rank, size and device."""
 
-    __slots__ = ("comm", "rank", "size", "device_type", "device", "dtypes", "bitwise_ops")
+    __slots__ = ("comm", "rank", "size", "device_type", "device", "dtypes", "bitwise_ops", "backend",
+                 "recv_any_source")
 
     def __init__(
         self,
@@ -31,6 +32,8 @@ class Checker:
         device: torch.device,
         dtypes: frozenset[torch.dtype] | None,
         bitwise_ops: bool = True,
+        backend: str = "",
+        recv_any_source: bool = False,
     ) -> None:
         self.comm = comm
         self.rank = rank
@@ -39,6 +42,8 @@ class Checker:
         self.device_type = device.type
         self.dtypes = dtypes
         self.bitwise_ops = bitwise_ops
+        self.backend = backend
+        self.recv_any_source = recv_any_source
 
     # --- errors ----------------------------------------------------------------------------
     def type_error(self, op: str, msg: str) -> CommTypeError:
@@ -59,6 +64,12 @@ class Checker:
             raise self.value_error(op, f"{name}={value} is out of range for a communicator of size {self.size}")
         if not allow_self and value == self.rank:
             raise self.value_error(op, f"{name}={value} is this rank itself; a rank cannot {op} to itself")
+
+    def any_source(self, op: str) -> None:
+        """A receive from any source: only on engines that can take one."""
+        if not self.recv_any_source:
+            raise self.value_error(op, f"backend {self.backend!r} cannot receive from any source; name the "
+                                       f"sending rank (recv(tensor, src, ...))")
 
     def timeout(self, op: str, value: Any) -> float | None:
         if value is None:
@@ -183,6 +194,22 @@ class Checker:
         for i, t in enumerate(ts):
             self.same_dtype(op, f"{name}[{i}]", t, ref_name, ref)
         self.same_shape(op, f"{name}[{self.rank}]", ts[self.rank], ref_name, ref)
+
+    def reduce_scatter(self, op: str, output: Any, inputs: Any, red: Any) -> list[_Tensor]:
+        """A reduce-scatter's arguments: ``reduce_scatter`` (one ``output``-shaped input per rank),
+        ``reduce_scatter_v`` (per-rank inputs, ``output``'s shape at this rank) or
+        ``reduce_scatter_single`` (one input of world_size × ``output``); the reduce op against
+        ``output``'s dtype. Returns the inputs as a list."""
+        if op == "reduce_scatter_single":
+            self.pair(op, output, inputs)
+            self.numel_ratio(op, "input", inputs, "output", output)
+            ins = [inputs]
+        else:
+            self.tensor(op, "output", output)
+            (self.v_list if op == "reduce_scatter_v" else self.list_like)(op, "input_list", inputs, "output", output)
+            ins = list(inputs)
+        self.reduce_op(op, red, output.dtype)
+        return ins
 
     def all_to_all_single(self, output: Any, input: Any) -> None:
         op = "all_to_all_single"

@@ -6,7 +6,7 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
-from torchcomms.core.errors import CommError, CommTimeoutError
+from torchcomms.core.errors import CommError, CommTimeoutError, CommValueError
 from torchcomms.core.types import WorkStatus
 
 if TYPE_CHECKING:
@@ -170,6 +170,16 @@ class TorchWork:
     def exception(self) -> CommError | None:
         """The op's error once it failed, else ``None``."""
         return self._exc
+
+    def source_rank(self) -> int:
+        """The rank a receive got its message from: its ``src``, or for ``recv_any_source`` the
+        sender, known once the message arrived (``wait()`` first)."""
+        rec = self.record
+        if str(rec.name) != "recv" or rec.peer is None:
+            what = "a receive whose message has not arrived" if str(rec.name) == "recv" else f"a {rec.name}"
+            raise CommValueError(f"source_rank() is defined for a received message, not for {what}",
+                                 comm=rec.comm_name, op=str(rec.name), seq=rec.seq)
+        return int(rec.peer)
 
     def get_future(self):  # type: ignore[no-untyped-def]
         """A ``torch.futures.Future`` completed with ``None`` (or the error) when the op ends;

@@ -114,6 +114,12 @@ class ForwardedWork : public c10d::Work {
 
   void synchronize() override {}
 
+  // The sender of a completed receive (c10d's recv without a source asks for it after wait()).
+  int sourceRank() const override {
+    py::gil_scoped_acquire gil;
+    return work_.attr("source_rank")().cast<int>();
+  }
+
   std::vector<at::Tensor> result() override {
     return outputs_;
   }

@@ -6,24 +6,27 @@ version and a hash of the source, so one machine can hold builds for several tor
 (2.13 in CI, 2.11 on the GPU machine) and a changed source rebuilds by itself.
 
 - ``python -m torchcomms.csrc.build`` builds it now (``scripts/setup.sh`` runs this);
-- importing :mod:`torchcomms._comms` loads a finished build directly from the cache (no
-  compiler, no ninja); without one it builds on first use, except while ``torch.distributed``
-  itself is being imported with ``TORCH_DISTRIBUTED_USE_TORCHCOMMS`` unset: that import then
-  sees an ``ImportError`` and keeps torch's own backends, as it would without torchcomms.
+- the first call of :class:`torchcomms._comms._BackendWrapper` (the route's first process
+  group) loads a finished build directly from the cache (no compiler, no ninja), or builds it
+  then. Importing :mod:`torchcomms._comms` (torch does it on every ``import torch``) loads
+  nothing.
 
 Cache root: ``TORCHCOMMS_EXTENSIONS_DIR``, else ``~/.cache/torchcomms/extensions``.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
 
 SOURCE = Path(__file__).resolve().parent / "backend_wrapper.cpp"
+_LOAD_LOCK = threading.Lock()
 _DONE_MARK = "build.ok"
 
 
@@ -39,6 +42,7 @@ def _premul_supplement_name() -> str:
     return "NCCLPreMulSumSupplement" if "struct NCCLPreMulSumSupplement" in text else "PreMulSumSupplement"
 
 
+@functools.lru_cache(maxsize=None)
 def build_key() -> str:
     """``torch<version>-py<maj><min>-<source hash>``: one cache entry per torch and source."""
     import torch
@@ -82,29 +86,29 @@ def build(verbose: bool = False) -> ModuleType:
         verbose=verbose,
     )
     (directory / _DONE_MARK).write_text(build_key() + "\n")
+    sys.modules[module_name()] = module  # what load() and wrapper_class() look up
     return module
 
 
-def _inside_torch_distributed_import() -> bool:
-    c10d = sys.modules.get("torch.distributed.distributed_c10d")
-    return c10d is not None and not hasattr(c10d, "_TORCHCOMM_AVAILABLE")
-
-
-def _route_requested() -> bool:
-    return os.environ.get("TORCH_DISTRIBUTED_USE_TORCHCOMMS", "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def load() -> ModuleType:
-    """The extension module: from the cache when built, else built now (see the module doc)."""
+    """The extension module: from the cache when built, else built now (see the module doc).
+    One load per process, whichever thread asks first (a second import of the same pybind
+    module would register its class twice)."""
     name = module_name()
-    if name in sys.modules:
-        return sys.modules[name]
-    directory = cache_dir()
-    if (directory / _DONE_MARK).exists():
-        return _import_built(directory, name)
-    if _inside_torch_distributed_import() and not _route_requested():
-        raise ImportError("torchcomms: the C++ backend wrapper is not built (python -m torchcomms.csrc.build)")
-    return build()
+    with _LOAD_LOCK:
+        if name in sys.modules:
+            return sys.modules[name]
+        directory = cache_dir()
+        if (directory / _DONE_MARK).exists():
+            return _import_built(directory, name)
+        return build()
+
+
+def wrapper_class(loaded_only: bool = False) -> type | None:
+    """The C++ ``_BackendWrapper`` class, the extension loaded (or built) first; with
+    ``loaded_only``, None while the extension is not loaded in this process (nothing is loaded)."""
+    module = sys.modules.get(module_name()) if loaded_only else load()
+    return None if module is None else getattr(module, "_BackendWrapper")
 
 
 def main() -> None:

@@ -1,10 +1,14 @@
-"""``FlightRecorderHook``: the public face of the flight recorder (``torchcomms.hooks``)."""
+"""``FlightRecorderHook``: the public face of the flight recorder (``torchcomms.hooks``).
+
+The recorder module is imported when a hook is made, not with this module: torch imports
+``FlightRecorderHook`` on every ``import torch``."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchcomms.tracing.flight_recorder import FlightRecorder, process_recorder
+if TYPE_CHECKING:
+    from torchcomms.tracing.flight_recorder import FlightRecorder
 
 
 class FlightRecorderHook:
@@ -23,6 +27,8 @@ class FlightRecorderHook:
             raise ValueError(f"FlightRecorderHook max_entries must be >= 0, got {max_entries}")
         if not isinstance(isolated, bool):
             raise TypeError(f"FlightRecorderHook isolated must be a bool, got {type(isolated).__name__}")
+        from torchcomms.tracing.flight_recorder import FlightRecorder, process_recorder
+
         self._enabled = max_entries > 0
         self._isolated = isolated
         if isolated or not self._enabled:

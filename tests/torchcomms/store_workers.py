@@ -1,0 +1,31 @@
+"""Rank bodies for ``get_options().store``: the store a communicator met on."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import torchcomms
+
+
+def options_store() -> dict[str, Any]:
+    """A communicator that found its store (MASTER_ADDR:MASTER_PORT) exposes it; it is the
+    store every rank met on (a key set by rank 0 reads back on rank 1), and a split child
+    keeps it."""
+    c = torchcomms.new_comm("gloo", torch.device("cpu"), "opts-store")
+    store = c.get_options().store
+    out: dict[str, Any] = {"type": type(store).__name__, "is_store": isinstance(store, dist.Store)}
+    if c.get_rank() == 0:
+        store.set("opts-store-probe", "from rank 0")
+    c.barrier(False)
+    out["read"] = store.get("opts-store-probe").decode()
+    child = c.split([0, 1], "opts-store-child")
+    out["child_same"] = child is not None and child.get_options().store is store
+    child.finalize()
+    given = dist.PrefixStore("given/", store)
+    c2 = torchcomms.new_comm("gloo", torch.device("cpu"), "opts-store-given", store=given)
+    out["given_kept"] = c2.get_options().store is given
+    c2.finalize()
+    c.finalize()
+    return out

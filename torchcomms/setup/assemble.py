@@ -1,0 +1,169 @@
+"""A communicator's creation behind :func:`torchcomms.setup.create.new_comm` (its store, its
+engine's rendezvous, its failure monitor, default tracing), every step bounded by the
+communicator's timeout."""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from torchcomms.setup import bootstrap
+from torchcomms.backends.base import BackendContext, TorchCommBackend
+from torchcomms.backends.registry import get_backend_class
+from torchcomms.config import settings
+from torchcomms.core import error_map
+from torchcomms.core.comm import TorchComm
+from torchcomms.core.comm_core import CommCore
+from torchcomms.core.errors import CommError, CommTypeError, CommValueError
+from torchcomms.core.names import NAMES
+from torchcomms.core.store_calls import StoreNotAnswering, call_until, describe_store
+from torchcomms.core.types import CommOptions
+from torchcomms.recovery.failure_monitor import MONITORS
+from torchcomms.recovery.store_watch import WATCHES
+
+
+def assemble_comm(
+    backend: str,
+    device: torch.device | str,
+    name: str,
+    abort_process_on_timeout_or_error: bool | None,
+    timeout: timedelta | None,
+    is_high_priority_stream: bool | None,
+    store: Any,
+    enable_reconfigure: bool,
+    hints: dict[str, str] | None,
+) -> TorchComm:
+    """The communicator ``new_comm`` describes, its arguments already checked there."""
+    cls = get_backend_class(backend)
+    dev = bootstrap.resolve_device(device)
+    caps = cls.capabilities
+    if dev.type not in caps.devices:
+        raise CommValueError(
+            f"backend {backend!r} runs on {', '.join(caps.devices)} devices, not {dev.type} (comm {name!r})"
+        )
+    hints = dict(hints or {})
+    rank, size, _src = bootstrap.discover_rank_size()
+    if "rank" in hints or "size" in hints:  # fake backend / tests may pin their own world
+        rank, size = int(hints.get("rank", rank)), int(hints.get("size", size))
+    deferred = _deferred(hints, enable_reconfigure, name)
+    cfg = settings()
+    timeout_td = timeout if timeout is not None else timedelta(seconds=cfg.timeout_s)
+    options = CommOptions(
+        abort_process_on_timeout_or_error=(
+            abort_process_on_timeout_or_error
+            if abort_process_on_timeout_or_error is not None
+            else cfg.abort_on_error
+        ),
+        timeout=timeout_td,
+        high_priority_stream=bool(is_high_priority_stream),
+        store=store,
+        hints=hints,
+        enable_reconfigure=enable_reconfigure,
+    )
+    secs = timeout_td.total_seconds()
+    deadline = time.monotonic() + secs  # bounds every store call below, whatever the store's own timeout
+    where: dict[str, Any] = dict(comm=name, op="new_comm")
+    incarnation = NAMES.claim(name)
+    try:
+        store_words = describe_store(store) if store is not None else bootstrap.describe_default_store()
+        if cls.needs_store(size) or deferred:
+            try:
+                the_store, _kind = bootstrap.resolve_store(store, rank, size, timeout_td, until=deadline)
+            except (StoreNotAnswering, dist.DistError) as e:
+                raise error_map.store_connect_error(e, store_words, secs, where) from None
+            store_words = describe_store(the_store)
+        else:
+            the_store = store
+        options.store = the_store  # the store it met on, found or given (get_options().store)
+        prefix = f"torchcomms/{name}/{incarnation}"
+        ctx = BackendContext(
+            name=name,
+            rank=0 if deferred else rank,
+            size=1 if deferred else size,
+            device=dev,
+            store=the_store,
+            store_prefix=prefix,
+            timeout=timeout_td,
+            hints=hints,
+            global_ranks=(rank,) if deferred else tuple(range(size)),
+        )
+        engine = cls(ctx)
+        _init_engine(engine, deadline, store_words, secs, where)
+        monitor = None
+        if size > 1:
+            try:
+                monitor = MONITORS.for_store(the_store, rank, until=deadline)
+            except Exception as e:  # noqa: BLE001 - the control plane may raise anything
+                engine.abort()
+                raise error_map.monitor_start_error(e, store_words, secs, deadline, where) from None
+            if monitor is None and settings().store_watch:
+                # no control plane: failures are found and published through the store
+                monitor = WATCHES.for_store(the_store, rank, size)
+        core = CommCore(engine, options, the_store)
+        comm = TorchComm.from_core(core)
+    except BaseException:
+        NAMES.release(name, None)  # type: ignore[arg-type]
+        raise
+    if monitor is not None:
+        monitor.watch(core)
+    _attach_default_observers(comm)
+    return comm
+
+
+def _deferred(hints: dict[str, str], enable_reconfigure: bool, name: str) -> bool:
+    """Whether the hint ``deferred_init="true"`` asks for a communicator of this rank alone,
+    formed with the others later by ``reconfigure`` (it needs ``enable_reconfigure=True``)."""
+    value = hints.get("deferred_init", "false")
+    if value not in ("true", "false"):
+        raise CommValueError(f"hint deferred_init must be 'true' or 'false', got {value!r} (comm {name!r})")
+    if value == "true" and not enable_reconfigure:
+        raise CommValueError(f"hint deferred_init='true' needs enable_reconfigure=True (comm {name!r})")
+    return value == "true"
+
+
+def job_store(timeout: timedelta | None = None) -> Any:
+    """The job's key-value store, as ``new_comm`` finds it without ``store=``: the control
+    plane's under ``torchcomms-run`` (it outlives every worker), else the TCPStore at
+    MASTER_ADDR:MASTER_PORT (hosted by rank 0: it ends with rank 0's process)."""
+    if timeout is not None and not isinstance(timeout, timedelta):
+        raise CommTypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+    rank, size, _src = bootstrap.discover_rank_size()
+    td = timeout if timeout is not None else timedelta(seconds=settings().timeout_s)
+    try:
+        return bootstrap.resolve_store(None, rank, max(size, 2), td)[0]
+    except (StoreNotAnswering, dist.DistError) as e:
+        raise error_map.store_connect_error(e, bootstrap.describe_default_store(), td.total_seconds(),
+                                            dict(comm=None, op="job_store")) from None
+
+
+def _init_engine(engine: TorchCommBackend, deadline: float, store_words: str, secs: float,
+                 where: dict[str, Any]) -> None:
+    """``engine.init()`` (its rendezvous), waited for until ``deadline``: on a thread of its own
+    when it rendezvous through a store, which may stop answering. An engine that is ready only
+    after the deadline is aborted, never used. Raises a typed error."""
+    if not type(engine).needs_store(engine.ctx.size):
+        engine.init()
+        return
+    try:
+        call_until("the engine's rendezvous", engine.init, deadline, thread_name=f"torchcomms-init-{engine.ctx.name}",
+                   on_late=lambda _none: engine.abort(), store=engine.ctx.store,
+                   limit_s=engine.ctx.timeout.total_seconds())
+    except StoreNotAnswering:
+        raise error_map.engine_not_ready(store_words, secs, where) from None
+    except Exception as e:  # noqa: BLE001 - the engine may throw anything
+        kind = "" if isinstance(e, CommError) else engine.classify_error(e)
+        raise error_map.engine_start_error(e, kind, store_words, secs, where) from None
+
+
+def _attach_default_observers(comm: TorchComm) -> None:
+    """Default-on tracing (flight recorder, logs, spans) when the tracing package is present."""
+    if settings().tracing_disable:
+        return
+    try:
+        from torchcomms.tracing import attach_default_tracing
+    except ImportError:
+        return
+    attach_default_tracing(comm)
