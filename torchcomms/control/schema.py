@@ -284,7 +284,7 @@ SCHEMA: dict[str, dict[str, tuple[Checker, bool]]] = {
     "events": {"since": (_seq, True), "topics": (_optional_names, False),
                "timeout": (_timeout, False)},
     "heartbeat": {"member": (_name, True), "limit": (_timeout, False),
-                  "info": (_optional_payload, False)},
+                  "interval": (_timeout, False), "info": (_optional_payload, False)},
     "heartbeat_stop": {"member": (_name, True)},
     "queue_push": {"key": (_key, True), "value": (_value, True)},
     "queue_pop": {"key": (_key, True), "block": (_bool, False), "timeout": (_timeout, False)},
