@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.ranks % args.node_size:
         parser.error("--ranks must be a multiple of --node-size")
     if args.late_rank is None:
-        args.late_rank = args.ranks * 3 // 4 + 5 if args.ranks > 8 else args.ranks - 1
+        args.late_rank = min(args.ranks - 1, args.ranks * 3 // 4 + 5)
     if args.mismatch_rank is None:
         args.mismatch_rank = min(3, args.ranks - 1)
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ import json
 import os
 import pickle
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -367,16 +367,21 @@ def _expand(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
     return files
 
 
-def load_dumps(paths: Sequence[str | os.PathLike[str]]) -> TraceSet:
-    """Load per-rank dumps (files or folders of them) of one job."""
+def load_dumps(paths: Sequence[str | os.PathLike[str]],
+               progress: Callable[[int, int], object] | None = None) -> TraceSet:
+    """Load per-rank dumps (files or folders of them) of one job; ``progress(done, total)``
+    hears about every file read."""
     dumps: dict[int, RankDump] = {}
-    for path in _expand(paths):
+    files = _expand(paths)
+    for done, path in enumerate(files, 1):
         m = _RANK_SUFFIX_RE.search(path.name)
         hint = int(m.group(1)) if m else None
         d = parse_dump(_read_raw(path), str(path), hint)
         if d.rank in dumps:
             raise TraceInputError(f"{path}: a second dump for rank {d.rank} (first: {dumps[d.rank].path})")
         dumps[d.rank] = d
+        if progress is not None:
+            progress(done, len(files))
     run_ids = {d.run_id for d in dumps.values() if d.run_id is not None}
     if len(run_ids) > 1:
         by = ", ".join(f"rank {r}: {dumps[r].run_id}" for r in sorted(dumps) if dumps[r].run_id)
