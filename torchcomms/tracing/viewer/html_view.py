@@ -92,8 +92,8 @@ D.lanes.forEach(function(ln, li){
     if (o.culprit) b.classList.add("culprit");
     if (o.inflight) b.classList.add("inflight");
     b.addEventListener("mousemove", function(ev){
-      tip.textContent = (ln.rank !== null ? "rank " + ln.rank : ln.label) + " · comm " + o.comm + "\n" + o.op + " #" + o.seq + " (" + o.state + ")\n" + o.call +
-        "\nstart +" + o.start.toFixed(3) + " ms, " + (o.inflight ? "still running at dump" : "took " + (o.end - o.start).toFixed(3) + " ms") + (o.error ? "\nerror: " + o.error : "");
+      tip.textContent = (ln.rank !== null ? "rank " + ln.rank : ln.label) + " · comm " + o.comm + "\\n" + o.op + " #" + o.seq + " (" + o.state + ")\\n" + o.call +
+        "\\nstart +" + o.start.toFixed(3) + " ms, " + (o.inflight ? "still running at dump" : "took " + (o.end - o.start).toFixed(3) + " ms") + (o.error ? "\\nerror: " + o.error : "");
       tip.style.display = "block"; tip.style.left = (ev.clientX + 12) + "px"; tip.style.top = (ev.clientY + 12) + "px";
     });
     b.addEventListener("mouseleave", function(){ tip.style.display = "none"; });
