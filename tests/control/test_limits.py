@@ -197,3 +197,21 @@ def test_open_file_limit_is_raised_to_the_hard_limit() -> None:
             assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_no_per_peer_zmtp_timers(strict_server: StoreServer, secret: bytes) -> None:
+    # libzmq cancels a timer by walking all timers of its I/O thread; ZMTP heartbeats re-arm one
+    # per ping per peer, which at 4,096 peers starved the I/O thread (replies never sent). The
+    # server arms none, and clients ask it for no heartbeat TTL; dead peers go by TCP keepalive.
+    router = strict_server._router
+    assert router is not None
+    assert router.getsockopt(zmq.HEARTBEAT_IVL) == 0
+    assert router.getsockopt(zmq.HEARTBEAT_TIMEOUT) in (-1, 0)
+    assert router.getsockopt(zmq.TCP_KEEPALIVE) == 1 and router.getsockopt(zmq.TCP_KEEPALIVE_CNT) > 0
+    with ControlClient(strict_server.address, secret, timeout=10.0) as client:
+        client.ping()
+        channel = client._conn.new_channel()
+        try:
+            assert channel.sock.getsockopt(zmq.HEARTBEAT_TTL) == 0
+        finally:
+            client._conn.discard_channel(channel)
