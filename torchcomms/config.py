@@ -142,6 +142,9 @@ VARIABLES: tuple[Var, ...] = (
     Var("TORCHCOMM_HEARTBEAT_LIMIT_S", "heartbeat_limit_s", "float", 2.0,
         "heartbeats missing this long: `rank_failed` (reason `heartbeat`); under torchcomms-run only "
         "`rank_silent`, a suspicion the rank's agent judges from its process", minimum=0, positive=True),
+    Var("TORCHCOMM_CONTROL_MAX_BEAT_RATE", "control_max_beat_rate", "float", 1000.0,
+        "heartbeats a second the control server takes from all members together; past it, members "
+        "are asked to beat less often and their silence limits stretch alike", minimum=0, positive=True),
     Var("TORCHCOMM_CONTROL_LOST_S", "control_lost_s", "float", 8.0,
         "an event subscription unanswered this long after a first unanswered poll takes the control "
         "plane for lost", minimum=0, positive=True),

@@ -120,7 +120,8 @@ def check_member(member: Any) -> str:
 
 
 def check_server_args(host: Any, port: Any, heartbeat_limit: Any, max_pending: Any,
-                      max_events: Any, rank_silence: Any) -> None:
+                      max_events: Any, rank_silence: Any, max_beat_rate: Any = 1.0,
+                      handshake_s: Any = 1.0) -> None:
     """The checks of :class:`~torchcomms.control.server.StoreServer`'s arguments."""
     if not isinstance(host, str) or not host:
         raise ControlArgumentError(f"host must be a non-empty str, got {host!r}")
@@ -134,6 +135,14 @@ def check_server_args(host: Any, port: Any, heartbeat_limit: Any, max_pending: A
         raise ControlArgumentError(f"max_pending must be a positive int, got {max_pending!r}")
     if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events <= 0:
         raise ControlArgumentError(f"max_events must be a positive int, got {max_events!r}")
+    if isinstance(max_beat_rate, bool) or not isinstance(max_beat_rate, (int, float)) \
+            or not max_beat_rate > 0 or max_beat_rate == float("inf"):
+        raise ControlArgumentError(
+            f"max_beat_rate must be a positive number of beats a second, got {max_beat_rate!r}")
+    if isinstance(handshake_s, bool) or not isinstance(handshake_s, (int, float)) \
+            or not 0 < handshake_s <= 3600:
+        raise ControlArgumentError(
+            f"handshake_s must be a number of seconds in (0, 3600], got {handshake_s!r}")
     if rank_silence not in ("failed", "suspect"):
         raise ControlArgumentError(
             f"rank_silence must be 'failed' or 'suspect', got {rank_silence!r}")

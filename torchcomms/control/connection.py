@@ -45,7 +45,8 @@ class Channel:
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
-        sock.setsockopt(zmq.HEARTBEAT_TTL, 6000)
+        # no HEARTBEAT_TTL: it makes the server re-arm a timer per ping, and libzmq cancels
+        # timers by walking all of them (quadratic in the server's peers; see router.py)
         sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
         if addr.startswith("tcp://["):
             sock.setsockopt(zmq.IPV6, 1)

@@ -29,7 +29,10 @@ class HeartbeatSender:
         self.member = member
         self._connection = connection
         self.interval = interval
-        self._fields: dict[str, Any] = {"member": member}
+        #: seconds between beats: ``interval``, or longer when the server asks for it (it
+        #: paces its members so that all together stay under its beat rate)
+        self.pace = interval
+        self._fields: dict[str, Any] = {"member": member, "interval": interval}
         if limit is not None:
             self._fields["limit"] = limit
         if info:
@@ -42,8 +45,14 @@ class HeartbeatSender:
 
     def beat_once(self, budget: float | None = None) -> None:
         """Send one beat now (waiting ``budget`` seconds, default the connection's timeout)."""
-        self._connection.call("heartbeat", self._fields,
-                              budget=self._connection.timeout if budget is None else budget)
+        self._paced(self._connection.call(
+            "heartbeat", self._fields,
+            budget=self._connection.timeout if budget is None else budget))
+
+    def _paced(self, reply: Any) -> None:
+        asked = reply.get("interval") if isinstance(reply, dict) else None
+        if isinstance(asked, (int, float)) and not isinstance(asked, bool):
+            self.pace = min(max(self.interval, float(asked)), 3600.0)
 
     @property
     def beat_budget(self) -> float:
@@ -61,12 +70,12 @@ class HeartbeatSender:
     def _run(self) -> None:
         client = self._connection
         channel: Channel | None = None
-        while not self._stop.wait(self.interval):
+        while not self._stop.wait(self.pace):
             try:
                 if channel is None:
                     channel = client.new_channel()
-                client.call("heartbeat", self._fields, budget=self.beat_budget,
-                             channel=channel, stop=self._stop)
+                self._paced(client.call("heartbeat", self._fields, budget=self.beat_budget,
+                                        channel=channel, stop=self._stop))
                 self.failing = False
             except ControlClosedError:
                 break

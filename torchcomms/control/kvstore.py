@@ -41,6 +41,10 @@ class Waiter:
     started: float
     args: dict[str, Any] = field(default_factory=dict)
     done: bool = False
+    #: keys it is registered under that were not set yet (a ``put`` counts one down; at
+    #: zero the keys are looked up once, so waking N waiters of N keys costs O(N) lookups
+    #: per waiter, not one full lookup per key set)
+    unset: int = 0
 
 
 class KeyValueStore:
@@ -207,7 +211,12 @@ class KeyValueStore:
         if req.args.get("timeout") == 0:
             raise ProtocolViolation("timeout", f"{req.op}: keys not present: {missing[:8]}")
         waiter = self.park(identity, req, keys)
-        for key in missing:
+        self._register(waiter, missing)
+
+    def _register(self, waiter: Waiter, missing: list[str]) -> None:
+        distinct = list(dict.fromkeys(missing))
+        waiter.unset = len(distinct)
+        for key in distinct:
             self.waiters_by_key.setdefault(key, []).append(waiter)
 
     def _result(self, op: str, keys: list[str]) -> Any:
@@ -234,12 +243,12 @@ class KeyValueStore:
         self.pending -= 1
 
     def _try_complete(self, waiter: Waiter) -> None:
+        waiter.unset -= 1
+        if waiter.unset > 0:
+            return
         missing = self._missing(waiter.keys)
         if missing:  # a key was deleted meanwhile; keep waiting for what is missing
-            for key in missing:
-                bucket = self.waiters_by_key.setdefault(key, [])
-                if waiter not in bucket:
-                    bucket.append(waiter)
+            self._register(waiter, missing)
             return
         self.finish(waiter)
         self._replies.ok(waiter.identity, waiter.request_id, self._result(waiter.op, waiter.keys))

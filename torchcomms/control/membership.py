@@ -88,6 +88,21 @@ class Members:
             known.info = info
         return heard
 
+    def pace(self, name: str, interval: float | None, limit: float, max_rate: float
+             ) -> tuple[float, float]:
+        """The interval ``name`` is asked to beat at and the silence limit it is judged by, so
+        that all members together send at most ``max_rate`` beats a second: a member beating
+        more often than ``len(members) / max_rate`` is slowed to it, and its limit is
+        stretched by the same factor (for a member that does not say its interval, to at least
+        four paced intervals)."""
+        count = len(self._members) + (name not in self._members)
+        paced = count / max_rate
+        if interval:
+            if paced > interval:
+                return paced, limit * paced / interval
+            return interval, limit
+        return paced, max(limit, 4 * paced)
+
     def forget(self, name: str) -> bool:
         """Stop tracking ``name``; returns whether it was tracked."""
         return self._members.pop(name, None) is not None

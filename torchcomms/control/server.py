@@ -41,27 +41,13 @@ from .events import Event, EventSchemaError, event_key, validate_event
 from .kvstore import KeyValueStore, Waiter
 from .membership import Members
 from .protocol import Limits, ProtocolViolation, Request
-from .router import bind_router
+from .router import HANDSHAKE_S, SocketReplies, bind_router
 from .secrets import derive_keys, load_secret
 
 __all__ = ["StoreServer", "DEFAULT_HEARTBEAT_LIMIT_S"]
 
 DEFAULT_HEARTBEAT_LIMIT_S = 1.5
 _log = logging.getLogger("torchcomms.control.server")
-
-
-class _SocketReplies:
-    """The store's answers, sent on the server's socket."""
-
-    def __init__(self, ok: Callable[..., None], error: Callable[..., None]) -> None:
-        self._ok, self._error = ok, error
-
-    def ok(self, identity: bytes, request_id: int, value: Any = None) -> None:
-        self._ok(identity, request_id, value)
-
-    def error(self, identity: bytes, request_id: int | None, code: str, message: str,
-              keys: list[str] | None = None) -> None:
-        self._error(identity, request_id, code, message, keys)
 
 
 class StoreServer:
@@ -72,7 +58,11 @@ class StoreServer:
     member may stay silent before it is reported lost (members may ask for their own).
     ``rank_silence`` is ``"failed"`` (a silent ``rank/<n>`` is published as ``rank_failed``)
     or ``"suspect"`` (published as ``rank_silent``, then ``rank_heard`` if it beats again:
-    a supervisor that sees the rank's process decides whether it failed).
+    a supervisor that sees the rank's process decides whether it failed). ``max_beat_rate``
+    bounds the heartbeats a second of all members together (default
+    ``TORCHCOMM_CONTROL_MAX_BEAT_RATE``): past it, members are asked to beat less often and
+    their silence limits stretch alike. A connection that has not completed its CURVE
+    handshake within ``handshake_s`` seconds is closed.
     """
 
     def __init__(
@@ -87,13 +77,20 @@ class StoreServer:
         max_pending: int = 100_000,
         max_events: int = 100_000,
         rank_silence: str = "failed",
+        max_beat_rate: float | None = None,
+        handshake_s: float = HANDSHAKE_S,
     ) -> None:
-        check_server_args(host, port, heartbeat_limit, max_pending, max_events, rank_silence)
+        if max_beat_rate is None:
+            max_beat_rate = settings().control_max_beat_rate
+        check_server_args(host, port, heartbeat_limit, max_pending, max_events, rank_silence,
+                          max_beat_rate, handshake_s)
         self._keys = derive_keys(load_secret() if secret is None else secret)
         self._host = host
         self._port = port
         self.heartbeat_limit = float(heartbeat_limit)
         self.rank_silence = rank_silence
+        self.max_beat_rate = float(max_beat_rate)
+        self.handshake_s = float(handshake_s)
         self.run_id = run_id if run_id is not None else (
             settings().run_id or settings().torchelastic_run_id or "")
         self.limits = limits or Limits()
@@ -112,7 +109,7 @@ class StoreServer:
         self._started = threading.Event()
 
         # State below is touched by the server thread only.
-        self._store = KeyValueStore(self.limits, _SocketReplies(self._send_ok, self._send_error),
+        self._store = KeyValueStore(self.limits, SocketReplies(self._send_ok, self._send_error),
                                     max_pending)
         self._history = EventLog(max_events)
         self._members = Members(rank_silence)
@@ -154,7 +151,7 @@ class StoreServer:
             self._auth = ServerAuthenticator(ctx, self._keys)
             self._auth.start()
             self._router, self._address = bind_router(ctx, self._host, self._port, self._keys,
-                                                      self.limits)
+                                                      self.limits, self.handshake_s)
             wake_addr = f"inproc://torchcomms-control-wake-{id(self)}"
             self._wake_recv = ctx.socket(zmq.PULL)
             self._wake_recv.bind(wake_addr)
@@ -373,11 +370,13 @@ class StoreServer:
 
     def _op_heartbeat(self, identity: bytes, req: Request) -> None:
         member = req.args["member"]
-        limit = req.args.get("limit") or self.heartbeat_limit
+        interval, limit = self._members.pace(member, req.args.get("interval"),
+                                             req.args.get("limit") or self.heartbeat_limit,
+                                             self.max_beat_rate)
         heard = self._members.beat(member, limit, req.args.get("info") or {}, time.monotonic())
         if heard is not None:
             self._publish(*heard)
-        self._send_ok(identity, req.id)
+        self._send_ok(identity, req.id, {"interval": interval, "limit": limit})
 
     def _op_heartbeat_stop(self, identity: bytes, req: Request) -> None:
         existed = self._members.forget(req.args["member"])

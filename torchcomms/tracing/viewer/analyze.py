@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from torchcomms.errors import format_ranks as fmt_ranks
+from torchcomms.tracing.viewer.aggregate import describe_groups
 from torchcomms.tracing.viewer.load import CommMeta, Op, TraceSet
 
 # Which of (inputs, outputs) must be identical on every rank, per op.
@@ -278,25 +279,25 @@ def _check_match(report: Report, name: str, seq: int, present: dict[int, Op]) ->
     ops = list(present.values())
     problems: list[str] = []
     if len({o.op for o in ops}) > 1:
-        problems.append("different ops: " + ", ".join(f"rank {r} {o.op}" for r, o in sorted(present.items())))
+        problems.append("different ops: " + describe_groups({r: o.op for r, o in present.items()}))
     else:
         op = ops[0].op
         same_in, same_out = _SAME_SHAPES.get(op, (False, False))
         if same_in and len({repr(o.input_sizes) for o in ops}) > 1:
-            problems.append("input sizes differ: " + ", ".join(f"rank {r} {o.input_sizes}" for r, o in sorted(present.items())))
+            problems.append("input sizes differ: " + describe_groups({r: str(o.input_sizes) for r, o in present.items()}))
         if same_out and len({repr(o.output_sizes) for o in ops if o.output_sizes}) > 1:
-            problems.append("output sizes differ: " + ", ".join(f"rank {r} {o.output_sizes}" for r, o in sorted(present.items())))
+            problems.append("output sizes differ: " + describe_groups({r: str(o.output_sizes) for r, o in present.items()}))
         dts = {r: tuple(sorted(set(o.input_dtypes))) for r, o in present.items() if o.input_dtypes}
         if len(set(dts.values())) > 1:
-            problems.append("dtypes differ: " + ", ".join(f"rank {r} {','.join(d)}" for r, d in sorted(dts.items())))
+            problems.append("dtypes differ: " + describe_groups({r: ",".join(d) for r, d in dts.items()}))
         if op in _ROOTED:
             roots = {r: o.root for r, o in present.items() if o.root is not None}
             if len(set(roots.values())) > 1:
-                problems.append("roots differ: " + ", ".join(f"rank {r} root={v}" for r, v in sorted(roots.items())))
+                problems.append("roots differ: " + describe_groups({r: f"root={v}" for r, v in roots.items()}))
         if op in _REDUCING:
             red = {r: o.reduce_op for r, o in present.items() if o.reduce_op}
             if len(set(red.values())) > 1:
-                problems.append("reduce ops differ: " + ", ".join(f"rank {r} {v}" for r, v in sorted(red.items())))
+                problems.append("reduce ops differ: " + describe_groups({r: str(v) for r, v in red.items()}))
     if problems:
         sample = ops[0]
         report.findings.append(Finding(

@@ -27,7 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     a = sub.add_parser("analyze", help="merge per-rank dumps and report hangs, mismatches, stragglers, bandwidth")
     a.add_argument("dumps", nargs="+", help="dump files or folders of them (one per rank)")
     a.add_argument("--json", action="store_true", help="print the report as JSON")
-    a.add_argument("--top", type=int, default=10, help="how many of the slowest ops to list (default 10)")
+    a.add_argument("--top", type=int, default=10, help="how many of the slowest ops and stragglers to list (default 10)")
     e = sub.add_parser("export", help="convert dumps to another trace format")
     e.add_argument("dumps", nargs="+")
     e.add_argument("--perfetto", metavar="OUT.json", required=True, help="write Chrome/Perfetto trace-event JSON here")
@@ -35,14 +35,35 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("dumps", nargs="+")
     v.add_argument("-o", "--output", metavar="OUT.html", required=True)
     v.add_argument("--title", default=None)
+    for cmd in (a, e, v):
+        cmd.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                         help="show a progress bar while loading dumps (default: when stderr is a terminal)")
     return p
 
 
-def _render_report(report: Any, out: Any) -> None:
+def _load(args: argparse.Namespace) -> Any:
+    """Load the dumps, with a progress bar on stderr when asked for (or stderr is a terminal)."""
+    from torchcomms.tracing.viewer.load import load_dumps
+
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    if not show:
+        return load_dumps(args.dumps)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("loading dumps"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(file=sys.stderr, force_terminal=args.progress or None),
+                  transient=True) as bar:
+        task = bar.add_task("load", total=None)
+        return load_dumps(args.dumps, progress=lambda done, total: bar.update(task, completed=done, total=total))
+
+
+def _render_report(report: Any, out: Any, top: int = 10) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
+    from torchcomms.tracing.viewer.aggregate import group_ranks
     from torchcomms.tracing.viewer.analyze import fmt_ranks
 
     con = Console(file=out, width=max(100, Console(file=out).width), highlight=False)
@@ -58,18 +79,22 @@ def _render_report(report: Any, out: Any) -> None:
         con.print(f"[bold red]PROBLEM[/] ({f.kind}) {escape(f.message)}", soft_wrap=True)
         if f.calls:
             t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-            t.add_column("rank", justify="right")
+            t.add_column("ranks", justify="right")
             t.add_column("call")
-            for r, call in sorted(f.calls.items()):
-                t.add_row(str(r), escape(call))
+            for ranks, call in group_ranks(f.calls):  # ranks with the same call share a row
+                t.add_row(fmt_ranks(ranks), escape(call))
             con.print(t)
     if report.stragglers:
         t = Table(title="Arrival lag per rank (ms behind the first rank to arrive)", title_justify="left")
         for col in ("rank", "collectives", "mean", "p50", "max", "last to arrive"):
             t.add_column(col, justify="right")
-        for s in report.stragglers:
+        for s in report.stragglers[:top]:
             t.add_row(str(s["rank"]), str(s["collectives"]), f"{s['mean_lag_ms']:.3f}", f"{s['p50_lag_ms']:.3f}", f"{s['max_lag_ms']:.3f}", str(s["times_last"]))
         con.print(t)
+        rest = report.stragglers[top:]
+        if rest:
+            con.print(f"[dim]... and {len(rest)} more ranks, mean lag {min(s['mean_lag_ms'] for s in rest):.3f}"
+                      f" to {max(s['mean_lag_ms'] for s in rest):.3f} ms (--json lists every rank)[/]")
     if report.slowest:
         t = Table(title="Slowest ops", title_justify="left")
         for col in ("comm", "op", "seq", "ms", "bytes/rank"):
@@ -99,11 +124,11 @@ def _write(path: str, text: str) -> None:
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     from torchcomms.tracing.viewer.analyze import analyze
-    from torchcomms.tracing.viewer.load import TraceInputError, load_dumps
+    from torchcomms.tracing.viewer.load import TraceInputError
 
     args = _parser().parse_args(argv)
     try:
-        ts = load_dumps(args.dumps)
+        ts = _load(args)
     except TraceInputError as exc:
         print(f"torchcomms-trace: unusable input: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
@@ -115,7 +140,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         if args.json:
             print(json.dumps(report.as_dict(), indent=2, default=str))
         else:
-            _render_report(report, sys.stdout)
+            _render_report(report, sys.stdout, args.top)
         return report.exit_code
     report = analyze(ts)
     try:

@@ -1,6 +1,6 @@
 """A self-contained HTML timeline of flight-recorder dumps (inline CSS/JS, no network).
 
-A lane per rank, ops as bars coloured by op type, the culprit ranks and ops highlighted,
+A lane per rank (past 64 ranks, per group of ranks: see :mod:`.aggregate`), ops as bars coloured by op type, the culprit ranks and ops highlighted,
 hover details, wheel/button zoom and drag to pan. The data travel as JSON inside the page.
 """
 from __future__ import annotations
@@ -9,8 +9,10 @@ import html
 import json
 from typing import Any
 
+from torchcomms.errors import format_ranks
+from torchcomms.tracing.viewer.aggregate import LANE_LIMIT, merge_runs, rank_groups, ranks_label
 from torchcomms.tracing.viewer.analyze import Report, describe_call
-from torchcomms.tracing.viewer.load import TraceSet
+from torchcomms.tracing.viewer.load import Op, TraceSet
 
 _TEMPLATE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -27,7 +29,7 @@ header button{background:#455a64;color:#fff;border:0;padding:3px 9px;border-radi
 #timeline{position:relative;margin:8px 12px;border:1px solid #ccc;background:#fff;overflow:hidden;user-select:none}
 .lane{display:flex;border-bottom:1px solid #eee}
 .lane.culprit .lane-label{background:#ffcdd2;color:#b71c1c;font-weight:700}
-.lane-label{width:110px;flex:none;padding:7px 8px;box-sizing:border-box;background:#eceff1;border-right:1px solid #ccc;white-space:nowrap;overflow:hidden}
+.lane-label{width:110px;font-size:12px;flex:none;padding:7px 8px;box-sizing:border-box;background:#eceff1;border-right:1px solid #ccc;white-space:nowrap;overflow:hidden}
 .track{position:relative;flex:1;overflow:hidden}
 .op{position:absolute;height:18px;min-width:2px;border-radius:2px;opacity:.9;box-sizing:border-box;cursor:pointer}
 .op.inflight{background-image:repeating-linear-gradient(45deg,rgba(255,255,255,.35) 0 4px,transparent 4px 8px)}
@@ -71,22 +73,26 @@ D.findings.forEach(function(f){ var li = el("li", "finding " + f.kind, f.message
 var lg = document.getElementById("legend");
 D.op_types.forEach(function(t){ var s = el("span", null, null); var i = el("i"); i.style.background = colors[t]; s.appendChild(i); s.appendChild(document.createTextNode(t)); lg.appendChild(s); });
 var bars = [];
-D.ranks.forEach(function(r){
-  var lane = el("div", "lane"); lane.dataset.rank = r;
-  if (D.culprit_ranks.indexOf(r) >= 0) lane.classList.add("culprit");
-  lane.appendChild(el("div", "lane-label", "rank " + r + (D.hosts[r] ? " · " + D.hosts[r] : "")));
+var byLane = D.lanes.map(function(){ return []; });
+D.ops.forEach(function(o){ byLane[o.lane].push(o); });
+D.lanes.forEach(function(ln, li){
+  var lane = el("div", "lane"); lane.dataset.ranks = ln.ranks;
+  if (ln.rank !== null) lane.dataset.rank = ln.rank;
+  if (ln.culprit) lane.classList.add("culprit");
+  lane.appendChild(el("div", "lane-label", ln.label));
+  lane.title = ln.label;
   var track = el("div", "track"); lane.appendChild(track); tl.appendChild(lane);
   lane.style.height = (D.comms.length * ROW + 8) + "px";
-  if (D.comms.length > 1) D.comms.forEach(function(c, i){ var l = el("div", "comm-label", c); l.style.top = (4 + i * ROW + 3) + "px"; track.appendChild(l); });
-  D.ops.forEach(function(o){
-    if (o.rank !== r) return;
+  if (D.comms.length > 1 && D.comms.length <= 8) D.comms.forEach(function(c, i){ var l = el("div", "comm-label", c); l.style.top = (4 + i * ROW + 3) + "px"; track.appendChild(l); });
+  byLane[li].forEach(function(o){
     var b = el("div", "op op-" + o.op); b.style.background = colors[o.op];
     b.style.top = (4 + D.comms.indexOf(o.comm) * ROW) + "px";
-    b.dataset.op = o.op; b.dataset.seq = o.seq; b.dataset.comm = o.comm; b.dataset.rank = o.rank; b.dataset.state = o.state;
+    b.dataset.op = o.op; b.dataset.seq = o.seq; b.dataset.comm = o.comm; b.dataset.state = o.state;
+    if (ln.rank !== null) b.dataset.rank = ln.rank; else b.dataset.ranks = ln.ranks;
     if (o.culprit) b.classList.add("culprit");
     if (o.inflight) b.classList.add("inflight");
     b.addEventListener("mousemove", function(ev){
-      tip.textContent = "rank " + o.rank + " · comm " + o.comm + "\\n" + o.op + " #" + o.seq + " (" + o.state + ")\\n" + o.call +
+      tip.textContent = (ln.rank !== null ? "rank " + ln.rank : ln.label) + " · comm " + o.comm + "\\n" + o.op + " #" + o.seq + " (" + o.state + ")\\n" + o.call +
         "\\nstart +" + o.start.toFixed(3) + " ms, " + (o.inflight ? "still running at dump" : "took " + (o.end - o.start).toFixed(3) + " ms") + (o.error ? "\\nerror: " + o.error : "");
       tip.style.display = "block"; tip.style.left = (ev.clientX + 12) + "px"; tip.style.top = (ev.clientY + 12) + "px";
     });
@@ -135,31 +141,78 @@ document.body.dataset.ready = "1";
 """
 
 
+def _span(o: Op, origin: int, horizon: int) -> tuple[float, float, bool]:
+    assert o.created_ns is not None
+    inflight = not o.finished or (o.state != "completed" and not o.completed_ns)
+    end = o.completed_ns or (o.created_ns + int(o.duration_ms * 1e6) if o.duration_ms is not None else horizon)
+    return (o.created_ns - origin) / 1e6, (max(end, o.created_ns) - origin) / 1e6, inflight
+
+
+def _rank_rows(ops: list[Op], lane_of: dict[int, int], culprit_ops: set[tuple[str, int]], origin: int,
+               horizon: int) -> list[dict[str, Any]]:
+    rows = []
+    for o in ops:
+        start, end, inflight = _span(o, origin, horizon)
+        rows.append({
+            "lane": lane_of[o.rank], "rank": o.rank, "comm": o.comm, "op": o.op, "seq": o.display_seq,
+            "state": o.state, "start": start, "end": end, "call": describe_call(o), "error": o.error,
+            "inflight": inflight, "culprit": (not o.is_p2p) and (o.comm, o.display_seq) in culprit_ops,
+        })
+    return rows
+
+
+def _group_rows(ops: list[Op], lane_of: dict[int, int], culprit_ops: set[tuple[str, int]], origin: int,
+                horizon: int, lanes: int) -> list[dict[str, Any]]:
+    """One bar per (lane, comm, op, seq): the group's first start to its last finish."""
+    spans: dict[tuple[int, str, str, int, bool], list[Any]] = {}
+    for o in ops:
+        start, end, inflight = _span(o, origin, horizon)
+        key = (lane_of[o.rank], o.comm, o.op, o.display_seq, o.is_p2p)
+        cur = spans.get(key)
+        if cur is None:
+            spans[key] = [start, end, inflight, o, 1]
+            continue
+        cur[0], cur[2], cur[4] = min(cur[0], start), cur[2] or inflight, cur[4] + 1
+        if end > cur[1]:
+            cur[1], cur[3] = end, o
+    per_lane: list[list[dict[str, Any]]] = [[] for _ in range(lanes)]
+    for (lane, comm, op, seq, is_p2p), (start, end, inflight, last, count) in spans.items():
+        per_lane[lane].append({
+            "lane": lane, "comm": comm, "op": op, "seq": seq, "state": last.state, "start": start, "end": end,
+            "call": f"{count} ranks; last to finish: rank {last.rank}, {describe_call(last)}", "error": last.error,
+            "inflight": inflight, "culprit": (not is_p2p) and (comm, seq) in culprit_ops,
+        })
+    return [row for rows in per_lane for row in merge_runs(rows)]
+
+
 def view_data(ts: TraceSet, report: Report) -> dict[str, Any]:
-    """The JSON the page renders."""
+    """The JSON the page renders: a lane per rank, or per group of ranks (culprit ranks alone)
+    past :data:`~torchcomms.tracing.viewer.aggregate.LANE_LIMIT` ranks."""
     ops = [o for o in ts.all_ops() if o.created_ns]
     origin = min((o.created_ns for o in ops if o.created_ns), default=0)
     horizon = max([o.completed_ns or o.created_ns or 0 for o in ops] + [d.dumped_at_ns or 0 for d in ts.dumps.values()]) if ops else 0
-    culprit_ops = report.culprit_ops
-    rows = []
-    for o in ops:
-        assert o.created_ns is not None
-        inflight = not o.finished or (o.state != "completed" and not o.completed_ns)
-        end = o.completed_ns or (o.created_ns + int(o.duration_ms * 1e6) if o.duration_ms is not None else horizon)
-        rows.append({
-            "rank": o.rank, "comm": o.comm, "op": o.op, "seq": o.display_seq, "state": o.state,
-            "start": (o.created_ns - origin) / 1e6, "end": (max(end, o.created_ns) - origin) / 1e6,
-            "call": describe_call(o), "error": o.error, "inflight": inflight,
-            "culprit": (not o.is_p2p) and (o.comm, o.display_seq) in culprit_ops,
-        })
+    culprits = report.culprit_ranks
+    groups = [[r] for r in ts.ranks] if len(ts.ranks) <= LANE_LIMIT else rank_groups(ts.ranks, culprits)
+    lane_of = {r: i for i, group in enumerate(groups) for r in group}
+    lanes = []
+    for group in groups:
+        single = group[0] if len(group) == 1 else None
+        host = ts.dumps[single].host if single is not None else None
+        lanes.append({"rank": single, "ranks": format_ranks(group), "culprit": bool(culprits & set(group)),
+                      "label": f"rank {single}" + (f" · {host}" if host else "") if single is not None else ranks_label(group)})
+    if len(groups) == len(ts.ranks):
+        rows = _rank_rows(ops, lane_of, report.culprit_ops, origin, horizon)
+    else:
+        rows = _group_rows(ops, lane_of, report.culprit_ops, origin, horizon, len(groups))
     t_max = max((r["end"] for r in rows), default=1.0)
     return {
         "ranks": ts.ranks,
-        "hosts": {r: ts.dumps[r].host or "" for r in ts.ranks},
+        "lanes": lanes,
+        "hosts": {r: ts.dumps[r].host or "" for r in ts.ranks} if len(groups) == len(ts.ranks) else {},
         "ops": rows,
         "op_types": sorted({r["op"] for r in rows}),
         "comms": sorted({r["comm"] for r in rows}),
-        "culprit_ranks": sorted(report.culprit_ranks),
+        "culprit_ranks": sorted(culprits),
         "findings": [{"kind": f.kind, "message": f.message} for f in report.findings],
         "t_min": 0.0,
         "t_max": t_max if t_max > 0 else 1.0,

@@ -12,12 +12,13 @@ import json
 import os
 import pickle
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from torchcomms.tracing.fr_format import EXTENSION_KEY, P2P_SEQ_BASE
+from torchcomms.tracing.viewer.shared import SharedValues
 
 _VERSION_RE = re.compile(r"^2\.\d+$")
 _RANK_SUFFIX_RE = re.compile(r"(\d+)(?:\.[A-Za-z]+)?$")
@@ -39,7 +40,7 @@ class CommMeta:
     backend: str = ""
 
 
-@dataclass
+@dataclass(slots=True)
 class Op:
     """One op record of one rank, normalised across dump flavours."""
 
@@ -221,6 +222,10 @@ def _strs(v: Any) -> list[str]:
     return [str(x) for x in v] if isinstance(v, (list, tuple)) else []
 
 
+def _frames(v: Any) -> list[dict[str, Any]]:
+    return [f for f in (v or []) if isinstance(f, dict)]
+
+
 def _parse_ranks(v: Any) -> list[int]:
     if isinstance(v, (list, tuple)):
         return [int(x) for x in v]
@@ -235,7 +240,8 @@ def _parse_ranks(v: Any) -> list[int]:
     return []
 
 
-def parse_dump(obj: dict[str, Any], path: str, rank_hint: int | None) -> RankDump:
+def parse_dump(obj: dict[str, Any], path: str, rank_hint: int | None,
+               shared: SharedValues | None = None) -> RankDump:
     """Validate and normalise one decoded dump."""
     if "entries" not in obj or "version" not in obj:
         missing = [k for k in ("version", "entries") if k not in obj]
@@ -267,12 +273,13 @@ def parse_dump(obj: dict[str, Any], path: str, rank_hint: int | None) -> RankDum
                 backend = str(ext_comms[name].get("backend", ""))
             comms[name] = CommMeta(name, str(cfg.get("desc", name)), _parse_ranks(cfg.get("ranks")), backend)
     ext_ops = ext.get("ops", {}) if ext else {}
+    shared = shared if shared is not None else SharedValues()
     ops: list[Op] = []
     for i, e in enumerate(entries):
         if not isinstance(e, dict):
             raise TraceInputError(f"{path}: entry {i} is {type(e).__name__}, not a dict")
         try:
-            ops.append(_parse_entry(e, rank, ext_ops, comms))
+            ops.append(_parse_entry(e, rank, ext_ops, comms, shared))
         except (KeyError, TypeError, ValueError) as exc:
             raise TraceInputError(f"{path}: entry {i} is malformed ({exc.__class__.__name__}: {exc})") from None
     return RankDump(
@@ -291,7 +298,8 @@ def parse_dump(obj: dict[str, Any], path: str, rank_hint: int | None) -> RankDum
     )
 
 
-def _parse_entry(e: dict[str, Any], rank: int, ext_ops: dict[str, Any], comms: dict[str, CommMeta]) -> Op:
+def _parse_entry(e: dict[str, Any], rank: int, ext_ops: dict[str, Any], comms: dict[str, CommMeta],
+                 shared: SharedValues) -> Op:
     pg = e.get("process_group")
     comm = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else str(e.get("pg_id", "?"))
     prof = str(e["profiling_name"])
@@ -333,17 +341,17 @@ def _parse_entry(e: dict[str, Any], rank: int, ext_ops: dict[str, Any], comms: d
         seq=seq,
         is_p2p=is_p2p,
         record_id=record_id,
-        input_sizes=_sizes(e.get("input_sizes")),
-        input_dtypes=_strs(e.get("input_dtypes")),
-        output_sizes=_sizes(e.get("output_sizes")),
-        output_dtypes=_strs(e.get("output_dtypes")),
+        input_sizes=shared.get("sizes", e.get("input_sizes"), _sizes),
+        input_dtypes=shared.get("strs", e.get("input_dtypes"), _strs),
+        output_sizes=shared.get("sizes", e.get("output_sizes"), _sizes),
+        output_dtypes=shared.get("strs", e.get("output_dtypes"), _strs),
         state=state,
         created_ns=_int_or_none(e.get("time_created_ns")),
         started_ns=_int_or_none(e.get("time_discovered_started_ns")),
         completed_ns=_int_or_none(e.get("time_discovered_completed_ns")),
         duration_ms=_float_or_none(e.get("duration_ms")),
         timeout_ms=_int_or_none(e.get("timeout_ms")),
-        frames=[f for f in (e.get("frames") or []) if isinstance(f, dict)],
+        frames=shared.get("frames", e.get("frames") or [], _frames),
         error=str(error) if error else None,
         peer=peer,
         root=root,
@@ -372,16 +380,22 @@ def _expand(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
     return files
 
 
-def load_dumps(paths: Sequence[str | os.PathLike[str]]) -> TraceSet:
-    """Load per-rank dumps (files or folders of them) of one job."""
+def load_dumps(paths: Sequence[str | os.PathLike[str]],
+               progress: Callable[[int, int], object] | None = None) -> TraceSet:
+    """Load per-rank dumps (files or folders of them) of one job; ``progress(done, total)``
+    hears about every file read."""
     dumps: dict[int, RankDump] = {}
-    for path in _expand(paths):
+    files = _expand(paths)
+    shared = SharedValues()
+    for done, path in enumerate(files, 1):
         m = _RANK_SUFFIX_RE.search(path.name)
         hint = int(m.group(1)) if m else None
-        d = parse_dump(_read_raw(path), str(path), hint)
+        d = parse_dump(_read_raw(path), str(path), hint, shared)
         if d.rank in dumps:
             raise TraceInputError(f"{path}: a second dump for rank {d.rank} (first: {dumps[d.rank].path})")
         dumps[d.rank] = d
+        if progress is not None:
+            progress(done, len(files))
     run_ids = {d.run_id for d in dumps.values() if d.run_id is not None}
     if len(run_ids) > 1:
         by = ", ".join(f"rank {r}: {dumps[r].run_id}" for r in sorted(dumps) if dumps[r].run_id)
