@@ -186,3 +186,45 @@ def exit_with_a_stopped_peer(timeout_s: float) -> dict[str, Any]:
         raised = type(e).__name__
     comm.abort()
     return {"raised": raised}
+
+
+def agree_rounds(no_voter: int, victim: int | None = None) -> dict[str, Any]:
+    """``TorchComm.agree`` on MPI: a healthy round where all vote yes, one where ``no_voter``
+    votes no; then (with ``victim``) that rank dies, the survivors' next op fails, and they agree
+    on the broken communicator: all yes, then ``no_voter`` no."""
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "agree", timeout=timedelta(seconds=30),
+                               abort_process_on_timeout_or_error=False)
+    r = comm.get_rank()
+    out: dict[str, Any] = {"rank": r, "engine_agree": comm._backend.capabilities.agree}
+    out["all_yes"] = comm.agree(True)
+    out["one_no"] = comm.agree(r != no_voter)
+    if victim is None:
+        comm.finalize()
+        return out
+    if r == victim:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)  # a crash (ULFM is told of a signalled process at once)
+    try:
+        while True:
+            comm.all_reduce(torch.ones(16), ReduceOp.SUM, False)
+    except torchcomms.CommError as e:
+        out["raised"] = type(e).__name__
+    t0 = time.monotonic()
+    out["after_all_yes"] = comm.agree(True)
+    out["after_one_no"] = comm.agree(r != no_voter)
+    out["after_elapsed"] = time.monotonic() - t0
+    comm.abort()
+    return out
+
+
+def agree_without_ulfm() -> dict[str, Any]:
+    """``agree`` on an MPI job without ULFM and without a store: a typed error that says what is missing."""
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "agree-noft", abort_process_on_timeout_or_error=False)
+    try:
+        comm.agree(True)
+        return {"raised": None}
+    except torchcomms.CommError as e:
+        return {"raised": type(e).__name__, "message": str(e)}
+    finally:
+        comm.finalize()

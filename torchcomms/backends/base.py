@@ -209,6 +209,8 @@ class BackendCapabilities:
     dtypes: frozenset[torch.dtype] | None = None  # None: every dtype
     bitwise_ops: bool = True
     reconfigure: bool = False
+    # the engine has its own fault-tolerant agreement (``agree``); else ``TorchComm.agree`` uses the store
+    agree: bool = False
 
 
 class TorchCommBackend:
@@ -264,6 +266,12 @@ class TorchCommBackend:
     def classify_error(self, error: BaseException) -> str:
         """'timeout', 'peer' or 'other' for an engine error."""
         return "other"
+
+    def agree(self, flag: bool, deadline: float) -> bool:
+        """The engine's fault-tolerant AND of ``flag`` over its live members, the same on every
+        member that returns (engines with ``capabilities.agree`` only); raises ``TimeoutError``
+        at ``deadline`` (``time.monotonic()``)."""
+        raise NotImplementedError(f"backend '{self.backend_name}' has no agreement of its own")
 
     # --- operations ------------------------------------------------------------------------
     def _unsupported(self, op: str) -> EngineHandle:

@@ -30,7 +30,7 @@ from torchcomms.backends.mpi import engine as mpi_engine
 from torchcomms.backends.mpi.buffers import MPI_DTYPES, Buffers
 from torchcomms.backends.mpi.engine_thread import EngineThread
 from torchcomms.backends.mpi.progress import RequestProgress, blocking_wait
-from torchcomms.backends.mpi.recovery import shrink_comm
+from torchcomms.backends.mpi.recovery import agree_flag, shrink_comm
 from torchcomms.errors import CommValueError
 from torchcomms.types import RedOpType, ReduceOp
 
@@ -61,7 +61,7 @@ def _end_job_if_stuck() -> None:
 
 class MpiBackend(TorchCommBackend):
     backend_name = "mpi"
-    # shrink needs ULFM: each instance states whether this job has it (see init)
+    # shrink and agree need ULFM: each instance states whether this job has it (see init)
     capabilities = BackendCapabilities(devices=("cpu",), abort=True, shrink=True, dtypes=MPI_DTYPES)
 
     @classmethod
@@ -89,7 +89,7 @@ class MpiBackend(TorchCommBackend):
             raise CommValueError(f"hint mpi.collectives={mode!r}: expected 'blocking' or 'nonblocking'",
                                  comm=self.ctx.name, op="new_comm")
         self._blocking_collectives = mode == "blocking"
-        self.capabilities = dataclasses.replace(type(self).capabilities, shrink=self._ft)
+        self.capabilities = dataclasses.replace(type(self).capabilities, shrink=self._ft, agree=self._ft)
         if not mpi_engine.thread_level_ok(MPI):
             raise CommValueError(
                 "the mpi backend needs MPI_THREAD_MULTIPLE, but MPI was initialised with a lower thread level "
@@ -199,6 +199,10 @@ class MpiBackend(TorchCommBackend):
         child = MpiBackend(ctx, comm)
         child.init()
         return child, survivors
+
+    def agree(self, flag: bool, deadline: float) -> bool:
+        """``MPI_Comm_iagree`` over the live processes (ULFM); see :func:`.recovery.agree_flag`."""
+        return agree_flag(self.MPI, self._comm, flag, deadline, self._progress.abandoned)
 
     # --- helpers -----------------------------------------------------------------------------
     def _start(self, call: Callable[[], Any], keep: Any = None, finish: Callable[[], None] | None = None) -> EngineHandle:

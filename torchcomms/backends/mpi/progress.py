@@ -70,9 +70,9 @@ class RequestProgress:
         self._cond = threading.Condition()
         self._pending: list[_Pending] = []
         self._thread: threading.Thread | None = None
-        #: requests of aborted owners that may still be running: MPI may still touch their
+        #: requests of aborted owners (and agreements given up) that may still be running: MPI may still touch their
         #: buffers, so these are never freed
-        self.abandoned: list[_Pending] = []
+        self.abandoned: list[Any] = []
 
     def submit(self, requests: list[Any], owner: object, keep: Any, on_error: OnError) -> torch.futures.Future:
         fut: torch.futures.Future = torch.futures.Future()
