@@ -20,7 +20,10 @@ REPEAT = int(os.environ.get("TC_CHAOS_REPEAT", "1"))
 
 
 def test_stopped_peer_times_out_everyone_at_the_deadline() -> None:
-    with MpiJob(3, "tests.mpi.workers:stalled_peer", {"timeout_s": TIMEOUT_S, "victim": 2}) as job:
+    # the survivors' exit ends the job (MPI_Abort: their op is still blocked on the stopped rank),
+    # so each waits for both results before exiting
+    with MpiJob(3, "tests.mpi.workers:stalled_peer", {"timeout_s": TIMEOUT_S, "victim": 2},
+                env={"TC_EXIT_AFTER_RESULTS": "0,1"}) as job:
         job.wait_ready([0, 1, 2])
         os.kill(job.pid_of(2), signal.SIGSTOP)
         (job.dir / "go").touch()

@@ -84,13 +84,14 @@ class RequestProgress:
             self._cond.notify()
         return fut
 
-    def abandon(self, owner: object) -> None:
-        """Stop driving ``owner``'s requests (its communicator is aborted); their futures are
-        never completed (the communicator already failed its ops)."""
+    def abandon(self, owner: object) -> list[_Pending]:
+        """Stop driving ``owner``'s requests (its communicator is aborted) and return them; their
+        futures are never completed (the communicator already failed its ops)."""
         with self._cond:
             mine = [p for p in self._pending if p.owner is owner]
             self._pending = [p for p in self._pending if p.owner is not owner]
             self.abandoned.extend(mine)
+        return mine
 
     def _loop(self) -> None:
         testall = self._MPI.Request.Testall
