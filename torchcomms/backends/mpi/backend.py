@@ -101,8 +101,9 @@ class MpiBackend(TorchCommBackend):
                     f"the mpi backend runs on the ranks of an MPI job, but this process is rank "
                     f"{world.Get_rank()} of an MPI world of {world.Get_size()} while the job's rank/size from the "
                     f"environment is {self.ctx.rank}/{self.ctx.size}. Start the ranks with "
-                    f"'mpiexec -n {self.ctx.size} python script.py' (add --with-ft ulfm for shrink); "
-                    "torchcomms-run starts ranks that are not one MPI job",
+                    f"'mpiexec -n {self.ctx.size} python script.py' (add --with-ft ulfm for shrink), or under the "
+                    f"launcher with 'mpiexec -n {self.ctx.size} torchcomms-run --backend mpi script.py' (plain "
+                    "torchcomms-run starts ranks that are not one MPI job)",
                     comm=self.ctx.name, op="new_comm")
             self._comm = world.Dup()
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
