@@ -38,7 +38,8 @@ def test_each_launcher_runs_its_mpi_rank_and_rank_0_prints_the_summary(tmp_path)
         # the launcher's rank is the MPI rank; the control plane's failure monitor watches the comm
         assert (v["rank"], v["mpi_rank"], v["size"], v["sum"]) == (r, r, 3, 3.0), v
         assert v["monitor"] is True, v
-    assert proc.stderr.count("finished with exit code 0") == 1  # one summary: rank 0's launcher
+    summaries = [ln for ln in proc.stderr.splitlines() if ln.startswith("torchcomms-run: job ")]
+    assert len(summaries) == 1 and summaries[0].endswith("finished with exit code 0"), proc.stderr  # rank 0's
     assert "rank  host" in proc.stderr
 
 
