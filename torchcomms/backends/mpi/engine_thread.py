@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import torch
+from torchcomms.backends.mpi.progress import Completion
 
 OnError = Callable[[BaseException], BaseException]
 T = TypeVar("T")
@@ -41,8 +41,8 @@ class Job:
         self._ended.acquire()
         self._done = False
         self._error: BaseException | None = None
-        self._future: torch.futures.Future | None = None
-        self._lock: threading.Lock | None = None  # made only when a future is asked for
+        self._future: Completion | None = None
+        self._lock = threading.Lock()
 
     def wait(self, timeout_s: float) -> bool:
         """A ``BlockingWait``: True once the call returned (raises its error), False if it still runs."""
@@ -54,38 +54,31 @@ class Job:
             raise self._error
         return True
 
-    def future(self) -> torch.futures.Future:
-        if self._lock is None:
-            self._lock = threading.Lock()  # (made by the one caller thread that dispatched the op)
+    def future(self) -> Completion:
         with self._lock:
             if self._future is None:
-                self._future = torch.futures.Future()
-                if self._done:
-                    self._complete_future()
-            return self._future
+                self._future = Completion()
+                if not self._done:
+                    return self._future
+            else:
+                return self._future
+        self._complete(self._future)  # ended before anyone asked
+        return self._future
 
     def end(self, error: BaseException | None) -> None:
-        self._error = error
-        lock = self._lock
-        if lock is None:
+        with self._lock:
+            self._error = error
             self._done = True
-            self._ended.release()
-            lock = self._lock  # a future may have been asked for meanwhile
-            if lock is None:
-                return
-        with lock:
-            self._done = True
-            if self._ended.locked():
-                self._ended.release()
-            if self._future is not None and not self._future.done():
-                self._complete_future()
+            future = self._future
+        self._ended.release()
+        if future is not None:
+            self._complete(future)
 
-    def _complete_future(self) -> None:
-        assert self._future is not None
+    def _complete(self, future: Completion) -> None:
         if self._error is None:
-            self._future.set_result(None)
+            future.set_result(None)
         else:
-            self._future.set_exception(self._error)
+            future.set_exception(self._error)
 
 
 class EngineThread:

@@ -14,14 +14,57 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 #: polls of an idle progress loop before it starts sleeping between polls
 _SPIN_POLLS = 2000
 #: the longest sleep between polls of pending requests (bounds an async op's added latency)
 _MAX_NAP_S = 0.0005
 
 OnError = Callable[[BaseException], BaseException]
+
+
+class Completion:
+    """The future of an MPI op (``add_done_callback``, ``value``, ``set_result``,
+    ``set_exception``), completed by the backend's threads. Pure Python on purpose: a daemon
+    thread still completing one while the interpreter exits ends inside Python's own code, where
+    a ``torch.futures.Future`` would have it unwind through torch's C++ frames and abort the
+    process ("terminate called without an active exception", seen at the exit of async ops)."""
+
+    __slots__ = ("_lock", "_done", "_error", "_callbacks")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = False
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Completion], None]] = []
+
+    def set_result(self, _value: object = None) -> None:
+        self._end(None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._end(error)
+
+    def _end(self, error: BaseException | None) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done, self._error = True, error
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb(self)
+
+    def add_done_callback(self, callback: Callable[[Completion], None]) -> None:
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def done(self) -> bool:
+        return self._done
+
+    def value(self) -> None:
+        if self._error is not None:
+            raise self._error
 
 
 def blocking_wait(MPI: Any, requests: list[Any], on_error: OnError) -> Callable[[float], bool]:  # noqa: N803
@@ -52,7 +95,7 @@ def blocking_wait(MPI: Any, requests: list[Any], on_error: OnError) -> Callable[
 class _Pending:
     __slots__ = ("requests", "future", "owner", "keep", "on_error")
 
-    def __init__(self, requests: list[Any], future: torch.futures.Future, owner: object, keep: Any,
+    def __init__(self, requests: list[Any], future: Completion, owner: object, keep: Any,
                  on_error: OnError) -> None:
         self.requests = requests
         self.future = future
@@ -74,8 +117,8 @@ class RequestProgress:
         #: buffers, so these are never freed
         self.abandoned: list[Any] = []
 
-    def submit(self, requests: list[Any], owner: object, keep: Any, on_error: OnError) -> torch.futures.Future:
-        fut: torch.futures.Future = torch.futures.Future()
+    def submit(self, requests: list[Any], owner: object, keep: Any, on_error: OnError) -> Completion:
+        fut = Completion()
         with self._cond:
             self._pending.append(_Pending(requests, fut, owner, keep, on_error))
             if self._thread is None:
