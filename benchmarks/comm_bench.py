@@ -517,6 +517,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default="gloo", choices=("gloo", "mpi"),
                    help="torchcomms' engine: gloo (vs c10d gloo), or mpi (vs bare mpi4py and c10d gloo, "
                         "ranks started by mpiexec)")
+    p.add_argument("--mpi-nonblocking-max", type=int, default=None,
+                   help="--engine mpi: hint mpi.nonblocking_max_bytes (collectives up to this size as MPI's "
+                        "nonblocking calls on the caller's thread; default: the backend's)")
     p.add_argument("--min-bytes", type=parse_bytes, default=4 << 10, help="smallest size (default 4K)")
     p.add_argument("--max-bytes", type=parse_bytes, default=64 << 20, help="largest size (default 64M)")
     p.add_argument("--step-factor", type=int, default=4, choices=(2, 4), help="size multiplier (default 4)")

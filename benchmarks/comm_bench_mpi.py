@@ -62,7 +62,9 @@ def run_rank(args: Any, cb: Any) -> None:
     import torchcomms
 
     os.environ["TORCHCOMM_TRACING_DISABLE"] = "0" if args.tracing == "on" else "1"
-    ours = torchcomms.new_comm("mpi", torch.device("cpu"), "bench-mpi", timeout=timedelta(seconds=args.op_timeout))
+    hints = {} if args.mpi_nonblocking_max is None else {"mpi.nonblocking_max_bytes": str(args.mpi_nonblocking_max)}
+    ours = torchcomms.new_comm("mpi", torch.device("cpu"), "bench-mpi", timeout=timedelta(seconds=args.op_timeout),
+                               hints=hints)
     from mpi4py import MPI
 
     rank, n = ours.get_rank(), ours.get_size()

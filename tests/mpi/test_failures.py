@@ -19,10 +19,15 @@ TIMEOUT_S = 3.0
 REPEAT = int(os.environ.get("TC_CHAOS_REPEAT", "1"))
 
 
-def test_stopped_peer_times_out_everyone_at_the_deadline() -> None:
+# the engine thread's blocking calls (default), and MPI's nonblocking calls polled on the caller's thread
+PATHS = [None, {"mpi.nonblocking_max_bytes": "262144"}]
+
+
+@pytest.mark.parametrize("hints", PATHS, ids=["engine-thread", "caller-thread"])
+def test_stopped_peer_times_out_everyone_at_the_deadline(hints: dict[str, str] | None) -> None:
     # the survivors' exit ends the job (MPI_Abort: their op is still blocked on the stopped rank),
     # so each waits for both results before exiting
-    with MpiJob(3, "tests.mpi.workers:stalled_peer", {"timeout_s": TIMEOUT_S, "victim": 2},
+    with MpiJob(3, "tests.mpi.workers:stalled_peer", {"timeout_s": TIMEOUT_S, "victim": 2, "hints": hints},
                 env={"TC_EXIT_AFTER_RESULTS": "0,1"}) as job:
         job.wait_ready([0, 1, 2])
         os.kill(job.pid_of(2), signal.SIGSTOP)

@@ -68,11 +68,11 @@ def ops_until_failure(timeout_s: float, limit_s: float = 60.0) -> dict[str, Any]
     return out
 
 
-def stalled_peer(timeout_s: float, victim: int) -> dict[str, Any]:
+def stalled_peer(timeout_s: float, victim: int, hints: dict[str, str] | None = None) -> dict[str, Any]:
     """Everyone runs a warm-up all_reduce; the test stops ``victim``; the others' next
     all_reduce must end at its deadline with CommTimeoutError, and later ops fail at once."""
     comm = torchcomms.new_comm("mpi", torch.device("cpu"), "stall", timeout=timedelta(seconds=timeout_s),
-                               abort_process_on_timeout_or_error=False)
+                               abort_process_on_timeout_or_error=False, hints=hints)
     r = comm.get_rank()
     t = torch.ones(1024)
     comm.all_reduce(t, ReduceOp.SUM, False)
@@ -122,10 +122,10 @@ def wrong_world() -> dict[str, Any]:
         return {"raised": type(e).__name__, "message": str(e)}
 
 
-def dtype_reductions() -> dict[str, Any]:
+def dtype_reductions(hints: dict[str, str] | None = None) -> dict[str, Any]:
     """all_reduce of every dtype this backend declares, with every reduce op the dtype allows,
     against a reference computed locally from every rank's input."""
-    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "dtypes")
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "dtypes", hints=hints)
     r, n = comm.get_rank(), comm.get_size()
     failures: list[str] = []
     checks = 0

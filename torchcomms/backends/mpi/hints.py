@@ -7,6 +7,13 @@ caller's thread and polled there, bounded by the op's deadline, while a blocking
 on a stopped peer can be left only by a thread of its own (the engine thread; handing an op to
 it and back costs two thread wake-ups, ~25 µs measured under load). So small collectives are
 nonblocking calls on the caller's thread, large ones blocking calls on the engine thread.
+
+That caller-thread path is off by default (``mpi.nonblocking_max_bytes`` unset: every
+collective blocking on the engine thread, barrier included): measured on 2 shared, overloaded
+cores (load 33-45), it cut the host CPU per 1 KiB all_reduce on one rank from 48.6 to 16.4 µs, but
+at 2 ranks the 1-4 KiB all_reduce took 270-320 µs against 47-64 µs on the engine thread (16 KiB
+and up: no worse). Whether it wins where ranks are not starved of cores is to be measured
+(``benchmarks/comm_bench.py --engine mpi --mpi-nonblocking-max 262144``).
 """
 from __future__ import annotations
 
@@ -15,8 +22,8 @@ from torchcomms.errors import CommValueError
 #: ``nbytes`` of a collective whose ranks pass different sizes: the blocking call, except under
 #: ``mpi.collectives=nonblocking`` (every rank must choose alike, whatever its own sizes)
 UNEVEN = 1 << 61
-#: the default of hint ``mpi.nonblocking_max_bytes``
-NONBLOCKING_MAX_BYTES = 256 << 10
+#: the default of hint ``mpi.nonblocking_max_bytes``: none (every collective blocking)
+NONBLOCKING_MAX_BYTES = -1
 _MODES = {"blocking": -1, "nonblocking": 1 << 62}
 
 

@@ -16,6 +16,9 @@ from typing import Any
 
 #: polls of an idle progress loop before it starts sleeping between polls
 _SPIN_POLLS = 2000
+#: polls of a caller's wait before it yields the CPU at every poll (as Open MPI's own blocking
+#: calls do when the host is oversubscribed): a peer rank waiting for this core must get it
+_WAIT_SPIN_POLLS = 16
 #: the longest sleep between polls of pending requests (bounds an async op's added latency)
 _MAX_NAP_S = 0.0005
 
@@ -84,8 +87,8 @@ def blocking_wait(MPI: Any, requests: list[Any], on_error: OnError) -> Callable[
             except MPI.Exception as e:
                 raise on_error(e) from None
             polls += 1
-            if polls > _SPIN_POLLS:
-                yield_()  # a long op: let another rank on this core run
+            if polls > _WAIT_SPIN_POLLS:
+                yield_()  # not done at once: let another rank on this core run
             if (polls & 63) == 0 and time.monotonic() >= end:
                 return False
 
