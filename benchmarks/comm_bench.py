@@ -224,14 +224,11 @@ class Contenders:
 
 def run_rank(args: argparse.Namespace) -> None:
     rank, n = int(os.environ["TORCHCOMM_RANK"]), int(os.environ["TORCHCOMM_SIZE"])
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), n, is_master=False,
-                          timeout=timedelta(seconds=120))
     device = torch.device(args.device, int(os.environ.get("LOCAL_RANK", rank))) if args.device == "cuda" else None
     engine = engine_of(device or torch.device("cpu"))
     if device is not None:
         torch.cuda.set_device(device)
-    dist.init_process_group(engine, store=dist.PrefixStore("c10d", store), rank=rank, world_size=n,
-                            timeout=timedelta(seconds=args.op_timeout), device_id=device)
+    store = connect_rank(engine, rank, n, args.op_timeout, device)
     bar = dist.new_group(backend="gloo")
     # --engines K: every contender owns K engines (gloo contexts, each with its own sockets) and
     # iteration i uses engine i % K, so that one engine's luck with its connections does not
@@ -344,22 +341,45 @@ def agreed_error(error: str | None, bar: Any) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------
+# rank set-up, shared by both engines (comm_bench_mpi.py uses these too)
+#: variables of another launcher (or torch's torchcomms routing) that must not reach a rank
+_FOREIGN = ("TORCHCOMM_RANK", "TORCHCOMM_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCH_DISTRIBUTED_USE_TORCHCOMMS")
+
+
+def host_store(nproc: int) -> Any:
+    """The parent's TCPStore that the ranks rendezvous through (port 0: no fixed port)."""
+    return dist.TCPStore("127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=120))
+
+
+def rank_env(args: argparse.Namespace, port: int, **extra: str) -> dict[str, str]:
+    """A rank's environment: the parent's without ``_FOREIGN`` (c10d must be plain c10d here),
+    the store's address, the gloo interface, this repository on the path, and ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in _FOREIGN}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME=args.iface,
+               PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""), **extra)
+    return env
+
+
+def connect_rank(engine: str, rank: int, n: int, op_timeout: float, device: torch.device | None = None) -> Any:
+    """This rank's client of the parent's store, and c10d's default group on ``engine`` over it."""
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), n, is_master=False,
+                          timeout=timedelta(seconds=120))
+    dist.init_process_group(engine, store=dist.PrefixStore("c10d", store), rank=rank, world_size=n,
+                            timeout=timedelta(seconds=op_timeout), device_id=device)
+    return store
+
+
+# ------------------------------------------------------------------------------------------
 # parent side
 def launch(args: argparse.Namespace, result_path: Path) -> None:
     """Host the store, start the ranks, wait for them; no rank outlives this call."""
-    server = dist.TCPStore("127.0.0.1", 0, args.nproc, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=120))
+    server = host_store(args.nproc)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for r in range(args.nproc):
-            env = dict(os.environ)
-            env.pop("TORCH_DISTRIBUTED_USE_TORCHCOMMS", None)  # c10d must be plain c10d here
-            env.update(
-                TORCHCOMM_RANK=str(r), TORCHCOMM_SIZE=str(args.nproc), RANK=str(r), WORLD_SIZE=str(args.nproc),
-                LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(server.port),
-                GLOO_SOCKET_IFNAME=args.iface,
-                PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
-            )
+            env = rank_env(args, server.port, TORCHCOMM_RANK=str(r), TORCHCOMM_SIZE=str(args.nproc), RANK=str(r),
+                           WORLD_SIZE=str(args.nproc), LOCAL_RANK=str(r))
             cmd = [sys.executable, str(Path(__file__).resolve()), "--_rank-result", str(result_path), *args.argv]
             procs.append(subprocess.Popen(cmd, env=env))
         deadline = time.monotonic() + args.deadline
@@ -509,6 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default="gloo", choices=("gloo", "mpi"),
                    help="torchcomms' engine: gloo (vs c10d gloo), or mpi (vs bare mpi4py and c10d gloo, "
                         "ranks started by mpiexec)")
+    p.add_argument("--mpi-nonblocking-max", type=int, default=None,
+                   help="--engine mpi: hint mpi.nonblocking_max_bytes (collectives up to this size as MPI's "
+                        "nonblocking calls on the caller's thread; default: the backend's)")
     p.add_argument("--min-bytes", type=parse_bytes, default=4 << 10, help="smallest size (default 4K)")
     p.add_argument("--max-bytes", type=parse_bytes, default=64 << 20, help="largest size (default 64M)")
     p.add_argument("--step-factor", type=int, default=4, choices=(2, 4), help="size multiplier (default 4)")
@@ -576,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="comm-bench-") as tmp:
         result_path = Path(tmp) / "rank0.json"
         if args.engine == "mpi":
-            mpi_engine().launch(args, result_path, Path(__file__))
+            mpi_engine().launch(args, result_path, Path(__file__), sys.modules[__name__])
         else:
             launch(args, result_path)
         raw = json.loads(result_path.read_text())

@@ -62,16 +62,15 @@ def run_rank(args: Any, cb: Any) -> None:
     import torchcomms
 
     os.environ["TORCHCOMM_TRACING_DISABLE"] = "0" if args.tracing == "on" else "1"
-    ours = torchcomms.new_comm("mpi", torch.device("cpu"), "bench-mpi", timeout=timedelta(seconds=args.op_timeout))
+    hints = {} if args.mpi_nonblocking_max is None else {"mpi.nonblocking_max_bytes": str(args.mpi_nonblocking_max)}
+    ours = torchcomms.new_comm("mpi", torch.device("cpu"), "bench-mpi", timeout=timedelta(seconds=args.op_timeout),
+                               hints=hints)
     from mpi4py import MPI
 
     rank, n = ours.get_rank(), ours.get_size()
     bare = MPI.COMM_WORLD.Dup()
     bar = MPI.COMM_WORLD.Dup()
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), n, is_master=False,
-                          timeout=timedelta(seconds=120))
-    dist.init_process_group("gloo", store=dist.PrefixStore("c10d", store), rank=rank, world_size=n,
-                            timeout=timedelta(seconds=args.op_timeout))
+    cb.connect_rank(cb.engine_of(torch.device("cpu")), rank, n, args.op_timeout)  # c10d gloo: the anchor
     dtype = cb.DTYPES[args.dtype]
     names = [OURS, BARE, cb.ANCHOR]
     rows: list[dict[str, Any]] = []
@@ -139,16 +138,10 @@ def _check(names: list[str], bufs: dict[str, Any], calls: dict[str, Callable[[],
     return None if not failed else (error or "failed on another rank")
 
 
-def launch(args: Any, result_path: Path, script: Path) -> None:
+def launch(args: Any, result_path: Path, script: Path, cb: Any) -> None:
     """Host the store, start the MPI job, wait for it; it never outlives this call."""
-    server = dist.TCPStore("127.0.0.1", 0, args.nproc, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=120))
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TORCHCOMM_RANK", "TORCHCOMM_SIZE", "RANK", "WORLD_SIZE", "TORCH_DISTRIBUTED_USE_TORCHCOMMS")}
-    repo = str(script.resolve().parents[1])
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(server.port), GLOO_SOCKET_IFNAME=args.iface,
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               PYTHONPATH=repo + os.pathsep + env.get("PYTHONPATH", ""))
+    server = cb.host_store(args.nproc)
+    env = cb.rank_env(args, server.port, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     import shutil
     import sysconfig
 

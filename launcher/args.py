@@ -7,6 +7,7 @@ flag names the closest known one).
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import os
 import re
@@ -25,7 +26,7 @@ from .launch_config import (
     RendezvousConf,
 )
 from .parser import build_parser, check_unknown_flags
-from .scheduler_env import detect_scheduler
+from .scheduler_env import detect_scheduler, mpi_rank_layout, mpi_rendezvous_port
 
 __all__ = ["LaunchConfig", "RendezvousConf", "build_parser", "parse_args", "parse_std_spec"]
 
@@ -162,6 +163,22 @@ def _split_endpoint(value: str, default_port: int) -> tuple[str, int]:
     return host, (_int(port, "--rdzv-endpoint port", 0) if port else default_port)
 
 
+def _check_mpi_flags(ns: argparse.Namespace) -> None:
+    """``--backend mpi``: flags that cannot apply to one launcher per MPI rank are refused."""
+    if ns.nproc_per_node not in (None, "1"):
+        raise UsageError("--backend mpi runs one worker per launcher (each is one MPI rank): drop "
+                         "--nproc-per-node and start N ranks with mpiexec -n N")
+    for flag, value in (("--nnodes", ns.nnodes), ("--node-rank", ns.node_rank)):
+        if value is not None:
+            raise UsageError(f"--backend mpi takes {flag} from mpiexec (the MPI world's size and rank): drop it")
+    if ns.standalone:
+        raise UsageError("--backend mpi and --standalone cannot be combined")
+    if ns.on_failure == "restart" or ns.max_restarts not in (None, "0"):
+        raise UsageError("--backend mpi cannot restart workers (a restarted process cannot rejoin a running "
+                         "MPI job): use --on-failure fail, or shrink (launch with mpiexec --with-ft ulfm)")
+    ns.rdzv_backend = "static"  # node rank = MPI rank
+
+
 def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> LaunchConfig:
     """Parse and validate a command line (``argv`` without the program name)."""
     environ = os.environ if environ is None else environ
@@ -171,7 +188,13 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
     if ns.entrypoint_args and ns.entrypoint_args[0] == "--":
         ns.entrypoint_args = ns.entrypoint_args[1:]
 
-    sched = None if ns.standalone else detect_scheduler(environ)
+    if ns.backend not in (None, "mpi"):
+        raise UsageError(f"--backend {ns.backend!r}: the only launcher backend is mpi (gloo and nccl need none)")
+    if ns.backend == "mpi":
+        _check_mpi_flags(ns)
+        sched = mpi_rank_layout(environ)
+    else:
+        sched = None if ns.standalone else detect_scheduler(environ)
     if ns.nnodes is not None:
         min_nodes, max_nodes = _nnodes(ns.nnodes)
     elif sched is not None and sched.nnodes is not None:
@@ -209,6 +232,11 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         rdzv_port = _int(ns.master_port or "29500", "--master-port", 0)
     elif sched is not None and sched.endpoint_host:
         rdzv_host, rdzv_port = sched.endpoint_host, DEFAULT_RDZV_PORT
+        if ns.backend == "mpi" and sched.job_id:
+            rdzv_port = mpi_rendezvous_port(sched.job_id)
+    elif ns.backend == "mpi":
+        raise UsageError("--backend mpi with ranks on several hosts needs --rdzv-endpoint HOST:PORT "
+                         "(or MASTER_ADDR) of rank 0's host")
     elif max_nodes == 1:
         rdzv_host, rdzv_port = "127.0.0.1", 0
     else:
@@ -298,4 +326,5 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         scheduler=sched,
         hung_timeout=hung_timeout,
         stopped_timeout=stopped_timeout,
+        backend=ns.backend,
     )

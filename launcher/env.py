@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["WorkerPlacement", "JobEndpoints", "worker_env"]
+__all__ = ["WorkerPlacement", "JobEndpoints", "worker_env", "mpi_worker_env"]
 
 
 @dataclass(frozen=True)
@@ -81,3 +81,16 @@ def worker_env(
     # Output goes through the agent's pipes; without this Python would buffer it in blocks.
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def mpi_worker_env(env: dict[str, str]) -> None:
+    """``--backend mpi``: the worker is its launcher's MPI rank (it inherits the rank's Open MPI
+    variables). It is not a child of Open MPI's daemon, which so never sees it die: under ULFM
+    (``mpiexec --with-ft ulfm``) MPI's own heartbeat failure detector is turned on, or the
+    survivors' MPI would wait for a dead worker forever (measured: ``MPI_Comm_shrink`` never
+    returned without it). ``LOCAL_RANK`` is the rank's place on its host, as mpiexec placed it."""
+    if env.get("OMPI_MCA_mpi_ft_enable", "").strip().lower() in ("1", "true", "yes", "on", "enabled"):
+        env.setdefault("OMPI_MCA_mpi_ft_detector", "true")
+    local = env.get("OMPI_COMM_WORLD_LOCAL_RANK")
+    if local is not None:
+        env["LOCAL_RANK"] = local

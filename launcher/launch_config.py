@@ -68,6 +68,7 @@ class LaunchConfig:
     entrypoint: str
     entrypoint_args: tuple[str, ...]
     scheduler: SchedulerInfo | None = field(default=None)
+    backend: str | None = None  # "mpi": one launcher per MPI rank (see --backend)
     hung_timeout: float = DEFAULT_HUNG_TIMEOUT_S
     stopped_timeout: float = DEFAULT_STOPPED_TIMEOUT_S
 

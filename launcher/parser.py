@@ -65,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(p, "start-method", default="spawn",
           help="spawn only: every worker is a fresh process running the entry point, as "
           "torchrun does for a script (fork/forkserver apply to function entry points)")
+    _flag(p, "backend", default=None,
+          help="mpi: run as one rank of an Open MPI job, one torchcomms-run per rank started by "
+          "mpiexec (mpiexec -n N [--with-ft ulfm] torchcomms-run --backend mpi train.py); each "
+          "runs its rank's one worker, supervised as usual; --on-failure fail or shrink")
     _flag(p, "on-failure", default=None, help="restart, shrink or fail "
           "(default: restart when --max-restarts > 0, else fail)")
     _flag(p, "job-secret-file", default=None, help="file with the job's hex secret")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchcomms.control.errors import ControlError
 
-from .env import JobEndpoints, WorkerPlacement, worker_env
+from .env import JobEndpoints, WorkerPlacement, mpi_worker_env, worker_env
 from .errors import read_error_file
 from .liveness import LivenessJudge, Verdict
 from .output import STDERR, STDOUT, OutputPump, StreamRoute
@@ -115,6 +115,8 @@ class Round:
         error_file = wdir / "error.json"
         error_file.unlink(missing_ok=True)
         env = worker_env(agent.environ, placement, job, error_file=str(error_file))
+        if cfg.backend == "mpi":
+            mpi_worker_env(env)
         routes = {
             bit: StreamRoute(
                 to_console=(cfg.local_ranks_filter is None or lr in cfg.local_ranks_filter)

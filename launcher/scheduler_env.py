@@ -8,12 +8,13 @@ not give on the command line.
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .exceptions import UsageError
 
-__all__ = ["SchedulerInfo", "detect_scheduler", "expand_hostlist"]
+__all__ = ["SchedulerInfo", "detect_scheduler", "expand_hostlist", "mpi_rank_layout", "mpi_rendezvous_port"]
 
 
 @dataclass(frozen=True)
@@ -128,3 +129,30 @@ def detect_scheduler(env: Mapping[str, str]) -> SchedulerInfo | None:
             job_id=env.get("PMI_JOBID") or env.get("PMIX_NAMESPACE"),
         )
     return None
+
+
+def mpi_rank_layout(env: Mapping[str, str]) -> SchedulerInfo:
+    """``--backend mpi``: this launcher is one rank of an Open MPI job (``mpiexec -n N
+    torchcomms-run --backend mpi ...``) and runs that rank's one worker, which inherits the
+    rank's MPI identity. Launcher "nodes" are the MPI ranks: node rank = MPI rank; their
+    rendezvous host is ``MASTER_ADDR``, else this host when every rank runs here."""
+    size, rank = _int_or_none(env, "OMPI_COMM_WORLD_SIZE"), _int_or_none(env, "OMPI_COMM_WORLD_RANK")
+    if size is None or rank is None:
+        raise UsageError(
+            "--backend mpi runs one torchcomms-run per MPI rank, started by Open MPI's mpiexec: "
+            "mpiexec -n N [--with-ft ulfm] torchcomms-run --backend mpi train.py "
+            "(OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE are not set)")
+    local = _int_or_none(env, "OMPI_COMM_WORLD_LOCAL_SIZE")
+    return SchedulerInfo(
+        name="mpi",
+        nnodes=size,
+        node_rank=rank,
+        endpoint_host=env.get("MASTER_ADDR") or ("127.0.0.1" if local == size else None),
+        job_id=env.get("PMIX_NAMESPACE") or env.get("OMPI_MCA_ess_base_jobid"),
+    )
+
+
+def mpi_rendezvous_port(job_id: str) -> int:
+    """The rendezvous port of a ``--backend mpi`` job that names none: derived from the job id,
+    so that every rank computes the same one (20000-39999)."""
+    return 20000 + zlib.crc32(job_id.encode()) % 20000

@@ -19,8 +19,16 @@ TIMEOUT_S = 3.0
 REPEAT = int(os.environ.get("TC_CHAOS_REPEAT", "1"))
 
 
-def test_stopped_peer_times_out_everyone_at_the_deadline() -> None:
-    with MpiJob(3, "tests.mpi.workers:stalled_peer", {"timeout_s": TIMEOUT_S, "victim": 2}) as job:
+# the engine thread's blocking calls (default), and MPI's nonblocking calls polled on the caller's thread
+PATHS = [None, {"mpi.nonblocking_max_bytes": "262144"}]
+
+
+@pytest.mark.parametrize("hints", PATHS, ids=["engine-thread", "caller-thread"])
+def test_stopped_peer_times_out_everyone_at_the_deadline(hints: dict[str, str] | None) -> None:
+    # the survivors' exit ends the job (MPI_Abort: their op is still blocked on the stopped rank),
+    # so each waits for both results before exiting
+    with MpiJob(3, "tests.mpi.workers:stalled_peer", {"timeout_s": TIMEOUT_S, "victim": 2, "hints": hints},
+                env={"TC_EXIT_AFTER_RESULTS": "0,1"}) as job:
         job.wait_ready([0, 1, 2])
         os.kill(job.pid_of(2), signal.SIGSTOP)
         (job.dir / "go").touch()
@@ -106,3 +114,27 @@ def test_exit_with_a_communicator_blocked_on_a_stopped_peer_ends_the_job_with_a_
     assert res.value == {"raised": "CommTimeoutError"}, (res.error, out)
     assert job.proc.returncode != 0
     assert "blocked on a failed or stopped peer" in out and "mpiexec --with-ft ulfm" in out, out
+
+
+@pytest.mark.skipif(not ulfm_available(), reason="this mpiexec has no ULFM (--with-ft ulfm)")
+def test_agree_uses_mpi_agreement_under_ulfm_healthy_and_after_a_death() -> None:
+    """No store exists under plain mpiexec, so every decision here comes from MPI_Comm_iagree."""
+    with MpiJob(4, "tests.mpi.workers:agree_rounds", {"no_voter": 1, "victim": 3}, ulfm=True) as job:
+        results = job.results_of([0, 1, 2], timeout=120)
+    for res in results:
+        v = res.value
+        assert v is not None, (res.error, res.stderr[-4000:])
+        assert v["engine_agree"] is True
+        assert (v["all_yes"], v["one_no"]) == (True, False), v
+        assert v["raised"] in ("PeerFailureError", "CommAbortedError"), v
+        # the dead rank's missing vote does not count: the survivors' AND
+        assert (v["after_all_yes"], v["after_one_no"]) == (True, False), v
+        assert v["after_elapsed"] < 10.0, v
+
+
+def test_agree_without_ulfm_or_store_names_what_is_missing() -> None:
+    results = run_mpi_ranks(2, "tests.mpi.workers:agree_without_ulfm", timeout=90)
+    for res in results:
+        v = res.value
+        assert v["raised"] == "BackendError", v
+        assert "mpiexec --with-ft ulfm" in v["message"] and "torchcomms-run" in v["message"], v

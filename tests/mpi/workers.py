@@ -68,11 +68,11 @@ def ops_until_failure(timeout_s: float, limit_s: float = 60.0) -> dict[str, Any]
     return out
 
 
-def stalled_peer(timeout_s: float, victim: int) -> dict[str, Any]:
+def stalled_peer(timeout_s: float, victim: int, hints: dict[str, str] | None = None) -> dict[str, Any]:
     """Everyone runs a warm-up all_reduce; the test stops ``victim``; the others' next
     all_reduce must end at its deadline with CommTimeoutError, and later ops fail at once."""
     comm = torchcomms.new_comm("mpi", torch.device("cpu"), "stall", timeout=timedelta(seconds=timeout_s),
-                               abort_process_on_timeout_or_error=False)
+                               abort_process_on_timeout_or_error=False, hints=hints)
     r = comm.get_rank()
     t = torch.ones(1024)
     comm.all_reduce(t, ReduceOp.SUM, False)
@@ -122,10 +122,10 @@ def wrong_world() -> dict[str, Any]:
         return {"raised": type(e).__name__, "message": str(e)}
 
 
-def dtype_reductions() -> dict[str, Any]:
+def dtype_reductions(hints: dict[str, str] | None = None) -> dict[str, Any]:
     """all_reduce of every dtype this backend declares, with every reduce op the dtype allows,
     against a reference computed locally from every rank's input."""
-    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "dtypes")
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "dtypes", hints=hints)
     r, n = comm.get_rank(), comm.get_size()
     failures: list[str] = []
     checks = 0
@@ -186,3 +186,45 @@ def exit_with_a_stopped_peer(timeout_s: float) -> dict[str, Any]:
         raised = type(e).__name__
     comm.abort()
     return {"raised": raised}
+
+
+def agree_rounds(no_voter: int, victim: int | None = None) -> dict[str, Any]:
+    """``TorchComm.agree`` on MPI: a healthy round where all vote yes, one where ``no_voter``
+    votes no; then (with ``victim``) that rank dies, the survivors' next op fails, and they agree
+    on the broken communicator: all yes, then ``no_voter`` no."""
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "agree", timeout=timedelta(seconds=30),
+                               abort_process_on_timeout_or_error=False)
+    r = comm.get_rank()
+    out: dict[str, Any] = {"rank": r, "engine_agree": comm._backend.capabilities.agree}
+    out["all_yes"] = comm.agree(True)
+    out["one_no"] = comm.agree(r != no_voter)
+    if victim is None:
+        comm.finalize()
+        return out
+    if r == victim:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)  # a crash (ULFM is told of a signalled process at once)
+    try:
+        while True:
+            comm.all_reduce(torch.ones(16), ReduceOp.SUM, False)
+    except torchcomms.CommError as e:
+        out["raised"] = type(e).__name__
+    t0 = time.monotonic()
+    out["after_all_yes"] = comm.agree(True)
+    out["after_one_no"] = comm.agree(r != no_voter)
+    out["after_elapsed"] = time.monotonic() - t0
+    comm.abort()
+    return out
+
+
+def agree_without_ulfm() -> dict[str, Any]:
+    """``agree`` on an MPI job without ULFM and without a store: a typed error that says what is missing."""
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "agree-noft", abort_process_on_timeout_or_error=False)
+    try:
+        comm.agree(True)
+        return {"raised": None}
+    except torchcomms.CommError as e:
+        return {"raised": type(e).__name__, "message": str(e)}
+    finally:
+        comm.finalize()

@@ -243,6 +243,8 @@ class BackendCapabilities:
     # device stream (no cross-stream events), an asynchronous one on the engine's own stream
     current_stream_sync: bool = False
     recv_any_source: bool = False  # implements recv_any_source()
+    # the engine has its own fault-tolerant agreement (``agree``); else ``TorchComm.agree`` uses the store
+    agree: bool = False
 
 
 class TorchCommBackend:
@@ -298,6 +300,12 @@ class TorchCommBackend:
     def classify_error(self, error: BaseException) -> str:
         """'timeout', 'peer' or 'other' for an engine error."""
         return "other"
+
+    def agree(self, flag: bool, deadline: float) -> bool:
+        """The engine's fault-tolerant AND of ``flag`` over its live members, the same on every
+        member that returns (engines with ``capabilities.agree`` only); raises ``TimeoutError``
+        at ``deadline`` (``time.monotonic()``)."""
+        raise NotImplementedError(f"backend '{self.backend_name}' has no agreement of its own")
 
     # --- operations ------------------------------------------------------------------------
     def _unsupported(self, op: str) -> EngineHandle:

@@ -4,7 +4,9 @@ A collective cut short by a failure can complete on some members and fail on oth
 knows only its own outcome. ``agree`` turns those local outcomes into one decision that every
 member who returns shares: the AND of the flags of the members not known to have failed,
 decided by compare-and-set on the communicator's store (``agreement.agree_on_flag``), so it
-works on a broken communicator as on a healthy one and cannot itself diverge.
+works on a broken communicator as on a healthy one and cannot itself diverge. An engine with a
+fault-tolerant agreement of its own (``capabilities.agree``: MPI under ULFM, ``MPI_Comm_iagree``)
+decides it instead, without the store.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import time
 
 from torchcomms.core import error_map
 from torchcomms.core.comm_core import CommCore
-from torchcomms.core.errors import CommAbortedError
+from torchcomms.core.errors import BackendError, CommAbortedError, CommError, CommTimeoutError
 from torchcomms.core.state import CommState
 from torchcomms.recovery.agreement import RoundClosed, agree_on_flag
 
@@ -34,6 +36,13 @@ def agree(core: CommCore, flag: bool, secs: float) -> bool:
     def declared_failed() -> CommAbortedError:
         return CommAbortedError(f"this rank ({me}) was declared failed; the survivors decided without it", **where)
 
+    if core.backend.capabilities.agree:
+        return _agree_in_engine(core, flag, secs, where)
+    if core.ctx.store is None:
+        raise BackendError(
+            f"agree needs a store or an engine with an agreement of its own, and this {core.backend_name} "
+            "communicator has neither (mpi: launch with 'mpiexec --with-ft ulfm' for MPI's agreement, or run "
+            "under torchcomms-run, or pass store= to new_comm)", **where)
     try:
         decided = agree_on_flag(core.ctx.store, prefix, n, me, list(core.global_ranks), flag,
                                 lambda: set(core.known_failures()), time.monotonic() + secs)
@@ -46,3 +55,14 @@ def agree(core: CommCore, flag: bool, secs: float) -> bool:
         # decided without this rank: the others hold it failed
         raise declared_failed()
     return decided
+
+
+def _agree_in_engine(core: CommCore, flag: bool, secs: float, where: dict) -> bool:
+    """The engine's own agreement (every live member's flag counts; no store involved)."""
+    try:
+        return core.backend.agree(flag, time.monotonic() + secs)
+    except TimeoutError:
+        raise CommTimeoutError(f"the members did not agree within {secs:g} s", timeout_s=secs, **where) from None
+    except BaseException as e:  # noqa: BLE001 - the engine may throw anything
+        kind = "" if isinstance(e, CommError) else core.backend.classify_error(e)
+        raise error_map.translate_engine_error(e, kind, secs, where, core.global_ranks, core.monitor) from None

@@ -69,7 +69,10 @@ def assemble_comm(
     incarnation = NAMES.claim(name)
     try:
         store_words = describe_store(store) if store is not None else bootstrap.describe_default_store()
-        if cls.needs_store(size) or deferred:
+        # an engine that needs no store (MPI) still uses the launcher's control plane: its failure
+        # events, and the store agree() falls back to
+        if (cls.needs_store(size) or deferred
+                or (store is None and size > 1 and bootstrap.control_plane_address())):
             try:
                 the_store, _kind = bootstrap.resolve_store(store, rank, size, timeout_td, until=deadline)
             except (StoreNotAnswering, dist.DistError) as e:

@@ -4,9 +4,10 @@ Ranks come from the MPI job (``mpiexec -n N python train.py``): the communicator
 (discovered from ``OMPI_COMM_WORLD_RANK``/``_SIZE`` or ``PMI_RANK``/``_SIZE``) must be the MPI
 world's, and no store is needed. Tensor memory is handed to MPI without a copy. Point-to-point
 ops are nonblocking (``Isend``/``Irecv``), polled by the caller or the progress thread;
-collectives are MPI's blocking calls run in order on the communicator's engine thread (faster
-than MPI's nonblocking collectives: see :mod:`.engine_thread`), or its nonblocking ones with
-hint ``mpi.collectives=nonblocking``. Either way a caller waits in slices and never past its
+collectives up to ``mpi.nonblocking_max_bytes`` (hint; none by default) are MPI's
+nonblocking calls started on the caller's thread, the others MPI's blocking calls run in order
+on the communicator's engine thread (faster there than MPI's nonblocking collectives: see
+:mod:`.engine_thread` and :mod:`.hints`). Either way a caller waits in slices and never past its
 op's deadline. Ops MPI lacks are composed (AVG = SUM then divide, PREMUL_SUM = scale then SUM,
 the list forms = one v-collective on a packed buffer). Sub-communicators come from
 ``MPI_Comm_create_group`` (collective over the members only, as ``split`` is). Failures: MPI's
@@ -29,8 +30,9 @@ from torchcomms.backends.base import BackendCapabilities, BackendContext, Engine
 from torchcomms.backends.mpi import engine as mpi_engine
 from torchcomms.backends.mpi.buffers import MPI_DTYPES, Buffers
 from torchcomms.backends.mpi.engine_thread import EngineThread
+from torchcomms.backends.mpi.hints import UNEVEN, nonblocking_max
 from torchcomms.backends.mpi.progress import RequestProgress, blocking_wait
-from torchcomms.backends.mpi.recovery import shrink_comm
+from torchcomms.backends.mpi.recovery import agree_flag, shrink_comm
 from torchcomms.errors import CommValueError
 from torchcomms.types import RedOpType, ReduceOp
 
@@ -49,8 +51,8 @@ def _runtime() -> tuple[Any, Buffers, RequestProgress]:
 
 def _end_job_if_stuck() -> None:
     """At exit: ``MPI_Finalize`` would wait forever for an aborted communicator's engine thread
-    that is still blocked on a stopped peer (an MPI without ULFM cannot release it), so the job
-    is ended with ``MPI_Abort`` and a message saying why, instead of hanging."""
+    or request that is still blocked on a stopped peer (an MPI without ULFM cannot release it),
+    so the job is ended with ``MPI_Abort`` and a message saying why, instead of hanging."""
     stuck = [name for name, busy in _RUNTIME.get("stuck", []) if busy()]
     if stuck:
         print(f"torchcomms: exiting while MPI communicator(s) {', '.join(stuck)} are blocked on a failed or stopped "
@@ -61,7 +63,7 @@ def _end_job_if_stuck() -> None:
 
 class MpiBackend(TorchCommBackend):
     backend_name = "mpi"
-    # shrink needs ULFM: each instance states whether this job has it (see init)
+    # shrink and agree need ULFM: each instance states whether this job has it (see init)
     capabilities = BackendCapabilities(devices=("cpu",), abort=True, shrink=True, dtypes=MPI_DTYPES)
 
     @classmethod
@@ -84,12 +86,9 @@ class MpiBackend(TorchCommBackend):
         self._failure_classes = mpi_engine.peer_failure_classes(MPI)
         self._aborted = False
         self._thread: EngineThread | None = None
-        mode = self.ctx.hints.get("mpi.collectives", "blocking")
-        if mode not in ("blocking", "nonblocking"):
-            raise CommValueError(f"hint mpi.collectives={mode!r}: expected 'blocking' or 'nonblocking'",
-                                 comm=self.ctx.name, op="new_comm")
-        self._blocking_collectives = mode == "blocking"
-        self.capabilities = dataclasses.replace(type(self).capabilities, shrink=self._ft)
+        self._last_reqs: list[Any] = []  # the requests of the latest op started on the caller's thread
+        self._nb_max = nonblocking_max(self.ctx.hints, self.ctx.name)
+        self.capabilities = dataclasses.replace(type(self).capabilities, shrink=self._ft, agree=self._ft)
         if not mpi_engine.thread_level_ok(MPI):
             raise CommValueError(
                 "the mpi backend needs MPI_THREAD_MULTIPLE, but MPI was initialised with a lower thread level "
@@ -102,8 +101,9 @@ class MpiBackend(TorchCommBackend):
                     f"the mpi backend runs on the ranks of an MPI job, but this process is rank "
                     f"{world.Get_rank()} of an MPI world of {world.Get_size()} while the job's rank/size from the "
                     f"environment is {self.ctx.rank}/{self.ctx.size}. Start the ranks with "
-                    f"'mpiexec -n {self.ctx.size} python script.py' (add --with-ft ulfm for shrink); "
-                    "torchcomms-run starts ranks that are not one MPI job",
+                    f"'mpiexec -n {self.ctx.size} python script.py' (add --with-ft ulfm for shrink), or under the "
+                    f"launcher with 'mpiexec -n {self.ctx.size} torchcomms-run --backend mpi script.py' (plain "
+                    "torchcomms-run starts ranks that are not one MPI job)",
                     comm=self.ctx.name, op="new_comm")
             self._comm = world.Dup()
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
@@ -141,13 +141,22 @@ class MpiBackend(TorchCommBackend):
                 return
             self._aborted = True
             self._revoke()
-            self._progress.abandon(self)
+            pending = [p.requests for p in self._progress.abandon(self)] + [self._last_reqs]
             if self._thread is not None:
                 self._thread.stop(mpi_engine.MpiEngineError("the communicator was aborted"))
-                if not self._ft:
-                    _RUNTIME["stuck"].append((self.ctx.name, self._thread.busy))
+            if not self._ft:
+                _RUNTIME["stuck"].append((self.ctx.name, lambda: self._unfinished(pending)))
         except Exception:  # noqa: BLE001 - abort never raises
             pass
+
+    def _unfinished(self, pending: list[list[Any]]) -> bool:
+        """True while an op of this aborted communicator may still be blocked in MPI on a peer."""
+        if self._thread is not None and self._thread.busy():
+            return True
+        try:
+            return any(reqs and not self.MPI.Request.Testall(reqs) for reqs in pending)
+        except self.MPI.Exception:
+            return False  # ended, with an error
 
     def _revoke(self) -> None:
         if self._ft and self._comm is not None:
@@ -200,15 +209,27 @@ class MpiBackend(TorchCommBackend):
         child.init()
         return child, survivors
 
+    def agree(self, flag: bool, deadline: float) -> bool:
+        """``MPI_Comm_iagree`` over the live processes (ULFM); see :func:`.recovery.agree_flag`."""
+        return agree_flag(self.MPI, self._comm, flag, deadline, self._progress.abandoned)
+
     # --- helpers -----------------------------------------------------------------------------
-    def _start(self, call: Callable[[], Any], keep: Any = None, finish: Callable[[], None] | None = None) -> EngineHandle:
-        """Start the nonblocking MPI call(s) of one op; ``keep`` holds its buffers until it ends."""
+    def _start(self, call: Callable[[], Any], keep: Any = None, finish: Callable[[], None] | None = None,
+               thread: EngineThread | None = None) -> EngineHandle:
+        """Start the nonblocking MPI call(s) of one op on the caller's thread (with ``thread``:
+        only if nothing is queued there, else as a job there that waits for them); ``keep``
+        holds its buffers until it ends."""
         try:
-            reqs = call()
+            started, reqs = (True, call()) if thread is None else thread.start_inline(call)
         except self.MPI.Exception as e:
             raise self._on_error(e) from None
+        if not started:
+            assert thread is not None
+            job = thread.submit(lambda: call().Wait(), keep)
+            return EngineHandle.waitable([job.wait], lambda: [job.future()], finish)
         if not isinstance(reqs, list):
             reqs = [reqs]
+        self._last_reqs = reqs
         on_error = self._on_error
         return EngineHandle.waitable(
             [blocking_wait(self.MPI, reqs, on_error)],
@@ -216,14 +237,16 @@ class MpiBackend(TorchCommBackend):
             finish,
         )
 
-    def _coll(self, name: str, args: tuple[Any, ...], keep: Any = None,
+    def _coll(self, name: str, nbytes: int, args: tuple[Any, ...], keep: Any = None,
               finish: Callable[[], None] | None = None) -> EngineHandle:
-        """Collective ``name`` (mpi4py's nonblocking method, e.g. ``"Iallreduce"``): by default
-        its blocking form on the engine thread; with hint ``mpi.collectives=nonblocking`` the
-        nonblocking call, polled."""
-        if not self._blocking_collectives:
+        """Collective ``name`` (mpi4py's nonblocking method, e.g. ``"Iallreduce"``) of ``nbytes``
+        (the same on every rank; ``UNEVEN`` where ranks' sizes differ): up to the hint
+        ``mpi.nonblocking_max_bytes`` the nonblocking call, started on the caller's thread and
+        polled; above it the blocking call on the engine thread. Every rank makes the same
+        choice (MPI's nonblocking collectives do not match its blocking ones)."""
+        if nbytes <= self._nb_max:
             method = getattr(self._comm, name)
-            return self._start(lambda: method(*args), keep, finish)
+            return self._start(lambda: method(*args), keep, finish, self._thread)
         if self._thread is None:
             self._thread = EngineThread(self.ctx.name, self._on_error, self.MPI.Exception)
         method = getattr(self._comm, name[1].upper() + name[2:])  # "Iallreduce" -> "Allreduce"
@@ -267,13 +290,13 @@ class MpiBackend(TorchCommBackend):
 
     # --- collectives -------------------------------------------------------------------------
     def broadcast(self, tensor: torch.Tensor, root: int) -> EngineHandle:
-        return self._coll("Ibcast", (self._buf.spec(tensor), root), tensor)
+        return self._coll("Ibcast", tensor.nbytes, (self._buf.spec(tensor), root), tensor)
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> EngineHandle:
         if op.type is RedOpType.PREMUL_SUM:
             tensor.mul_(op.factor)  # type: ignore[arg-type]  # in place: the result overwrites it
         mop = self._buf.op(op.type, tensor.dtype)
-        return self._coll("Iallreduce", (self.MPI.IN_PLACE, self._buf.spec(tensor), mop), tensor,
+        return self._coll("Iallreduce", tensor.nbytes, (self.MPI.IN_PLACE, self._buf.spec(tensor), mop), tensor,
                           self._avg(tensor, op))
 
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp) -> EngineHandle:
@@ -281,24 +304,24 @@ class MpiBackend(TorchCommBackend):
         if self.ctx.rank == root:
             if op.type is RedOpType.PREMUL_SUM:
                 tensor.mul_(op.factor)  # type: ignore[arg-type]
-            return self._coll("Ireduce", (self.MPI.IN_PLACE, self._buf.spec(tensor), mop, root), tensor,
+            return self._coll("Ireduce", tensor.nbytes, (self.MPI.IN_PLACE, self._buf.spec(tensor), mop, root), tensor,
                               self._avg(tensor, op))
         src = self._scaled(tensor, op)  # a non-root's tensor is left as it was
-        return self._coll("Ireduce", (self._buf.spec(src), None, mop, root), src)
+        return self._coll("Ireduce", src.nbytes, (self._buf.spec(src), None, mop, root), src)
 
     def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> EngineHandle:
         flat = torch.empty(tensor.numel() * self.ctx.size, dtype=tensor.dtype)
-        return self._coll("Iallgather", (self._buf.spec(tensor), self._buf.spec(flat)), (tensor, flat),
+        return self._coll("Iallgather", tensor.nbytes, (self._buf.spec(tensor), self._buf.spec(flat)), (tensor, flat),
                           self._unpack(flat, tensor_list))
 
     def all_gather_v(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> EngineHandle:
         counts = [t.numel() for t in tensor_list]
         flat = torch.empty(sum(counts), dtype=tensor.dtype)
-        return self._coll("Iallgatherv", (self._buf.spec(tensor), self._buf.vspec(flat, counts)), (tensor, flat),
+        return self._coll("Iallgatherv", flat.nbytes, (self._buf.spec(tensor), self._buf.vspec(flat, counts)), (tensor, flat),
                           self._unpack(flat, tensor_list))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
-        return self._coll("Iallgather", (self._buf.spec(input), self._buf.spec(output)), (input, output))
+        return self._coll("Iallgather", input.nbytes, (self._buf.spec(input), self._buf.spec(output)), (input, output))
 
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp) -> EngineHandle:
         return self.reduce_scatter_v(output, input_list, op)
@@ -307,17 +330,17 @@ class MpiBackend(TorchCommBackend):
         flat = self._scaled(self._pack(input_list, output.dtype), op)
         counts = [t.numel() for t in input_list]
         mop = self._buf.op(op.type, output.dtype)
-        return self._coll("Ireduce_scatter", (self._buf.spec(flat), self._buf.spec(output), counts, mop),
+        return self._coll("Ireduce_scatter", flat.nbytes, (self._buf.spec(flat), self._buf.spec(output), counts, mop),
                           (flat, output), self._avg(output, op))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp) -> EngineHandle:
         src = self._scaled(input, op)
         mop = self._buf.op(op.type, output.dtype)
-        return self._coll("Ireduce_scatter_block", (self._buf.spec(src), self._buf.spec(output), mop),
+        return self._coll("Ireduce_scatter_block", src.nbytes, (self._buf.spec(src), self._buf.spec(output), mop),
                           (src, output), self._avg(output, op))
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
-        return self._coll("Ialltoall", (self._buf.spec(input), self._buf.spec(output)), (input, output))
+        return self._coll("Ialltoall", input.nbytes, (self._buf.spec(input), self._buf.spec(output)), (input, output))
 
     def all_to_all_v_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                             input_split_sizes: list[int]) -> EngineHandle:
@@ -325,31 +348,32 @@ class MpiBackend(TorchCommBackend):
         row_out = output.numel() // max(output.shape[0], 1) if output.dim() else 1
         sc = [s * row_in for s in input_split_sizes]
         rc = [s * row_out for s in output_split_sizes]
-        return self._coll("Ialltoallv", (self._buf.vspec(input, sc), self._buf.vspec(output, rc)), (input, output))
+        return self._coll("Ialltoallv", UNEVEN, (self._buf.vspec(input, sc), self._buf.vspec(output, rc)),
+                          (input, output))
 
     def all_to_all(self, output_list: list[torch.Tensor], input_list: list[torch.Tensor]) -> EngineHandle:
         dtype = (input_list or output_list)[0].dtype
         send = self._pack(input_list, dtype)
         recv = torch.empty(sum(t.numel() for t in output_list), dtype=dtype)
         sc, rc = [t.numel() for t in input_list], [t.numel() for t in output_list]
-        return self._coll("Ialltoallv", (self._buf.vspec(send, sc), self._buf.vspec(recv, rc)), (send, recv),
+        return self._coll("Ialltoallv", UNEVEN, (self._buf.vspec(send, sc), self._buf.vspec(recv, rc)), (send, recv),
                           self._unpack(recv, output_list))
 
     def barrier(self) -> EngineHandle:
-        return self._coll("Ibarrier", ())
+        return self._coll("Ibarrier", 0, ())
 
     def scatter(self, output: torch.Tensor, input_list: list[torch.Tensor] | None, root: int) -> EngineHandle:
         flat = self._pack(input_list, output.dtype) if input_list is not None else None
         send = self._buf.spec(flat) if flat is not None else None
-        return self._coll("Iscatter", (send, self._buf.spec(output), root), (flat, output))
+        return self._coll("Iscatter", output.nbytes, (send, self._buf.spec(output), root), (flat, output))
 
     def gather(self, output_list: list[torch.Tensor] | None, input: torch.Tensor, root: int) -> EngineHandle:
         if output_list is None:
-            return self._coll("Igather", (self._buf.spec(input), None, root), input)
+            return self._coll("Igather", input.nbytes, (self._buf.spec(input), None, root), input)
         flat = torch.empty(input.numel() * self.ctx.size, dtype=input.dtype)
-        return self._coll("Igather", (self._buf.spec(input), self._buf.spec(flat), root), (input, flat),
+        return self._coll("Igather", input.nbytes, (self._buf.spec(input), self._buf.spec(flat), root), (input, flat),
                           self._unpack(flat, output_list))
 
     def gather_single(self, output: torch.Tensor | None, input: torch.Tensor, root: int) -> EngineHandle:
         recv = self._buf.spec(output) if output is not None else None
-        return self._coll("Igather", (self._buf.spec(input), recv, root), (input, output))
+        return self._coll("Igather", input.nbytes, (self._buf.spec(input), recv, root), (input, output))

@@ -14,14 +14,60 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 #: polls of an idle progress loop before it starts sleeping between polls
 _SPIN_POLLS = 2000
+#: polls of a caller's wait before it yields the CPU at every poll (as Open MPI's own blocking
+#: calls do when the host is oversubscribed): a peer rank waiting for this core must get it
+_WAIT_SPIN_POLLS = 16
 #: the longest sleep between polls of pending requests (bounds an async op's added latency)
 _MAX_NAP_S = 0.0005
 
 OnError = Callable[[BaseException], BaseException]
+
+
+class Completion:
+    """The future of an MPI op (``add_done_callback``, ``value``, ``set_result``,
+    ``set_exception``), completed by the backend's threads. Pure Python on purpose: a daemon
+    thread still completing one while the interpreter exits ends inside Python's own code, where
+    a ``torch.futures.Future`` would have it unwind through torch's C++ frames and abort the
+    process ("terminate called without an active exception", seen at the exit of async ops)."""
+
+    __slots__ = ("_lock", "_done", "_error", "_callbacks")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = False
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Completion], None]] = []
+
+    def set_result(self, _value: object = None) -> None:
+        self._end(None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._end(error)
+
+    def _end(self, error: BaseException | None) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done, self._error = True, error
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb(self)
+
+    def add_done_callback(self, callback: Callable[[Completion], None]) -> None:
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def done(self) -> bool:
+        return self._done
+
+    def value(self) -> None:
+        if self._error is not None:
+            raise self._error
 
 
 def blocking_wait(MPI: Any, requests: list[Any], on_error: OnError) -> Callable[[float], bool]:  # noqa: N803
@@ -41,8 +87,8 @@ def blocking_wait(MPI: Any, requests: list[Any], on_error: OnError) -> Callable[
             except MPI.Exception as e:
                 raise on_error(e) from None
             polls += 1
-            if polls > _SPIN_POLLS:
-                yield_()  # a long op: let another rank on this core run
+            if polls > _WAIT_SPIN_POLLS:
+                yield_()  # not done at once: let another rank on this core run
             if (polls & 63) == 0 and time.monotonic() >= end:
                 return False
 
@@ -52,7 +98,7 @@ def blocking_wait(MPI: Any, requests: list[Any], on_error: OnError) -> Callable[
 class _Pending:
     __slots__ = ("requests", "future", "owner", "keep", "on_error")
 
-    def __init__(self, requests: list[Any], future: torch.futures.Future, owner: object, keep: Any,
+    def __init__(self, requests: list[Any], future: Completion, owner: object, keep: Any,
                  on_error: OnError) -> None:
         self.requests = requests
         self.future = future
@@ -70,12 +116,12 @@ class RequestProgress:
         self._cond = threading.Condition()
         self._pending: list[_Pending] = []
         self._thread: threading.Thread | None = None
-        #: requests of aborted owners that may still be running: MPI may still touch their
+        #: requests of aborted owners (and agreements given up) that may still be running: MPI may still touch their
         #: buffers, so these are never freed
-        self.abandoned: list[_Pending] = []
+        self.abandoned: list[Any] = []
 
-    def submit(self, requests: list[Any], owner: object, keep: Any, on_error: OnError) -> torch.futures.Future:
-        fut: torch.futures.Future = torch.futures.Future()
+    def submit(self, requests: list[Any], owner: object, keep: Any, on_error: OnError) -> Completion:
+        fut = Completion()
         with self._cond:
             self._pending.append(_Pending(requests, fut, owner, keep, on_error))
             if self._thread is None:
@@ -84,13 +130,14 @@ class RequestProgress:
             self._cond.notify()
         return fut
 
-    def abandon(self, owner: object) -> None:
-        """Stop driving ``owner``'s requests (its communicator is aborted); their futures are
-        never completed (the communicator already failed its ops)."""
+    def abandon(self, owner: object) -> list[_Pending]:
+        """Stop driving ``owner``'s requests (its communicator is aborted) and return them; their
+        futures are never completed (the communicator already failed its ops)."""
         with self._cond:
             mine = [p for p in self._pending if p.owner is owner]
             self._pending = [p for p in self._pending if p.owner is not owner]
             self.abandoned.extend(mine)
+        return mine
 
     def _loop(self) -> None:
         testall = self._MPI.Request.Testall

@@ -1,4 +1,5 @@
-"""Shrinking an MPI communicator the ULFM way: revoke, ``MPI_Comm_shrink``, ``MPI_Comm_agree``.
+"""Shrinking an MPI communicator the ULFM way (revoke, ``MPI_Comm_shrink``, ``MPI_Comm_agree``),
+and the outcome agreement of ``TorchComm.agree`` on ``MPI_Comm_iagree``.
 
 The survivors' communicator is made by MPI itself (no store, no rendezvous): every survivor
 revokes the old communicator (so none stays blocked in an op on it), shrinks it to the
@@ -11,16 +12,58 @@ thread still blocked then is abandoned).
 """
 from __future__ import annotations
 
+import array
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from torchcomms.backends.mpi.engine import ULFM_LAUNCH, MpiEngineError, wrap_mpi_error
+from torchcomms.backends.mpi.engine import ULFM_LAUNCH, MpiEngineError, peer_failure_classes, wrap_mpi_error
+
+#: polls of a pending agreement before its waiter starts sleeping between polls
+_AGREE_SPIN_POLLS = 1000
+_AGREE_NAP_S = 0.0001
 
 
 class ShrinkTimeout(TimeoutError):
     """The survivors' communicator was not agreed on by the deadline."""
+
+
+class AgreementTimeout(TimeoutError):
+    """``MPI_Comm_iagree`` did not end by the deadline."""
+
+
+def agree_flag(MPI: Any, comm: Any, flag: bool, deadline: float, keep: list[Any]) -> bool:  # noqa: N803
+    """The AND of ``flag`` over the processes of ``comm`` that are alive (``MPI_Comm_iagree``),
+    the same on every one of them; it works on a revoked communicator too.
+
+    ULFM writes the agreed value even when it also reports a failed process
+    (``MPI_ERR_PROC_FAILED``): the value is what was agreed, so that report is not an error here.
+    The request is polled, never waited for in MPI, until ``deadline`` (then
+    ``AgreementTimeout``; the request and its buffer go to ``keep``, as MPI may still write it).
+    Other MPI errors are raised as ``MpiEngineError``."""
+    buf = array.array("i", [1 if flag else 0])
+    try:
+        req = comm.Iagree(buf)
+    except MPI.Exception as e:
+        raise wrap_mpi_error(MPI, e) from None
+    failed = peer_failure_classes(MPI)
+    polls = 0
+    while True:
+        try:
+            if req.Test():
+                break
+        except MPI.Exception as e:
+            if e.Get_error_class() not in failed:
+                raise wrap_mpi_error(MPI, e) from None
+            break  # a process failed: the survivors still agreed on buf
+        polls += 1
+        if polls > _AGREE_SPIN_POLLS:
+            if time.monotonic() >= deadline:
+                keep.append((req, buf))
+                raise AgreementTimeout("MPI_Comm_iagree did not end before the deadline")
+            time.sleep(_AGREE_NAP_S)
+    return bool(buf[0])
 
 
 def _bounded(MPI: Any, call: Callable[[], Any], deadline: float, what: str) -> Any:  # noqa: N803
