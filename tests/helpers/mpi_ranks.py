@@ -142,12 +142,40 @@ class MpiJob:
             except ProcessLookupError:
                 pass
             self.proc.wait(10)
+        self._kill_ranks()
+
+    def _kill_ranks(self) -> None:
+        """SIGKILL every rank process still alive: mpiexec's daemons start ranks outside its
+        process group, and a rank it left behind (a stopped one, say) would outlive the test."""
+        killed = []
+        for path in self.dir.glob("pid*"):
+            try:
+                pid = int(path.read_text())
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"mpi_rank_main" not in f.read():
+                        continue  # the rank is gone and its pid reused
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except (ValueError, OSError):
+                pass
+        deadline = time.monotonic() + 10
+        while any(process_running(p) for p in killed) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def __enter__(self) -> MpiJob:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+
+
+def process_running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie waiting to be reaped is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def run_mpi_ranks(n: int, target: str, kwargs: dict[str, Any] | None = None, timeout: float = 120.0,

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.helpers.mpi_ranks import MpiJob, mpi_available, run_mpi_ranks, ulfm_available
+from tests.helpers.mpi_ranks import MpiJob, process_running, mpi_available, run_mpi_ranks, ulfm_available
 
 pytestmark = pytest.mark.skipif(not mpi_available(), reason="mpi4py or mpiexec is not installed")
 
@@ -34,8 +34,10 @@ def test_stopped_peer_times_out_everyone_at_the_deadline(hints: dict[str, str] |
         (job.dir / "go").touch()
         results = job.results_of([0, 1], timeout=60)
         # mpiexec may already have ended the stopped rank: the others left without finalizing
+        victim = job.pid_of(2)
         with contextlib.suppress(ProcessLookupError):
-            os.kill(job.pid_of(2), signal.SIGCONT)
+            os.kill(victim, signal.SIGCONT)
+    assert not process_running(victim), "the stopped rank outlived its job"
     for res in results:
         v = res.value
         assert v is not None, (res.error, res.stderr[-3000:])
