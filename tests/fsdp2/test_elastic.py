@@ -19,16 +19,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.helpers.launcher_job import run_launcher_job
 from tests.helpers.paths import child_pythonpath
 from tests.helpers.ranks import REPO
 
@@ -48,22 +45,12 @@ def run_job(world: int, shard: int, *, fail_rank: int = -1, fail_step: int = 0, 
     env = dict(os.environ, TORCHCOMM_TRACING_DISABLE="1", PYTHONPATH=child_pythonpath(),
                TC_HEAL_VICTIM=str(heal_victim), TC_SHARD=str(shard))
     script = EXAMPLE if heal_victim < 0 else HEAL_KILLER
-    cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", str(world), "--on-failure", "shrink",
-           "--max-restarts", str(max_restarts), "--no-summary", str(script), "--shard", str(shard),
-           "--steps", str(steps), "--stop-after-heal", str(stop_after_heal), "--fail-rank", str(fail_rank),
-           "--fail-step", str(fail_step), "--fail-at", "random", "--step-sleep", str(STEP_SLEEP),
-           "--timeout", str(TIMEOUT_S), "--dim", "32", "--layers", "1", "--record", str(out / "rec")]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-        rc = proc.wait(LIMIT_S)
-    except subprocess.TimeoutExpired:
-        rc = None
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    log = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+    rc, log = run_launcher_job(
+        ["--nproc-per-node", str(world), "--on-failure", "shrink", "--max-restarts", str(max_restarts),
+         "--no-summary", str(script), "--shard", str(shard), "--steps", str(steps),
+         "--stop-after-heal", str(stop_after_heal), "--fail-rank", str(fail_rank), "--fail-step", str(fail_step),
+         "--fail-at", "random", "--step-sleep", str(STEP_SLEEP), "--timeout", str(TIMEOUT_S), "--dim", "32",
+         "--layers", "1", "--record", str(out / "rec")], env, LIMIT_S)
     lines = {r: [json.loads(line) for line in (out / f"rec.{r}").read_text().splitlines()]
              for r in range(world) if (out / f"rec.{r}").exists()}
     records = {r: [d for d in ds if "step" in d] for r, ds in lines.items()}

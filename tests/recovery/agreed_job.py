@@ -3,14 +3,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.launcher_job import run_launcher_job
 from tests.helpers.paths import child_pythonpath
 from tests.helpers.ranks import REPO
 
@@ -25,20 +23,9 @@ def run_agreed_job(world: int, steps: int = 6, victim: int = -1, kill_step: int 
     cfg = {"steps": steps, "dir": str(out), "timeout_s": timeout_s, "victim": victim, "kill_step": kill_step,
            "fail_rank": fail_rank, "fail_step": fail_step}
     env = dict(os.environ, TC_STEP_CFG=json.dumps(cfg), TORCHCOMM_TRACING_DISABLE="1", PYTHONPATH=child_pythonpath())
-    cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", str(world), "--on-failure", "shrink",
-           "--no-summary", str(WORKER)]
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-        rc = proc.wait(limit_s)
-    except subprocess.TimeoutExpired:
-        rc = None
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    log = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+    rc, log = run_launcher_job(["--nproc-per-node", str(world), "--on-failure", "shrink", "--no-summary",
+                                str(WORKER)], env, limit_s)
     results = {r: json.loads((out / f"result{r}.json").read_text()) for r in range(world)
                if (out / f"result{r}.json").exists()}
     killed = json.loads((out / "killed.json").read_text()) if (out / "killed.json").exists() else None

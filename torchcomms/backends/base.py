@@ -139,6 +139,11 @@ class EngineHandle:
                 done, error = self.wait_engine(min(ENGINE_WAIT_SLICE_S, remaining))
                 if done:
                     return error
+        return self.wait_callback_until(deadline)
+
+    def wait_callback_until(self, deadline: float) -> BaseException | None:
+        """:meth:`wait_until` through :meth:`on_done`: the engine reports the op's end to a
+        callback, which this waits for until ``deadline`` (``TimeoutError`` then)."""
         ended = threading.Event()
         box: list[BaseException | None] = []
 

@@ -232,15 +232,5 @@ class StreamOrderedHandle(EngineHandle):
     def wait_until(self, deadline: float) -> BaseException | None:
         """Block until the op ends (its error, or ``None``) or ``deadline`` (``time.monotonic()``)
         passes (``TimeoutError``; the op goes on); the poller is urged meanwhile."""
-        ended = threading.Event()
-        box: list[BaseException | None] = []
-
-        def done(error: BaseException | None) -> None:
-            box.append(error)
-            ended.set()
-
-        self.on_done(done)
         self._poller.urge()
-        if not ended.wait(max(0.0, deadline - time.monotonic())):
-            raise TimeoutError("the engine op did not end before the deadline")
-        return box[0]
+        return self.wait_callback_until(deadline)
