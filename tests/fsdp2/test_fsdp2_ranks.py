@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.ranks import RankGroup, run_ranks
+from tests.helpers.ranks import RankGroup, RankResult, run_ranks
 
 T = "tests.fsdp2.targets"
 ROUTE = {"TORCH_DISTRIBUTED_USE_TORCHCOMMS": "1", "TORCHCOMM_ABORT_ON_ERROR": "0"}
@@ -82,6 +82,20 @@ def test_forward_prefetch_issues_the_next_all_gather_before_compute() -> None:
     assert [r.value for r in without] == [[2, 3, 4, 5]] * 2
 
 
+def _assert_survivor_raised_typed(r: RankResult, timeout_s: float, elapsed_key: str) -> None:
+    """A survivor of a rank killed in step 2: a typed error naming an fsdp communicator, within
+    ``timeout_s + 5`` of the moment ``elapsed_key`` counts from; its sharded state readable and
+    its communicators torn down without waiting out a deadline."""
+    assert r.ok(), r.stderr[-3000:]
+    v = r.value
+    assert v["step"] == 2, v
+    assert "CommError" in v["mro"], v  # typed, names the comm and op
+    assert v["type"] in ("PeerFailureError", "CommTimeoutError", "CommAbortedError"), v
+    assert "world.fsdp." in v["message"], v
+    assert v[elapsed_key] < timeout_s + 5, v
+    assert v["shards"] > 0 and v["teardown_s"] < timeout_s, v
+
+
 @pytest.mark.parametrize("phase", ["forward", "backward"])
 def test_killed_rank_mid_step_raises_typed_error_on_every_survivor(phase: str) -> None:
     timeout_s = 30.0
@@ -89,16 +103,8 @@ def test_killed_rank_mid_step_raises_typed_error_on_every_survivor(phase: str) -
         res = g.wait(timeout=120)
     assert res[2].returncode == 17
     for r in res[:2]:
-        assert r.ok(), r.stderr[-3000:]
-        v = r.value
-        assert v["step"] == 2, v
-        assert "CommError" in v["mro"], v  # typed, names the comm and op
-        assert v["type"] in ("PeerFailureError", "CommTimeoutError", "CommAbortedError"), v
-        assert "world.fsdp." in v["message"], v
         # the detection bound: the communicator's timeout (a closed socket is seen sooner)
-        assert v["after_s"] < timeout_s + 5, v
-        # the sharded state is readable and the communicators tear down without waiting out a deadline
-        assert v["shards"] > 0 and v["teardown_s"] < timeout_s, v
+        _assert_survivor_raised_typed(r, timeout_s, "after_s")
 
 
 @pytest.mark.slow
@@ -116,16 +122,10 @@ def test_hsdp_killed_rank_in_backward_raises_typed_error_on_every_survivor(victi
     for r in res:
         if r.rank == victim:
             continue
-        assert r.ok(), r.stderr[-3000:]
-        v = r.value
-        assert v["step"] == 2 and "CommError" in v["mro"], v
-        assert v["type"] in ("PeerFailureError", "CommTimeoutError", "CommAbortedError"), v
-        assert "world.fsdp." in v["message"], v
         # the bound is mechanical: an op ends at its deadline (timeout_s after it was issued);
         # the op that raised was issued at the latest at this rank's last issue, and no later
         # than the victim's death plus what this rank still computed
-        assert v["after_last_issue_s"] < timeout_s + 5, v
-        assert v["shards"] > 0 and v["teardown_s"] < timeout_s, v
+        _assert_survivor_raised_typed(r, timeout_s, "after_last_issue_s")
 
 
 @pytest.mark.slow

@@ -8,15 +8,13 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.cpu_load import oversubscribed
-from tests.helpers.ranks import REPO, RankGroup, free_port
+from tests.helpers.ranks import RankGroup
+from tests.helpers.store_host import watched_tcp_store
 
 WORLD = 3
 #: a SIGKILLed peer is reported within this (its process is looked at every 50 ms; the rest is
@@ -26,30 +24,10 @@ DETECT_BOUND_S = 5.0
 VERDICT_WITHIN_S = 60.0
 AGREE_TIMEOUT_S = 60.0
 
-_TCP_HOST = (
-    "import sys, time; from datetime import timedelta; import torch.distributed as dist; "
-    "s = dist.TCPStore('127.0.0.1', int(sys.argv[1]), 1, True, timeout=timedelta(seconds=120), "
-    "wait_for_workers=False); print('up', flush=True); time.sleep(3600)"
-)
-
-
-@contextmanager
-def _store_host() -> Iterator[dict[str, str]]:
-    tmp = Path(tempfile.mkdtemp(prefix="tc-store-watch-"))
-    port = free_port()
-    host = subprocess.Popen([sys.executable, "-c", _TCP_HOST, str(port)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        assert host.stdout is not None and host.stdout.readline().strip() == b"up"
-        yield {"TC_STORE_PORT": str(port), "TC_READY_DIR": str(tmp), "TORCHCOMM_TRACING_DISABLE": "1",
-               "TORCHCOMM_STORE_WATCH": "1"}
-    finally:
-        host.kill()
-        host.wait(10)
 
 
 def _leave(how: str, leaver: int = WORLD - 1) -> tuple[list, float]:
-    with _store_host() as env, oversubscribed(per_core=8, limit_s=240):
+    with watched_tcp_store("tc-store-watch-") as env, oversubscribed(per_core=8, limit_s=240):
         if how == "exit":
             env["TC_RANK_EXIT_NORMALLY"] = "1"
         with RankGroup(WORLD, "tests.recovery.nolaunch_workers:peer_leaves",
@@ -86,7 +64,7 @@ def test_agree_without_the_launcher_learns_of_a_killed_member() -> None:
     """Without the control plane a SIGKILLed member's vote never comes: agree used to wait for
     its whole timeout and decide False. The store watch reports the death; agree then decides
     over the live members (all said yes) within the detection bound."""
-    with _store_host() as env, oversubscribed(per_core=8, limit_s=240):
+    with watched_tcp_store("tc-store-watch-") as env, oversubscribed(per_core=8, limit_s=240):
         with RankGroup(WORLD, "tests.recovery.nolaunch_workers:agree_after_kill",
                        {"victim": WORLD - 1, "agree_timeout_s": AGREE_TIMEOUT_S}, env=env) as g:
             results = g.wait(timeout=AGREE_TIMEOUT_S + 120)
@@ -103,7 +81,7 @@ def test_agree_leaves_no_key_of_its_rounds_in_the_store() -> None:
     """30 agrees by 3 real ranks: the store holds one key more than before them (the highest
     closed round); it used to hold 4 more per agree (the votes and the decision)."""
     rounds = 30
-    with _store_host() as env:
+    with watched_tcp_store("tc-store-watch-") as env:
         env["TORCHCOMM_STORE_WATCH"] = "0"
         with RankGroup(WORLD, "tests.recovery.nolaunch_workers:agree_rounds", {"rounds": rounds}, env=env) as g:
             results = g.wait(timeout=180)

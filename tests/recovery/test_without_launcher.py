@@ -5,45 +5,24 @@ oversubscribed. (Before the store watch, one survivor waited for its op timeout 
 shrink then timed out.)"""
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.cpu_load import oversubscribed
-from tests.helpers.ranks import REPO, RankGroup, free_port
+from tests.helpers.ranks import RankGroup
+from tests.helpers.store_host import watched_tcp_store
 
 OP_TIMEOUT_S = 30.0  # the survivors' op and shrink timeout: detection must come far sooner
 DETECT_BOUND_S = 5.0
 
-_TCP_HOST = (
-    "import sys, time; from datetime import timedelta; import torch.distributed as dist; "
-    "s = dist.TCPStore('127.0.0.1', int(sys.argv[1]), 1, True, timeout=timedelta(seconds=120), "
-    "wait_for_workers=False); print('up', flush=True); time.sleep(3600)"
-)
-
-
 def _run(world: int, victim: int) -> list:
-    tmp = Path(tempfile.mkdtemp(prefix="tc-nolaunch-"))
-    port = free_port()
-    host = subprocess.Popen([sys.executable, "-c", _TCP_HOST, str(port)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        assert host.stdout is not None and host.stdout.readline().strip() == b"up"
-        env = {"TC_STORE_PORT": str(port), "TC_READY_DIR": str(tmp), "TORCHCOMM_TRACING_DISABLE": "1",
-               "TORCHCOMM_STORE_WATCH": "1"}
+    with watched_tcp_store("tc-nolaunch-") as env:
         with RankGroup(world, "tests.recovery.nolaunch_workers:kill_inside_all_reduce",
                        {"victim": victim, "op_timeout_s": OP_TIMEOUT_S}, env=env) as g:
             results = g.wait(timeout=OP_TIMEOUT_S * 3)
-        killed_at = float((tmp / "killed").read_text())
-    finally:
-        host.kill()
-        host.wait(10)
+        killed_at = float((Path(env["TC_READY_DIR"]) / "killed").read_text())
     survivors = [r for r in results if r.rank != victim]
     assert results[victim].returncode == -signal.SIGKILL
     for r in survivors:
