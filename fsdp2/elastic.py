@@ -32,7 +32,6 @@ state (point to point on the replicate communicator, no file system).
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ import torch
 from torch import nn
 
 import torchcomms
+from torchcomms.setup.bootstrap import discover_rank_size
 from fsdp2.api import fully_shard as _fully_shard
 from fsdp2.api import release_comms
 from fsdp2.collectives import FSDPCommError
@@ -75,10 +75,11 @@ class StepResult:
 
 
 def _job_world() -> int:
-    for name in ("TORCHCOMM_SIZE", "WORLD_SIZE"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    raise FSDPCommError("the job's world size is unknown: set TORCHCOMM_SIZE or WORLD_SIZE (torchcomms-run does)")
+    """The job's world size, found as ``new_comm`` finds it (``torchcomms-run``, torchrun, MPI...)."""
+    _rank, size, source = discover_rank_size()
+    if source == "default":
+        raise FSDPCommError("the job's world size is unknown: set TORCHCOMM_SIZE or WORLD_SIZE (torchcomms-run does)")
+    return size
 
 
 class ElasticHSDP:
