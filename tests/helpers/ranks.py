@@ -1,8 +1,10 @@
 """Start real rank processes for multi-process tests and collect what each returned.
 
-Each rank is a fresh ``python -m tests.helpers.rank_main`` process with TORCHCOMM_RANK /
-TORCHCOMM_SIZE / MASTER_ADDR / MASTER_PORT set, running ``module:function(**kwargs)``; its
-return value (JSON) or its exception comes back as a :class:`RankResult`.
+Each rank is a process with TORCHCOMM_RANK / TORCHCOMM_SIZE / MASTER_ADDR / MASTER_PORT set,
+running ``module:function(**kwargs)`` through ``tests.helpers.rank_main``; its return value
+(JSON) or its exception comes back as a :class:`RankResult`. Ranks are forked from a process
+that has torch imported already (``tests.helpers.zygote``), except ranks that must leave
+through the interpreter's normal exit, which start as fresh interpreters.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from typing import Any
 
 from tests.helpers.paths import REPO, child_pythonpath
 from tests.helpers.ports import free_port
+from tests.helpers.rank_main import EXIT_NORMALLY_ENV
+from tests.helpers.zygote import ForkedRank, fork_ranks_enabled, zygote_for
 
 
 @dataclass
@@ -43,7 +47,7 @@ class RankGroup:
         self.n = n
         self.dir = Path(tempfile.mkdtemp(prefix="tc-ranks-"))
         port = free_port()
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen | ForkedRank] = []
         self.started = time.monotonic()
         for r in range(n):
             e = dict(os.environ)
@@ -55,9 +59,13 @@ class RankGroup:
             e.pop("TORCHCOMM_CONTROL_ADDR", None)
             e.update(env or {})
             e.update((per_rank_env or {}).get(r, {}))
-            args = [sys.executable, "-m", "tests.helpers.rank_main", target, json.dumps(kwargs or {}),
-                    str(self.dir / f"rank{r}.json")]
-            with open(self.dir / f"rank{r}.log", "wb") as log:
+            out, log_path = self.dir / f"rank{r}.json", self.dir / f"rank{r}.log"
+            if fork_ranks_enabled() and e.get(EXIT_NORMALLY_ENV) != "1":
+                zygote = zygote_for(e, REPO)
+                self.procs.append(zygote.fork(e, REPO, log_path, target, json.dumps(kwargs or {}), out))
+                continue
+            args = [sys.executable, "-m", "tests.helpers.rank_main", target, json.dumps(kwargs or {}), str(out)]
+            with open(log_path, "wb") as log:
                 self.procs.append(
                     subprocess.Popen(args, cwd=REPO, env=e, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True)

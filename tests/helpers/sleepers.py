@@ -31,3 +31,25 @@ def _blocked_forever() -> int:
     threading.Event().wait()  # never set
     time.sleep(3600)
     return 1
+
+
+def describe_process() -> dict:
+    """What a forked rank must look like to its test: its own session, its own environment,
+    the torch route as the environment asked for it at import, Python's SIGPIPE disposition."""
+    import os
+    import signal
+
+    import torch.distributed.distributed_c10d as c10d
+
+    return {"pid": os.getpid(), "session": os.getsid(0), "rank": os.environ["TORCHCOMM_RANK"],
+            "route_env": os.environ.get("TORCH_DISTRIBUTED_USE_TORCHCOMMS"),
+            "route_on": c10d._use_torchcomms_enabled(),
+            "sigpipe_ignored": signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN}
+
+
+def kills_itself() -> int:
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+    return 0

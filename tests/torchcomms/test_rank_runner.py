@@ -2,11 +2,12 @@
 rank's state and the hung rank's stacks (before, the report named only the rank)."""
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
 
-from tests.helpers.ranks import run_ranks
+from tests.helpers.ranks import RankGroup, run_ranks
 
 
 def test_a_hung_rank_is_reported_with_its_stack_and_the_other_ranks_state():
@@ -40,3 +41,24 @@ def test_ranks_keep_the_parents_python_path(tmp_path, monkeypatch):
     results = run_ranks(2, "tests.helpers.sleepers:imports_from_pythonpath",
                         {"module": "tc_only_on_parent_path"}, timeout=60)
     assert [r.value for r in results] == [str(tmp_path / "tc_only_on_parent_path.py")] * 2
+
+
+@pytest.mark.parametrize("route", ["0", "1"])
+def test_forked_ranks_are_their_own_sessions_with_their_own_environment(route):
+    # Ranks are forked from a process that imported torch already; torch reads some variables
+    # only at import (TORCH_DISTRIBUTED_USE_TORCHCOMMS), so a rank whose environment differs in
+    # one of those must come from a zygote that imported torch under that environment. A fork
+    # that reset SIGPIPE to its default killed a rank writing to a closed socket (rc -13).
+    results = run_ranks(2, "tests.helpers.sleepers:describe_process", timeout=60,
+                        env={"TORCH_DISTRIBUTED_USE_TORCHCOMMS": route})
+    for r in results:
+        v = r.value
+        assert v["session"] == v["pid"] and v["rank"] == str(r.rank)
+        assert v["route_env"] == route and v["route_on"] == (route == "1")
+        assert v["sigpipe_ignored"]
+
+
+def test_a_forked_rank_killed_by_a_signal_reports_it_as_subprocess_does():
+    with RankGroup(1, "tests.helpers.sleepers:kills_itself") as group:
+        (res,) = group.wait(60)
+    assert res.returncode == -signal.SIGKILL and res.value is None
