@@ -123,8 +123,12 @@ def _rank_main(rank: int, out: Path) -> int:
     new = old.split(BackendContext(name="abandon", rank=new_rank, size=2, device=torch.device("cpu"),
                                    store=store, store_prefix="e1", timeout=timedelta(seconds=120),
                                    hints={"gloo.hostname": "127.0.0.1"}))
+    recorded = len(old._sockets.fds)  # what abort() can shut down: shown if the assertion fails
+    t0 = time.monotonic()
     old.abort()
-    result = {"delivered_before_abort_returned": bool(delivered) and delivered[0] is not None}
+    result = {"delivered_before_abort_returned": bool(delivered) and delivered[0] is not None,
+              "connections_recorded": recorded, "abort_s": round(time.monotonic() - t0, 3),
+              "delivered_at_all": None}
     result["error_kind"] = old.classify_error(delivered[0]) if delivered and delivered[0] is not None else None
     t = torch.tensor([float(new_rank + 1)])
     done: list[BaseException | None] = []
@@ -132,6 +136,7 @@ def _rank_main(rank: int, out: Path) -> int:
     while not done:
         time.sleep(0.01)
     result["new_sum"] = t.item() if done[0] is None else repr(done[0])
+    result["delivered_at_all"] = repr(delivered[0]) if delivered else None
     (out / f"result{rank}.json").write_text(json.dumps(result))
     new.finalize()
     globals()["_probe"] = _ExitProbe(out, rank)

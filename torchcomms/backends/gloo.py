@@ -8,6 +8,7 @@ the list all-to-all = one packed ``alltoall_base``).
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import queue
 import socket
@@ -50,6 +51,7 @@ _TIMEOUT_PATTERNS = ("timed out", "timeout")
 
 _LISTENER_KEY = "torchcomms/listener/{}"
 _CHECK_HINT = "torchcomms.check_collectives"  # the collective check's hint: p2p is confirmed too
+_log = logging.getLogger(__name__)
 _DRAIN_LIMIT_S = 5.0  # how long abort() waits for an abandoned engine's failed ops to be delivered
 _PRUNE_MIN = 64  # pending-future bookkeeping is compacted when it reaches this many entries
 
@@ -231,8 +233,15 @@ class GlooBackend(TorchCommBackend):
         if pg is not None and not any(p is pg for p in _ABANDONED):
             sockets: EngineSockets | None = getattr(self, "_sockets", None)
             try:
+                recorded = len(sockets.fds) if sockets is not None else 0
                 if sockets is not None and sockets.shut_down():
-                    self._drain()
+                    if not self._drain():
+                        _log.warning("abandoned gloo engine %s: its pending ops were not all delivered within "
+                                     "%.0f s of shutting its %d connections down", self.ctx.name, _DRAIN_LIMIT_S,
+                                     recorded)
+                elif recorded == 0 and self._undelivered():
+                    _log.warning("abandoned gloo engine %s: none of its connections was found (/proc), so its "
+                                 "pending ops fail only when their peers' connections end", self.ctx.name)
             except Exception:  # noqa: BLE001 - abort never raises
                 pass
             _ABANDONED.append(pg)
@@ -242,17 +251,21 @@ class GlooBackend(TorchCommBackend):
             except Exception:  # noqa: BLE001 - best effort; abort never raises
                 pass
 
-    def _drain(self) -> None:
-        """Wait (at most ``_DRAIN_LIMIT_S``) until every pending op's callbacks ran and were released."""
+    def _undelivered(self) -> list[torch.futures.Future]:
         with self._pending_lock:
-            pending = [f for f in self._pending if not f.done()]
+            return [f for f in self._pending if not f.done()]
+
+    def _drain(self) -> bool:
+        """Wait (at most ``_DRAIN_LIMIT_S``) until every pending op's callbacks ran and were
+        released; whether they all were."""
+        pending = self._undelivered()
         if not pending:
-            return
+            return True
         counter, cond = [len(pending)], threading.Condition()
         for fut in pending:
             fut.add_done_callback(_Drained(counter, cond))
         with cond:
-            cond.wait_for(lambda: counter[0] <= 0, _DRAIN_LIMIT_S)
+            return cond.wait_for(lambda: counter[0] <= 0, _DRAIN_LIMIT_S)
 
     def classify_error(self, error: BaseException) -> str:
         msg = str(error).lower()
