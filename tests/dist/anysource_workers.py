@@ -12,11 +12,11 @@ import torchcomms
 PER_SENDER = {1: 2, 2: 3}
 
 
-def bare_any_source() -> dict[str, Any]:
+def bare_any_source(backend: str = "gloo") -> dict[str, Any]:
     """Rank 0 posts receives from any source mixed with one named receive (from rank 2); ranks 1
     and 2 send their messages ``[sender, k]`` in order. Then a size mismatch on an any-source
     receive, and an any-source receive nobody answers (its deadline)."""
-    c = torchcomms.new_comm("gloo", torch.device("cpu"), "anysource")
+    c = torchcomms.new_comm(backend, torch.device("cpu"), "anysource")
     r = c.get_rank()
     out: dict[str, Any] = {"rank": r}
     if r == 0:
@@ -45,11 +45,11 @@ def bare_any_source() -> dict[str, Any]:
     return out
 
 
-def bare_any_source_deadline() -> dict[str, Any]:
+def bare_any_source_deadline(backend: str = "gloo") -> dict[str, Any]:
     """Nobody sends: rank 0's receive from any source ends at its deadline with our typed error."""
     import time
 
-    c = torchcomms.new_comm("gloo", torch.device("cpu"), "anysource-deadline")
+    c = torchcomms.new_comm(backend, torch.device("cpu"), "anysource-deadline")
     if c.get_rank() != 0:
         time.sleep(4.0)
         return {}

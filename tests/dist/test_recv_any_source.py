@@ -1,5 +1,6 @@
 """Receives from any source: on gloo (bare communicator and c10d's ``recv(t)`` without ``src``
-through the route, compared with c10d's own gloo), and a typed error on engines without them."""
+through the route, compared with c10d's own gloo), on MPI (``MPI_ANY_SOURCE``), and a typed
+error on engines without them."""
 from __future__ import annotations
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 
 import torchcomms
 from tests.dist.anysource_workers import PER_SENDER
+from tests.helpers.mpi_ranks import mpi_available, run_mpi_ranks
 from tests.helpers.ranks import run_ranks
 
 ROUTE = {"TORCH_DISTRIBUTED_USE_TORCHCOMMS": "1", "TORCHCOMM_ABORT_ON_ERROR": "0"}
@@ -27,6 +29,23 @@ def test_any_source_mixed_with_a_named_source_keeps_every_senders_order() -> Non
     kind, message = v["mismatch"]
     assert kind == "CollectiveMismatchError"
     assert "rank 1 sent 3 elements" in message and "2 elements" in message
+
+
+@pytest.mark.skipif(not mpi_available(), reason="mpi4py or mpiexec is not installed (bash scripts/setup.sh installs both)")
+def test_any_source_on_mpi_names_each_sender_and_keeps_their_order() -> None:
+    (v,) = [r.value for r in run_mpi_ranks(3, "tests.dist.anysource_workers:bare_any_source", {"backend": "mpi"},
+                                           timeout=180) if r.rank == 0]
+    received, sources = v["received"], v["sources"]
+    assert [m[0] for m in received] == sources == v["record_peers"]
+    assert v["kinds"][1] == "2" and sources[1] == 2
+    assert sorted(map(tuple, received)) == sorted((s, k) for s, m in PER_SENDER.items() for k in range(m))
+    for s in PER_SENDER:
+        assert [m[1] for m in received if m[0] == s] == list(range(PER_SENDER[s]))
+    kind, message = v["mismatch"]  # MPI reports the oversized message as truncated, typed
+    assert kind == "BackendError" and "MPI_ERR_TRUNCATE" in message and "recv" in message
+    (late,) = [r.value for r in run_mpi_ranks(2, "tests.dist.anysource_workers:bare_any_source_deadline",
+                                              {"backend": "mpi"}, timeout=180) if r.rank == 0]
+    assert late["error"] == "CommTimeoutError" and 1.5 <= late["secs"] < 1.5 + 10
 
 
 def test_any_source_that_nobody_answers_ends_at_its_deadline() -> None:

@@ -64,7 +64,8 @@ def _end_job_if_stuck() -> None:
 class MpiBackend(TorchCommBackend):
     backend_name = "mpi"
     # shrink and agree need ULFM: each instance states whether this job has it (see init)
-    capabilities = BackendCapabilities(devices=("cpu",), abort=True, shrink=True, dtypes=MPI_DTYPES)
+    capabilities = BackendCapabilities(devices=("cpu",), abort=True, shrink=True, dtypes=MPI_DTYPES,
+                                       recv_any_source=True)
 
     @classmethod
     def needs_store(cls, size: int) -> bool:
@@ -215,7 +216,7 @@ class MpiBackend(TorchCommBackend):
 
     # --- helpers -----------------------------------------------------------------------------
     def _start(self, call: Callable[[], Any], keep: Any = None, finish: Callable[[], None] | None = None,
-               thread: EngineThread | None = None) -> EngineHandle:
+               thread: EngineThread | None = None, status: Any = None) -> EngineHandle:
         """Start the nonblocking MPI call(s) of one op on the caller's thread (with ``thread``:
         only if nothing is queued there, else as a job there that waits for them); ``keep``
         holds its buffers until it ends."""
@@ -232,8 +233,8 @@ class MpiBackend(TorchCommBackend):
         self._last_reqs = reqs
         on_error = self._on_error
         return EngineHandle.waitable(
-            [blocking_wait(self.MPI, reqs, on_error)],
-            lambda: [self._progress.submit(reqs, self, keep, on_error)],
+            [blocking_wait(self.MPI, reqs, on_error, status)],
+            lambda: [self._progress.submit(reqs, self, keep, on_error, status)],
             finish,
         )
 
@@ -281,6 +282,14 @@ class MpiBackend(TorchCommBackend):
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> EngineHandle:
         return self._start(lambda: self._comm.Irecv(self._buf.spec(tensor), src, tag), tensor)
+
+    def recv_any_source(self, tensor: torch.Tensor, tag: int, found: Callable[[int], None]) -> EngineHandle:
+        """``MPI_Irecv`` from ``MPI_ANY_SOURCE``; the sender, read from the request's status once
+        it completed, is passed to ``found`` before the op is reported done. MPI's own matching
+        keeps messages from one sender in order, whatever receives are posted."""
+        status = self.MPI.Status()
+        return self._start(lambda: self._comm.Irecv(self._buf.spec(tensor), self.MPI.ANY_SOURCE, tag), tensor,
+                           finish=lambda: found(status.Get_source()), status=status)
 
     def batch_p2p(self, ops: list[tuple[bool, torch.Tensor, int]], tag: int) -> EngineHandle:
         c, spec = self._comm, self._buf.spec

@@ -70,11 +70,15 @@ class Completion:
             raise self._error
 
 
-def blocking_wait(MPI: Any, requests: list[Any], on_error: OnError) -> Callable[[float], bool]:  # noqa: N803
+def blocking_wait(MPI: Any, requests: list[Any], on_error: OnError,  # noqa: N803
+                  status: Any = None) -> Callable[[float], bool]:
     """A ``BlockingWait`` over ``requests``: polls them for at most the given seconds; True once
-    all completed, False if they still run; raises ``on_error(error)`` when one failed."""
+    all completed, False if they still run; raises ``on_error(error)`` when one failed. With
+    ``status`` (one request only), the completed request's ``MPI.Status`` is written there."""
     # one request: Test (Testall hides the request's own error class behind MPI_ERR_IN_STATUS)
-    testall = (lambda reqs: reqs[0].Test()) if len(requests) == 1 else MPI.Request.Testall
+    if status is not None and len(requests) != 1:
+        raise ValueError("a status is kept for one request only")
+    testall = (lambda reqs: reqs[0].Test(status)) if len(requests) == 1 else MPI.Request.Testall
     yield_ = os.sched_yield
 
     def wait(timeout_s: float) -> bool:
@@ -96,15 +100,16 @@ def blocking_wait(MPI: Any, requests: list[Any], on_error: OnError) -> Callable[
 
 
 class _Pending:
-    __slots__ = ("requests", "future", "owner", "keep", "on_error")
+    __slots__ = ("requests", "future", "owner", "keep", "on_error", "status")
 
     def __init__(self, requests: list[Any], future: Completion, owner: object, keep: Any,
-                 on_error: OnError) -> None:
+                 on_error: OnError, status: Any = None) -> None:
         self.requests = requests
         self.future = future
         self.owner = owner
         self.keep = keep  # the buffers MPI reads or writes until the requests complete
         self.on_error = on_error
+        self.status = status  # one request's MPI.Status, written when it completes
 
 
 class RequestProgress:
@@ -120,10 +125,15 @@ class RequestProgress:
         #: buffers, so these are never freed
         self.abandoned: list[Any] = []
 
-    def submit(self, requests: list[Any], owner: object, keep: Any, on_error: OnError) -> Completion:
+    def submit(self, requests: list[Any], owner: object, keep: Any, on_error: OnError,
+               status: Any = None) -> Completion:
+        """Drive ``requests`` to completion; the returned future completes then. With ``status``
+        (one request only), the request's ``MPI.Status`` is written there first."""
+        if status is not None and len(requests) != 1:
+            raise ValueError("a status is kept for one request only")
         fut = Completion()
         with self._cond:
-            self._pending.append(_Pending(requests, fut, owner, keep, on_error))
+            self._pending.append(_Pending(requests, fut, owner, keep, on_error, status))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="torchcomms-mpi-progress", daemon=True)
                 self._thread.start()
@@ -152,7 +162,7 @@ class RequestProgress:
             ended: list[tuple[_Pending, BaseException | None]] = []
             for p in batch:
                 try:
-                    if testall(p.requests):
+                    if p.requests[0].Test(p.status) if p.status is not None else testall(p.requests):
                         ended.append((p, None))
                 except mpi_exception as e:
                     ended.append((p, p.on_error(e)))
