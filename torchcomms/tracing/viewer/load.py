@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from torchcomms.tracing.fr_format import EXTENSION_KEY, P2P_SEQ_BASE
+from torchcomms.tracing.viewer.columns import OpColumns, columns_of_entries
 from torchcomms.tracing.viewer.shared import SharedValues
 
 _VERSION_RE = re.compile(r"^2\.\d+$")
@@ -101,7 +102,7 @@ class RankDump:
     version: str
     source: str  # "torchcomms" | "pytorch"
     comms: dict[str, CommMeta]
-    ops: list[Op]
+    ops: Sequence[Op]  # an OpColumns when read from a file
     run_id: str | None = None
     host: str | None = None
     pid: int | None = None
@@ -128,7 +129,8 @@ class TraceSet:
     def comms(self) -> dict[str, CommMeta]:
         """Communicators across dumps; PyTorch dumps without ``pg_config`` get the dump ranks."""
         out: dict[str, CommMeta] = {}
-        used = {o.comm for d in self.dumps.values() for o in d.ops}
+        used_by = {r: _comm_backends(d.ops) for r, d in self.dumps.items()}
+        used = {c for comms in used_by.values() for c in comms}
         for d in self.dumps.values():
             for name, meta in d.comms.items():
                 if not name and name not in used:
@@ -138,18 +140,28 @@ class TraceSet:
                     out[name] = CommMeta(name, meta.desc, list(meta.ranks), meta.backend)
                 elif not cur.ranks and meta.ranks:
                     cur.ranks = list(meta.ranks)
-        for d in self.dumps.values():
-            for op in d.ops:
-                if op.comm not in out:
-                    out[op.comm] = CommMeta(op.comm, op.comm, [], op.backend)
+        for r in self.dumps:
+            for comm, backend in used_by[r].items():
+                if comm not in out:
+                    out[comm] = CommMeta(comm, comm, [], backend)
         for meta in out.values():
             if not meta.ranks:
-                meta.ranks = sorted(r for r, d in self.dumps.items() if any(o.comm == meta.name for o in d.ops))
+                meta.ranks = sorted(r for r in self.dumps if meta.name in used_by[r])
         return out
 
     def all_ops(self) -> Iterable[Op]:
         for r in self.ranks:
             yield from self.dumps[r].ops
+
+
+def _comm_backends(ops: Sequence[Op]) -> dict[str, str]:
+    """``{comm: backend of its first op}`` in the order the comms first appear in ``ops``."""
+    if isinstance(ops, OpColumns):
+        return ops.comm_backends()
+    out: dict[str, str] = {}
+    for o in ops:
+        out.setdefault(o.comm, o.backend)
+    return out
 
 
 class _SafeUnpickler(pickle.Unpickler):
@@ -274,14 +286,9 @@ def parse_dump(obj: dict[str, Any], path: str, rank_hint: int | None,
             comms[name] = CommMeta(name, str(cfg.get("desc", name)), _parse_ranks(cfg.get("ranks")), backend)
     ext_ops = ext.get("ops", {}) if ext else {}
     shared = shared if shared is not None else SharedValues()
-    ops: list[Op] = []
-    for i, e in enumerate(entries):
-        if not isinstance(e, dict):
-            raise TraceInputError(f"{path}: entry {i} is {type(e).__name__}, not a dict")
-        try:
-            ops.append(_parse_entry(e, rank, ext_ops, comms, shared))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TraceInputError(f"{path}: entry {i} is malformed ({exc.__class__.__name__}: {exc})") from None
+    ops = columns_of_entries(
+        entries, rank, ext_ops, lambda e: _parse_entry(e, rank, ext_ops, comms, shared),
+        lambda i, why: TraceInputError(f"{path}: entry {i} {why}"))
     return RankDump(
         path=path,
         rank=rank,
