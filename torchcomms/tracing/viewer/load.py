@@ -387,22 +387,37 @@ def _expand(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
     return files
 
 
+def _read_dump(job: tuple[str, int | None]) -> RankDump:
+    """One file, read and parsed (a worker process's job)."""
+    path, hint = job
+    return parse_dump(_read_raw(Path(path)), path, hint)
+
+
 def load_dumps(paths: Sequence[str | os.PathLike[str]],
-               progress: Callable[[int, int], object] | None = None) -> TraceSet:
+               progress: Callable[[int, int], object] | None = None, *, workers: int | None = None) -> TraceSet:
     """Load per-rank dumps (files or folders of them) of one job; ``progress(done, total)``
-    hears about every file read."""
+    hears about every file read. Files are parsed in ``workers`` processes (default: one per
+    usable CPU; 1 parses them here), with the same result and the same first error."""
+    from torchcomms.tracing.viewer.parallel import ordered_map
+
     dumps: dict[int, RankDump] = {}
     files = _expand(paths)
-    shared = SharedValues()
-    for done, path in enumerate(files, 1):
+    jobs: list[tuple[str, int | None]] = []
+    for path in files:
         m = _RANK_SUFFIX_RE.search(path.name)
-        hint = int(m.group(1)) if m else None
-        d = parse_dump(_read_raw(path), str(path), hint, shared)
-        if d.rank in dumps:
-            raise TraceInputError(f"{path}: a second dump for rank {d.rank} (first: {dumps[d.rank].path})")
-        dumps[d.rank] = d
-        if progress is not None:
-            progress(done, len(files))
+        jobs.append((str(path), int(m.group(1)) if m else None))
+    results = ordered_map(_read_dump, jobs, workers)
+    try:
+        for done, (path, d) in enumerate(zip(files, results), 1):
+            if d.rank in dumps:
+                raise TraceInputError(f"{path}: a second dump for rank {d.rank} (first: {dumps[d.rank].path})")
+            dumps[d.rank] = d
+            if progress is not None:
+                progress(done, len(files))
+    finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()  # stops the workers when an error ends the loop early
     run_ids = {d.run_id for d in dumps.values() if d.run_id is not None}
     if len(run_ids) > 1:
         by = ", ".join(f"rank {r}: {dumps[r].run_id}" for r in sorted(dumps) if dumps[r].run_id)
