@@ -62,6 +62,8 @@ class Table:
         self.seq = _concat([c.seq for c in self.cols], np.int64)
         self.created = _concat([c.created for c in self.cols], np.int64)
         self.has_created = _concat([c.has_created for c in self.cols], bool)
+        self.completed = _concat([c.completed for c in self.cols], np.int64)
+        self.has_completed = _concat([c.has_completed for c in self.cols], bool)
         self.duration = _concat([c.duration for c in self.cols], np.float64)
         self.has_duration = _concat([c.has_duration for c in self.cols], bool)
         self.core_seq = _concat([c.core_seq for c in self.cols], np.int64)

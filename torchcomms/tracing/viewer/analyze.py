@@ -162,7 +162,7 @@ def analyze(ts: TraceSet, *, top: int = 10) -> Report:
     """Analyse a job's dumps."""
     comms = ts.comms()
     report = Report(ranks=ts.ranks, run_id=ts.run_id, comms=comms)
-    table = Table({r: d.ops for r, d in ts.dumps.items()})
+    table = ts.table()
     report.op_count = len(table.kind)
     scheduled = table.state_id("scheduled")
     for r, d in sorted(ts.dumps.items()):

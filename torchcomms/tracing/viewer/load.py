@@ -116,6 +116,15 @@ class TraceSet:
     """All dumps of one job, by rank."""
 
     dumps: dict[int, RankDump]
+    _table: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def table(self) -> Any:
+        """Every op in arrays (:class:`~.align.Table`), made once (the dumps are not changed)."""
+        if self._table is None:
+            from torchcomms.tracing.viewer.align import Table
+
+            self._table = Table({r: d.ops for r, d in self.dumps.items()})
+        return self._table
 
     @property
     def ranks(self) -> list[int]:
