@@ -11,6 +11,7 @@ entry-by-entry parse (``load._parse_entry``), so both agree, errors included.
 from __future__ import annotations
 
 import marshal
+from operator import itemgetter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, overload
 
@@ -58,9 +59,12 @@ def _int_column(values: list[Any]) -> np.ndarray:
 
 def _optional_int_column(values: list[int | None]) -> tuple[np.ndarray, np.ndarray]:
     """(values with 0 for None, mask of the values present)."""
-    obj = np.array(values, dtype=object)
-    present = np.not_equal(obj, None).astype(bool)
-    return _int_column(np.where(present, obj, 0).tolist()), present
+    try:
+        return np.array(values, dtype=np.int64), np.ones(len(values), dtype=bool)
+    except (TypeError, OverflowError):  # a None (or an int past int64) among them
+        obj = np.array(values, dtype=object)
+        present = np.not_equal(obj, None).astype(bool)
+        return _int_column(np.where(present, obj, 0).tolist()), present
 
 
 class OpColumns(Sequence[Any]):
@@ -84,9 +88,12 @@ class OpColumns(Sequence[Any]):
         self.started, self.has_started = _optional_int_column(started)
         self.completed, self.has_completed = _optional_int_column(completed)
         self.core_seq, self.has_core_seq = _optional_int_column(core_seq)
-        dur = np.array(duration, dtype=object)
-        self.has_duration = np.not_equal(dur, None).astype(bool)
-        self.duration = np.where(self.has_duration, dur, 0.0).astype(np.float64)
+        if None not in duration:  # (numpy would read a None as NaN)
+            self.duration, self.has_duration = np.array(duration, dtype=np.float64), np.ones(len(duration), dtype=bool)
+        else:
+            dur = np.array(duration, dtype=object)
+            self.has_duration = np.not_equal(dur, None).astype(bool)
+            self.duration = np.where(self.has_duration, dur, 0.0).astype(np.float64)
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -217,6 +224,16 @@ def _float_or_none(v: Any) -> float | None:
         return None
 
 
+# the entry's fields the columns read, in one C call when the entry has them all (what the
+# recorder writes); defaults as ``load._parse_entry`` has them otherwise
+_FIELDS = ("profiling_name", "record_id", "process_group", "pg_id", "is_p2p", "input_sizes", "input_dtypes",
+           "output_sizes", "output_dtypes", "timeout_ms", "frames", "state", "collective_seq_id", "p2p_seq_id",
+           "time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns", "duration_ms")
+_DEFAULTS = {"record_id": 0, "state": "scheduled", "collective_seq_id": 0, "p2p_seq_id": 0}
+_X_FIELDS = ("op", "error", "outcome", "peer", "root", "reduce_op", "seq", "state")
+_ABSENT = object()
+
+
 def columns_of_entries(entries: list[Any], rank: int, ext_ops: Any, parse_entry: Callable[[dict[str, Any]], Any],
                        malformed: Callable[[int, str], Exception]) -> OpColumns:
     """The columns of a dump's entries. ``parse_entry(e)`` is the entry-by-entry parse (used
@@ -227,83 +244,87 @@ def columns_of_entries(entries: list[Any], rank: int, ext_ops: Any, parse_entry:
     frames_of: dict[int, int] = {}  # id(frames list) -> its content's number, while ``entries`` lives
     frames_by_content: dict[bytes, int] = {}
     ext_is_dict = isinstance(ext_ops, dict)
-    state_of = b.state_of
+    state_of, kinds = b.state_of, b.kinds
+    fields, xfields = itemgetter(*_FIELDS), itemgetter(*_X_FIELDS)
+    add_kind, add_state, add_seq, add_rid = b.kind.append, b.state.append, b.seq.append, b.record_id.append
+    add_created, add_started, add_completed = b.created.append, b.started.append, b.completed.append
+    add_duration, add_core = b.duration.append, b.core_seq.append
+    dumps = marshal.dumps
     for i, e in enumerate(entries):
         if not isinstance(e, dict):
             raise malformed(i, f"is {type(e).__name__}, not a dict")
         try:
-            get = e.get
-            prof = e["profiling_name"]
-            rid = get("record_id", 0)
+            try:
+                (prof, rid, pg, pg_id, p2p, in_s, in_d, out_s, out_d, timeout, frames, state, cseq, pseq,
+                 created, started, completed, duration) = fields(e)
+                has: Any = True
+            except KeyError:
+                prof = e["profiling_name"]
+                (_, rid, pg, pg_id, p2p, in_s, in_d, out_s, out_d, timeout, frames, state, cseq, pseq, created,
+                 started, completed, duration) = (e.get(f, _DEFAULTS.get(f)) for f in _FIELDS)
+                has = ("pg_id" in e, "is_p2p" in e)
             if type(rid) is not int:
                 rid = int(rid)
             x = ext_ops.get(str(rid)) if ext_is_dict else None
-            xd = x if isinstance(x, dict) else None
-            frames = get("frames")
+            xv: Any = None
+            if isinstance(x, dict):
+                try:
+                    xv = xfields(x)
+                except KeyError:
+                    xv = tuple(x.get(f) for f in _X_FIELDS[:-1]) + (x.get("state", _ABSENT),)
             fid = frames_of.get(id(frames))
             key: bytes | None = None
             try:
                 if fid is None:
-                    content = marshal.dumps(frames)
-                    fid = frames_of[id(frames)] = frames_by_content.setdefault(content, len(frames_by_content))
-                key = marshal.dumps((
-                    get("process_group"), "pg_id" in e, get("pg_id"), prof, "is_p2p" in e, get("is_p2p"),
-                    get("input_sizes"), get("input_dtypes"), get("output_sizes"), get("output_dtypes"),
-                    get("timeout_ms"), fid,
-                    None if xd is None else (xd.get("op"), xd.get("error"), xd.get("outcome"), xd.get("peer"),
-                                             xd.get("root"), xd.get("reduce_op")),
-                ))
+                    fid = frames_of[id(frames)] = frames_by_content.setdefault(dumps(frames), len(frames_by_content))
+                key = dumps((has, pg, pg_id, prof, p2p, in_s, in_d, out_s, out_d, timeout, fid,
+                             None if xv is None else xv[:6]))
             except ValueError:  # a value marshal cannot write: this entry is parsed alone
                 key = None
             k = kind_of.get(key) if key is not None else None
             if k is None:
                 op = parse_entry(e)
-                k = len(b.kinds)
-                b.kinds.append(_kind_of(op))
+                k = len(kinds)
+                kinds.append(_kind_of(op))
                 if key is not None:
                     kind_of[key] = k
                 b.add_op(op, k)
                 continue
-            is_p2p = b.kinds[k].is_p2p
-            state = get("state", "scheduled")
-            if xd is not None and "state" in xd:
-                state = xd["state"]
+            is_p2p = kinds[k].is_p2p
+            if xv is not None and xv[7] is not _ABSENT:
+                state = xv[7]
             if type(state) is not str:
                 state = str(state)
             sid = state_of.get(state)
             if sid is None:
                 sid = b.state_id(state)
-            seq = get("p2p_seq_id", 0) if is_p2p else get("collective_seq_id", 0)
+            seq = pseq if is_p2p else cseq
             if type(seq) is not int:
                 seq = int(seq)
             if is_p2p and x is not None and seq >= P2P_SEQ_BASE:
                 seq -= P2P_SEQ_BASE
-            created = get("time_created_ns")
             if type(created) is not int:
                 created = _int_or_none(created)
-            started = get("time_discovered_started_ns")
             if type(started) is not int:
                 started = _int_or_none(started)
-            completed = get("time_discovered_completed_ns")
             if type(completed) is not int:
                 completed = _int_or_none(completed)
-            duration = get("duration_ms")
             if type(duration) is not float:
                 duration = _float_or_none(duration)
-            core = xd.get("seq") if xd is not None else None
+            core = xv[6] if xv is not None else None
             if type(core) is not int:
                 core = _int_or_none(core)
         except (KeyError, TypeError, ValueError) as exc:
             raise malformed(i, f"is malformed ({exc.__class__.__name__}: {exc})") from None
-        b.kind.append(k)
-        b.state.append(sid)
-        b.seq.append(seq)
-        b.record_id.append(rid)
-        b.created.append(created)
-        b.started.append(started)
-        b.completed.append(completed)
-        b.duration.append(duration)
-        b.core_seq.append(core)
+        add_kind(k)
+        add_state(sid)
+        add_seq(seq)
+        add_rid(rid)
+        add_created(created)
+        add_started(started)
+        add_completed(completed)
+        add_duration(duration)
+        add_core(core)
     return b.done()
 
 
