@@ -4,12 +4,16 @@ the HTML view's grouped bars computed on arrays equal the op-by-op ones."""
 from __future__ import annotations
 
 import json
-import re
+import os
 import pickle
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.paths import REPO, child_pythonpath
 from tests.tracing import _varied_jobs
 from torchcomms.tracing.viewer import aggregate, html_view
 from torchcomms.tracing.viewer.analyze import analyze
@@ -123,3 +127,17 @@ def test_grouped_view_bars_from_arrays_equal_the_op_by_op_bars(sets: dict[str, P
     assert any(bar.get("merged") for bar in by_arrays["ops"])
     monkeypatch.setattr(html_view, "group_bars", lambda *a, **k: None)
     assert json.dumps(by_arrays) == json.dumps(html_view.view_data(ts, report))
+
+
+def _trace_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "torchcomms.tracing.viewer", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=child_pythonpath()))
+
+
+def test_cli_with_workers_and_progress_prints_the_same_report(sets: dict[str, Path]) -> None:
+    plain = _trace_cli("analyze", "--json", "--no-progress", "--workers", "1", str(sets["gen80"]))
+    shown = _trace_cli("analyze", "--json", "--progress", "--workers", "2", str(sets["gen80"]))
+    assert plain.returncode == shown.returncode == 1
+    assert plain.stdout == shown.stdout and "Traceback" not in shown.stderr
+    bad = _trace_cli("analyze", "--workers", "0", str(sets["gen80"]))
+    assert bad.returncode == 2 and "--workers must be >= 1" in bad.stderr

@@ -68,6 +68,12 @@ class Table:
         self.has_duration = _concat([c.has_duration for c in self.cols], bool)
         self.core_seq = _concat([c.core_seq for c in self.cols], np.int64)
         self.has_core_seq = _concat([c.has_core_seq for c in self.cols], bool)
+        # the ranks' columns become views of the joined ones: one copy of the numbers in memory
+        for i, c in enumerate(self.cols):
+            a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+            for name in ("seq", "created", "has_created", "completed", "has_completed", "duration", "has_duration",
+                         "core_seq", "has_core_seq"):
+                setattr(c, name, getattr(self, name)[a:b])
         # per kind
         comm_of: dict[str, int] = {}
         self.kind_comm = np.array([comm_of.setdefault(k.comm, len(comm_of)) for k in self.kinds], dtype=np.int64)

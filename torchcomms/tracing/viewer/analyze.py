@@ -3,6 +3,12 @@
 Ops are aligned by ``(comm, collective seq)``; point-to-point ops by ``(comm, src, dst)`` in
 order. The result is a :class:`Report` of findings (problems set the exit code) plus
 statistics (stragglers, slowest ops, bandwidth).
+
+The work is done on the job's table of ops (:mod:`.align`): a communicator's collectives are a
+ranks x sequence-number grid whose statistics (arrival lags, durations, bandwidth) are computed
+in arrays; only the columns that can hold a finding (a rank's first missing op, calls that
+differ, a failure, every op still started) and the send/receive pairs whose counts or sizes
+differ are checked op by op, by the code that words the findings.
 """
 from __future__ import annotations
 

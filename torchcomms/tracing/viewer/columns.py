@@ -206,7 +206,7 @@ class _Builder:
                          self.created, self.started, self.completed, self.duration, self.core_seq)
 
 
-def _int_or_none(v: Any) -> int | None:
+def int_or_none(v: Any) -> int | None:
     if v is None or isinstance(v, bool):
         return None
     try:
@@ -215,7 +215,7 @@ def _int_or_none(v: Any) -> int | None:
         return None
 
 
-def _float_or_none(v: Any) -> float | None:
+def float_or_none(v: Any) -> float | None:
     if v is None or isinstance(v, bool):
         return None
     try:
@@ -304,16 +304,16 @@ def columns_of_entries(entries: list[Any], rank: int, ext_ops: Any, parse_entry:
             if is_p2p and x is not None and seq >= P2P_SEQ_BASE:
                 seq -= P2P_SEQ_BASE
             if type(created) is not int:
-                created = _int_or_none(created)
+                created = int_or_none(created)
             if type(started) is not int:
-                started = _int_or_none(started)
+                started = int_or_none(started)
             if type(completed) is not int:
-                completed = _int_or_none(completed)
+                completed = int_or_none(completed)
             if type(duration) is not float:
-                duration = _float_or_none(duration)
+                duration = float_or_none(duration)
             core = xv[6] if xv is not None else None
             if type(core) is not int:
-                core = _int_or_none(core)
+                core = int_or_none(core)
         except (KeyError, TypeError, ValueError) as exc:
             raise malformed(i, f"is malformed ({exc.__class__.__name__}: {exc})") from None
         add_kind(k)

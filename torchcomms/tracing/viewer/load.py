@@ -4,6 +4,10 @@ Every way a dump can be unusable (missing, empty folder, truncated, not a dump, 
 version, two dumps for one rank, dumps of different jobs) raises :class:`TraceInputError`
 with one line that says which file and what is wrong. Pickles are read with an unpickler
 that refuses every global, so a dump cannot run code.
+
+A rank's ops are kept in columns (:mod:`.columns`) and read as :class:`Op` objects on demand;
+files are parsed in worker processes (:mod:`.parallel`), one per usable CPU, and an error in any
+of them is reported as the same one-line error the caller's own parse would give.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from torchcomms.tracing.fr_format import EXTENSION_KEY, P2P_SEQ_BASE
-from torchcomms.tracing.viewer.columns import OpColumns, columns_of_entries
+from torchcomms.tracing.viewer.columns import OpColumns, float_or_none, int_or_none, columns_of_entries
 from torchcomms.tracing.viewer.shared import SharedValues
 
 _VERSION_RE = re.compile(r"^2\.\d+$")
@@ -212,24 +216,6 @@ def _read_raw(path: Path) -> dict[str, Any]:
     return obj
 
 
-def _int_or_none(v: Any) -> int | None:
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return None
-
-
-def _float_or_none(v: Any) -> float | None:
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
-
-
 def _sizes(v: Any) -> list[list[int]]:
     if not isinstance(v, (list, tuple)):
         return []
@@ -275,9 +261,9 @@ def parse_dump(obj: dict[str, Any], path: str, rank_hint: int | None,
     if not isinstance(entries, list):
         raise TraceInputError(f"{path}: 'entries' is {type(entries).__name__}, not a list")
     ext = obj.get(EXTENSION_KEY) if isinstance(obj.get(EXTENSION_KEY), dict) else None
-    rank = _int_or_none(ext.get("rank")) if ext else None
+    rank = int_or_none(ext.get("rank")) if ext else None
     if rank is None:
-        rank = _int_or_none(obj.get("rank"))
+        rank = int_or_none(obj.get("rank"))
     if rank is None:
         rank = rank_hint
     if rank is None or rank < 0:
@@ -308,10 +294,10 @@ def parse_dump(obj: dict[str, Any], path: str, rank_hint: int | None,
         ops=ops,
         run_id=str(ext["run_id"]) if ext and ext.get("run_id") is not None else None,
         host=str(ext["host"]) if ext and ext.get("host") else None,
-        pid=_int_or_none(ext.get("pid")) if ext else None,
+        pid=int_or_none(ext.get("pid")) if ext else None,
         reason=str(ext["reason"]) if ext and ext.get("reason") else None,
-        dumped_at_ns=_int_or_none(ext.get("dumped_at_ns")) if ext else None,
-        world_size=_int_or_none(ext.get("world_size")) if ext else None,
+        dumped_at_ns=int_or_none(ext.get("dumped_at_ns")) if ext else None,
+        world_size=int_or_none(ext.get("world_size")) if ext else None,
     )
 
 
@@ -339,10 +325,10 @@ def _parse_entry(e: dict[str, Any], rank: int, ext_ops: dict[str, Any], comms: d
         state = str(x.get("state", state))
         error = x.get("error")
         outcome = str(x["outcome"]) if x.get("outcome") else None
-        peer = _int_or_none(x.get("peer")) if x.get("peer") is not None else peer
-        root = _int_or_none(x.get("root"))
+        peer = int_or_none(x.get("peer")) if x.get("peer") is not None else peer
+        root = int_or_none(x.get("root"))
         reduce_op = x.get("reduce_op")
-        core_seq = _int_or_none(x.get("seq"))
+        core_seq = int_or_none(x.get("seq"))
         if x.get("op"):
             opname = str(x["op"])
     if comm_rank is None and comm in comms and rank in comms[comm].ranks:
@@ -363,11 +349,11 @@ def _parse_entry(e: dict[str, Any], rank: int, ext_ops: dict[str, Any], comms: d
         output_sizes=shared.get("sizes", e.get("output_sizes"), _sizes),
         output_dtypes=shared.get("strs", e.get("output_dtypes"), _strs),
         state=state,
-        created_ns=_int_or_none(e.get("time_created_ns")),
-        started_ns=_int_or_none(e.get("time_discovered_started_ns")),
-        completed_ns=_int_or_none(e.get("time_discovered_completed_ns")),
-        duration_ms=_float_or_none(e.get("duration_ms")),
-        timeout_ms=_int_or_none(e.get("timeout_ms")),
+        created_ns=int_or_none(e.get("time_created_ns")),
+        started_ns=int_or_none(e.get("time_discovered_started_ns")),
+        completed_ns=int_or_none(e.get("time_discovered_completed_ns")),
+        duration_ms=float_or_none(e.get("duration_ms")),
+        timeout_ms=int_or_none(e.get("timeout_ms")),
         frames=shared.get("frames", e.get("frames") or [], _frames),
         error=str(error) if error else None,
         peer=peer,
