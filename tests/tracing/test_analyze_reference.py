@@ -35,3 +35,14 @@ def test_cli_json_and_exit_code_match_reference(sets: dict[str, Path], reference
         code = run(["analyze", "--json", "--no-progress", str(sets[name])])
         out = json.loads(capsys.readouterr().out.replace(str(REPO), "<repo>"))
         assert code == reference[name]["exit_code"] and out == reference[name]
+
+
+@pytest.mark.parametrize("name", ["gen16", "mixed"])
+def test_report_is_the_same_when_grids_are_checked_in_blocks(name: str, sets: dict[str, Path],
+                                                             reference: dict[str, dict[str, object]],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchcomms.tracing.viewer import analyze as analyze_module
+
+    for cells in (1, 40):  # a column at a time; a few columns at a time
+        monkeypatch.setattr(analyze_module, "GRID_CELLS", cells)
+        assert _varied_jobs.report_of(sets[name]) == reference[name]

@@ -30,13 +30,31 @@ def _sizes_key(sizes: list[list[int]]) -> tuple[tuple[int, ...], ...]:
 
 @dataclass
 class Grid:
-    """A communicator's collectives: ``rows[i, j]`` is the table row of rank ``ranks[i]``'s op
-    with sequence number ``seqs[j]`` (its last one, as a dict keyed by seq keeps), -1 where it
-    has none."""
+    """A communicator's collectives as ranks x sequence numbers: :meth:`block` gives, for
+    columns ``j0:j1``, the table row of rank ``ranks[i]``'s op with sequence number ``seqs[j]``
+    (its last one, as a dict keyed by seq keeps), -1 where it has none."""
 
     ranks: list[int]
     seqs: np.ndarray
-    rows: np.ndarray
+    pos: np.ndarray  # per op of the communicator: its rank's place in ``ranks``
+    col: np.ndarray  # ... its column
+    rows: np.ndarray  # ... its table row (ascending within a rank)
+
+    def first_column(self) -> np.ndarray:
+        """Each rank's oldest column (0 for a rank with none)."""
+        lo = np.full(len(self.ranks), len(self.seqs), dtype=np.int64)
+        np.minimum.at(lo, self.pos, self.col)
+        return np.where(lo == len(self.seqs), 0, lo)
+
+    def block(self, j0: int, j1: int) -> np.ndarray:
+        out = np.full((len(self.ranks), j1 - j0), -1, dtype=np.int64)
+        if j0 == 0 and j1 == len(self.seqs):
+            pos, col, rows = self.pos, self.col, self.rows
+        else:
+            sel = (self.col >= j0) & (self.col < j1)
+            pos, col, rows = self.pos[sel], self.col[sel] - j0, self.rows[sel]
+        np.maximum.at(out, (pos, col), rows)  # the largest row of a (rank, seq) is its last op
+        return out
 
 
 class Table:
@@ -128,11 +146,7 @@ class Table:
         pos = self._rank_pos(ranks)[self.rank_of_row[rows]]
         seq = self.seq[rows]
         seqs = np.unique(seq) if len(rows) else np.zeros(0, dtype=self.seq.dtype)
-        grid = np.full((len(ranks), len(seqs)), -1, dtype=np.int64)
-        if len(rows):
-            # rows ascend within a rank: the largest row of a (rank, seq) is its last op
-            np.maximum.at(grid, (pos, np.searchsorted(seqs, seq)), rows)
-        return Grid(ranks, seqs, grid)
+        return Grid(ranks, seqs, pos, np.searchsorted(seqs, seq), rows)
 
     def p2p_rows(self, comm: str, ranks: list[int]) -> np.ndarray:
         """Table rows of ``comm``'s point-to-point ops on ``ranks``, rank by rank in entry order."""

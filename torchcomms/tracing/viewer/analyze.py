@@ -205,34 +205,53 @@ def analyze(ts: TraceSet, *, top: int = 10) -> Report:
     return report
 
 
+#: cells (ranks x sequence numbers) a communicator's grid is checked in at a time
+GRID_CELLS = 1 << 22
+
+
 def _collectives(
     report: Report, name: str, grid: Grid, table: Table, ts: TraceSet,
     lags: dict[int, list[float]], last_counts: dict[int, int], durations: list[dict[str, Any]],
     bw: dict[tuple[str, str, int], list[float]],
 ) -> None:
-    """Check a communicator's collectives column by column (one column per sequence number):
-    the columns that can hold a finding op by op, the statistics of all of them in arrays."""
-    ranks, rows = grid.ranks, grid.rows
-    n_ranks, n_seqs = rows.shape
+    """Check a communicator's collectives column by column (one column per sequence number),
+    in blocks of columns: the columns that can hold a finding op by op, the statistics of all
+    of them in arrays."""
+    n_ranks, n_seqs = len(grid.ranks), len(grid.seqs)
     if not n_ranks:
         return
     report.collective_count += n_seqs
-    if not n_seqs:
-        return
+    lo = grid.first_column()
+    seen = np.zeros(n_ranks, dtype=bool)  # ranks that already lacked a seq (their first is reported)
+    reported_missing: set[int] = set()
+    width = max(1, GRID_CELLS // n_ranks)
+    for j0 in range(0, n_seqs, width):
+        j1 = min(n_seqs, j0 + width)
+        _block(report, name, grid, j0, grid.block(j0, j1), lo, seen, reported_missing, table, ts, lags,
+               last_counts, durations, bw)
+
+
+def _block(
+    report: Report, name: str, grid: Grid, j0: int, rows: np.ndarray, lo: np.ndarray, seen: np.ndarray,
+    reported_missing: set[int], table: Table, ts: TraceSet, lags: dict[int, list[float]],
+    last_counts: dict[int, int], durations: list[dict[str, Any]], bw: dict[tuple[str, str, int], list[float]],
+) -> None:
+    ranks = grid.ranks
+    n_ranks, n_seqs = rows.shape
     present = rows >= 0
     safe = np.where(present, rows, 0)
     cols = np.arange(n_seqs)
     # a rank "never entered" a seq it lacks unless the seq is older than its oldest (evicted)
-    lo = np.where(present.any(axis=1), present.argmax(axis=1), 0)
-    never = ~present & (cols[None, :] >= lo[:, None])
+    never = ~present & ((cols[None, :] + j0) >= lo[:, None])
     count = present.sum(axis=0)
     everyone = count == n_ranks
     state = np.where(present, table.state[safe], -1)
     # columns that may hold a finding: a rank's first "never", different calls, a failure, or
     # every present op still started (stuck)
     interesting = np.zeros(n_seqs, dtype=bool)
-    firsts = never.argmax(axis=1)[never.any(axis=1)]
-    interesting[firsts] = True
+    lacking = never.any(axis=1)
+    interesting[never.argmax(axis=1)[lacking & ~seen]] = True
+    seen |= lacking
     sig = table.kind_sig[table.kind[safe]]
     big = np.iinfo(np.int64).max
     interesting |= np.where(present, sig, big).min(axis=0) != np.where(present, sig, -1).max(axis=0)
@@ -243,12 +262,11 @@ def _collectives(
     started = table.state_id("started")
     if started >= 0:
         interesting |= ((state == started) | ~present).all(axis=0)
-    reported_missing: set[int] = set()
     for j in np.flatnonzero(interesting).tolist():
         at = np.flatnonzero(present[:, j])
         present_ops = dict(zip([ranks[i] for i in at.tolist()], table.ops(rows[at, j])))
         never_ranks = [ranks[i] for i in np.flatnonzero(never[:, j]).tolist()]
-        _column_findings(report, name, int(grid.seqs[j]), present_ops, never_ranks, n_ranks, ts, reported_missing)
+        _column_findings(report, name, int(grid.seqs[j0 + j]), present_ops, never_ranks, n_ranks, ts, reported_missing)
     # arrival lags: columns every rank entered, all with a creation time
     created = table.created[safe]
     timed = everyone & (table.has_created[safe] & (created != 0)).all(axis=0)
