@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from torchcomms.tracing.fr_format import EXTENSION_KEY, P2P_SEQ_BASE
-from torchcomms.tracing.viewer.columns import OpColumns, float_or_none, int_or_none, columns_of_entries
+from torchcomms.tracing.viewer.columns import OpColumns, columns_of_entries, float_or_none, int_or_none
 from torchcomms.tracing.viewer.shared import SharedValues
 
 _VERSION_RE = re.compile(r"^2\.\d+$")
