@@ -19,6 +19,8 @@ _R = TypeVar("_R")
 
 #: fewer inputs than this are run in the caller's process (a pool would cost more than it saves)
 MIN_PARALLEL = 8
+#: workers by default at most (each holds ~100 MiB while it parses a 2,048-entry dump)
+MAX_DEFAULT_WORKERS = 8
 
 
 def usable_cpus() -> int:
@@ -31,8 +33,9 @@ def usable_cpus() -> int:
 
 def ordered_map(fn: Callable[[_T], _R], items: Sequence[_T], workers: int | None = None) -> Iterator[_R]:
     """``fn(item)`` for each item, in order; in ``workers`` processes (default: one per usable
-    CPU) when there are at least :data:`MIN_PARALLEL` items and more than one worker, else here."""
-    n = usable_cpus() if workers is None else workers
+    CPU, at most :data:`MAX_DEFAULT_WORKERS`) when there are at least :data:`MIN_PARALLEL` items
+    and more than one worker, else here."""
+    n = min(usable_cpus(), MAX_DEFAULT_WORKERS) if workers is None else workers
     n = min(n, len(items))
     if n <= 1 or len(items) < MIN_PARALLEL:
         yield from map(fn, items)
