@@ -142,3 +142,19 @@ def test_cli_with_workers_and_progress_prints_the_same_report(sets: dict[str, Pa
     assert plain.stdout == shown.stdout and "Traceback" not in shown.stderr
     bad = _trace_cli("analyze", "--workers", "0", str(sets["gen80"]))
     assert bad.returncode == 2 and "--workers must be >= 1" in bad.stderr
+
+
+def test_numbers_past_int64_are_analysed_exactly(tmp_path: Path) -> None:
+    for r in range(3):
+        entries = [{"record_id": i, "profiling_name": "gloo:all_reduce", "collective_seq_id": s, "state": "completed",
+                    "time_created_ns": (1 << 66) + i * 1000 + r, "duration_ms": 0.5, "input_sizes": [[4]],
+                    "input_dtypes": ["float32"], "output_sizes": [[4]], "process_group": ["g", "g"]}
+                   for i, s in enumerate([1, 2, 1 << 70])]
+        (tmp_path / f"fr_rank_{r}").write_bytes(pickle.dumps(
+            {"version": "2.10", "pg_config": {"g": {"desc": "g", "ranks": [0, 1, 2]}}, "entries": entries}))
+    ts = load_dumps([tmp_path], workers=1)
+    report = analyze(ts)
+    assert report.findings == [] and report.collective_count == 3
+    assert [s["seq"] for s in report.slowest] == [1, 2, 1 << 70]
+    assert {s["rank"]: s["mean_lag_ms"] for s in report.stragglers} == {2: 2e-6, 1: 1e-6, 0: 0.0}
+    assert html_view.view_data(ts, report)["ops"][-1]["seq"] == 1 << 70

@@ -40,7 +40,10 @@ def span_bounds(table: Table, dumped_at: list[int]) -> tuple[int, int]:
 def group_bars(table: Table, lane_of: dict[int, int], lanes: int, culprit_ops: set[tuple[str, int]],
                origin: int, horizon: int, describe: Any) -> list[dict[str, Any]] | None:
     """The bars of every lane (see the module doc), or None where an op's numbers need the
-    op-by-op path (a duration that is not finite). ``describe(op)`` is the call text."""
+    op-by-op path (a duration that is not finite, an integer past int64). ``describe(op)`` is
+    the call text."""
+    if any(a.dtype == object for a in (table.seq, table.created, table.completed, table.core_seq)):
+        return None  # numbers past int64: the op-by-op path keeps them exact
     rows = _timed_rows(table)
     if not len(rows):
         return []
