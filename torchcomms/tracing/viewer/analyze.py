@@ -3,6 +3,12 @@
 Ops are aligned by ``(comm, collective seq)``; point-to-point ops by ``(comm, src, dst)`` in
 order. The result is a :class:`Report` of findings (problems set the exit code) plus
 statistics (stragglers, slowest ops, bandwidth).
+
+The work is done on the job's table of ops (:mod:`.align`): a communicator's collectives are a
+ranks x sequence-number grid whose statistics (arrival lags, durations, bandwidth) are computed
+in arrays; only the columns that can hold a finding (a rank's first missing op, calls that
+differ, a failure, every op still started) and the send/receive pairs whose counts or sizes
+differ are checked op by op, by the code that words the findings.
 """
 from __future__ import annotations
 
@@ -14,7 +20,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from torchcomms.errors import format_ranks as fmt_ranks
+import numpy as np
+
 from torchcomms.tracing.viewer.aggregate import describe_groups
+from torchcomms.tracing.viewer.align import Grid, Table
+from torchcomms.tracing.viewer.columns import Kind
 from torchcomms.tracing.viewer.load import CommMeta, Op, TraceSet
 
 # Which of (inputs, outputs) must be identical on every rank, per op.
@@ -57,7 +67,7 @@ def fmt_time(ns: int | None) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%H:%M:%S")
 
 
-def op_bytes(op: Op) -> int:
+def op_bytes(op: Op | Kind) -> int:
     sizes, dtypes = op.input_sizes, op.input_dtypes
     total = 0
     for i, s in enumerate(sizes):
@@ -158,9 +168,12 @@ def analyze(ts: TraceSet, *, top: int = 10) -> Report:
     """Analyse a job's dumps."""
     comms = ts.comms()
     report = Report(ranks=ts.ranks, run_id=ts.run_id, comms=comms)
-    report.op_count = sum(len(d.ops) for d in ts.dumps.values())
+    table = ts.table()
+    report.op_count = len(table.kind)
+    scheduled = table.state_id("scheduled")
     for r, d in sorted(ts.dumps.items()):
-        if d.source == "pytorch" and all(o.state == "scheduled" for o in d.ops) and d.ops:
+        rows = slice(table.offsets[table.ranks.index(r)], table.offsets[table.ranks.index(r) + 1])
+        if d.source == "pytorch" and len(table.state[rows]) and bool(np.all(table.state[rows] == scheduled)):
             report.notes.append(f"rank {r}: PyTorch dump whose entries never left 'scheduled' (gloo does not report progress); states ignored")
     lags: dict[int, list[float]] = defaultdict(list)
     last_counts: dict[int, int] = defaultdict(int)
@@ -175,14 +188,9 @@ def analyze(ts: TraceSet, *, top: int = 10) -> Report:
                 kind="missing_dump", comm=name, ranks=absent,
                 message=f"no dump from rank{'s' if len(absent) > 1 else ''} {fmt_ranks(absent)} of comm '{name}' (process died before dumping, or the file was not given)",
             ))
-        per_rank: dict[int, dict[int, Op]] = {}
-        p2p: dict[int, list[Op]] = {}
-        for r in dumped:
-            ops = [o for o in ts.dumps[r].ops if o.comm == name]
-            per_rank[r] = {o.seq: o for o in ops if not o.is_p2p}
-            p2p[r] = [o for o in ops if o.is_p2p]
-        _collectives(report, name, members, per_rank, ts, lags, last_counts, durations, bw)
-        _p2p(report, name, meta, p2p)
+        ranks = list(dict.fromkeys(dumped))
+        _collectives(report, name, table.grid(name, ranks), table, ts, lags, last_counts, durations, bw)
+        _p2p(report, name, meta, ranks, table.p2p_rows(name, ranks), table)
     report.stragglers = _straggler_table(lags, last_counts)
     durations.sort(key=lambda x: -x["duration_ms"])
     report.slowest = durations[:top]
@@ -197,76 +205,141 @@ def analyze(ts: TraceSet, *, top: int = 10) -> Report:
     return report
 
 
+#: cells (ranks x sequence numbers) a communicator's grid is checked in at a time
+GRID_CELLS = 1 << 22
+
+
 def _collectives(
-    report: Report, name: str, members: list[int], per_rank: dict[int, dict[int, Op]], ts: TraceSet,
+    report: Report, name: str, grid: Grid, table: Table, ts: TraceSet,
     lags: dict[int, list[float]], last_counts: dict[int, int], durations: list[dict[str, Any]],
     bw: dict[tuple[str, str, int], list[float]],
 ) -> None:
-    if not per_rank:
+    """Check a communicator's collectives column by column (one column per sequence number),
+    in blocks of columns: the columns that can hold a finding op by op, the statistics of all
+    of them in arrays."""
+    n_ranks, n_seqs = len(grid.ranks), len(grid.seqs)
+    if not n_ranks:
         return
-    bounds = {r: (min(ops), max(ops)) if ops else (None, None) for r, ops in per_rank.items()}
-    all_seqs = sorted({s for ops in per_rank.values() for s in ops})
+    report.collective_count += n_seqs
+    lo = grid.first_column()
+    seen = np.zeros(n_ranks, dtype=bool)  # ranks that already lacked a seq (their first is reported)
     reported_missing: set[int] = set()
-    for seq in all_seqs:
-        present = {r: ops[seq] for r, ops in per_rank.items() if seq in ops}
-        never: list[int] = []
-        for r, ops in per_rank.items():
-            if seq in ops:
-                continue
-            lo, hi = bounds[r]
-            if hi is None or seq > hi:
-                never.append(r)
-            elif lo is not None and seq < lo:
-                continue  # evicted from that rank's ring: unknown
-            else:
-                never.append(r)
-        report.collective_count += 1
-        sample = next(iter(present.values()))
-        fresh = [r for r in never if r not in reported_missing]
-        if fresh:
-            reported_missing.update(fresh)
-            waiting = sorted(present)
-            since = min((o.created_ns for o in present.values() if o.created_ns), default=None)
-            msg = (
-                f"rank{'s' if len(fresh) > 1 else ''} {fmt_ranks(fresh)} never entered {sample.op} #{sample.display_seq} "
-                f"on comm '{name}'; rank{'s' if len(waiting) > 1 else ''} {fmt_ranks(waiting)} waiting since {fmt_time(since)} UTC"
-            )
-            if sample.call_site:
-                msg += f" (called at {sample.call_site})"
-            report.findings.append(Finding(
-                kind="missing_rank", comm=name, op=sample.op, seq=sample.display_seq, ranks=sorted(fresh),
-                calls={r: describe_call(o) for r, o in present.items()}, since_ns=since, message=msg,
-            ))
-        _check_match(report, name, seq, present)
-        failed = {r: o for r, o in present.items() if o.state in ("failed", "timed_out")}
-        if failed:
-            kinds = sorted({o.state for o in failed.values()})
-            err = next((o.error for o in failed.values() if o.error), None)
-            report.findings.append(Finding(
-                kind="failed", comm=name, op=sample.op, seq=sample.display_seq, ranks=sorted(failed),
-                calls={r: describe_call(o) for r, o in present.items()},
-                message=f"{sample.op} #{sample.display_seq} on comm '{name}' {'/'.join(kinds)} on rank{'s' if len(failed) > 1 else ''} {fmt_ranks(failed)}" + (f": {err}" if err else ""),
-            ))
-        elif not never and len(present) == len(per_rank) and _all_ours(ts, present) and all(o.state == "started" for o in present.values()):
-            report.findings.append(Finding(
-                kind="stuck", comm=name, op=sample.op, seq=sample.display_seq, ranks=sorted(present),
-                calls={r: describe_call(o) for r, o in present.items()},
-                message=f"every rank entered {sample.op} #{sample.display_seq} on comm '{name}' but it never completed",
-            ))
-        if len(present) == len(per_rank) and len(present) > 1 and not never:
-            created = {r: o.created_ns for r, o in present.items() if o.created_ns}
-            if len(created) == len(present):
-                first = min(created.values())
-                last_rank = max(created, key=lambda r: created[r])
-                last_counts[last_rank] += 1
-                for r, c in created.items():
-                    lags[r].append((c - first) / 1e6)
-        done = [o for o in present.values() if o.state == "completed" and o.duration_ms is not None]
-        if done and len(done) == len(present):
-            dur = max(o.duration_ms for o in done if o.duration_ms is not None)
-            durations.append({"comm": name, "op": sample.op, "seq": sample.display_seq, "duration_ms": dur, "bytes": op_bytes(sample), "ranks": len(present)})
-            if dur > 0 and sample.op != "barrier":
-                bw[(name, sample.op, op_bytes(sample))].append(dur)
+    width = max(1, GRID_CELLS // n_ranks)
+    for j0 in range(0, n_seqs, width):
+        j1 = min(n_seqs, j0 + width)
+        _block(report, name, grid, j0, grid.block(j0, j1), lo, seen, reported_missing, table, ts, lags,
+               last_counts, durations, bw)
+
+
+def _block(
+    report: Report, name: str, grid: Grid, j0: int, rows: np.ndarray, lo: np.ndarray, seen: np.ndarray,
+    reported_missing: set[int], table: Table, ts: TraceSet, lags: dict[int, list[float]],
+    last_counts: dict[int, int], durations: list[dict[str, Any]], bw: dict[tuple[str, str, int], list[float]],
+) -> None:
+    ranks = grid.ranks
+    n_ranks, n_seqs = rows.shape
+    present = rows >= 0
+    safe = np.where(present, rows, 0)
+    cols = np.arange(n_seqs)
+    # a rank "never entered" a seq it lacks unless the seq is older than its oldest (evicted)
+    never = ~present & ((cols[None, :] + j0) >= lo[:, None])
+    count = present.sum(axis=0)
+    everyone = count == n_ranks
+    state = np.where(present, table.state[safe], -1)
+    # columns that may hold a finding: a rank's first "never", different calls, a failure, or
+    # every present op still started (stuck)
+    interesting = np.zeros(n_seqs, dtype=bool)
+    lacking = never.any(axis=1)
+    interesting[never.argmax(axis=1)[lacking & ~seen]] = True
+    seen |= lacking
+    sig = table.kind_sig[table.kind[safe]]
+    big = np.iinfo(np.int64).max
+    interesting |= np.where(present, sig, big).min(axis=0) != np.where(present, sig, -1).max(axis=0)
+    for bad in ("failed", "timed_out"):
+        sid = table.state_id(bad)
+        if sid >= 0:
+            interesting |= (state == sid).any(axis=0)
+    started = table.state_id("started")
+    if started >= 0:
+        interesting |= ((state == started) | ~present).all(axis=0)
+    for j in np.flatnonzero(interesting).tolist():
+        at = np.flatnonzero(present[:, j])
+        present_ops = dict(zip([ranks[i] for i in at.tolist()], table.ops(rows[at, j])))
+        never_ranks = [ranks[i] for i in np.flatnonzero(never[:, j]).tolist()]
+        _column_findings(report, name, int(grid.seqs[j0 + j]), present_ops, never_ranks, n_ranks, ts, reported_missing)
+    # arrival lags: columns every rank entered, all with a creation time
+    created = table.created[safe]
+    timed = everyone & (table.has_created[safe] & (created != 0)).all(axis=0)
+    if n_ranks > 1 and timed.any():
+        c = created[:, timed]
+        first = c.min(axis=0)
+        for i in c.argmax(axis=0).tolist():
+            last_counts[ranks[i]] += 1
+        lag = (c - first[None, :]) / 1e6
+        for i, r in enumerate(ranks):
+            lags[r].extend(lag[i].tolist())
+    # durations: columns whose every present op completed with a duration
+    completed = table.state_id("completed")
+    done = (count > 0) & ((state == completed) | ~present).all(axis=0) & (table.has_duration[safe] | ~present).all(axis=0)
+    if not done.any():
+        return
+    dur = np.where(present, table.duration[safe], -np.inf)
+    longest = dur.max(axis=0)
+    odd = np.isnan(dur).any(axis=0) | (dur == 0).any(axis=0)  # NaN / signed zeros: as max() picks
+    first_row = rows[present.argmax(axis=0), cols]  # each column's sample: its first rank's op
+    sample_kind = table.kind[first_row]
+    shown = np.where(table.has_core_seq[first_row], table.core_seq[first_row], table.seq[first_row])
+    nbytes_of: dict[int, int] = {}
+    for j in np.flatnonzero(done).tolist():
+        if odd[j]:
+            d = max(table.duration[rows[i, j]].item() for i in np.flatnonzero(present[:, j]).tolist())
+        else:
+            d = longest[j].item()
+        k = int(sample_kind[j])
+        kind = table.kinds[k]
+        nbytes = nbytes_of.get(k)
+        if nbytes is None:
+            nbytes = nbytes_of[k] = op_bytes(kind)
+        durations.append({"comm": name, "op": kind.op, "seq": int(shown[j]), "duration_ms": d, "bytes": nbytes, "ranks": int(count[j])})
+        if d > 0 and kind.op != "barrier":
+            bw[(name, kind.op, nbytes)].append(d)
+
+
+def _column_findings(report: Report, name: str, seq: int, present: dict[int, Op], never: list[int], n_ranks: int,
+                     ts: TraceSet, reported_missing: set[int]) -> None:
+    """The findings of one collective (``seq`` on ``name``) from the ops of the ranks in it."""
+    sample = next(iter(present.values()))
+    fresh = [r for r in never if r not in reported_missing]
+    if fresh:
+        reported_missing.update(fresh)
+        waiting = sorted(present)
+        since = min((o.created_ns for o in present.values() if o.created_ns), default=None)
+        msg = (
+            f"rank{'s' if len(fresh) > 1 else ''} {fmt_ranks(fresh)} never entered {sample.op} #{sample.display_seq} "
+            f"on comm '{name}'; rank{'s' if len(waiting) > 1 else ''} {fmt_ranks(waiting)} waiting since {fmt_time(since)} UTC"
+        )
+        if sample.call_site:
+            msg += f" (called at {sample.call_site})"
+        report.findings.append(Finding(
+            kind="missing_rank", comm=name, op=sample.op, seq=sample.display_seq, ranks=sorted(fresh),
+            calls={r: describe_call(o) for r, o in present.items()}, since_ns=since, message=msg,
+        ))
+    _check_match(report, name, seq, present)
+    failed = {r: o for r, o in present.items() if o.state in ("failed", "timed_out")}
+    if failed:
+        kinds = sorted({o.state for o in failed.values()})
+        err = next((o.error for o in failed.values() if o.error), None)
+        report.findings.append(Finding(
+            kind="failed", comm=name, op=sample.op, seq=sample.display_seq, ranks=sorted(failed),
+            calls={r: describe_call(o) for r, o in present.items()},
+            message=f"{sample.op} #{sample.display_seq} on comm '{name}' {'/'.join(kinds)} on rank{'s' if len(failed) > 1 else ''} {fmt_ranks(failed)}" + (f": {err}" if err else ""),
+        ))
+    elif not never and len(present) == n_ranks and _all_ours(ts, present) and all(o.state == "started" for o in present.values()):
+        report.findings.append(Finding(
+            kind="stuck", comm=name, op=sample.op, seq=sample.display_seq, ranks=sorted(present),
+            calls={r: describe_call(o) for r, o in present.items()},
+            message=f"every rank entered {sample.op} #{sample.display_seq} on comm '{name}' but it never completed",
+        ))
 
 
 def _all_ours(ts: TraceSet, present: dict[int, Op]) -> bool:
@@ -307,57 +380,93 @@ def _check_match(report: Report, name: str, seq: int, present: dict[int, Op]) ->
         ))
 
 
-def _p2p(report: Report, name: str, meta: CommMeta, p2p: dict[int, list[Op]]) -> None:
-    if not any(p2p.values()):
+def _p2p(report: Report, name: str, meta: CommMeta, posted: list[int], rows: np.ndarray, table: Table) -> None:
+    """Pair each (src, dst)'s sends and receives in order; the pairs that can hold a finding
+    (unequal counts, sizes that differ) are checked op by op."""
+    if not len(rows):
         return
     ranks = meta.ranks
+    kinds = table.kind[rows]
+    uniq = np.unique(kinds)
+    role = np.zeros(len(table.kinds) if len(uniq) else 0, dtype=np.int8)
+    peer = np.zeros(len(role), dtype=np.int64)
+    for k in uniq.tolist():
+        kind = table.kinds[k]
+        p = kind.peer
+        if p is None or kind.op not in ("send", "recv"):
+            continue
+        role[k] = 1 if kind.op == "send" else 2
+        peer[k] = ranks[p] if 0 <= p < len(ranks) else p
+    me = table.rank_of_row[rows]
+    is_send, is_recv = role[kinds] == 1, role[kinds] == 2
+    src = np.where(is_send, me, peer[kinds])
+    dst = np.where(is_send, peer[kinds], me)
+    used = is_send | is_recv
+    if used.any() and min(src[used].min(), dst[used].min()) < 0:  # no order-keeping key: pair them all
+        keys_of = sorted({(int(a), int(b)) for a, b in zip(src[used].tolist(), dst[used].tolist())})
+        _p2p_keys(report, name, set(posted), keys_of, rows, is_send, is_recv, src, dst, table)
+        return
+    width = int(max(src[used].max(), dst[used].max())) + 1 if used.any() else 1
+    key = src * width + dst
+    s_key, r_key = key[is_send], key[is_recv]
+    s_order, r_order = np.argsort(s_key, kind="stable"), np.argsort(r_key, kind="stable")
+    all_keys = np.union1d(s_key, r_key)
+    n_s = np.zeros(len(all_keys), dtype=np.int64)
+    n_r = np.zeros(len(all_keys), dtype=np.int64)
+    u, c = np.unique(s_key, return_counts=True)
+    n_s[np.searchsorted(all_keys, u)] = c
+    u, c = np.unique(r_key, return_counts=True)
+    n_r[np.searchsorted(all_keys, u)] = c
+    odd = n_s != n_r
+    # equal counts: the i-th send meets the i-th receive; sizes must agree
+    even_s = ~odd[np.searchsorted(all_keys, s_key[s_order])]
+    even_r = ~odd[np.searchsorted(all_keys, r_key[r_order])]
+    s_rows, r_rows = rows[is_send][s_order][even_s], rows[is_recv][r_order][even_r]
+    sk, rk = table.kind[s_rows], table.kind[r_rows]
+    differ = (table.kind_in_sizes[sk] != table.kind_out_sizes[rk]) & table.kind_has_out[rk]
+    odd[np.searchsorted(all_keys, s_key[s_order][even_s][differ])] = True
+    keys_of = [(k // width, k % width) for k in all_keys[odd].tolist()]
+    _p2p_keys(report, name, set(posted), keys_of, rows, is_send, is_recv, src, dst, table)
 
-    def to_global(comm_rank: int | None) -> int | None:
-        if comm_rank is None:
-            return None
-        return ranks[comm_rank] if 0 <= comm_rank < len(ranks) else comm_rank
 
-    sends: dict[tuple[int, int], list[Op]] = defaultdict(list)
-    recvs: dict[tuple[int, int], list[Op]] = defaultdict(list)
-    for r, ops in p2p.items():
-        for o in ops:
-            peer = to_global(o.peer)
-            if peer is None:
-                continue
-            if o.op == "send":
-                sends[(r, peer)].append(o)
-            elif o.op == "recv":
-                recvs[(peer, r)].append(o)
-    for key in sorted(set(sends) | set(recvs)):
-        src, dst = key
-        s_list, r_list = sends.get(key, []), recvs.get(key, [])
-        for i in range(max(len(s_list), len(r_list))):
-            s = s_list[i] if i < len(s_list) else None
-            rv = r_list[i] if i < len(r_list) else None
-            if s is not None and rv is not None:
-                if s.input_sizes != rv.output_sizes and rv.output_sizes:
-                    report.findings.append(Finding(
-                        kind="mismatch", comm=name, op="send/recv", seq=None, ranks=[src, dst],
-                        calls={src: describe_call(s), dst: describe_call(rv)},
-                        message=f"send #{i + 1} from rank {src} to rank {dst} on comm '{name}' has size {s.input_sizes}, the matching recv expects {rv.output_sizes}",
-                    ))
-                continue
-            have = s or rv
-            assert have is not None
-            if dst not in p2p and src not in p2p:
-                continue
-            if s is None and src not in p2p:
-                continue
-            if rv is None and dst not in p2p:
-                continue
-            lacking, role = (dst, "recv from") if rv is None else (src, "send to")
-            other = src if rv is None else dst
-            report.findings.append(Finding(
-                kind="p2p_unmatched", comm=name, op=have.op, seq=None, ranks=[lacking],
-                calls={have.rank: describe_call(have)}, since_ns=have.created_ns,
-                message=f"rank {lacking} never posted the {role} rank {other} matching {have.op} #{i + 1} of rank {have.rank} on comm '{name}' (waiting since {fmt_time(have.created_ns)} UTC)",
-            ))
-            break
+def _p2p_keys(report: Report, name: str, posted: set[int], keys: list[tuple[int, int]], rows: np.ndarray,
+              is_send: np.ndarray, is_recv: np.ndarray, src: np.ndarray, dst: np.ndarray, table: Table) -> None:
+    """The findings of the (src, dst) pairs ``keys``, in order, op by op."""
+    for key in keys:
+        src_r, dst_r = key
+        at = (src == src_r) & (dst == dst_r)
+        s_list, r_list = table.ops(rows[at & is_send]), table.ops(rows[at & is_recv])
+        _p2p_pair(report, name, posted, src_r, dst_r, s_list, r_list)
+
+
+def _p2p_pair(report: Report, name: str, posted: set[int], src: int, dst: int, s_list: list[Op], r_list: list[Op]) -> None:
+    for i in range(max(len(s_list), len(r_list))):
+        s = s_list[i] if i < len(s_list) else None
+        rv = r_list[i] if i < len(r_list) else None
+        if s is not None and rv is not None:
+            if s.input_sizes != rv.output_sizes and rv.output_sizes:
+                report.findings.append(Finding(
+                    kind="mismatch", comm=name, op="send/recv", seq=None, ranks=[src, dst],
+                    calls={src: describe_call(s), dst: describe_call(rv)},
+                    message=f"send #{i + 1} from rank {src} to rank {dst} on comm '{name}' has size {s.input_sizes}, the matching recv expects {rv.output_sizes}",
+                ))
+            continue
+        have = s or rv
+        assert have is not None
+        if dst not in posted and src not in posted:
+            continue
+        if s is None and src not in posted:
+            continue
+        if rv is None and dst not in posted:
+            continue
+        lacking, role = (dst, "recv from") if rv is None else (src, "send to")
+        other = src if rv is None else dst
+        report.findings.append(Finding(
+            kind="p2p_unmatched", comm=name, op=have.op, seq=None, ranks=[lacking],
+            calls={have.rank: describe_call(have)}, since_ns=have.created_ns,
+            message=f"rank {lacking} never posted the {role} rank {other} matching {have.op} #{i + 1} of rank {have.rank} on comm '{name}' (waiting since {fmt_time(have.created_ns)} UTC)",
+        ))
+        break
 
 
 def _straggler_table(lags: dict[int, list[float]], last_counts: dict[int, int]) -> list[dict[str, Any]]:

@@ -38,6 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     for cmd in (a, e, v):
         cmd.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                          help="show a progress bar while loading dumps (default: when stderr is a terminal)")
+        cmd.add_argument("--workers", type=int, default=None, metavar="N",
+                         help="processes that parse the dumps (default: one per usable CPU, at most 8; 1: no extra process)")
     return p
 
 
@@ -47,15 +49,27 @@ def _load(args: argparse.Namespace) -> Any:
 
     show = sys.stderr.isatty() if args.progress is None else args.progress
     if not show:
-        return load_dumps(args.dumps)
+        return load_dumps(args.dumps, workers=args.workers)
+    import time
+
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     columns = (TextColumn("loading dumps"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    # no refresh thread: the parse workers are forked, which is safe only without other threads
     with Progress(*columns, console=Console(file=sys.stderr, force_terminal=args.progress or None),
-                  transient=True) as bar:
+                  transient=True, auto_refresh=False) as bar:
         task = bar.add_task("load", total=None)
-        return load_dumps(args.dumps, progress=lambda done, total: bar.update(task, completed=done, total=total))
+        shown = [0.0]
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+            now = time.monotonic()
+            if done == total or now - shown[0] >= 0.1:
+                shown[0] = now
+                bar.refresh()
+
+        return load_dumps(args.dumps, progress=update, workers=args.workers)
 
 
 def _render_report(report: Any, out: Any, top: int = 10) -> None:
@@ -127,6 +141,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     from torchcomms.tracing.viewer.load import TraceInputError
 
     args = _parser().parse_args(argv)
+    if args.workers is not None and args.workers < 1:
+        print(f"torchcomms-trace: error: --workers must be >= 1, got {args.workers}", file=sys.stderr)
+        return EXIT_UNUSABLE
     try:
         ts = _load(args)
     except TraceInputError as exc:

@@ -12,6 +12,7 @@ from typing import Any
 from torchcomms.errors import format_ranks
 from torchcomms.tracing.viewer.aggregate import LANE_LIMIT, merge_runs, rank_groups, ranks_label
 from torchcomms.tracing.viewer.analyze import Report, describe_call
+from torchcomms.tracing.viewer.lanes import group_bars, span_bounds
 from torchcomms.tracing.viewer.load import Op, TraceSet
 
 _TEMPLATE = """<!DOCTYPE html>
@@ -188,9 +189,8 @@ def _group_rows(ops: list[Op], lane_of: dict[int, int], culprit_ops: set[tuple[s
 def view_data(ts: TraceSet, report: Report) -> dict[str, Any]:
     """The JSON the page renders: a lane per rank, or per group of ranks (culprit ranks alone)
     past :data:`~torchcomms.tracing.viewer.aggregate.LANE_LIMIT` ranks."""
-    ops = [o for o in ts.all_ops() if o.created_ns]
-    origin = min((o.created_ns for o in ops if o.created_ns), default=0)
-    horizon = max([o.completed_ns or o.created_ns or 0 for o in ops] + [d.dumped_at_ns or 0 for d in ts.dumps.values()]) if ops else 0
+    table = ts.table()
+    origin, horizon = span_bounds(table, [d.dumped_at_ns or 0 for d in ts.dumps.values()])
     culprits = report.culprit_ranks
     groups = [[r] for r in ts.ranks] if len(ts.ranks) <= LANE_LIMIT else rank_groups(ts.ranks, culprits)
     lane_of = {r: i for i, group in enumerate(groups) for r in group}
@@ -200,10 +200,15 @@ def view_data(ts: TraceSet, report: Report) -> dict[str, Any]:
         host = ts.dumps[single].host if single is not None else None
         lanes.append({"rank": single, "ranks": format_ranks(group), "culprit": bool(culprits & set(group)),
                       "label": f"rank {single}" + (f" · {host}" if host else "") if single is not None else ranks_label(group)})
-    if len(groups) == len(ts.ranks):
-        rows = _rank_rows(ops, lane_of, report.culprit_ops, origin, horizon)
-    else:
-        rows = _group_rows(ops, lane_of, report.culprit_ops, origin, horizon, len(groups))
+    rows: list[dict[str, Any]] | None = None
+    if len(groups) < len(ts.ranks):
+        rows = group_bars(table, lane_of, len(groups), report.culprit_ops, origin, horizon, describe_call)
+    if rows is None:
+        ops = [o for o in ts.all_ops() if o.created_ns]
+        if len(groups) == len(ts.ranks):
+            rows = _rank_rows(ops, lane_of, report.culprit_ops, origin, horizon)
+        else:
+            rows = _group_rows(ops, lane_of, report.culprit_ops, origin, horizon, len(groups))
     t_max = max((r["end"] for r in rows), default=1.0)
     return {
         "ranks": ts.ranks,

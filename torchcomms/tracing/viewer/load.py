@@ -4,9 +4,14 @@ Every way a dump can be unusable (missing, empty folder, truncated, not a dump, 
 version, two dumps for one rank, dumps of different jobs) raises :class:`TraceInputError`
 with one line that says which file and what is wrong. Pickles are read with an unpickler
 that refuses every global, so a dump cannot run code.
+
+A rank's ops are kept in columns (:mod:`.columns`) and read as :class:`Op` objects on demand;
+files are parsed in worker processes (:mod:`.parallel`), one per usable CPU, and an error in any
+of them is reported as the same one-line error the caller's own parse would give.
 """
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -18,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from torchcomms.tracing.fr_format import EXTENSION_KEY, P2P_SEQ_BASE
+from torchcomms.tracing.viewer.columns import OpColumns, columns_of_entries, float_or_none, int_or_none
 from torchcomms.tracing.viewer.shared import SharedValues
 
 _VERSION_RE = re.compile(r"^2\.\d+$")
@@ -101,7 +107,7 @@ class RankDump:
     version: str
     source: str  # "torchcomms" | "pytorch"
     comms: dict[str, CommMeta]
-    ops: list[Op]
+    ops: Sequence[Op]  # an OpColumns when read from a file
     run_id: str | None = None
     host: str | None = None
     pid: int | None = None
@@ -115,6 +121,15 @@ class TraceSet:
     """All dumps of one job, by rank."""
 
     dumps: dict[int, RankDump]
+    _table: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def table(self) -> Any:
+        """Every op in arrays (:class:`~.align.Table`), made once (the dumps are not changed)."""
+        if self._table is None:
+            from torchcomms.tracing.viewer.align import Table
+
+            self._table = Table({r: d.ops for r, d in self.dumps.items()})
+        return self._table
 
     @property
     def ranks(self) -> list[int]:
@@ -128,7 +143,8 @@ class TraceSet:
     def comms(self) -> dict[str, CommMeta]:
         """Communicators across dumps; PyTorch dumps without ``pg_config`` get the dump ranks."""
         out: dict[str, CommMeta] = {}
-        used = {o.comm for d in self.dumps.values() for o in d.ops}
+        used_by = {r: _comm_backends(d.ops) for r, d in self.dumps.items()}
+        used = {c for comms in used_by.values() for c in comms}
         for d in self.dumps.values():
             for name, meta in d.comms.items():
                 if not name and name not in used:
@@ -138,18 +154,28 @@ class TraceSet:
                     out[name] = CommMeta(name, meta.desc, list(meta.ranks), meta.backend)
                 elif not cur.ranks and meta.ranks:
                     cur.ranks = list(meta.ranks)
-        for d in self.dumps.values():
-            for op in d.ops:
-                if op.comm not in out:
-                    out[op.comm] = CommMeta(op.comm, op.comm, [], op.backend)
+        for r in self.dumps:
+            for comm, backend in used_by[r].items():
+                if comm not in out:
+                    out[comm] = CommMeta(comm, comm, [], backend)
         for meta in out.values():
             if not meta.ranks:
-                meta.ranks = sorted(r for r, d in self.dumps.items() if any(o.comm == meta.name for o in d.ops))
+                meta.ranks = sorted(r for r in self.dumps if meta.name in used_by[r])
         return out
 
     def all_ops(self) -> Iterable[Op]:
         for r in self.ranks:
             yield from self.dumps[r].ops
+
+
+def _comm_backends(ops: Sequence[Op]) -> dict[str, str]:
+    """``{comm: backend of its first op}`` in the order the comms first appear in ``ops``."""
+    if isinstance(ops, OpColumns):
+        return ops.comm_backends()
+    out: dict[str, str] = {}
+    for o in ops:
+        out.setdefault(o.comm, o.backend)
+    return out
 
 
 class _SafeUnpickler(pickle.Unpickler):
@@ -188,24 +214,6 @@ def _read_raw(path: Path) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise TraceInputError(f"{path}: not a flight-recorder dump (top level is {type(obj).__name__}, not a dict)")
     return obj
-
-
-def _int_or_none(v: Any) -> int | None:
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return None
-
-
-def _float_or_none(v: Any) -> float | None:
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
 
 
 def _sizes(v: Any) -> list[list[int]]:
@@ -253,9 +261,9 @@ def parse_dump(obj: dict[str, Any], path: str, rank_hint: int | None,
     if not isinstance(entries, list):
         raise TraceInputError(f"{path}: 'entries' is {type(entries).__name__}, not a list")
     ext = obj.get(EXTENSION_KEY) if isinstance(obj.get(EXTENSION_KEY), dict) else None
-    rank = _int_or_none(ext.get("rank")) if ext else None
+    rank = int_or_none(ext.get("rank")) if ext else None
     if rank is None:
-        rank = _int_or_none(obj.get("rank"))
+        rank = int_or_none(obj.get("rank"))
     if rank is None:
         rank = rank_hint
     if rank is None or rank < 0:
@@ -274,14 +282,9 @@ def parse_dump(obj: dict[str, Any], path: str, rank_hint: int | None,
             comms[name] = CommMeta(name, str(cfg.get("desc", name)), _parse_ranks(cfg.get("ranks")), backend)
     ext_ops = ext.get("ops", {}) if ext else {}
     shared = shared if shared is not None else SharedValues()
-    ops: list[Op] = []
-    for i, e in enumerate(entries):
-        if not isinstance(e, dict):
-            raise TraceInputError(f"{path}: entry {i} is {type(e).__name__}, not a dict")
-        try:
-            ops.append(_parse_entry(e, rank, ext_ops, comms, shared))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TraceInputError(f"{path}: entry {i} is malformed ({exc.__class__.__name__}: {exc})") from None
+    ops = columns_of_entries(
+        entries, rank, ext_ops, lambda e: _parse_entry(e, rank, ext_ops, comms, shared),
+        lambda i, why: TraceInputError(f"{path}: entry {i} {why}"))
     return RankDump(
         path=path,
         rank=rank,
@@ -291,10 +294,10 @@ def parse_dump(obj: dict[str, Any], path: str, rank_hint: int | None,
         ops=ops,
         run_id=str(ext["run_id"]) if ext and ext.get("run_id") is not None else None,
         host=str(ext["host"]) if ext and ext.get("host") else None,
-        pid=_int_or_none(ext.get("pid")) if ext else None,
+        pid=int_or_none(ext.get("pid")) if ext else None,
         reason=str(ext["reason"]) if ext and ext.get("reason") else None,
-        dumped_at_ns=_int_or_none(ext.get("dumped_at_ns")) if ext else None,
-        world_size=_int_or_none(ext.get("world_size")) if ext else None,
+        dumped_at_ns=int_or_none(ext.get("dumped_at_ns")) if ext else None,
+        world_size=int_or_none(ext.get("world_size")) if ext else None,
     )
 
 
@@ -322,10 +325,10 @@ def _parse_entry(e: dict[str, Any], rank: int, ext_ops: dict[str, Any], comms: d
         state = str(x.get("state", state))
         error = x.get("error")
         outcome = str(x["outcome"]) if x.get("outcome") else None
-        peer = _int_or_none(x.get("peer")) if x.get("peer") is not None else peer
-        root = _int_or_none(x.get("root"))
+        peer = int_or_none(x.get("peer")) if x.get("peer") is not None else peer
+        root = int_or_none(x.get("root"))
         reduce_op = x.get("reduce_op")
-        core_seq = _int_or_none(x.get("seq"))
+        core_seq = int_or_none(x.get("seq"))
         if x.get("op"):
             opname = str(x["op"])
     if comm_rank is None and comm in comms and rank in comms[comm].ranks:
@@ -346,11 +349,11 @@ def _parse_entry(e: dict[str, Any], rank: int, ext_ops: dict[str, Any], comms: d
         output_sizes=shared.get("sizes", e.get("output_sizes"), _sizes),
         output_dtypes=shared.get("strs", e.get("output_dtypes"), _strs),
         state=state,
-        created_ns=_int_or_none(e.get("time_created_ns")),
-        started_ns=_int_or_none(e.get("time_discovered_started_ns")),
-        completed_ns=_int_or_none(e.get("time_discovered_completed_ns")),
-        duration_ms=_float_or_none(e.get("duration_ms")),
-        timeout_ms=_int_or_none(e.get("timeout_ms")),
+        created_ns=int_or_none(e.get("time_created_ns")),
+        started_ns=int_or_none(e.get("time_discovered_started_ns")),
+        completed_ns=int_or_none(e.get("time_discovered_completed_ns")),
+        duration_ms=float_or_none(e.get("duration_ms")),
+        timeout_ms=int_or_none(e.get("timeout_ms")),
         frames=shared.get("frames", e.get("frames") or [], _frames),
         error=str(error) if error else None,
         peer=peer,
@@ -380,22 +383,45 @@ def _expand(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
     return files
 
 
+def _read_dump(job: tuple[str, int | None]) -> RankDump:
+    """One file, read and parsed (a worker process's job). The cyclic garbage collector waits
+    meanwhile: a dump is millions of fresh containers, freed by reference counts, and a
+    collection pass over them costs about a fifth of the parse."""
+    path, hint = job
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return parse_dump(_read_raw(Path(path)), path, hint)
+    finally:
+        if was:
+            gc.enable()
+
+
 def load_dumps(paths: Sequence[str | os.PathLike[str]],
-               progress: Callable[[int, int], object] | None = None) -> TraceSet:
+               progress: Callable[[int, int], object] | None = None, *, workers: int | None = None) -> TraceSet:
     """Load per-rank dumps (files or folders of them) of one job; ``progress(done, total)``
-    hears about every file read."""
+    hears about every file read. Files are parsed in ``workers`` processes (default: one per
+    usable CPU; 1 parses them here), with the same result and the same first error."""
+    from torchcomms.tracing.viewer.parallel import ordered_map
+
     dumps: dict[int, RankDump] = {}
     files = _expand(paths)
-    shared = SharedValues()
-    for done, path in enumerate(files, 1):
+    jobs: list[tuple[str, int | None]] = []
+    for path in files:
         m = _RANK_SUFFIX_RE.search(path.name)
-        hint = int(m.group(1)) if m else None
-        d = parse_dump(_read_raw(path), str(path), hint, shared)
-        if d.rank in dumps:
-            raise TraceInputError(f"{path}: a second dump for rank {d.rank} (first: {dumps[d.rank].path})")
-        dumps[d.rank] = d
-        if progress is not None:
-            progress(done, len(files))
+        jobs.append((str(path), int(m.group(1)) if m else None))
+    results = ordered_map(_read_dump, jobs, workers)
+    try:
+        for done, (path, d) in enumerate(zip(files, results), 1):
+            if d.rank in dumps:
+                raise TraceInputError(f"{path}: a second dump for rank {d.rank} (first: {dumps[d.rank].path})")
+            dumps[d.rank] = d
+            if progress is not None:
+                progress(done, len(files))
+    finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()  # stops the workers when an error ends the loop early
     run_ids = {d.run_id for d in dumps.values() if d.run_id is not None}
     if len(run_ids) > 1:
         by = ", ".join(f"rank {r}: {dumps[r].run_id}" for r in sorted(dumps) if dumps[r].run_id)
