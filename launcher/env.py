@@ -36,6 +36,8 @@ class JobEndpoints:
     secret_file: str
     restart_count: int
     max_restarts: int
+    #: the agent process hosting the control plane, for the workers on its host (else None)
+    control_pid: int | None = None
 
 
 def worker_env(
@@ -76,6 +78,9 @@ def worker_env(
             "TORCHCOMM_CONTROL_SECRET_FILE": job.secret_file,
         }
     )
+    env.pop("TORCHCOMM_CONTROL_PID", None)
+    if job.control_pid is not None:
+        env["TORCHCOMM_CONTROL_PID"] = str(job.control_pid)
     if "OMP_NUM_THREADS" not in base and placement.local_world_size > 1:
         env["OMP_NUM_THREADS"] = "1"  # torchrun's rule: one thread each when sharing a node
     # Output goes through the agent's pipes; without this Python would buffer it in blocks.

@@ -14,6 +14,7 @@ and ``ack/<node_rank>``.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import signal
 import time
@@ -102,7 +103,8 @@ class Round:
         job = JobEndpoints(run_id=cfg.rdzv_id, master_addr=plan.master_addr,
                            master_port=plan.master_port, control_addr=self.control.address,
                            secret_file=agent.secret_file, restart_count=plan.round + restart,
-                           max_restarts=cfg.max_restarts)
+                           max_restarts=cfg.max_restarts,
+                           control_pid=os.getpid() if self.control.server is not None else None)
         argv = cfg.worker_argv(agent.python)
         rank = slot.rank_offset + lr
         placement = WorkerPlacement(rank=rank, local_rank=lr, world_size=plan.world_size,

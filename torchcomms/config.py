@@ -129,6 +129,10 @@ VARIABLES: tuple[Var, ...] = (
         "file holding the per-job secret (hex, 64 chars)", "launcher"),
     Var("TORCHCOMM_CONTROL_SECRET", "control_secret", "str", None,
         "the secret itself (hex); the file wins when both are set"),
+    Var("TORCHCOMM_CONTROL_PID", "control_pid", "int", None,
+        "the process hosting the control plane, when it runs on this host: while it is running, an "
+        "unanswered control plane is slow, not lost (a starved node); stopped or gone, it is lost",
+        "launcher", minimum=1),
     # --- communicators ---
     Var("TORCHCOMM_TIMEOUT_SECONDS", "timeout_s", "float", 600.0, "default op timeout (s)",
         minimum=0, positive=True),
@@ -147,7 +151,7 @@ VARIABLES: tuple[Var, ...] = (
         "are asked to beat less often and their silence limits stretch alike", minimum=0, positive=True),
     Var("TORCHCOMM_CONTROL_LOST_S", "control_lost_s", "float", 8.0,
         "an event subscription unanswered this long after a first unanswered poll takes the control "
-        "plane for lost", minimum=0, positive=True),
+        "plane for lost (never while `TORCHCOMM_CONTROL_PID`'s process runs)", minimum=0, positive=True),
     Var("TORCHCOMM_STORE_WATCH", "store_watch", "bool", False,
         "without torchcomms-run: find dead peers on this host from /proc and publish them through the store "
         "(opt-in: a rank that leaves by `os._exit` without finalizing is taken for dead; see INTERNALS)"),

@@ -3,6 +3,7 @@ suspicion (``rank_silent``/``rank_heard``), not a failure."""
 
 from __future__ import annotations
 
+import os
 import queue
 import signal
 import subprocess
@@ -82,3 +83,51 @@ def test_supervised_rank_silence_is_a_suspicion_then_heard_again() -> None:
         assert inbox.empty()  # forgotten: never reported again, and never as rank_failed
         rank.close()
         watcher.close()
+
+
+def test_a_silent_server_whose_process_runs_on_this_host_is_never_lost(monkeypatch) -> None:
+    """On a starved node (seen: load 514 on 2 cores) the control server's loop can go unanswered
+    for longer than the lost limit while its process still runs; every rank then aborted its
+    communicators and the job failed. With the server's process named
+    (``TORCHCOMM_CONTROL_PID``), its silence is slowness while that process runs."""
+    monkeypatch.setenv("TORCHCOMM_CONTROL_PID", str(os.getpid()))  # the server lives in this process
+    secret = new_secret()
+    errors: list[Exception] = []
+    inbox: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+    with StoreServer("127.0.0.1", 0, secret) as srv:
+        c = ControlClient(srv.address, secret, timeout=10.0)
+        c.subscribe(["job_stopping"], lambda t, p: inbox.put((t, p)), since=None,
+                    on_error=errors.append, lost_after=0.5)
+        time.sleep(0.3)
+        # held past two unanswered polls (7 s each) and the lost limit between them
+        srv._run_in_loop(lambda: time.sleep(16.0), 40.0)
+        c.publish("job_stopping", {"reason": "after the pause"})
+        topic, payload = inbox.get(timeout=30)
+        assert payload["reason"] == "after the pause"
+        assert errors == []
+        c.close()
+
+
+def test_process_running_tells_running_from_stopped_zombie_and_gone() -> None:
+    from torchcomms.control.host_process import host_running_check, process_running
+
+    assert process_running(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.2)
+        assert process_running(child.pid)
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while process_running(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not process_running(child.pid)  # stopped: it will not answer
+        os.kill(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while process_running(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not process_running(child.pid)  # a zombie until reaped
+    finally:
+        child.kill()
+        child.wait()
+    assert not process_running(child.pid)  # gone
+    assert host_running_check(None) is None

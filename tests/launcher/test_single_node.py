@@ -77,6 +77,8 @@ def test_worker_environment(tmp_path):
         assert e["TORCHELASTIC_RUN_ID"] == e["TORCHCOMM_RUN_ID"] == "envjob"
         assert e["TORCHCOMM_RANK"] == str(rank) and e["TORCHCOMM_SIZE"] == "2"
         assert e["TORCHCOMM_CONTROL_ADDR"].startswith("tcp://127.0.0.1:")
+        # the agent hosts the control plane: its workers judge its silence by its process state
+        assert e["TORCHCOMM_CONTROL_PID"] == e["_PPID"]
         assert e["TORCHELASTIC_ERROR_FILE"].endswith(f"attempt_0/{rank}/error.json")
         assert e["TORCHELASTIC_USE_AGENT_STORE"] == "False"
         assert e["OMP_NUM_THREADS"] == "1"

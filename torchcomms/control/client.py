@@ -40,6 +40,7 @@ from .errors import (
 )
 from .events import Event, EventSchemaError, validate_event
 from .heartbeat import HeartbeatSender, heartbeat_budget
+from .host_process import host_running_check
 from .protocol import Limits, ProtocolViolation
 from .secrets import derive_keys
 from .subscription import DEFAULT_CONTROL_LOST_S, EventCallback, Subscription
@@ -266,8 +267,9 @@ class ControlClient:
         event's ``seq``. ``on_error`` hears about a lost server: one that has answered no poll
         for ``lost_after`` seconds after a first failed one (default ``TORCHCOMM_CONTROL_LOST_S``
         or 8, so at least two polls in a row went unanswered; a slow reply
-        on a starved box is retried, not reported); delivery resumes, without gaps, once the
-        same server answers again (a restarted server starts a new history)."""
+        on a starved box is retried, not reported; with ``TORCHCOMM_CONTROL_PID`` naming the
+        server's process on this host, never while that process runs); delivery resumes, without
+        gaps, once the same server answers again (a restarted server starts a new history)."""
         if not callable(callback):
             raise ControlArgumentTypeError("callback must be callable")
         if since is None:
@@ -281,7 +283,8 @@ class ControlClient:
         patience = seconds(lost_after, "lost_after", allow_none=False)
         assert patience is not None
         subscription = Subscription(self._conn, topic_list, callback, since, on_error, patience,
-                                    on_close=self._forget_subscription)
+                                    on_close=self._forget_subscription,
+                                    host_running=host_running_check(settings().control_pid))
         with self._lock:
             self._subscriptions.add(subscription)
         return subscription

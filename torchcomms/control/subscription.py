@@ -30,13 +30,18 @@ class Subscription:
     def __init__(self, connection: Connection, topics: list[str] | None, callback: EventCallback,
                  since: int, on_error: Callable[[ControlError], None] | None,
                  lost_after: float = DEFAULT_CONTROL_LOST_S,
-                 on_close: Callable[[Subscription], None] | None = None) -> None:
+                 on_close: Callable[[Subscription], None] | None = None,
+                 host_running: Callable[[], bool] | None = None) -> None:
         self._connection = connection
         self._on_close = on_close
         self.topics = topics
         self._callback = callback
         self._on_error = on_error
         self.lost_after = lost_after
+        #: the control plane's host process is running (a server on this host): an outage is
+        #: then slowness however long it lasts; only a closed connection or a stopped or
+        #: vanished host is a loss
+        self._host_running = host_running
         self.last_seq = since
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="torchcomms-control-subscription",
@@ -65,6 +70,7 @@ class Subscription:
         client = self._connection
         channel: Channel | None = None
         failing_since: float | None = None  # first unanswered poll of the current outage
+        slow_noted = 0.0  # when a running host's silence was last logged
         reported = False
         while not self._stop.is_set():
             try:
@@ -92,7 +98,13 @@ class Subscription:
                 if failing_since is None:
                     failing_since = now
                     _log.info("event subscription: no answer yet (%s); retrying", exc)
-                if not reported and (closed or now - failing_since >= self.lost_after):
+                if not reported and not closed and now - failing_since >= self.lost_after \
+                        and self._host_running is not None and self._host_running():
+                    if now - slow_noted >= self.lost_after:
+                        slow_noted = now
+                        _log.warning("event subscription unanswered for %.1f s; the control plane's process "
+                                     "is running (a starved node): waiting", now - failing_since)
+                elif not reported and (closed or now - failing_since >= self.lost_after):
                     reported = True
                     _log.warning("event subscription interrupted for %.1f s: %s",
                                  now - failing_since, exc)

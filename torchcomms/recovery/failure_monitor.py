@@ -16,6 +16,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from torchcomms.config import settings
+from torchcomms.control.host_process import host_running_check
 
 if TYPE_CHECKING:
     from torchcomms.core.comm_core import CommCore
@@ -41,6 +42,7 @@ class FailureMonitor:
         self.failed: dict[int, str] = {}
         self.expelled: str | None = None
         self.control_lost: str | None = None
+        self._host_running = host_running_check(settings().control_pid)
         since = int(client.hello(timeout=budget())["last_event_seq"])  # only events from now on
         self._sub = client.subscribe(_TOPICS, self._on_event, since=since, on_error=self._on_control_lost)
         self._heartbeat = False
@@ -155,8 +157,10 @@ class FailureMonitor:
         try:
             self._client.ping(timeout=max(0.05, wait_s))
         except Exception as e:  # noqa: BLE001 - any failure to reach the server means it is gone
-            # This op's verdict only: the subscription decides for the whole process.
-            return ("control_lost", self._lost_message(e))
+            # This op's verdict only: the subscription decides for the whole process. A server
+            # whose process runs on this host is starved, not gone: wait for a verdict instead.
+            if self._host_running is None or not self._host_running():
+                return ("control_lost", self._lost_message(e))
         with self._lock:
             while True:
                 verdict = self._verdict_locked(members)

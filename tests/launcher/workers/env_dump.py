@@ -1,6 +1,6 @@
-"""Writes its environment as JSON to $OUT_DIR/<RANK>.json."""
+"""Writes its environment (and its parent's pid, as ``_PPID``) as JSON to $OUT_DIR/<RANK>.json."""
 import json
 import os
 from pathlib import Path
 
-Path(os.environ["OUT_DIR"], os.environ["RANK"] + ".json").write_text(json.dumps(dict(os.environ)))
+Path(os.environ["OUT_DIR"], os.environ["RANK"] + ".json").write_text(json.dumps({**os.environ, "_PPID": str(os.getppid())}))

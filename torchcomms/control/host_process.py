@@ -1,0 +1,34 @@
+"""Is the process that hosts the control plane still running? Read from /proc, for a control
+plane on this host (``TORCHCOMM_CONTROL_PID``, set by ``torchcomms-run`` for its workers).
+
+An unanswered control plane is either starved (the node is oversubscribed, and the host
+process waits for a core like every other) or gone. Time alone cannot tell them apart on a busy
+node; the host's process state can: a process that is running or waiting to run is slow, one
+that is stopped, a zombie or missing is lost.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+#: /proc/<pid>/stat states of a process that will answer once it gets a core
+_RUNNING_STATES = frozenset("RSDIW")
+
+
+def process_running(pid: int) -> bool:
+    """Whether ``pid`` exists and is running or runnable (not stopped, traced or a zombie).
+    Where /proc is missing, ``False`` (nothing known: the caller's time limit decides)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    _, _, rest = stat.rpartition(b")")
+    state = rest.split()[0:1]
+    return bool(state) and state[0].decode() in _RUNNING_STATES
+
+
+def host_running_check(pid: int | None) -> Callable[[], bool] | None:
+    """A check of the control plane's host process ``pid``; ``None`` when it is not on this host."""
+    if pid is None:
+        return None
+    return lambda: process_running(pid)
