@@ -6,6 +6,17 @@ proposal wins and everybody adopts it, so there is no split brain by constructio
 torch ``Store`` (the control plane's, or a TCPStore). Two decisions are built on that one loop
 (:func:`_decide`): the survivor list of a shrink and the AND of a flag (``agree``).
 
+The round costs each member a handful of store requests whatever the number of members: a
+member checks in with its key, an entry in the round's arrival log (``append``, where the store
+has it) and an arrival counter (``add``). The member whose count completes the round confirms
+every check-in with one ``check`` of all keys and proposes; the others block on the decision
+key (the store's ``wait``, in slices). One member, the *leader* (the lowest member not known
+failed), polls the counter with back-off meanwhile and proposes once the check-ins are complete
+by a count that did not trigger a proposal: a proposer that died, a failure learnt after the
+others checked in, a check-in without a count. At the deadline the leader proposes from the
+arrival log; the others adopt its decision, or propose themselves a moment after (the leader
+may have died).
+
 Every store call is bounded by the agreement's deadline, whatever the store's own timeout: a
 store whose host is stopped or cut off raises ``StoreNotAnswering`` at the deadline (plus
 ``STORE_CALL_GRACE_S``); see ``store_calls`` for why the store's own timeout cannot do that.
@@ -13,9 +24,13 @@ store whose host is stopped or cut off raises ``StoreNotAnswering`` at the deadl
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
+
+import torch.distributed as dist
 
 from torchcomms.core.store_calls import STORE_CALL_GRACE_S, BoundedCalls
 
@@ -23,36 +38,180 @@ from torchcomms.core.store_calls import STORE_CALL_GRACE_S, BoundedCalls
 #: (``complete``) or the deadline passed; ``arrived`` and ``expected`` exclude known failures.
 Propose = Callable[[bool, list[int], list[int]], bytes]
 
+#: The leader's poll interval grows from ``poll_s`` to this.
+POLL_MAX_S = 0.1
+#: How often the leader checks every key when the counter does not call for it (check-ins
+#: that were not counted).
+LIST_CHECK_S = 1.0
+#: A member other than the leader waits for the decision in slices of at least this, and of
+#: ``WAIT_SLICE_PER_MEMBER_S`` per member (so that the waiting members together send about
+#: 1,000 waits a second at most), at most ``WAIT_SLICE_MAX_S``; between slices it looks
+#: whether it became the leader.
+WAIT_SLICE_S = 1.0
+WAIT_SLICE_PER_MEMBER_S = 0.001
+WAIT_SLICE_MAX_S = 5.0
+#: How long past the deadline a member other than the leader waits for the leader's proposal
+#: before it proposes itself (its store calls are bounded by the deadline plus the grace).
+FOLLOWER_LAG_S = STORE_CALL_GRACE_S / 2
+#: The most keys one ``check`` asks for (a request's size stays under the stores' limits).
+CHECK_KEYS = 8192
+#: The shortest wait asked of a store (c10d stores count whole milliseconds, and read 0 as
+#: their own timeout).
+MIN_WAIT_S = 0.002
+
 
 class RoundClosed(Exception):
     """This member read an ``agree`` round after every member it was decided for had read it
     and its keys were deleted: the others held this member failed and went on without it."""
 
 
+def _has_append(store: Any) -> bool:
+    """Whether ``store`` has ``append`` (the arrival log); without it the deadline's proposal
+    checks the members' keys one by one."""
+    try:
+        return bool(store.has_extended_api())
+    except Exception:  # noqa: BLE001 - a store without the method
+        return False
+
+
+def _is_wait_timeout(error: BaseException) -> bool:
+    """Whether a store's ``wait`` raised because its timeout ran out (not because it failed)."""
+    return isinstance(error, dist.DistStoreError) or (
+        type(error) is RuntimeError and "timeout" in str(error).lower())  # FileStore's
+
+
+class _Round:
+    """The store keys of one round and the requests on them, each through ``call``."""
+
+    def __init__(self, call: BoundedCalls, store: Any, key_prefix: str, mark: str, me: int) -> None:
+        self.call, self.store, self.me = call, store, me
+        self.prefix = f"{key_prefix}/{mark}"
+        self.decision = f"{key_prefix}/decision"
+        self.counter = f"{self.prefix}-count"
+        self.log = f"{self.prefix}-log" if _has_append(store) else None
+
+    def key(self, r: int) -> str:
+        return f"{self.prefix}/{r}"
+
+    def keys(self, members: list[int]) -> list[str]:
+        """Every key of the round but the decision's."""
+        return [self.counter, *([self.log] if self.log else []), *map(self.key, members)]
+
+    def check_in(self) -> int:
+        """Set this member's key, log it, count it; returns the count."""
+        mine, store = self.key(self.me), self.store
+        self.call(f"set({mine!r})", lambda: store.set(mine, b"1"))
+        if self.log is not None:
+            log, entry = self.log, f"{self.me},".encode()
+            self.call(f"append({log!r})", lambda: store.append(log, entry))
+        return self.count(1)
+
+    def count(self, delta: int = 0) -> int:
+        counter, store = self.counter, self.store
+        return int(self.call(f"add({counter!r})", lambda: store.add(counter, delta)))
+
+    def all_in(self, expected: list[int]) -> bool:
+        """Whether every member of ``expected`` checked in: one request per ``CHECK_KEYS`` members."""
+        store = self.store
+        for i in range(0, len(expected), CHECK_KEYS):
+            keys = [self.key(r) for r in expected[i:i + CHECK_KEYS]]
+            if not self.call(f"check({self.prefix}/<{len(keys)} members>)", lambda: store.check(keys)):
+                return False
+        return True
+
+    def arrived(self, members: list[int]) -> set[int]:
+        """The members who checked in: the arrival log (one request), or each key's check."""
+        store = self.store
+        if self.log is not None:
+            log = self.log
+            raw = bytes(self.call(f"get({log!r})", lambda: store.get(log)))
+            wanted = set(members)
+            return {int(p) for p in raw.split(b",") if p.isdigit() and int(p) in wanted} | {self.me}
+        found = {self.me}
+        for r in members:
+            key = self.key(r)
+            if r not in found and self.call(f"check({key!r})", lambda: store.check([key])):
+                found.add(r)
+        return found
+
+    def decided(self) -> bytes | None:
+        decision, store = self.decision, self.store
+        if self.call(f"check({decision!r})", lambda: store.check([decision])):
+            return bytes(self.call(f"get({decision!r})", lambda: store.get(decision)))
+        return None
+
+    def wait_decided(self, secs: float) -> bytes | None:
+        """The decision, waited for up to ``secs`` with one blocking ``wait``; ``None`` if none came."""
+        decision, store = self.decision, self.store
+        try:
+            self.call(f"wait({decision!r})", lambda: store.wait([decision], timedelta(seconds=secs)))
+        except Exception as e:  # noqa: BLE001 - a store may raise anything
+            if not _is_wait_timeout(e):
+                raise
+            return None
+        return bytes(self.call(f"get({decision!r})", lambda: store.get(decision)))
+
+    def propose(self, proposal: bytes) -> bytes:
+        """The stored decision: ``proposal`` if it was the first, else the one before it."""
+        decision, store = self.decision, self.store
+        stored = self.call(f"compare_set({decision!r})", lambda: store.compare_set(decision, b"", proposal))
+        return bytes(stored) if stored else proposal
+
+
 def _decide(call: BoundedCalls, store: Any, key_prefix: str, mark: str, me: int, members: list[int],
-            known_failed: Callable[[], set[int]], deadline: float, poll_s: float, propose: Propose) -> bytes:
+            known_failed: Callable[[], set[int]], deadline: float, poll_s: float, propose: Propose,
+            arrivals: bool = True) -> bytes:
     """Check in under ``<key_prefix>/<mark>/<me>`` and return the stored decision: another
     member's, or ``propose(...)`` written with compare-and-set once every member not known
-    failed checked in under ``mark`` (or ``deadline`` passed)."""
-    decision_key = f"{key_prefix}/decision"
-    mine = f"{key_prefix}/{mark}/{me}"
-    call(f"set({mine!r})", lambda: store.set(mine, b"1"))
-    arrived: set[int] = {me}
+    failed checked in under ``mark`` (or ``deadline`` passed). ``arrivals``: whether a proposal
+    at the deadline needs the members who arrived (else it is given none)."""
+    rnd = _Round(call, store, key_prefix, mark, me)
+    count = rnd.check_in()
+    failed = known_failed()
+    expected = [r for r in members if r not in failed]
+    if count >= len(expected) and rnd.all_in(expected):  # this member completed the count
+        return rnd.propose(propose(True, sorted(expected), expected))
+    wait_slice = min(WAIT_SLICE_MAX_S, max(WAIT_SLICE_S, len(members) * WAIT_SLICE_PER_MEMBER_S))
+    interval = poll_s
+    listed: tuple[int, int] | None = None  # (count, expected) at the leader's last check of every key
+    listed_at = -math.inf
     while True:
-        if call(f"check({decision_key!r})", lambda: store.check([decision_key])):
-            return bytes(call(f"get({decision_key!r})", lambda: store.get(decision_key)))
         failed = known_failed()
         expected = [r for r in members if r not in failed]
-        for r in expected:
-            key = f"{key_prefix}/{mark}/{r}"
-            if r not in arrived and call(f"check({key!r})", lambda: store.check([key])):
-                arrived.add(r)
-        complete = all(r in arrived for r in expected)
-        if complete or time.monotonic() >= deadline:
-            proposal = propose(complete, sorted(r for r in arrived if r not in failed), expected)
-            stored = call(f"compare_set({decision_key!r})", lambda: store.compare_set(decision_key, b"", proposal))
-            return bytes(stored) if stored else proposal
-        time.sleep(poll_s)
+        now = time.monotonic()
+        if not expected or min(expected) == me:  # the leader
+            if now >= deadline:
+                return _at_deadline(rnd, members, failed, expected, propose, arrivals)
+            decided = rnd.decided()
+            if decided is not None:
+                return decided
+            count = rnd.count()
+            if (count >= len(expected) and (count, len(expected)) != listed) or now - listed_at >= LIST_CHECK_S:
+                listed, listed_at = (count, len(expected)), now
+                if rnd.all_in(expected):
+                    return rnd.propose(propose(True, sorted(expected), expected))
+            time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
+            interval = min(interval * 2, max(poll_s, POLL_MAX_S))
+        else:
+            until = deadline + FOLLOWER_LAG_S
+            if now >= until - MIN_WAIT_S:  # a store reads a wait of 0 ms as its own (long) timeout
+                time.sleep(max(0.0, until - now))
+                return _at_deadline(rnd, members, failed, expected, propose, arrivals)
+            decided = rnd.wait_decided(min(wait_slice, until - now))
+            if decided is not None:
+                return decided
+
+
+def _at_deadline(rnd: _Round, members: list[int], failed: set[int], expected: list[int],
+                 propose: Propose, arrivals: bool) -> bytes:
+    """The decision at the deadline: the one stored, or this member's proposal."""
+    decided = rnd.decided()
+    if decided is not None:
+        return decided
+    if rnd.count() >= len(expected) and rnd.all_in(expected):
+        return rnd.propose(propose(True, sorted(expected), expected))
+    arrived = sorted(rnd.arrived(members) - failed) if arrivals else []
+    return rnd.propose(propose(False, arrived, expected))
 
 
 def _decode(raw: bytes) -> list[int]:
@@ -127,10 +286,11 @@ def agree_on_flag(
     call = BoundedCalls(deadline + STORE_CALL_GRACE_S, "torchcomms-agreement-store")
     key_prefix = f"{prefix}/agree{round_no}"
     decision_key = f"{key_prefix}/decision"
+    votes = _Round(call, store, key_prefix, "yes", me)
     try:
         if flag:
             raw = _decide(call, store, key_prefix, "yes", me, members, known_failed, deadline, poll_s,
-                          lambda complete, arrived, expected: _flag_value(complete, expected))
+                          lambda complete, arrived, expected: _flag_value(complete, expected), arrivals=False)
         else:
             failed = known_failed()
             mine = _flag_value(False, [r for r in members if r not in failed])
@@ -141,14 +301,14 @@ def agree_on_flag(
         if call(f"check({closed_key!r})", lambda: store.check([closed_key])):
             closed = call(f"get({closed_key!r})", lambda: store.get(closed_key))
             if int(closed) >= round_no:  # what this member found or wrote came after: remove it
-                for key in (decision_key, f"{key_prefix}/yes/{me}"):
+                for key in (decision_key, *votes.keys([me])):
                     call(f"delete_key({key!r})", lambda: store.delete_key(key))
                 raise RoundClosed(f"agree round {round_no} was decided and closed without member {me}")
         if me in readers:
             read_key = f"{key_prefix}/read"
             if call(f"add({read_key!r})", lambda: store.add(read_key, 1)) == len(readers):
                 _close(call, store, closed_key, round_no,
-                       [decision_key, read_key, *(f"{key_prefix}/yes/{r}" for r in members)])
+                       [decision_key, read_key, *votes.keys(members)])
         return decided
     finally:
         call.close()
