@@ -11,11 +11,11 @@ member checks in with its key, an entry in the round's arrival log (``append``, 
 has it) and an arrival counter (``add``). The member whose count completes the round confirms
 every check-in with one ``check`` of all keys and proposes; the others block on the decision
 key (the store's ``wait``, in slices). One member, the *leader* (the lowest member not known
-failed), polls the counter with back-off meanwhile and proposes once the check-ins are complete
-by a count that did not trigger a proposal: a proposer that died, a failure learnt after the
-others checked in, a check-in without a count. At the deadline the leader proposes from the
-arrival log; the others adopt its decision, or propose themselves a moment after (the leader
-may have died).
+failed), polls the counter with back-off meanwhile and proposes when the check-ins are complete
+but no count made a member propose: the member that completed the count died, a failure was
+learnt after the others checked in, or a check-in was not counted. At the deadline the leader
+proposes from the arrival log; the others adopt its decision, or propose themselves a moment
+after (the leader may have died).
 
 Every store call is bounded by the agreement's deadline, whatever the store's own timeout: a
 store whose host is stopped or cut off raises ``StoreNotAnswering`` at the deadline (plus
@@ -43,10 +43,11 @@ POLL_MAX_S = 0.1
 #: How often the leader checks every key when the counter does not call for it (check-ins
 #: that were not counted).
 LIST_CHECK_S = 1.0
-#: A member other than the leader waits for the decision in slices of at least this, and of
-#: ``WAIT_SLICE_PER_MEMBER_S`` per member (so that the waiting members together send about
-#: 1,000 waits a second at most), at most ``WAIT_SLICE_MAX_S``; between slices it looks
-#: whether it became the leader.
+#: A member other than the leader waits for the decision in slices: the first of at least
+#: this and of ``WAIT_SLICE_PER_MEMBER_S`` per member (so that the waiting members together
+#: send about 1,000 waits a second at most), each next one twice as long, up to
+#: ``WAIT_SLICE_MAX_S`` (a wait that times out costs the store a request, and a TCPStore
+#: client logs a warning for it); between slices it looks whether it became the leader.
 WAIT_SLICE_S = 1.0
 WAIT_SLICE_PER_MEMBER_S = 0.001
 WAIT_SLICE_MAX_S = 5.0
@@ -171,7 +172,8 @@ def _decide(call: BoundedCalls, store: Any, key_prefix: str, mark: str, me: int,
     expected = [r for r in members if r not in failed]
     if count >= len(expected) and rnd.all_in(expected):  # this member completed the count
         return rnd.propose(propose(True, sorted(expected), expected))
-    wait_slice = min(WAIT_SLICE_MAX_S, max(WAIT_SLICE_S, len(members) * WAIT_SLICE_PER_MEMBER_S))
+    wait_slice = max(WAIT_SLICE_S, len(members) * WAIT_SLICE_PER_MEMBER_S)
+    max_slice = max(WAIT_SLICE_MAX_S, wait_slice)
     interval = poll_s
     listed: tuple[int, int] | None = None  # (count, expected) at the leader's last check of every key
     listed_at = -math.inf
@@ -200,6 +202,7 @@ def _decide(call: BoundedCalls, store: Any, key_prefix: str, mark: str, me: int,
             decided = rnd.wait_decided(min(wait_slice, until - now))
             if decided is not None:
                 return decided
+            wait_slice = min(2 * wait_slice, max_slice)
 
 
 def _at_deadline(rnd: _Round, members: list[int], failed: set[int], expected: list[int],
