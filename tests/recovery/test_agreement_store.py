@@ -209,3 +209,19 @@ def test_stragglers_are_decided_at_the_deadline_by_everybody_alike(new_store: St
     got = _members(lambda r, s: agree_on_flag(s, "p", 1, r, ranks, True, lambda: set(), time.monotonic() + 1.0),
                    others, new_store)
     assert got == {r: False for r in others}
+
+
+class _BrokenWait(dist.HashStore):
+    """A HashStore whose ``wait`` fails at once with a ``DistStoreError`` that is no timeout
+    (what a store whose connection broke may raise)."""
+
+    def wait(self, keys, timeout=None):  # type: ignore[no-untyped-def]
+        raise dist.DistStoreError("connection reset by peer")
+
+
+def test_a_wait_that_fails_at_once_is_raised_not_taken_for_a_slice_that_ran_out() -> None:
+    """Member 1 waits for the leader (0, who never comes): its store's wait fails at once. The
+    error is raised as the store raised it, instead of being retried until the deadline and
+    the round decided without the store's failure surfacing."""
+    with pytest.raises(dist.DistStoreError, match="connection reset"):
+        agree_on_survivors(_BrokenWait(), "shrink1", 1, [0, 1, 2], lambda: set(), time.monotonic() + 5)
