@@ -59,7 +59,7 @@ def _members(run: Callable[[int, Any], Any], ranks: list[int], new_store: StoreF
         except BaseException as e:  # noqa: BLE001 - asserted by the test
             got[r] = e
 
-    threads = [threading.Thread(target=body, args=(r,), name=f"member-{r}") for r in ranks]
+    threads = [threading.Thread(target=body, args=(r,), name=f"member-{r}", daemon=True) for r in ranks]
     for t in threads:
         t.start()
     for t in threads:
@@ -71,7 +71,7 @@ def _members(run: Callable[[int, Any], Any], ranks: list[int], new_store: StoreF
 def _start(run: Callable[[int, Any], Any], ranks: list[int], new_store: StoreFactory) -> Callable[[], dict[int, Any]]:
     """:func:`_members` on a thread of its own; returns the call that joins it."""
     out: dict[str, dict[int, Any]] = {}
-    thread = threading.Thread(target=lambda: out.setdefault("got", _members(run, ranks, new_store)))
+    thread = threading.Thread(target=lambda: out.setdefault("got", _members(run, ranks, new_store)), daemon=True)
     thread.start()
 
     def join() -> dict[int, Any]:
@@ -195,6 +195,21 @@ def test_a_leader_known_failed_after_the_others_checked_in_is_replaced(new_store
     _until_count(new_store(), "p/agree1/yes-count", 3)
     failed.add(0)
     assert join() == {1: True, 2: True, 3: True}
+
+
+def test_a_failure_one_member_knows_is_honoured_by_a_leader_that_does_not(new_store: StoreFactory) -> None:
+    """Member 3 never arrives; only member 1 knows it failed, and checks in first. The last to
+    check in (0 or 2) does not know it, so its count does not complete the round; the leader
+    (0) reads member 1's report in the round's log and decides. There is no deadline: without
+    the report nobody would decide."""
+    ranks = [0, 1, 2, 3]
+    knows = {1: {3}}
+    run = lambda r, s: agree_on_flag(s, "p", 1, r, ranks, True, lambda: set(knows.get(r, ())),  # noqa: E731
+                                     float("inf"))
+    join_first = _start(run, [1], new_store)
+    _until_count(new_store(), "p/agree1/yes-count", 1)
+    assert _members(run, [0, 2], new_store) == {0: True, 2: True}
+    assert join_first() == {1: True}
 
 
 @pytest.mark.parametrize("straggler", [3, 0], ids=["member", "leader"])

@@ -11,10 +11,12 @@ member checks in with its key, an entry in the round's arrival log (``append``, 
 has it) and an arrival counter (``add``). The member whose count completes the round confirms
 every check-in with one ``check`` of all keys and proposes; the others block on the decision
 key (the store's ``wait``, in slices). One member, the *leader* (the lowest member not known
-failed), polls the counter with back-off meanwhile and proposes when the check-ins are complete
-but no count made a member propose: the member that completed the count died, a failure was
-learnt after the others checked in, or a check-in was not counted. At the deadline the leader
-proposes from the arrival log; the others adopt its decision, or propose themselves a moment
+failed), polls the log (or the counter) with back-off meanwhile and proposes when the
+check-ins are complete but no count made a member propose: the member that completed the count
+died, a failure was learnt after the others checked in, or a check-in was not counted. Members
+put the failures they know in the log and the leader counts them too, so a failure that one
+member knows is not waited for because the leader has not learnt it yet. At the deadline the
+leader proposes from the log; the others adopt its decision, or propose themselves a moment
 after (the leader may have died).
 
 Every store call is bounded by the agreement's deadline, whatever the store's own timeout: a
@@ -38,7 +40,7 @@ from torchcomms.core.store_calls import STORE_CALL_GRACE_S, BoundedCalls
 #: (``complete``) or the deadline passed; ``arrived`` and ``expected`` exclude known failures.
 Propose = Callable[[bool, list[int], list[int]], bytes]
 
-#: The leader's poll interval grows from ``poll_s`` to this.
+#: The leader's poll interval doubles from ``poll_s`` up to this.
 POLL_MAX_S = 0.1
 #: How often the leader checks every key when the counter does not call for it (check-ins
 #: that were not counted).
@@ -81,15 +83,37 @@ def _is_wait_timeout(error: BaseException) -> bool:
         type(error) is RuntimeError and "timeout" in str(error).lower())  # FileStore's
 
 
-class _Round:
-    """The store keys of one round and the requests on them, each through ``call``."""
+class _Log:
+    """What the arrival log says: the members who checked in, and those reported failed."""
 
-    def __init__(self, call: BoundedCalls, store: Any, key_prefix: str, mark: str, me: int) -> None:
-        self.call, self.store, self.me = call, store, me
+    __slots__ = ("arrived", "failed")
+
+    def __init__(self, raw: bytes, members: list[int]) -> None:
+        wanted = set(members)
+        self.arrived: set[int] = set()
+        self.failed: set[int] = set()
+        for token in raw.split(b","):
+            into, digits = (self.failed, token[1:]) if token.startswith(b"!") else (self.arrived, token)
+            if digits.isdigit() and int(digits) in wanted:
+                into.add(int(digits))
+
+
+class _Round:
+    """The store keys of one round and the requests on them, each through ``call``.
+
+    The arrival log (where the store has ``append``) holds ``<rank>,`` for each member that
+    checked in and ``!<rank>,`` for each failure a member reported: the leader counts a
+    failure any member knows, so that a leader that has not learnt it yet does not wait for
+    the failed member."""
+
+    def __init__(self, call: BoundedCalls, store: Any, key_prefix: str, mark: str, me: int,
+                 members: list[int]) -> None:
+        self.call, self.store, self.me, self.members = call, store, me, members
         self.prefix = f"{key_prefix}/{mark}"
         self.decision = f"{key_prefix}/decision"
         self.counter = f"{self.prefix}-count"
         self.log = f"{self.prefix}-log" if _has_append(store) else None
+        self.reported: set[int] = set()  # the failures this member put in the log
 
     def key(self, r: int) -> str:
         return f"{self.prefix}/{r}"
@@ -98,18 +122,40 @@ class _Round:
         """Every key of the round but the decision's."""
         return [self.counter, *([self.log] if self.log else []), *map(self.key, members)]
 
-    def check_in(self) -> int:
-        """Set this member's key, log it, count it; returns the count."""
+    def _append(self, entry: bytes) -> None:
+        log, store = self.log, self.store
+        self.call(f"append({log!r})", lambda: store.append(log, entry))
+
+    def _failures(self, failed: set[int]) -> bytes:
+        new = sorted(r for r in failed if r in self.members and r not in self.reported)
+        self.reported.update(new)
+        return b"".join(b"!%d," % r for r in new)
+
+    def check_in(self, failed: set[int]) -> int:
+        """Set this member's key, log it (with the failures it knows), count it; returns the count."""
         mine, store = self.key(self.me), self.store
         self.call(f"set({mine!r})", lambda: store.set(mine, b"1"))
         if self.log is not None:
-            log, entry = self.log, f"{self.me},".encode()
-            self.call(f"append({log!r})", lambda: store.append(log, entry))
+            self._append(b"%d," % self.me + self._failures(failed))
         return self.count(1)
+
+    def report(self, failed: set[int]) -> None:
+        """Put the failures in ``failed`` that this member did not report yet in the log."""
+        if self.log is not None and not failed <= self.reported:
+            entry = self._failures(failed)
+            if entry:
+                self._append(entry)
 
     def count(self, delta: int = 0) -> int:
         counter, store = self.counter, self.store
         return int(self.call(f"add({counter!r})", lambda: store.add(counter, delta)))
+
+    def read_log(self) -> _Log | None:
+        """The arrival log; ``None`` where the store has none (or it is gone: the round closed)."""
+        log, store = self.log, self.store
+        if log is None or not self.call(f"check({log!r})", lambda: store.check([log])):
+            return None
+        return _Log(bytes(self.call(f"get({log!r})", lambda: store.get(log))), self.members)
 
     def all_in(self, expected: list[int]) -> bool:
         """Whether every member of ``expected`` checked in: one request per ``CHECK_KEYS`` members."""
@@ -120,16 +166,10 @@ class _Round:
                 return False
         return True
 
-    def arrived(self, members: list[int]) -> set[int]:
-        """The members who checked in: the arrival log (one request), or each key's check."""
-        store = self.store
-        if self.log is not None:
-            log = self.log
-            raw = bytes(self.call(f"get({log!r})", lambda: store.get(log)))
-            wanted = set(members)
-            return {int(p) for p in raw.split(b",") if p.isdigit() and int(p) in wanted} | {self.me}
-        found = {self.me}
-        for r in members:
+    def scan(self) -> set[int]:
+        """The members who checked in, by each key's check (a store without the log)."""
+        found, store = {self.me}, self.store
+        for r in self.members:
             key = self.key(r)
             if r not in found and self.call(f"check({key!r})", lambda: store.check([key])):
                 found.add(r)
@@ -167,30 +207,37 @@ def _decide(call: BoundedCalls, store: Any, key_prefix: str, mark: str, me: int,
     member's, or ``propose(...)`` written with compare-and-set once every member not known
     failed checked in under ``mark`` (or ``deadline`` passed). ``arrivals``: whether a proposal
     at the deadline needs the members who arrived (else it is given none)."""
-    rnd = _Round(call, store, key_prefix, mark, me)
-    count = rnd.check_in()
-    failed = known_failed()
+    rnd = _Round(call, store, key_prefix, mark, me, members)
+    failed = set(known_failed())
+    count = rnd.check_in(failed)
     expected = [r for r in members if r not in failed]
     if count >= len(expected) and rnd.all_in(expected):  # this member completed the count
         return rnd.propose(propose(True, sorted(expected), expected))
     wait_slice = max(WAIT_SLICE_S, len(members) * WAIT_SLICE_PER_MEMBER_S)
     max_slice = max(WAIT_SLICE_MAX_S, wait_slice)
     interval = poll_s
-    listed: tuple[int, int] | None = None  # (count, expected) at the leader's last check of every key
+    listed: tuple[int, int] | None = None  # (arrived, expected) at the leader's last check of every key
     listed_at = -math.inf
     while True:
-        failed = known_failed()
+        failed = set(known_failed())
+        rnd.report(failed)
         expected = [r for r in members if r not in failed]
         now = time.monotonic()
         if not expected or min(expected) == me:  # the leader
             if now >= deadline:
-                return _at_deadline(rnd, members, failed, expected, propose, arrivals)
+                return _at_deadline(rnd, failed, propose, arrivals)
             decided = rnd.decided()
             if decided is not None:
                 return decided
-            count = rnd.count()
-            if (count >= len(expected) and (count, len(expected)) != listed) or now - listed_at >= LIST_CHECK_S:
-                listed, listed_at = (count, len(expected)), now
+            log = rnd.read_log()
+            if log is not None:
+                failed |= log.failed
+                expected = [r for r in members if r not in failed]
+                arrived = len(log.arrived.intersection(expected))
+            else:
+                arrived = rnd.count()
+            if (arrived >= len(expected) and (arrived, len(expected)) != listed) or now - listed_at >= LIST_CHECK_S:
+                listed, listed_at = (arrived, len(expected)), now
                 if rnd.all_in(expected):
                     return rnd.propose(propose(True, sorted(expected), expected))
             time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
@@ -199,23 +246,28 @@ def _decide(call: BoundedCalls, store: Any, key_prefix: str, mark: str, me: int,
             until = deadline + FOLLOWER_LAG_S
             if now >= until - MIN_WAIT_S:  # a store reads a wait of 0 ms as its own (long) timeout
                 time.sleep(max(0.0, until - now))
-                return _at_deadline(rnd, members, failed, expected, propose, arrivals)
+                return _at_deadline(rnd, failed, propose, arrivals)
             decided = rnd.wait_decided(min(wait_slice, until - now))
             if decided is not None:
                 return decided
             wait_slice = min(2 * wait_slice, max_slice)
 
 
-def _at_deadline(rnd: _Round, members: list[int], failed: set[int], expected: list[int],
-                 propose: Propose, arrivals: bool) -> bytes:
-    """The decision at the deadline: the one stored, or this member's proposal."""
+def _at_deadline(rnd: _Round, failed: set[int], propose: Propose, arrivals: bool) -> bytes:
+    """The decision at the deadline: the one stored, or this member's proposal (failures
+    reported in the log count as known)."""
     decided = rnd.decided()
     if decided is not None:
         return decided
-    if rnd.count() >= len(expected) and rnd.all_in(expected):
+    log = rnd.read_log()
+    if log is not None:
+        failed = failed | log.failed
+    expected = [r for r in rnd.members if r not in failed]
+    came = len(log.arrived.intersection(expected)) if log is not None else rnd.count()
+    if came >= len(expected) and rnd.all_in(expected):
         return rnd.propose(propose(True, sorted(expected), expected))
-    arrived = sorted(rnd.arrived(members) - failed) if arrivals else []
-    return rnd.propose(propose(False, arrived, expected))
+    arrived = ((log.arrived | {rnd.me}) if log is not None else rnd.scan()) if arrivals else set()
+    return rnd.propose(propose(False, sorted(arrived - failed), expected))
 
 
 def _decode(raw: bytes) -> list[int]:
@@ -290,7 +342,7 @@ def agree_on_flag(
     call = BoundedCalls(deadline + STORE_CALL_GRACE_S, "torchcomms-agreement-store")
     key_prefix = f"{prefix}/agree{round_no}"
     decision_key = f"{key_prefix}/decision"
-    votes = _Round(call, store, key_prefix, "yes", me)
+    votes = _Round(call, store, key_prefix, "yes", me, members)
     try:
         if flag:
             raw = _decide(call, store, key_prefix, "yes", me, members, known_failed, deadline, poll_s,
