@@ -1,7 +1,7 @@
-"""The store agreement's counted rounds against real stores (a HashStore, a c10d TCPStore and
-our control server, in this process): the member that completes the count proposes, the leader
-takes over when that member died or a failure is learnt late, stragglers are settled at the
-deadline, and no member polls the others' keys one by one."""
+"""The store agreement's counted rounds against real stores in this process (a HashStore, a
+c10d TCPStore, our control server, and a FileStore, which has no extended API): the member that
+completes the count proposes, the leader takes over when that member died or a failure is learnt
+late, stragglers are settled at the deadline, and no member polls the others' keys one by one."""
 from __future__ import annotations
 
 import threading
@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,11 +28,14 @@ FAR_S = 60.0
 StoreFactory = Callable[[], Any]  # a store handle for one member (its own client where it has one)
 
 
-@pytest.fixture(params=["hash", "tcp", "control"])
-def new_store(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
+@pytest.fixture(params=["hash", "tcp", "control", "file"])
+def new_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
     if request.param == "hash":
         store = dist.HashStore()
         yield lambda: store
+    elif request.param == "file":  # no extended API: members set keys and poll the decision
+        file_store = dist.FileStore(str(tmp_path / "store"), -1)
+        yield lambda: file_store
     elif request.param == "tcp":
         host = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                              timeout=timedelta(seconds=60), use_libuv=True)
@@ -89,8 +93,10 @@ def _until_count(store: Any, counter: str, count: int) -> None:
 
 
 def _check_in_and_die(store: Any, key_prefix: str, mark: str, rank: int) -> None:
-    """What a member does before it dies inside the round: its key, its log entry, its count."""
-    store.set(f"{key_prefix}/{mark}/{rank}", b"1")
+    """What a member does before it dies inside the round: its log entry (its key, in a store
+    without the extended API), its count."""
+    if not store.has_extended_api():
+        store.set(f"{key_prefix}/{mark}/{rank}", b"1")
     store.append(f"{key_prefix}/{mark}-log", f"{rank},".encode())
     store.add(f"{key_prefix}/{mark}-count", 1)
 
@@ -150,14 +156,14 @@ class _Requests(dist.HashStore):
 def test_a_round_costs_each_member_a_few_requests_not_one_per_member() -> None:
     """48 members, one known failed: every survivor used to check every other survivor's key
     one request at a time (at least 47 × 46 requests); now no member's key is checked alone and
-    the round costs about 5 requests a member."""
+    the round costs about 4 requests a member (log, count, wait for the decision, read it)."""
     store = _Requests()
     ranks = list(range(48))
     got = _members(lambda r, s: agree_on_survivors(s, "shrink1", r, ranks, lambda: {47}, time.monotonic() + FAR_S),
                    ranks[:47], lambda: store)
     assert got == {r: ranks[:47] for r in range(47)}
     assert store.ops["check member"] == 0, store.ops
-    assert store.ops["set"] == store.ops["append"] == 47, store.ops
+    assert store.ops["append"] == 47 and store.ops["set"] == 0, store.ops
     assert sum(store.ops.values()) <= 10 * 47, store.ops
 
 
@@ -202,6 +208,8 @@ def test_a_failure_one_member_knows_is_honoured_by_a_leader_that_does_not(new_st
     check in (0 or 2) does not know it, so its count does not complete the round; the leader
     (0) reads member 1's report in the round's log and decides. There is no deadline: without
     the report nobody would decide."""
+    if not new_store().has_extended_api():
+        pytest.skip("failures are reported in the round's log, which needs the store's append")
     ranks = [0, 1, 2, 3]
     knows = {1: {3}}
     run = lambda r, s: agree_on_flag(s, "p", 1, r, ranks, True, lambda: set(knows.get(r, ())),  # noqa: E731

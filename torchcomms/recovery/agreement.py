@@ -69,8 +69,9 @@ class RoundClosed(Exception):
 
 
 def _has_append(store: Any) -> bool:
-    """Whether ``store`` has ``append`` (the arrival log); without it the deadline's proposal
-    checks the members' keys one by one."""
+    """Whether ``store`` has the extended API (``append`` for the arrival log, a ``wait`` that
+    honours short timeouts); without it members set keys, poll the decision and the deadline's
+    proposal checks the members' keys one by one (the way for small stores: a FileStore)."""
     try:
         return bool(store.has_extended_api())
     except Exception:  # noqa: BLE001 - a store without the method
@@ -132,11 +133,13 @@ class _Round:
         return b"".join(b"!%d," % r for r in new)
 
     def check_in(self, failed: set[int]) -> int:
-        """Set this member's key, log it (with the failures it knows), count it; returns the count."""
-        mine, store = self.key(self.me), self.store
-        self.call(f"set({mine!r})", lambda: store.set(mine, b"1"))
+        """Log this member (with the failures it knows) or, where the store has no log, set its
+        key; count it. Returns the count."""
         if self.log is not None:
             self._append(b"%d," % self.me + self._failures(failed))
+        else:
+            mine, store = self.key(self.me), self.store
+            self.call(f"set({mine!r})", lambda: store.set(mine, b"1"))
         return self.count(1)
 
     def report(self, failed: set[int]) -> None:
@@ -157,8 +160,13 @@ class _Round:
             return None
         return _Log(bytes(self.call(f"get({log!r})", lambda: store.get(log))), self.members)
 
+    def complete(self, expected: list[int], log: _Log | None) -> bool:
+        """Whether every member of ``expected`` checked in: in ``log``, or by its key (one
+        request per ``CHECK_KEYS`` members not in the log)."""
+        return self.all_in([r for r in expected if r not in log.arrived] if log is not None else expected)
+
     def all_in(self, expected: list[int]) -> bool:
-        """Whether every member of ``expected`` checked in: one request per ``CHECK_KEYS`` members."""
+        """Whether every member of ``expected`` set its key: one request per ``CHECK_KEYS`` members."""
         store = self.store
         for i in range(0, len(expected), CHECK_KEYS):
             keys = [self.key(r) for r in expected[i:i + CHECK_KEYS]]
@@ -211,7 +219,7 @@ def _decide(call: BoundedCalls, store: Any, key_prefix: str, mark: str, me: int,
     failed = set(known_failed())
     count = rnd.check_in(failed)
     expected = [r for r in members if r not in failed]
-    if count >= len(expected) and rnd.all_in(expected):  # this member completed the count
+    if count >= len(expected) and rnd.complete(expected, rnd.read_log()):  # this member completed the count
         return rnd.propose(propose(True, sorted(expected), expected))
     wait_slice = max(WAIT_SLICE_S, len(members) * WAIT_SLICE_PER_MEMBER_S)
     max_slice = max(WAIT_SLICE_MAX_S, wait_slice)
@@ -236,9 +244,11 @@ def _decide(call: BoundedCalls, store: Any, key_prefix: str, mark: str, me: int,
                 arrived = len(log.arrived.intersection(expected))
             else:
                 arrived = rnd.count()
+            if arrived >= len(expected) and log is not None:  # every one of them is in the log
+                return rnd.propose(propose(True, sorted(expected), expected))
             if (arrived >= len(expected) and (arrived, len(expected)) != listed) or now - listed_at >= LIST_CHECK_S:
                 listed, listed_at = (arrived, len(expected)), now
-                if rnd.all_in(expected):
+                if rnd.complete(expected, log):
                     return rnd.propose(propose(True, sorted(expected), expected))
             time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
             interval = min(interval * 2, max(poll_s, POLL_MAX_S))
@@ -247,10 +257,16 @@ def _decide(call: BoundedCalls, store: Any, key_prefix: str, mark: str, me: int,
             if now >= until - MIN_WAIT_S:  # a store reads a wait of 0 ms as its own (long) timeout
                 time.sleep(max(0.0, until - now))
                 return _at_deadline(rnd, failed, propose, arrivals)
-            decided = rnd.wait_decided(min(wait_slice, until - now))
+            if rnd.log is None:  # a store without the extended API (a FileStore waits in whole seconds): poll
+                decided = rnd.decided()
+                if decided is None:
+                    time.sleep(max(0.0, min(interval, until - time.monotonic())))
+                    interval = min(interval * 2, max(poll_s, POLL_MAX_S))
+            else:
+                decided = rnd.wait_decided(min(wait_slice, until - now))
+                wait_slice = min(2 * wait_slice, max_slice)
             if decided is not None:
                 return decided
-            wait_slice = min(2 * wait_slice, max_slice)
 
 
 def _at_deadline(rnd: _Round, failed: set[int], propose: Propose, arrivals: bool) -> bytes:
@@ -263,8 +279,7 @@ def _at_deadline(rnd: _Round, failed: set[int], propose: Propose, arrivals: bool
     if log is not None:
         failed = failed | log.failed
     expected = [r for r in rnd.members if r not in failed]
-    came = len(log.arrived.intersection(expected)) if log is not None else rnd.count()
-    if came >= len(expected) and rnd.all_in(expected):
+    if rnd.complete(expected, log):
         return rnd.propose(propose(True, sorted(expected), expected))
     arrived = ((log.arrived | {rnd.me}) if log is not None else rnd.scan()) if arrivals else set()
     return rnd.propose(propose(False, sorted(arrived - failed), expected))
