@@ -102,8 +102,8 @@ class _Log:
 class _Round:
     """The store keys of one round and the requests on them, each through ``call``.
 
-    The arrival log (where the store has ``append``) holds ``<rank>,`` for each member that
-    checked in and ``!<rank>,`` for each failure a member reported: the leader counts a
+    The arrival log (where the store has the extended API) holds ``<rank>,`` for each member
+    that checked in and ``!<rank>,`` for each failure a member reported: the leader counts a
     failure any member knows, so that a leader that has not learnt it yet does not wait for
     the failed member."""
 
@@ -211,10 +211,12 @@ class _Round:
 def _decide(call: BoundedCalls, store: Any, key_prefix: str, mark: str, me: int, members: list[int],
             known_failed: Callable[[], set[int]], deadline: float, poll_s: float, propose: Propose,
             arrivals: bool = True) -> bytes:
-    """Check in under ``<key_prefix>/<mark>/<me>`` and return the stored decision: another
-    member's, or ``propose(...)`` written with compare-and-set once every member not known
-    failed checked in under ``mark`` (or ``deadline`` passed). ``arrivals``: whether a proposal
-    at the deadline needs the members who arrived (else it is given none)."""
+    """Check in under ``<key_prefix>/<mark>`` (the log ``<mark>-log``, or the key ``<mark>/<me>``
+    where the store has no log; a key set by a member counts as its check-in either way) and
+    return the stored decision: another member's, or ``propose(...)`` written with
+    compare-and-set once every member not known failed checked in (or ``deadline`` passed).
+    ``arrivals``: whether a proposal at the deadline needs the members who arrived (else it is
+    given none)."""
     rnd = _Round(call, store, key_prefix, mark, me, members)
     failed = set(known_failed())
     count = rnd.check_in(failed)
