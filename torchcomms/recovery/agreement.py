@@ -6,18 +6,19 @@ proposal wins and everybody adopts it, so there is no split brain by constructio
 torch ``Store`` (the control plane's, or a TCPStore). Two decisions are built on that one loop
 (:func:`_decide`): the survivor list of a shrink and the AND of a flag (``agree``).
 
-The round costs each member a handful of store requests whatever the number of members: a
-member checks in with its key, an entry in the round's arrival log (``append``, where the store
-has it) and an arrival counter (``add``). The member whose count completes the round confirms
-every check-in with one ``check`` of all keys and proposes; the others block on the decision
-key (the store's ``wait``, in slices). One member, the *leader* (the lowest member not known
-failed), polls the log (or the counter) with back-off meanwhile and proposes when the
-check-ins are complete but no count made a member propose: the member that completed the count
-died, a failure was learnt after the others checked in, or a check-in was not counted. Members
-put the failures they know in the log and the leader counts them too, so a failure that one
-member knows is not waited for because the leader has not learnt it yet. At the deadline the
-leader proposes from the log; the others adopt its decision, or propose themselves a moment
-after (the leader may have died).
+The round costs each member four store requests whatever the number of members: a member
+checks in with an entry in the round's arrival log (``append``) and an arrival counter
+(``add``); the member whose count completes the round confirms every check-in with one read of
+the log and proposes; the others block on the decision key (the store's ``wait``, in slices)
+and read it. One member, the *leader* (the lowest member not known failed), polls the log with
+back-off meanwhile and proposes when the check-ins are complete but no count made a member
+propose: the member that completed the count died, a failure was learnt after the others
+checked in, or a check-in was not counted. Members put the failures they know in the log and
+the leader counts them too, so a failure that one member knows is not waited for because the
+leader has not learnt it yet. At the deadline the leader proposes from the log; the others
+adopt its decision, or propose themselves a moment after (the leader may have died). A store
+without the extended API (a FileStore) has no log: members set a key each, the leader checks
+them all in one ``check`` and the others poll the decision.
 
 Every store call is bounded by the agreement's deadline, whatever the store's own timeout: a
 store whose host is stopped or cut off raises ``StoreNotAnswering`` at the deadline (plus
