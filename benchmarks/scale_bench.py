@@ -10,8 +10,7 @@ are spread over ``--procs`` worker processes. Both servers run in processes of t
 CPU time (``/proc/<pid>/stat``) and resident memory (``/proc/<pid>/status``) are read around
 every phase. Phases, each timed from the command to the last rank done:
 
-- ``connect``: every rank connects (and, for ours, completes the CURVE handshake); with
-  ``--tcpstore-connect serial`` each worker makes its TCPStore clients one at a time;
+- ``connect``: every rank connects (and, for ours, completes the CURVE handshake);
 - ``rendezvous``: every rank sets its address under ``addr/<rank>`` and reads everyone's
   (``multi_get`` of all N keys);
 - ``barrier``: ``add`` to a counter, the last arrival sets ``done``, everybody waits for it;
@@ -37,7 +36,6 @@ The clients share the machine's cores with the servers: phase times include the 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
 import multiprocessing as mp
@@ -324,11 +322,8 @@ def worker(kind: str, target: str, secret_hex: str, ranks: list[int], n: int, co
         if cmd == "close":
             break
         if cmd == "connect":
-            one_at_a_time = threading.Lock() if arg and kind == "tcpstore" else contextlib.nullcontext()
-
             def fn(rank: int) -> None:
-                with one_at_a_time:
-                    stores[rank] = make()
+                stores[rank] = make()
                 stores[rank].connect()
         elif cmd == "rendezvous":
             fn = lambda rank: rendezvous(stores[rank], rank, n)
@@ -445,9 +440,7 @@ def run_one(kind: str, n: int, procs: int, args: argparse.Namespace) -> dict[str
                 if phase not in args.phases or (phase == "agree" and kind not in args.agree_kinds):
                     continue
                 arg: Any = None
-                if phase == "connect":
-                    arg = args.tcpstore_connect == "serial"
-                elif phase == "fanout":
+                if phase == "fanout":
                     arg = 0
                 elif phase == "agree":
                     arg = (args.agree, time.monotonic() + args.agree_deadline)
@@ -524,9 +517,6 @@ def main() -> int:
                              "HeartbeatSender does); off: at --hb-interval whatever it asks")
     parser.add_argument("--max-beat-rate", type=float, default=None,
                         help="our server's TORCHCOMM_CONTROL_MAX_BEAT_RATE (default: its own)")
-    parser.add_argument("--tcpstore-connect", choices=("parallel", "serial"), default="parallel",
-                        help="serial: each worker makes its TCPStore clients one at a time (concurrent "
-                             "constructors stall 5 s each in this sandbox's reverse-DNS lookup)")
     parser.add_argument("--kinds", default="ours,tcpstore")
     parser.add_argument("--phases", default=",".join(PHASES),
                         help="phases to run (connect always runs)")
@@ -553,7 +543,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, started: dat
     print(f"\n{started:%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores shared with other users; "
           f"load average {load0[0]:.1f} -> {load1[0]:.1f}; agreement '{args.agree}', "
           f"heartbeat every {args.hb_interval} s for {args.hb_seconds} s, pacing {args.hb_pace}, "
-          f"our max beat rate {args.max_beat_rate or 'default'}, TCPStore connects {args.tcpstore_connect}")
+          f"our max beat rate {args.max_beat_rate or 'default'}")
     by = {(r["kind"], r["ranks"]): r for r in results}
     print("| N | phase | ours s | TCPStore s | ours / TCPStore | ours server CPU s | "
           "TCPStore server CPU s |")
