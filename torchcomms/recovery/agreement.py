@@ -43,8 +43,9 @@ Propose = Callable[[bool, list[int], list[int]], bytes]
 
 #: The leader's poll interval doubles from ``poll_s`` up to this.
 POLL_MAX_S = 0.1
-#: How often the leader checks every key when the counter does not call for it (check-ins
-#: that were not counted).
+#: How often the leader checks the keys of the members missing from the log (without a log:
+#: every member's key) when neither the log nor the counter calls for it: check-ins that are
+#: a key only (set by hand, or by a member on a store without a log).
 LIST_CHECK_S = 1.0
 #: A member other than the leader waits for the decision in slices: the first of at least
 #: this and of ``WAIT_SLICE_PER_MEMBER_S`` per member (so that the waiting members together
@@ -82,7 +83,7 @@ def _has_append(store: Any) -> bool:
 def _is_wait_timeout(error: BaseException) -> bool:
     """Whether a store's ``wait`` raised because its timeout ran out (not because it failed)."""
     return isinstance(error, dist.DistStoreError) or (
-        type(error) is RuntimeError and "timeout" in str(error).lower())  # FileStore's
+        type(error) is RuntimeError and "timeout" in str(error).lower())  # a store's plain "Wait timeout"
 
 
 class _Log:
