@@ -17,11 +17,15 @@ every phase. Phases, each timed from the command to the last rank done:
 - ``fanout``: every rank waits for one ``rank_failed`` event (ours: a parked ``events``
   request; TCPStore: a blocking ``get`` of the event's key); timed from the publish to the
   last rank that received it;
-- ``agree``: a shrink agreement among the N-1 survivors with the store-key pattern of
-  ``torchcomms.recovery.agreement`` (``--agree scan``: ``<p>/in/<rank>`` check-ins, each
-  survivor polling every other survivor's key with ``check``, then ``compare_set`` of
-  ``<p>/decision``; ``--agree count``: the same keys plus an arrival counter, so a survivor
-  reads all check-ins in one ``check`` and the others block on the decision);
+- ``agree``: a shrink agreement among the N-1 survivors, rank N-1 known failed. ``--agree
+  library`` (the default) calls ``torchcomms.recovery.agreement.agree_on_survivors`` itself
+  on each rank's store (TCPStore: its ``TCPStore`` client; ours: the rank's raw client behind
+  the ``Store`` methods the agreement calls, the requests ``ControlStore`` makes). Two
+  patterns replayed by hand are kept for comparison: ``--agree scan`` (the library's polling
+  before its arrival counter: ``<p>/in/<rank>`` check-ins, each survivor polling every other
+  survivor's key with ``check``, then ``compare_set`` of ``<p>/decision``) and ``--agree
+  count`` (the same keys plus an arrival counter; the survivor that completes it reads all
+  check-ins in one ``check``, the others block on the decision);
 - ``heartbeat``: every rank beats every ``--hb-interval`` s for ``--hb-seconds`` (ours: the
   ``heartbeat`` op; TCPStore: a ``set`` of ``hb/<rank>``); reports the server's CPU share and
   its CPU time per beat.
@@ -88,6 +92,9 @@ class RawControl:
             if reply.get("id") == request_id:
                 break
         if not reply["ok"]:
+            if isinstance(reply["error"], dict) and reply["error"].get("code") == "timeout":
+                from torchcomms.control.store import ControlStoreTimeoutError  # what ControlStore raises
+                raise ControlStoreTimeoutError(f"{op}: {reply['error']}", fields.get("keys", []))
             raise RuntimeError(f"{op}: {reply['error']}")
         return reply["value"]
 
@@ -115,6 +122,9 @@ class RawControl:
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
         return self.call("compare_set", key=key, expected=expected, desired=desired)
 
+    def append(self, key: str, value: bytes) -> None:
+        self.call("append", key=key, value=value)
+
     def wait_event(self, since: int) -> None:
         while not self.call("events", since=since, topics=["rank_failed"], timeout=600.0):
             pass
@@ -123,6 +133,42 @@ class RawControl:
         """One beat; returns the interval the server asks for."""
         reply = self.call("heartbeat", member=f"rank/{rank}", interval=interval, limit=600.0)
         return float(reply["interval"]) if isinstance(reply, dict) else interval
+
+
+class RawControlStore:
+    """A rank's :class:`RawControl` behind the ``Store`` methods that
+    ``torchcomms.recovery.agreement`` calls, with ``ControlStore``'s signatures and errors (a
+    wait that times out raises ``ControlStoreTimeoutError``, a ``DistStoreError``)."""
+
+    def __init__(self, raw: RawControl) -> None:
+        self.raw = raw
+
+    def set(self, key: str, value: bytes) -> None:
+        self.raw.set(key, bytes(value))
+
+    def get(self, key: str) -> bytes:
+        return self.raw.get(key)
+
+    def add(self, key: str, delta: int) -> int:
+        return self.raw.add(key, delta)
+
+    def append(self, key: str, value: bytes) -> None:
+        self.raw.append(key, bytes(value))
+
+    def check(self, keys: list[str]) -> bool:
+        return self.raw.check(list(keys))
+
+    def wait(self, keys: list[str], timeout: timedelta) -> None:
+        self.raw.wait(list(keys), timeout.total_seconds())
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        return self.raw.compare_set(key, bytes(expected), bytes(desired))
+
+    def delete_key(self, key: str) -> bool:
+        return self.raw.call("delete", key=key)
+
+    def has_extended_api(self) -> bool:
+        return True
 
 
 class TcpStoreRank:
@@ -223,6 +269,15 @@ def agree_count(store: Any, rank: int, n: int, deadline: float) -> list[int]:
                 return agree_scan(store, rank, n, deadline)
 
 
+def agree_library(store: Any, rank: int, n: int, deadline: float) -> list[int]:
+    """``agree_on_survivors`` itself on this rank's store, rank ``n - 1`` known failed."""
+    from torchcomms.recovery.agreement import agree_on_survivors
+    survivors = agree_on_survivors(store, "shrink/1", rank, list(range(n)), lambda: {n - 1}, deadline)
+    if survivors != list(range(n - 1)):
+        raise RuntimeError(f"rank {rank} agreed on {len(survivors)} survivors, not {n - 1}")
+    return survivors
+
+
 # ----------------------------------------------------------------------------- workers
 
 def _run_threads(ranks: list[int], fn: Callable[[int], Any]) -> tuple[float, list[str]]:
@@ -260,6 +315,7 @@ def worker(kind: str, target: str, secret_hex: str, ranks: list[int], n: int, co
     else:
         import torch.distributed  # noqa: F401 - imported before the timed phases
         make = lambda: TcpStoreRank(int(target))
+    import torchcomms.recovery.agreement  # noqa: F401 - imported before the timed phases
     conn.send("ready")
     while True:
         cmd, arg = conn.recv()
@@ -281,9 +337,14 @@ def worker(kind: str, target: str, secret_hex: str, ranks: list[int], n: int, co
             fn = lambda rank: stores[rank].wait_event(arg)
         elif cmd == "agree":
             algo, deadline = arg
-            body = agree_scan if algo == "scan" else agree_count
             survivors = [r for r in ranks if r != n - 1]
-            end, errors = _run_threads(survivors, lambda rank: body(stores[rank], rank, n, deadline))
+            if algo == "library":
+                handle = (lambda rank: RawControlStore(stores[rank])) if kind == "ours" else (
+                    lambda rank: stores[rank].store)
+                end, errors = _run_threads(survivors, lambda rank: agree_library(handle(rank), rank, n, deadline))
+            else:
+                body = agree_scan if algo == "scan" else agree_count
+                end, errors = _run_threads(survivors, lambda rank: body(stores[rank], rank, n, deadline))
             conn.send((end, errors))
             continue
         elif cmd == "heartbeat":
@@ -444,7 +505,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", default="256,1024,4096")
     parser.add_argument("--procs", type=int, default=4, help="worker processes holding the ranks")
-    parser.add_argument("--agree", choices=("scan", "count"), default="count")
+    parser.add_argument("--agree", choices=("library", "scan", "count"), default="library",
+                        help="library: agree_on_survivors itself; scan, count: store patterns replayed")
     parser.add_argument("--agree-kinds", default="ours,tcpstore",
                         help="which stores run the agreement phase")
     parser.add_argument("--agree-deadline", type=float, default=120.0)
