@@ -6,8 +6,10 @@ requests read from its stdin, one JSON line each: ``{"env", "cwd", "log", "targe
 "kwargs", "out"}``. For each it forks a child that starts a session of its own, takes the
 request's environment, working directory and log, and runs
 ``tests.helpers.rank_main.run_target`` exactly as a ``python -m tests.helpers.rank_main``
-process would; the zygote answers ``{"pid": ...}``, and ``{"exit": pid, "code": ...}`` once it
-reaped that child (negative: killed by that signal, as ``subprocess`` reports it).
+process would; the zygote answers ``{"pid": ...}``, and ``{"exit": pid, "code": ...}`` once that
+child ended (negative: killed by that signal, as ``subprocess`` reports it). The child is left
+a zombie until the test side has read its code and sends ``{"reap": pid}``, as a ``Popen``
+child stays until it is waited for: its pid cannot be reused meanwhile.
 
 The zygote never starts a thread (fork copies only the forking thread, so a lock held by
 another thread would stay held in every child). It also imports nothing that reads the
@@ -48,7 +50,10 @@ class ForkedRank:
 
     @property
     def returncode(self) -> int | None:
-        return self._zygote.exit_code(self.pid)
+        """The exit code once the child ended; reading it lets the zygote reap the child (until
+        then its pid stays taken, as a ``Popen`` child's does until it is waited for, so a
+        signal sent by pid can never reach a process that reused it)."""
+        return self._zygote.exit_code(self.pid, release=True)
 
     def poll(self) -> int | None:
         return self.returncode
@@ -71,6 +76,8 @@ class Zygote:
         self._lock = threading.Lock()  # one request in flight at a time
         self._cond = threading.Condition()
         self._exits: dict[int, int] = {}
+        self._released: set[int] = set()
+        self._write_lock = threading.Lock()  # one message on the zygote's stdin at a time
         self._pids: list[int] = []
         self._reader = threading.Thread(target=self._read, name="tc-zygote-reader", daemon=True)
         self._reader.start()
@@ -84,9 +91,7 @@ class Zygote:
         with self._lock:
             with self._cond:
                 known = len(self._pids)
-            assert self._proc.stdin is not None
-            self._proc.stdin.write(json.dumps(request).encode() + b"\n")
-            self._proc.stdin.flush()
+            self._send(request)
             with self._cond:
                 if not self._cond.wait_for(lambda: len(self._pids) > known or not self.alive(), 60):
                     raise RuntimeError("the rank zygote did not answer a fork request within 60 s")
@@ -95,9 +100,25 @@ class Zygote:
                 pid = self._pids[known]
         return ForkedRank(self, pid)
 
-    def exit_code(self, pid: int) -> int | None:
+    def exit_code(self, pid: int, release: bool = False) -> int | None:
+        """``pid``'s exit code, ``None`` while it runs; with ``release``, the zygote may now reap it."""
         with self._cond:
-            return self._exits.get(pid)
+            code = self._exits.get(pid)
+            release = release and code is not None and pid not in self._released
+            if release:
+                self._released.add(pid)
+        if release:
+            self._send({"reap": pid})
+        return code
+
+    def _send(self, message: dict[str, Any]) -> None:
+        assert self._proc.stdin is not None
+        with self._write_lock:
+            try:
+                self._proc.stdin.write(json.dumps(message).encode() + b"\n")
+                self._proc.stdin.flush()
+            except (BrokenPipeError, ValueError):  # the zygote is gone: its children were reaped by init
+                pass
 
     def _read(self) -> None:
         assert self._proc.stdout is not None
@@ -189,17 +210,19 @@ def _child(request: dict[str, Any]) -> None:
             os._exit(code)
 
 
-def _reap(children: set[int]) -> list[tuple[int, int]]:
+def _ended(children: set[int]) -> list[tuple[int, int]]:
+    """The children that ended since the last call, with their exit codes, left unreaped
+    (``WNOWAIT``): each stays a zombie, its pid taken, until the test side releases it."""
     ended = []
     for pid in list(children):
         try:
-            done, status = os.waitpid(pid, os.WNOHANG)
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             children.discard(pid)
             continue
-        if done:
+        if info is not None and info.si_pid == pid:
             children.discard(pid)
-            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
             ended.append((pid, code))
     return ended
 
@@ -227,6 +250,12 @@ def serve() -> None:
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 request = json.loads(line)
+                if "reap" in request:
+                    try:
+                        os.waitpid(int(request["reap"]), 0)  # a zombie: returns at once
+                    except ChildProcessError:
+                        pass
+                    continue
                 out.flush()
                 pid = os.fork()
                 if pid == 0:
@@ -235,7 +264,7 @@ def serve() -> None:
                 children.add(pid)
                 out.write(json.dumps({"pid": pid}).encode() + b"\n")
                 out.flush()
-        for pid, code in _reap(children):
+        for pid, code in _ended(children):
             out.write(json.dumps({"exit": pid, "code": code}).encode() + b"\n")
             out.flush()
 

@@ -32,7 +32,7 @@ def ops_until_failure(timeout_s: float, limit_s: float = 60.0) -> dict[str, Any]
     t = torch.ones(4096)
     comm.all_reduce(t, ReduceOp.SUM, False)
     _ready(r)
-    out: dict[str, Any] = {"rank": r}
+    out: dict[str, Any] = {"rank": r, "size": n}
     start = time.monotonic()
     ops = 0
     failed_at = None

@@ -2,6 +2,7 @@
 rank's state and the hung rank's stacks (before, the report named only the rank)."""
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -62,3 +63,24 @@ def test_a_forked_rank_killed_by_a_signal_reports_it_as_subprocess_does():
     with RankGroup(1, "tests.helpers.sleepers:kills_itself") as group:
         (res,) = group.wait(60)
     assert res.returncode == -signal.SIGKILL and res.value is None
+
+
+def test_a_forked_rank_keeps_its_pid_until_its_exit_code_was_read():
+    # The zygote reaped its children at once, so a rank's pid was free for reuse while the test
+    # still held it: a later signal by pid (kill_all, a chaos kill) could reach whatever process
+    # took it over. Like a Popen child, it now stays a zombie until its code has been read.
+    with RankGroup(1, "tests.helpers.sleepers:kills_itself") as group:
+        (proc,) = group.procs
+        zygote = getattr(proc, "_zygote", None)
+        if zygote is None:
+            pytest.skip("ranks are not forked (TC_TEST_FORK_RANKS=0)")
+        deadline = time.monotonic() + 60
+        while zygote.exit_code(proc.pid) is None:  # ended, not yet read by the group
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        with open(f"/proc/{proc.pid}/stat") as f:
+            assert f.read().rpartition(")")[2].split()[0] == "Z"
+        assert proc.poll() == -signal.SIGKILL  # read: the zygote may reap it now
+        while os.path.exists(f"/proc/{proc.pid}"):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
