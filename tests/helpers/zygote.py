@@ -8,8 +8,9 @@ request's environment, working directory and log, and runs
 ``tests.helpers.rank_main.run_target`` exactly as a ``python -m tests.helpers.rank_main``
 process would; the zygote answers ``{"pid": ...}``, and ``{"exit": pid, "code": ...}`` once that
 child ended (negative: killed by that signal, as ``subprocess`` reports it). The child is left
-a zombie until the test side has read its code and sends ``{"reap": pid}``, as a ``Popen``
-child stays until it is waited for: its pid cannot be reused meanwhile.
+a zombie until the test side has read its code and sends ``{"reap": pid}`` (answered
+``{"reaped": pid}``), as a ``Popen`` child stays until it is waited for: its pid cannot be
+reused meanwhile.
 
 The zygote never starts a thread (fork copies only the forking thread, so a lock held by
 another thread would stay held in every child). It also imports nothing that reads the
@@ -77,6 +78,7 @@ class Zygote:
         self._cond = threading.Condition()
         self._exits: dict[int, int] = {}
         self._released: set[int] = set()
+        self._reaped: set[int] = set()
         self._write_lock = threading.Lock()  # one message on the zygote's stdin at a time
         self._pids: list[int] = []
         self._reader = threading.Thread(target=self._read, name="tc-zygote-reader", daemon=True)
@@ -107,8 +109,10 @@ class Zygote:
             release = release and code is not None and pid not in self._released
             if release:
                 self._released.add(pid)
-        if release:
+        if release:  # reaped before this returns, as Popen.poll() reaps
             self._send({"reap": pid})
+            with self._cond:
+                self._cond.wait_for(lambda: pid in self._reaped or not self.alive(), 10)
         return code
 
     def _send(self, message: dict[str, Any]) -> None:
@@ -127,6 +131,8 @@ class Zygote:
             with self._cond:
                 if "pid" in msg:
                     self._pids.append(int(msg["pid"]))
+                elif "reaped" in msg:
+                    self._reaped.add(int(msg["reaped"]))
                 else:
                     self._exits[int(msg["exit"])] = int(msg["code"])
                 self._cond.notify_all()
@@ -255,6 +261,8 @@ def serve() -> None:
                         os.waitpid(int(request["reap"]), 0)  # a zombie: returns at once
                     except ChildProcessError:
                         pass
+                    out.write(json.dumps({"reaped": int(request["reap"])}).encode() + b"\n")
+                    out.flush()
                     continue
                 out.flush()
                 pid = os.fork()
