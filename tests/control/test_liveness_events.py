@@ -34,20 +34,26 @@ def test_a_server_that_answers_nothing_for_9s_is_slow_not_lost() -> None:
     """A server whose loop answers nothing for 9 s (busy or starved; its connections stay up)
     is not reported lost: the subscription used to call ``on_error`` after one unanswered 7 s
     poll, and every communicator of the rank aborted. Events published afterwards arrive."""
+    assert _errors_after_a_server_pause(9.0, lost_after=None) == []  # the serving thread held 9 s
+
+
+def _errors_after_a_server_pause(hold_s: float, lost_after: float | None) -> list[Exception]:
+    """Hold a server's serving thread ``hold_s`` seconds under a subscribed client, then
+    publish: the event must arrive; returns what the subscription reported as errors."""
     secret = new_secret()
     errors: list[Exception] = []
     inbox: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
     with StoreServer("127.0.0.1", 0, secret) as srv:
         c = ControlClient(srv.address, secret, timeout=10.0)
         c.subscribe(["job_stopping"], lambda t, p: inbox.put((t, p)), since=None,
-                    on_error=errors.append)
+                    on_error=errors.append, lost_after=lost_after)
         time.sleep(0.3)
-        srv._run_in_loop(lambda: time.sleep(9.0), 30.0)  # the serving thread is held 9 s
+        srv._run_in_loop(lambda: time.sleep(hold_s), hold_s + 30.0)
         c.publish("job_stopping", {"reason": "after the pause"})
         topic, payload = inbox.get(timeout=30)
         assert payload["reason"] == "after the pause"
-        assert errors == []
         c.close()
+    return errors
 
 
 def test_a_dead_server_is_still_reported_lost(tmp_path: Path) -> None:
@@ -91,21 +97,8 @@ def test_a_silent_server_whose_process_runs_on_this_host_is_never_lost(monkeypat
     communicators and the job failed. With the server's process named
     (``TORCHCOMM_CONTROL_PID``), its silence is slowness while that process runs."""
     monkeypatch.setenv("TORCHCOMM_CONTROL_PID", str(os.getpid()))  # the server lives in this process
-    secret = new_secret()
-    errors: list[Exception] = []
-    inbox: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
-    with StoreServer("127.0.0.1", 0, secret) as srv:
-        c = ControlClient(srv.address, secret, timeout=10.0)
-        c.subscribe(["job_stopping"], lambda t, p: inbox.put((t, p)), since=None,
-                    on_error=errors.append, lost_after=0.5)
-        time.sleep(0.3)
-        # held past two unanswered polls (7 s each) and the lost limit between them
-        srv._run_in_loop(lambda: time.sleep(16.0), 40.0)
-        c.publish("job_stopping", {"reason": "after the pause"})
-        topic, payload = inbox.get(timeout=30)
-        assert payload["reason"] == "after the pause"
-        assert errors == []
-        c.close()
+    # held past two unanswered polls (7 s each) and the lost limit between them
+    assert _errors_after_a_server_pause(16.0, lost_after=0.5) == []
 
 
 def test_process_running_tells_running_from_stopped_zombie_and_gone() -> None:
