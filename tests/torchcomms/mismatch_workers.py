@@ -62,7 +62,11 @@ def split_lists(lists: dict[str, list[int]]) -> str:
     """Each rank splits with its own list (``lists[str(rank)]``)."""
     comm = _comm()
     mine = lists[str(comm.get_rank())]
-    return _outcome(lambda: comm.split(mine, "child", timeout=timedelta(seconds=10)))
+    outcome = _outcome(lambda: comm.split(mine, "child", timeout=timedelta(seconds=10)))
+    # rank 0 hosts the store: it stays until every rank's split (and its engine's rendezvous
+    # through that store) has ended, or its exit fails a peer's split that was still reading
+    _outcome(lambda: comm.barrier(False, timeout=timedelta(seconds=10)))
+    return outcome
 
 
 def wrong_all_gather_size() -> str:
