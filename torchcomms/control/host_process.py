@@ -14,17 +14,22 @@ from collections.abc import Callable
 _RUNNING_STATES = frozenset("RSDIW")
 
 
-def process_running(pid: int) -> bool:
-    """Whether ``pid`` exists and is running or runnable (not stopped, traced or a zombie).
-    Where /proc is missing, ``False`` (nothing known: the caller's time limit decides)."""
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` in ``/proc/<pid>/stat`` (``R``, ``S``, ``T``,
+    ``Z``, ...); ``None`` where /proc cannot tell (the process is gone, or there is no /proc)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
-        return False
-    _, _, rest = stat.rpartition(b")")
-    state = rest.split()[0:1]
-    return bool(state) and state[0].decode() in _RUNNING_STATES
+        return None
+    state = stat.rpartition(b")")[2].split()[:1]  # after "pid (comm)", which may hold anything
+    return state[0].decode("ascii", "replace") if state else None
+
+
+def process_running(pid: int) -> bool:
+    """Whether ``pid`` exists and is running or runnable (not stopped, traced or a zombie).
+    Where /proc is missing, ``False`` (nothing known: the caller's time limit decides)."""
+    return process_state(pid) in _RUNNING_STATES
 
 
 def host_running_check(pid: int | None) -> Callable[[], bool] | None:

@@ -98,21 +98,21 @@ class Subscription:
                 if failing_since is None:
                     failing_since = now
                     _log.info("event subscription: no answer yet (%s); retrying", exc)
-                if not reported and not closed and now - failing_since >= self.lost_after \
-                        and self._host_running is not None and self._host_running():
-                    if now - slow_noted >= self.lost_after:
-                        slow_noted = now
-                        _log.warning("event subscription unanswered for %.1f s; the control plane's process "
-                                     "is running (a starved node): waiting", now - failing_since)
-                elif not reported and (closed or now - failing_since >= self.lost_after):
-                    reported = True
-                    _log.warning("event subscription interrupted for %.1f s: %s",
-                                 now - failing_since, exc)
-                    if self._on_error is not None:
-                        try:
-                            self._on_error(exc)
-                        except Exception:  # noqa: BLE001 - user code must not kill the thread
-                            _log.exception("subscription on_error callback failed")
+                if not reported and (closed or now - failing_since >= self.lost_after):
+                    if not closed and self._host_running is not None and self._host_running():
+                        if now - slow_noted >= self.lost_after:  # starved, not lost: say so now and then
+                            slow_noted = now
+                            _log.warning("event subscription unanswered for %.1f s; the control plane's "
+                                         "process is running (a starved node): waiting", now - failing_since)
+                    else:
+                        reported = True
+                        _log.warning("event subscription interrupted for %.1f s: %s",
+                                     now - failing_since, exc)
+                        if self._on_error is not None:
+                            try:
+                                self._on_error(exc)
+                            except Exception:  # noqa: BLE001 - user code must not kill the thread
+                                _log.exception("subscription on_error callback failed")
                 self._stop.wait(0.5)
                 continue
             if not isinstance(items, list):

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from torchcomms.config import settings
+from torchcomms.control.host_process import process_state
 from torchcomms.core.store_calls import describe_store
 
 if TYPE_CHECKING:
@@ -78,8 +79,8 @@ def _identity() -> dict[str, Any]:
 
 def process_gone(pid: int) -> bool:
     """Whether process ``pid`` of this host (and pid namespace) is dead: gone, or a zombie."""
-    stat = _read(f"/proc/{pid}/stat")
-    if not stat:
+    state = process_state(pid)
+    if state is None:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
@@ -87,8 +88,7 @@ def process_gone(pid: int) -> bool:
         except PermissionError:
             return False
         return not os.path.isdir("/proc/self")  # no /proc: alive as far as we can tell
-    state = stat.rpartition(")")[2].split()[:1]
-    return state in (["Z"], ["X"], ["x"])
+    return state in ("Z", "X", "x")
 
 
 class StoreWatch:
