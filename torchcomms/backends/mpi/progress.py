@@ -70,14 +70,18 @@ class Completion:
             raise self._error
 
 
+def _check_status(requests: list[Any], status: Any) -> None:
+    if status is not None and len(requests) != 1:
+        raise ValueError("a status is kept for one request only")
+
+
 def blocking_wait(MPI: Any, requests: list[Any], on_error: OnError,  # noqa: N803
                   status: Any = None) -> Callable[[float], bool]:
     """A ``BlockingWait`` over ``requests``: polls them for at most the given seconds; True once
     all completed, False if they still run; raises ``on_error(error)`` when one failed. With
     ``status`` (one request only), the completed request's ``MPI.Status`` is written there."""
     # one request: Test (Testall hides the request's own error class behind MPI_ERR_IN_STATUS)
-    if status is not None and len(requests) != 1:
-        raise ValueError("a status is kept for one request only")
+    _check_status(requests, status)
     testall = (lambda reqs: reqs[0].Test(status)) if len(requests) == 1 else MPI.Request.Testall
     yield_ = os.sched_yield
 
@@ -129,8 +133,7 @@ class RequestProgress:
                status: Any = None) -> Completion:
         """Drive ``requests`` to completion; the returned future completes then. With ``status``
         (one request only), the request's ``MPI.Status`` is written there first."""
-        if status is not None and len(requests) != 1:
-            raise ValueError("a status is kept for one request only")
+        _check_status(requests, status)
         fut = Completion()
         with self._cond:
             self._pending.append(_Pending(requests, fut, owner, keep, on_error, status))

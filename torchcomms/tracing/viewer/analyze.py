@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from torchcomms.errors import format_ranks as fmt_ranks
 import numpy as np
 
+from torchcomms.errors import format_ranks as fmt_ranks
 from torchcomms.tracing.viewer.aggregate import describe_groups
 from torchcomms.tracing.viewer.align import Grid, Table
 from torchcomms.tracing.viewer.columns import Kind

@@ -11,8 +11,8 @@ entry-by-entry parse (``load._parse_entry``), so both agree, errors included.
 from __future__ import annotations
 
 import marshal
-from operator import itemgetter
 from collections.abc import Callable, Iterator, Sequence
+from operator import itemgetter
 from typing import Any, NamedTuple, overload
 
 import numpy as np
