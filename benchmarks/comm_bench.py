@@ -532,6 +532,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mpi-nonblocking-max", type=int, default=None,
                    help="--engine mpi: hint mpi.nonblocking_max_bytes (collectives up to this size as MPI's "
                         "nonblocking calls on the caller's thread; default: the backend's)")
+    p.add_argument("--mpi-collectives", choices=("blocking", "nonblocking"), default=None,
+                   help="--engine mpi: hint mpi.collectives (every collective one kind; not with "
+                        "--mpi-nonblocking-max)")
     p.add_argument("--min-bytes", type=parse_bytes, default=4 << 10, help="smallest size (default 4K)")
     p.add_argument("--max-bytes", type=parse_bytes, default=64 << 20, help="largest size (default 64M)")
     p.add_argument("--step-factor", type=int, default=4, choices=(2, 4), help="size multiplier (default 4)")

@@ -63,6 +63,8 @@ def run_rank(args: Any, cb: Any) -> None:
 
     os.environ["TORCHCOMM_TRACING_DISABLE"] = "0" if args.tracing == "on" else "1"
     hints = {} if args.mpi_nonblocking_max is None else {"mpi.nonblocking_max_bytes": str(args.mpi_nonblocking_max)}
+    if args.mpi_collectives is not None:
+        hints["mpi.collectives"] = args.mpi_collectives
     ours = torchcomms.new_comm("mpi", torch.device("cpu"), "bench-mpi", timeout=timedelta(seconds=args.op_timeout),
                                hints=hints)
     from mpi4py import MPI

@@ -10,7 +10,8 @@ from tests.helpers.mpi_ranks import mpi_available, run_mpi_ranks
 pytestmark = pytest.mark.skipif(not mpi_available(), reason="mpi4py or mpiexec is not installed")
 
 
-@pytest.mark.parametrize("hints", [None, {"mpi.nonblocking_max_bytes": "262144"}], ids=["engine-thread", "caller-thread"])
+@pytest.mark.parametrize("hints", [{"mpi.collectives": "blocking"}, {"mpi.nonblocking_max_bytes": "262144"}],
+                         ids=["engine-thread", "caller-thread"])
 @pytest.mark.parametrize("world", [2, 3])
 def test_every_declared_dtype_reduces_correctly(world: int, hints: dict[str, str] | None) -> None:
     for res in run_mpi_ranks(world, "tests.mpi.workers:dtype_reductions", {"hints": hints}, timeout=180):

@@ -19,8 +19,8 @@ TIMEOUT_S = 3.0
 REPEAT = int(os.environ.get("TC_CHAOS_REPEAT", "1"))
 
 
-# the engine thread's blocking calls (default), and MPI's nonblocking calls polled on the caller's thread
-PATHS = [None, {"mpi.nonblocking_max_bytes": "262144"}]
+# the engine thread's blocking calls, and MPI's nonblocking calls polled on the caller's thread
+PATHS = [{"mpi.collectives": "blocking"}, {"mpi.nonblocking_max_bytes": "262144"}]
 
 
 @pytest.mark.parametrize("hints", PATHS, ids=["engine-thread", "caller-thread"])

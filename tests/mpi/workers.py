@@ -228,3 +228,28 @@ def agree_without_ulfm() -> dict[str, Any]:
         return {"raised": type(e).__name__, "message": str(e)}
     finally:
         comm.finalize()
+
+
+def collective_paths(hints: dict[str, str] | None = None) -> dict[str, Any]:
+    """Which path the collectives take (the engine thread starts with the first op routed to it),
+    and correct sums when small ops follow large async ones that are still queued there."""
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "paths", hints=hints)
+    r, n = comm.get_rank(), comm.get_size()
+    backend = comm._backend
+    small = torch.full((256,), float(r + 1))  # 1 KiB
+    comm.all_reduce(small, ReduceOp.SUM, False)
+    thread_after_small = backend._thread is not None
+    large = torch.full((1 << 18,), float(r + 1))  # 1 MiB
+    comm.all_reduce(large, ReduceOp.SUM, False)
+    thread_after_large = backend._thread is not None
+    want = float(n * (n + 1) // 2)
+    sums_ok = bool((small == want).all() and (large == want).all())
+    for i in range(20):  # large async ops queued on the engine thread, small ones behind them
+        big = torch.full((1 << 18,), float(i + r))
+        work = comm.all_reduce(big, ReduceOp.SUM, True)
+        tiny = torch.full((16,), float(i * r))
+        comm.all_reduce(tiny, ReduceOp.MAX, False)
+        work.wait()
+        sums_ok &= bool((big == float(n * i + n * (n - 1) // 2)).all() and (tiny == float(i * (n - 1))).all())
+    comm.finalize()
+    return {"thread_after_small": thread_after_small, "thread_after_large": thread_after_large, "sums_ok": sums_ok}

@@ -4,7 +4,7 @@ Ranks come from the MPI job (``mpiexec -n N python train.py``): the communicator
 (discovered from ``OMPI_COMM_WORLD_RANK``/``_SIZE`` or ``PMI_RANK``/``_SIZE``) must be the MPI
 world's, and no store is needed. Tensor memory is handed to MPI without a copy. Point-to-point
 ops are nonblocking (``Isend``/``Irecv``), polled by the caller or the progress thread;
-collectives up to ``mpi.nonblocking_max_bytes`` (hint; none by default) are MPI's
+collectives up to ``mpi.nonblocking_max_bytes`` (hint; 64 KiB by default) are MPI's
 nonblocking calls started on the caller's thread, the others MPI's blocking calls run in order
 on the communicator's engine thread (faster there than MPI's nonblocking collectives: see
 :mod:`.engine_thread` and :mod:`.hints`). Either way a caller waits in slices and never past its

@@ -8,12 +8,14 @@ on a stopped peer can be left only by a thread of its own (the engine thread; ha
 it and back costs two thread wake-ups, ~25 µs measured under load). So small collectives are
 nonblocking calls on the caller's thread, large ones blocking calls on the engine thread.
 
-That caller-thread path is off by default (``mpi.nonblocking_max_bytes`` unset: every
-collective blocking on the engine thread, barrier included): measured on 2 shared, overloaded
-cores (load 33-45), it cut the host CPU per 1 KiB all_reduce on one rank from 48.6 to 16.4 µs, but
-at 2 ranks the 1-4 KiB all_reduce took 270-320 µs against 47-64 µs on the engine thread (16 KiB
-and up: no worse). Whether it wins where ranks are not starved of cores is to be measured
-(``benchmarks/comm_bench.py --engine mpi --mpi-nonblocking-max 262144``).
+Measured on 2 quiet cores (2 ranks, all_reduce, tracing on, medians of 60): the caller-thread
+path takes 22 / 25 / 30 / 44 / 93 µs at 1 / 4 / 16 / 64 / 256 KiB against the engine thread's
+34 / 35 / 41 / 49 / 84 µs, and it stayed ahead up to 64 KiB with 8 busy processes per core (1 KiB
+23-28 vs 33-36 µs; ``benchmarks/comm_bench.py --engine mpi --mpi-nonblocking-max 65536``). So
+collectives up to 64 KiB take it by default (``mpi.nonblocking_max_bytes``), larger ones the
+engine thread. Where ranks share cores with other multi-process jobs (load 33-45 on 2 cores) the
+1-4 KiB caller-thread ops were measured at 270-320 µs against 47-64 µs: there,
+``mpi.collectives=blocking`` puts every collective on the engine thread.
 """
 from __future__ import annotations
 
@@ -22,8 +24,8 @@ from torchcomms.errors import CommValueError
 #: ``nbytes`` of a collective whose ranks pass different sizes: the blocking call, except under
 #: ``mpi.collectives=nonblocking`` (every rank must choose alike, whatever its own sizes)
 UNEVEN = 1 << 61
-#: the default of hint ``mpi.nonblocking_max_bytes``: none (every collective blocking)
-NONBLOCKING_MAX_BYTES = -1
+#: the default of hint ``mpi.nonblocking_max_bytes``: collectives up to 64 KiB nonblocking
+NONBLOCKING_MAX_BYTES = 64 << 10
 _MODES = {"blocking": -1, "nonblocking": 1 << 62}
 
 
