@@ -178,12 +178,14 @@ def mpi_ulfm_run(world: int, seed: int) -> dict:
             t_fail = time.monotonic()  # the ranks' clock: time.monotonic() is one clock per host
             os.kill(pid, signal.SIGKILL)
             res = [r.value for r in job.results_of(survivors, timeout=240)]
-        except AssertionError:
-            return {"ok": False}
+        except AssertionError as e:
+            return {"ok": False, "why": f"a survivor failed: {e}"[:2000]}
     if any(v is None or "t_first_op" not in v for v in res):
-        return {"ok": False}
+        return {"ok": False, "why": f"a survivor did not recover: {res}"[:2000]}
+    wrong = [v for v in res if v["sum"] != float(sum(survivors))]
     return {
-        "ok": all(v["sum"] == float(sum(survivors)) for v in res),
+        "ok": not wrong,
+        "why": f"wrong sum after the shrink: {wrong}"[:2000] if wrong else None,
         "detect_ms": max(v["t_detect"] - t_fail for v in res) * 1e3,
         "shrink_ms": max(v["t_shrunk"] - t_fail for v in res) * 1e3,
         "shrink_only_ms": max(v["t_shrunk"] - v["t_detect"] for v in res) * 1e3,
@@ -281,6 +283,9 @@ def main() -> None:
                   f"({'met' if r['mpi_detect_max_ms'] <= 50 else 'NOT met'}); shrink <= 50 ms: max "
                   f"{r['mpi_shrink_only_max_ms']:.1f} ms ({'met' if r['mpi_shrink_only_max_ms'] <= 50 else 'NOT met'}); "
                   f"first op correct in {r['mpi_ok']}/{args.repeats} runs")
+            for m in r["raw"]["mpi"]:
+                if not m["ok"]:
+                    print(f"  world {r['world']}, failed run: {m['why']}")
     for r in rows if not args.no_torchrun else []:
         print(f"world {r['world']}: stock torchrun restart (no per-attempt prefix) succeeded "
               f"{r['torchrun_stock_ok']}/{r['runs']} times")
