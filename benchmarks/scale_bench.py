@@ -16,7 +16,10 @@ every phase. Phases, each timed from the command to the last rank done:
 - ``barrier``: ``add`` to a counter, the last arrival sets ``done``, everybody waits for it;
 - ``fanout``: every rank waits for one ``rank_failed`` event (ours: a parked ``events``
   request; TCPStore: a blocking ``get`` of the event's key); timed from the publish to the
-  last rank that received it;
+  last rank that received it. With ``--fanout-clients poll`` (the default) one thread per
+  worker process receives its ranks' replies by polling their sockets, so the simulated
+  clients do not cost the shared cores one thread wake-up per rank (on a real cluster each
+  rank wakes on its own core); ``threads`` keeps a blocked thread per rank;
 - ``agree``: a shrink agreement among the N-1 survivors, rank N-1 known failed. ``--agree
   library`` (the default) calls ``torchcomms.recovery.agreement.agree_on_survivors`` itself
   on each rank's store (TCPStore: its ``TCPStore`` client; ours: the rank's raw client behind
@@ -83,14 +86,27 @@ class RawControl:
         self.sock.connect(address)
         self._ids = itertools.count(1)
 
-    def call(self, op: str, **fields: Any) -> Any:
+    def send(self, op: str, **fields: Any) -> int:
+        """Send one request; returns its id (the reply carries it)."""
         import msgpack
         request_id = next(self._ids)
         self.sock.send(msgpack.packb({"id": request_id, "op": op, **fields}, use_bin_type=True))
-        while True:
-            reply = msgpack.unpackb(self.sock.recv(), raw=False)
-            if reply.get("id") == request_id:
-                break
+        return request_id
+
+    def reply(self, request_id: int) -> dict[str, Any] | None:
+        """The next message on the socket if it answers ``request_id`` (else ``None``: stale)."""
+        import msgpack
+        reply = msgpack.unpackb(self.sock.recv(), raw=False)
+        return reply if reply.get("id") == request_id else None
+
+    def call(self, op: str, **fields: Any) -> Any:
+        request_id = self.send(op, **fields)
+        while (reply := self.reply(request_id)) is None:
+            pass
+        return self.value(op, reply, fields)
+
+    def value(self, op: str, reply: dict[str, Any], fields: dict[str, Any]) -> Any:
+        """A reply's value, or the error ``ControlStore`` would raise for it."""
         if not reply["ok"]:
             if isinstance(reply["error"], dict) and reply["error"].get("code") == "timeout":
                 from torchcomms.control.store import ControlStoreTimeoutError  # what ControlStore raises
@@ -126,7 +142,7 @@ class RawControl:
         self.call("append", key=key, value=value)
 
     def wait_event(self, since: int) -> None:
-        while not self.call("events", since=since, topics=["rank_failed"], timeout=600.0):
+        while not self.call("events", **_event_request(since)):
             pass
 
     def beat(self, rank: int, interval: float) -> float:
@@ -278,6 +294,42 @@ def agree_library(store: Any, rank: int, n: int, deadline: float) -> list[int]:
     return survivors
 
 
+def _event_request(since: int) -> dict[str, Any]:
+    return {"since": since, "topics": ["rank_failed"], "timeout": 600.0}
+
+
+def _fanout_poll(raws: list[RawControl], since: int) -> tuple[float, list[str]]:
+    """Every rank's parked ``events`` request, all received by one thread polling every socket:
+    the simulated ranks cost the shared cores one wake-up per batch of replies instead of one
+    thread wake-up (and GIL hand-off) per rank. Returns the last rank's receipt time."""
+    import zmq
+
+    poller = zmq.Poller()
+    pending: dict[Any, tuple[RawControl, int]] = {}
+    for raw in raws:
+        pending[raw.sock] = (raw, raw.send("events", **_event_request(since)))
+        poller.register(raw.sock, zmq.POLLIN)
+    end, errors = 0.0, []
+    while pending:
+        for sock, _ in poller.poll():
+            raw, request_id = pending[sock]
+            reply = raw.reply(request_id)
+            if reply is None:
+                continue
+            try:
+                got = raw.value("events", reply, {})
+            except Exception as exc:  # noqa: BLE001 - reported to the parent
+                errors.append(f"{type(exc).__name__}: {exc}")
+                got = True
+            if not got:  # the wait timed out without the event: park it again
+                pending[sock] = (raw, raw.send("events", **_event_request(since)))
+                continue
+            end = time.monotonic()
+            poller.unregister(sock)
+            del pending[sock]
+    return end, errors[:5]
+
+
 # ----------------------------------------------------------------------------- workers
 
 def _run_threads(ranks: list[int], fn: Callable[[int], Any]) -> tuple[float, list[str]]:
@@ -300,7 +352,8 @@ def _run_threads(ranks: list[int], fn: Callable[[int], Any]) -> tuple[float, lis
     return max(ends), errors[:5]
 
 
-def worker(kind: str, target: str, secret_hex: str, ranks: list[int], n: int, conn: Any) -> None:
+def worker(kind: str, target: str, secret_hex: str, ranks: list[int], n: int, conn: Any,
+           fanout_clients: str = "threads") -> None:
     threading.stack_size(256 * 1024)
     stores: dict[int, Any] = {}
     ctx = None
@@ -334,6 +387,9 @@ def worker(kind: str, target: str, secret_hex: str, ranks: list[int], n: int, co
             conn_ready = threading.Thread(target=lambda: (time.sleep(0.5), armed.set(),
                                                           conn.send(("armed", None))))
             conn_ready.start()
+            if kind == "ours" and fanout_clients == "poll":
+                conn.send(_fanout_poll([stores[r] for r in ranks], arg))
+                continue
             fn = lambda rank: stores[rank].wait_event(arg)
         elif cmd == "agree":
             algo, deadline = arg
@@ -426,8 +482,8 @@ def run_one(kind: str, n: int, procs: int, args: argparse.Namespace) -> dict[str
             for p in range(procs):
                 parent, child = ctx.Pipe()
                 ranks = list(range(p, n, procs))
-                w = ctx.Process(target=worker, args=(kind, target, secret.hex(), ranks, n, child),
-                                daemon=True)
+                w = ctx.Process(target=worker, args=(kind, target, secret.hex(), ranks, n, child,
+                                                     args.fanout_clients), daemon=True)
                 w.start()
                 pipes.append(parent)
                 workers.append(w)
@@ -518,6 +574,9 @@ def main() -> int:
     parser.add_argument("--max-beat-rate", type=float, default=None,
                         help="our server's TORCHCOMM_CONTROL_MAX_BEAT_RATE (default: its own)")
     parser.add_argument("--kinds", default="ours,tcpstore")
+    parser.add_argument("--fanout-clients", choices=("poll", "threads"), default="poll",
+                        help="ours, fanout phase: poll (one thread per worker process polls its "
+                             "ranks' sockets) or threads (a thread per rank blocks on its socket)")
     parser.add_argument("--phases", default=",".join(PHASES),
                         help="phases to run (connect always runs)")
     parser.add_argument("--json", default=None)
