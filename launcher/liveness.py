@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from torchcomms.control.host_process import stat_fields
+
 __all__ = ["ProcSample", "LivenessJudge", "Verdict", "read_proc", "DEFAULT_HUNG_AFTER_S",
            "DEFAULT_STOPPED_AFTER_S", "DEFAULT_CPU_FLOOR"]
 
@@ -50,13 +52,8 @@ class ProcSample:
 
 def read_proc(pid: int) -> ProcSample | None:
     """``/proc/<pid>/stat`` of a live process, or ``None`` (gone, a zombie, or no ``/proc``)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    fields = raw[raw.rfind(")") + 2:].split()  # after "pid (comm) "
-    if len(fields) < 13 or fields[0] in ("Z", "X", "x"):
+    fields = stat_fields(pid)
+    if fields is None or len(fields) < 13 or fields[0] in ("Z", "X", "x"):
         return None
     return ProcSample(fields[0], (int(fields[11]) + int(fields[12])) / _CLK_TCK)
 

@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Protocol
 
+from torchcomms.control.host_process import process_state
+
 from .env import WorkerPlacement
 from .output import STDERR, STDOUT, OutputPump
 
@@ -63,11 +65,8 @@ def _child_setup(parent_pid: int) -> Callable[[], None]:
 def proc_state(pid: int) -> str | None:
     """The process's state from ``/proc/<pid>/stat``, e.g. ``"D (uninterruptible sleep),
     wchan nfs_wait_bit_killable"``; ``None`` where /proc cannot tell (not Linux, gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode("ascii", "replace")
-        code = stat.rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+    code = process_state(pid)
+    if code is None:
         return None
     text = f"{code} ({_STATES.get(code, 'unknown state')})"
     try:

@@ -14,16 +14,24 @@ from collections.abc import Callable
 _RUNNING_STATES = frozenset("RSDIW")
 
 
-def process_state(pid: int) -> str | None:
-    """The state letter of process ``pid`` in ``/proc/<pid>/stat`` (``R``, ``S``, ``T``,
-    ``Z``, ...); ``None`` where /proc cannot tell (the process is gone, or there is no /proc)."""
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after ``pid (comm)`` (the state letter first, then
+    ppid, ...; utime and stime at 11 and 12); ``None`` where /proc cannot tell (the process is
+    gone, or there is no /proc)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
         return None
-    state = stat.rpartition(b")")[2].split()[:1]  # after "pid (comm)", which may hold anything
-    return state[0].decode("ascii", "replace") if state else None
+    # after "pid (comm)": the command name may hold anything, ")" included
+    return stat.rpartition(b")")[2].decode("ascii", "replace").split()
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` in ``/proc/<pid>/stat`` (``R``, ``S``, ``T``,
+    ``Z``, ...); ``None`` where /proc cannot tell (the process is gone, or there is no /proc)."""
+    fields = stat_fields(pid)
+    return fields[0] if fields else None
 
 
 def process_running(pid: int) -> bool:
