@@ -16,12 +16,13 @@ WORKER = REPO / "tests" / "recovery" / "agreed_step_worker.py"
 
 
 def run_agreed_job(world: int, steps: int = 6, victim: int = -1, kill_step: int = -1, fail_rank: int = -1,
-                   fail_step: int = -1, timeout_s: int = 60, limit_s: float = 240) -> dict[str, Any]:
+                   fail_step: int = -1, timeout_s: int = 60, limit_s: float = 240, gil_rank: int = -1,
+                   gil_step: int = -1) -> dict[str, Any]:
     """Run the agreed-step job; returns the launcher's exit code and log, each survivor's result,
-    the victim's kill record and the pids left alive."""
+    the victim's kill record, the GIL holder's record and the pids left alive."""
     out = Path(tempfile.mkdtemp(prefix="tc-agree-"))
     cfg = {"steps": steps, "dir": str(out), "timeout_s": timeout_s, "victim": victim, "kill_step": kill_step,
-           "fail_rank": fail_rank, "fail_step": fail_step}
+           "fail_rank": fail_rank, "fail_step": fail_step, "gil_rank": gil_rank, "gil_step": gil_step}
     env = dict(os.environ, TC_STEP_CFG=json.dumps(cfg), TORCHCOMM_TRACING_DISABLE="1", PYTHONPATH=child_pythonpath())
     t0 = time.monotonic()
     rc, log = run_launcher_job(["--nproc-per-node", str(world), "--on-failure", "shrink", "--no-summary",
@@ -29,11 +30,12 @@ def run_agreed_job(world: int, steps: int = 6, victim: int = -1, kill_step: int 
     results = {r: json.loads((out / f"result{r}.json").read_text()) for r in range(world)
                if (out / f"result{r}.json").exists()}
     killed = json.loads((out / "killed.json").read_text()) if (out / "killed.json").exists() else None
+    held = json.loads((out / "held.json").read_text()) if (out / "held.json").exists() else None
     pids = [json.loads((out / f"pid{r}.json").read_text())["pid"] for r in range(world)
             if (out / f"pid{r}.json").exists()]
     time.sleep(0.2)
     leftover = [p for p in pids if _alive(p)]
-    return {"rc": rc, "log": log, "results": results, "killed": killed, "leftover": leftover,
+    return {"rc": rc, "log": log, "results": results, "killed": killed, "held": held, "leftover": leftover,
             "wall_s": time.monotonic() - t0}
 
 

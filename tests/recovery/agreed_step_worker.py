@@ -5,11 +5,14 @@ applied only if every survivor's collective succeeded, otherwise all shrink and 
 ``TC_STEP_CFG`` (JSON): ``steps``, ``dir``, ``timeout_s``; ``victim``/``kill_step`` (the victim
 SIGKILLs itself at a uniformly random instant of that step; -1 for none); ``fail_rank``/
 ``fail_step`` (that rank treats its completed collective of that step as failed, the case of an
-op that completed on some members and failed on others; -1 for none). Each survivor writes
-``result<rank>.json``; the victim writes ``killed.json`` just before it dies.
+op that completed on some members and failed on others; -1 for none); ``gil_rank``/``gil_step``
+(that healthy rank holds the GIL for 5 s in a C call, from a uniformly random instant of that
+step; -1 for none: it must not be taken for hung). Each survivor writes ``result<rank>.json``;
+the victim writes ``killed.json`` just before it dies, the GIL holder ``held.json`` after the hold.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
@@ -44,6 +47,19 @@ def kill_after(delay_s: float) -> None:
     threading.Thread(target=_die, daemon=True).start()
 
 
+def hold_gil_after(delay_s: float, hold_s: float = 5.0) -> None:
+    """From a side thread: after ``delay_s``, a C call that keeps the GIL for ``hold_s`` (a
+    ``PyDLL`` call never releases it), so every Python thread of the rank stands still."""
+    libc = ctypes.PyDLL(None)
+
+    def _hold() -> None:
+        time.sleep(delay_s)
+        t0 = time.monotonic()
+        libc.usleep(int(hold_s * 1e6))
+        write("held.json", {"t": time.time(), "delay_s": delay_s, "held_s": time.monotonic() - t0})
+    threading.Thread(target=_hold, daemon=True).start()
+
+
 def main() -> int:
     comm = torchcomms.new_comm("gloo", torch.device("cpu"), "agreed", timeout=timedelta(seconds=CFG["timeout_s"]))
     me = comm.get_rank()  # the job rank: it never changes, the communicator's numbering may
@@ -58,6 +74,10 @@ def main() -> int:
             # uniformly over a typical step (the median of the steps after the first, which warms up)
             steady = sorted(durations[1:] or durations) or [0.05]
             kill_after(random.uniform(0.0, steady[len(steady) // 2]))
+        if me == CFG.get("gil_rank", -1) and step == CFG.get("gil_step", -1) and "gil" not in res:
+            res["gil"] = True
+            steady = sorted(durations[1:] or durations) or [0.05]
+            hold_gil_after(random.uniform(0.0, steady[len(steady) // 2]))
         grad = torch.full((256, 256), float(me + 1)) * (step + 1)
         ok = True
         try:

@@ -150,3 +150,19 @@ def test_kill_at_a_random_instant_of_an_agreed_step(world: int, rep: int) -> Non
         run = run_agreed_job(world, steps=5, victim=victim, kill_step=2)
     assert run["killed"] is not None, f"rank {victim} never died\n{run['log'][-3000:]}"
     check_agreed(run, world, victim, 5)
+
+
+@pytest.mark.parametrize("rep", range(REPEAT))
+@pytest.mark.parametrize("world", STEP_WORLDS[-1:])
+def test_kill_while_a_healthy_rank_holds_the_gil(world: int, rep: int) -> None:
+    """A rank is killed at a random instant of a step while another holds the GIL for 5 s in a
+    C call from a random instant of the same step: the holder is slow, not hung (no false kill),
+    and every survivor, the holder included, ends agreed."""
+    rng = random.Random()
+    victim = rng.randrange(world)
+    holder = rng.choice([r for r in range(world) if r != victim])
+    with _load():
+        run = run_agreed_job(world, steps=5, victim=victim, kill_step=2, gil_rank=holder, gil_step=2)
+    assert run["killed"] is not None, f"rank {victim} never died\n{run['log'][-3000:]}"
+    assert run["held"] is not None and run["held"]["held_s"] >= 4.9, f"rank {holder} did not hold the GIL: {run['held']}"
+    check_agreed(run, world, victim, 5)
