@@ -7,6 +7,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import msgpack
+
 from torchcomms.control.client import ControlClient
 from torchcomms.control.kvstore import KeyValueStore
 from torchcomms.control.protocol import Limits, Request
@@ -19,6 +21,9 @@ class _Replies:
 
     def ok(self, identity: bytes, request_id: int, value: Any = None) -> None:
         self.ok_replies[request_id] = value
+
+    def ok_packed(self, identity: bytes, request_id: int, packed_value: bytes) -> None:
+        self.ok_replies[request_id] = msgpack.unpackb(packed_value, raw=False)
 
     def error(self, identity: bytes, request_id: int | None, code: str, message: str,
               keys: list[str] | None = None) -> None:
@@ -71,3 +76,41 @@ def test_duplicate_keys_and_a_key_deleted_while_waiting(secret: bytes) -> None:
         client.set("a", b"3")
         reader.join(20)
         assert got["values"] == [b"3", b"3", b"2"]
+
+
+def test_subscribers_that_asked_alike_share_one_packed_answer_with_the_same_bytes() -> None:
+    from types import SimpleNamespace
+
+    from torchcomms.control import protocol as proto
+    from torchcomms.control.event_log import EventLog
+
+    for value in (None, "pong", [1, "x", {"a": [2.5, b"\x00"]}], {"k": list(range(300))}, 2**40):
+        for rid in (None, 0, 1, 127, 128, 65536, 2**33):
+            assert proto.encode_ok_packed(rid, proto.encode(value)) == proto.encode_ok(rid, value)
+    replies = _Replies()
+    store = KeyValueStore(Limits(), replies, max_pending=10_000)
+    log = EventLog(100)
+    log.append("rank_failed", {"rank": 3}, "run")  # seq 1: before every wait below
+    asks = [(0, ["rank_failed"]), (1, ["rank_failed"]), (0, None), (0, ["joined"])]
+    for i, (since, topics) in enumerate(asks * 50):
+        args: dict[str, Any] = {"since": since, "timeout": 60.0}
+        if topics is not None:
+            args["topics"] = topics
+        store.park_events(b"peer%d" % i, SimpleNamespace(id=i + 1, op="events", args=args))
+    lookups = []
+
+    def find(since: int, topics: list[str] | None) -> list:
+        lookups.append((since, topics))
+        return log.after(since, topics)
+
+    log.append("rank_failed", {"rank": 5}, "run")  # seq 2
+    store.wake_event_waiters("rank_failed", find)
+    assert len(lookups) == 3  # one per distinct question, not one per subscriber
+    for i, (since, topics) in enumerate(asks * 50):
+        got = replies.ok_replies.get(i + 1)
+        if topics == ["joined"]:
+            assert got is None  # still parked
+        else:
+            assert got == [e.to_wire() for e in log.after(since, topics)], (since, topics, got)
+            assert [e[0] for e in got] == ([1, 2] if since == 0 else [2])
+    assert len(store.event_waiters) == 50

@@ -25,6 +25,9 @@ class Replies(Protocol):
 
     def ok(self, identity: bytes, request_id: int, value: Any = None) -> None: ...
 
+    def ok_packed(self, identity: bytes, request_id: int, packed_value: bytes) -> None:
+        """``ok`` with the value already packed (``protocol.encode(value)``)."""
+
     def error(self, identity: bytes, request_id: int | None, code: str, message: str,
               keys: list[str] | None = None) -> None: ...
 
@@ -78,8 +81,11 @@ class KeyValueStore:
 
     def wake_event_waiters(self, topic: str,
                            find: Callable[[int, list[str] | None], list[Event]]) -> None:
-        """Answer the ``events`` requests that an event on ``topic`` completes."""
+        """Answer the ``events`` requests that an event on ``topic`` completes. Subscribers that
+        asked alike (the same ``since`` and topics: every rank of a job, at a failure) share one
+        lookup and one packed answer."""
         still_waiting: list[Waiter] = []
+        answers: dict[tuple[int, tuple[str, ...] | None], bytes] = {}
         for waiter in self.event_waiters:
             if waiter.done:
                 continue
@@ -87,9 +93,13 @@ class KeyValueStore:
             if topics is not None and topic not in topics:
                 still_waiting.append(waiter)
                 continue
-            found = find(waiter.args["since"], topics)
+            since = waiter.args["since"]
+            asked = (since, tuple(topics) if topics is not None else None)
+            packed = answers.get(asked)
+            if packed is None:
+                packed = answers[asked] = proto.encode([e.to_wire() for e in find(since, topics)])
             self.finish(waiter)
-            self._replies.ok(waiter.identity, waiter.request_id, [e.to_wire() for e in found])
+            self._replies.ok_packed(waiter.identity, waiter.request_id, packed)
         self.event_waiters = still_waiting
 
     def op_set(self, identity: bytes, req: Request) -> None:

@@ -153,6 +153,17 @@ def encode_ok(request_id: int | None, value: Any = None) -> bytes:
     return encode({"id": request_id, "ok": True, "value": value})
 
 
+#: the bytes of ``{"id": ..., "ok": True, "value": ...}`` around the id and the value
+_OK_HEAD = b"\x83" + encode("id")
+_OK_MIDDLE = encode("ok") + encode(True) + encode("value")
+
+
+def encode_ok_packed(request_id: int | None, packed_value: bytes) -> bytes:
+    """``encode_ok(request_id, value)`` for a value packed once (``encode(value)``) and sent to
+    many requests: the same bytes, without packing the value again for each."""
+    return b"".join((_OK_HEAD, encode(request_id), _OK_MIDDLE, packed_value))
+
+
 def encode_error(request_id: int | None, code: str, message: str,
                  keys: list[str] | None = None) -> bytes:
     error: dict[str, Any] = {"code": code, "message": message}
