@@ -5,7 +5,7 @@ Contenders, timed round-robin inside the same rank processes (so load on a share
 all of them alike):
 
   fsdp2              fsdp2.fully_shard, all-gather / reduce-scatter on their own communicators,
-                     reductions in flight until the end of backward, forward prefetch 1
+                     up to 2 reduce-scatters in flight (--max-in-flight), forward prefetch 1
   fsdp2-no-prefetch  the same with prefetch=0 (FSDP's own backward prefetch only)
   fsdp2-no-overlap   fsdp2.fully_shard(overlap=False): one communicator, every op waited
   stock              torch.distributed.fsdp.fully_shard on the c10d gloo group
@@ -107,7 +107,9 @@ def worker(args: argparse.Namespace) -> None:
                                abort_process_on_timeout_or_error=False)
     import fsdp2
 
-    fsdp2.fsdp_comms(comm)  # splits and the metadata group, before anything is timed
+    comms = fsdp2.fsdp_comms(comm)  # splits and the metadata group, before anything is timed
+    if args.max_in_flight > 0:
+        comms.reductions.max_in_flight = args.max_in_flight
     names = [args.only] if args.only else [n for n in CONTENDERS if n in args.contenders]
     if "stock-separate-rs" in names and not hasattr(torch.distributed.fsdp.FSDPModule,
                                                     "set_separate_reduce_scatter_group"):
@@ -204,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--loss", choices=("auto", "torch", "fused"), default="auto")
     p.add_argument("--prefetch", type=int, default=1, help="fsdp2's forward prefetch depth (modules all-gathered ahead)")
+    p.add_argument("--max-in-flight", type=int, default=0,
+                   help="fsdp2's reduce-scatters left in flight at most (0: the library's default)")
     p.add_argument("--threads", type=int, default=1,
                    help="intra-op threads per rank (a many-core host: cores / ranks leaves compute to overlap with)")
     p.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
@@ -219,8 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def passthrough(args: argparse.Namespace) -> list[str]:
     """The options every rank process gets (the worker rebuilds ``args`` from them)."""
-    keep = ("steps", "warmup", "dim", "layers", "heads", "vocab", "seq", "batch", "lr", "loss", "prefetch", "threads")
-    return [x for k in keep for x in ("--" + k, str(getattr(args, k)))] + ["--contenders", *args.contenders]
+    keep = ("steps", "warmup", "dim", "layers", "heads", "vocab", "seq", "batch", "lr", "loss", "prefetch", "threads",
+            "max_in_flight")
+    return [x for k in keep for x in ("--" + k.replace("_", "-"), str(getattr(args, k)))] + ["--contenders", *args.contenders]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarize(timed, memory)
     print(f"fsdp_bench: {args.ranks} ranks, dim {args.dim}, {args.layers} layers, vocab {args.vocab}, "
           f"batch {args.batch}x{args.seq}, {args.steps} timed steps, prefetch {args.prefetch}, "
+          f"reduce-scatters in flight {args.max_in_flight or 'default'}, "
           f"{args.threads} thread(s)/rank; torch {timed[0]['torch']}; "
           f"{os.cpu_count()} CPUs; load {load0[0]:.1f} -> {os.getloadavg()[0]:.1f}; {started:%Y-%m-%d %H:%M} UTC")
     print_table(rows)

@@ -73,16 +73,28 @@ def _check_group(group: dist.ProcessGroup | None, comm: Any, what: str) -> None:
             f"{comm.get_name()!r} has {comm.get_size()}; the mesh and the communicators disagree")
 
 
+#: reduce-scatters a backward leaves in flight at most (the newest included); measured on 16
+#: idle cores (benchmarks/gpu/fsdp_cpu.sh), see docs/bench/fsdp.md
+MAX_REDUCTIONS_IN_FLIGHT = 2
+
+
 class Reductions:
     """The reduce-scatters and all-reduces left in flight during one backward.
 
+    ``add(work)`` keeps at most ``max_in_flight`` of them in flight: beyond it the oldest is
+    waited for first (its unsharded gradient is then freed), so a backward holds the gradients of
+    a few modules at once rather than every module's until its end, as stock FSDP's single
+    in-flight reduce-scatter does.
     ``chain(work, then)`` runs ``then`` (issuing the next op) once ``work`` completed, on a
     worker thread, so the main thread keeps computing; ``drain()`` waits for all of it and
     raises the first typed error. The drain is queued on autograd's engine, so it runs before
     ``backward()`` returns: no gradient is read by the optimizer while its reduction is running.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_in_flight: int = MAX_REDUCTIONS_IN_FLIGHT) -> None:
+        if max_in_flight < 1:
+            raise FSDPCommError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        self.max_in_flight = max_in_flight
         self._works: list[CommWork] = []
         self._lock = threading.Lock()
         self._errors: list[BaseException] = []
@@ -93,6 +105,14 @@ class Reductions:
     def add(self, work: CommWork) -> None:
         with self._lock:
             self._works.append(work)
+            oldest = self._works[:-self.max_in_flight]
+            del self._works[:-self.max_in_flight]
+        for w in oldest:  # past the bound: wait, so that its input (the unsharded gradient) is freed
+            try:
+                w.wait()
+            except BaseException as e:  # noqa: BLE001 - raised by the drain, like any other
+                with self._lock:
+                    self._errors.append(e)
         self._queue_drain()
 
     def chain(self, work: CommWork, then: Callable[[], CommWork | None]) -> None:

@@ -99,3 +99,28 @@ def test_a_backward_that_raised_does_not_stop_the_next_drain() -> None:
     w = _Done()
     _backward_that_reduces(r, w, fail=False)
     assert w.waited == 1 and r.pending() == 0
+
+
+def test_reductions_keep_at_most_their_bound_in_flight_oldest_waited_first() -> None:
+    r = fsdp2.Reductions(max_in_flight=2)
+    works = [_Done() for _ in range(5)]
+    for i, w in enumerate(works):
+        r.add(fsdp2.CommWork(w))
+        assert r.pending() == min(i + 1, 2)
+        assert [x.waited for x in works] == [1] * max(0, i - 1) + [0] * (len(works) - max(0, i - 1))
+    r.drain()
+    assert [x.waited for x in works] == [1] * 5 and r.pending() == 0
+    with pytest.raises(fsdp2.FSDPCommError, match="at least 1"):
+        fsdp2.Reductions(max_in_flight=0)
+
+
+def test_an_error_of_a_reduction_waited_past_the_bound_is_raised_by_the_drain() -> None:
+    class _Failed(_Done):
+        def wait(self, timeout=None) -> bool:  # noqa: ANN001
+            raise torchcomms.PeerFailureError("peer 1 failed", failed_ranks=[1])
+
+    r = fsdp2.Reductions(max_in_flight=1)
+    r.add(fsdp2.CommWork(_Failed()))
+    r.add(fsdp2.CommWork(_Done()))  # waits the failed one: its error is kept for the drain
+    with pytest.raises(torchcomms.PeerFailureError, match="peer 1 failed"):
+        r.drain()
