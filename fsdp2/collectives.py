@@ -10,7 +10,8 @@ on its own communicator and returns (or keeps) the handle:
 * reduce-scatter (and the HSDP all-reduce after it): FSDP does not wait on a reduce-scatter's
   result; when nothing in the rest of ``foreach_reduce`` reads the output (no post-divide, no
   dtype cast, no gradient accumulation, no post-accumulate-grad hooks) the op stays in flight
-  and :class:`Reductions` waits for every one at the end of backward. Otherwise it is waited
+  and :class:`Reductions` keeps a few in flight, waiting for the rest at the end of backward.
+  Otherwise it is waited
   before returning, as stock FSDP does.
 """
 from __future__ import annotations
