@@ -5,7 +5,7 @@ Contenders, timed round-robin inside the same rank processes (so load on a share
 all of them alike):
 
   fsdp2              fsdp2.fully_shard, all-gather / reduce-scatter on their own communicators,
-                     up to 2 reduce-scatters in flight (--max-in-flight), forward prefetch 1
+                     1 reduce-scatter in flight (--max-in-flight), forward prefetch 1
   fsdp2-no-prefetch  the same with prefetch=0 (FSDP's own backward prefetch only)
   fsdp2-no-overlap   fsdp2.fully_shard(overlap=False): one communicator, every op waited
   stock              torch.distributed.fsdp.fully_shard on the c10d gloo group

@@ -56,8 +56,8 @@ def fully_shard(module: nn.Module, comm: Any, *, reshard_after_forward: bool | i
     ``comm``: a ``TorchComm`` over all ranks (the all-gather, reduce-scatter and HSDP all-reduce
     communicators are split from it once, on the first call) or an :class:`FSDPComms`.
     ``replicate_size > 1``: HSDP over a (replicate, shard) layout. ``overlap``: all-gather and
-    reduce-scatter on separate communicators, with up to 2 reduce-scatters left in flight during
-    backward (default); ``False`` runs both on one communicator and waits for each reduction.
+    reduce-scatter on separate communicators, with each reduce-scatter left in flight until the next
+    one starts (default); ``False`` runs both on one communicator and waits for each reduction.
     ``prefetch``: when ``module`` contains modules sharded before it, each of them (in
     registration order, after ``module`` itself) all-gathers the next ``prefetch`` modules'
     parameters before its own forward computes (0: only FSDP's default backward prefetch).

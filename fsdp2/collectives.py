@@ -74,9 +74,9 @@ def _check_group(group: dist.ProcessGroup | None, comm: Any, what: str) -> None:
             f"{comm.get_name()!r} has {comm.get_size()}; the mesh and the communicators disagree")
 
 
-#: reduce-scatters a backward leaves in flight at most (the newest included); measured on 16
-#: idle cores (benchmarks/gpu/fsdp_cpu.sh), see docs/bench/fsdp.md
-MAX_REDUCTIONS_IN_FLIGHT = 2
+#: reduce-scatters a backward leaves in flight at most (the newest included): 1 and 2 measured
+#: alike in throughput on 16 idle cores, 1 with less memory (docs/bench/fsdp.md)
+MAX_REDUCTIONS_IN_FLIGHT = 1
 
 
 class Reductions:
