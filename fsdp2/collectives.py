@@ -10,9 +10,8 @@ on its own communicator and returns (or keeps) the handle:
 * reduce-scatter (and the HSDP all-reduce after it): FSDP does not wait on a reduce-scatter's
   result; when nothing in the rest of ``foreach_reduce`` reads the output (no post-divide, no
   dtype cast, no gradient accumulation, no post-accumulate-grad hooks) the op stays in flight
-  and :class:`Reductions` keeps a few in flight, waiting for the rest at the end of backward.
-  Otherwise it is waited
-  before returning, as stock FSDP does.
+  until the next module's starts (:class:`Reductions`; the last is waited for at the end of
+  backward). Otherwise it is waited before returning, as stock FSDP does.
 """
 from __future__ import annotations
 
@@ -83,9 +82,9 @@ class Reductions:
     """The reduce-scatters and all-reduces left in flight during one backward.
 
     ``add(work)`` keeps at most ``max_in_flight`` of them in flight: beyond it the oldest is
-    waited for first (its unsharded gradient is then freed), so a backward holds the gradients of
-    a few modules at once rather than every module's until its end, as stock FSDP's single
-    in-flight reduce-scatter does.
+    waited for first (its unsharded gradient is then freed), so a backward holds the unsharded
+    gradients of that many modules, not of every module until its end (stock FSDP keeps one
+    reduce-scatter in flight too).
     ``chain(work, then)`` runs ``then`` (issuing the next op) once ``work`` completed, on a
     worker thread, so the main thread keeps computing; ``drain()`` waits for all of it and
     raises the first typed error. The drain is queued on autograd's engine, so it runs before

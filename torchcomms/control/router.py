@@ -26,9 +26,9 @@ from typing import Any
 
 import zmq
 
+from . import protocol as proto
 from .auth import configure_server_socket
 from .errors import ControlUnavailableError
-from . import protocol as proto
 from .protocol import Limits
 
 __all__ = ["bind_router", "SocketReplies", "HANDSHAKE_S", "KEEPALIVE_IDLE_S", "QUEUE_LIMIT"]
@@ -93,12 +93,11 @@ def bind_router(ctx: zmq.Context, host: str, port: int, keys: Any, limits: Limit
 class SocketReplies:
     """The store's answers, sent on the server's socket."""
 
-    def __init__(self, ok: Callable[..., None], error: Callable[..., None],
-                 send: Callable[[bytes, bytes], None]) -> None:
-        self._ok, self._error, self._send = ok, error, send
+    def __init__(self, send: Callable[[bytes, bytes], None], error: Callable[..., None]) -> None:
+        self._send, self._error = send, error
 
     def ok(self, identity: bytes, request_id: int, value: Any = None) -> None:
-        self._ok(identity, request_id, value)
+        self._send(identity, proto.encode_ok(request_id, value))
 
     def ok_packed(self, identity: bytes, request_id: int, packed_value: bytes) -> None:
         self._send(identity, proto.encode_ok_packed(request_id, packed_value))

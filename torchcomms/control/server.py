@@ -109,7 +109,7 @@ class StoreServer:
         self._started = threading.Event()
 
         # State below is touched by the server thread only.
-        self._store = KeyValueStore(self.limits, SocketReplies(self._send_ok, self._send_error, self._send),
+        self._store = KeyValueStore(self.limits, SocketReplies(self._send, self._send_error),
                                     max_pending)
         self._history = EventLog(max_events)
         self._members = Members(rank_silence)
