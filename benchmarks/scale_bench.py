@@ -353,7 +353,7 @@ def _run_threads(ranks: list[int], fn: Callable[[int], Any]) -> tuple[float, lis
 
 
 def worker(kind: str, target: str, secret_hex: str, ranks: list[int], n: int, conn: Any,
-           fanout_clients: str = "threads") -> None:
+           fanout_clients: str = "poll") -> None:
     threading.stack_size(256 * 1024)
     stores: dict[int, Any] = {}
     ctx = None
