@@ -228,3 +228,13 @@ def test_nccl_host_path_breakdown_runs_on_the_stand_in_engine(tmp_path: Path) ->
     assert set(summary) == {"engine call alone (stand-in: no work)", "ours sync, untraced", "ours async+wait, untraced",
                             "ours sync, traced", "ours async+wait, traced", "ours sync, traced, no timing"}
     assert all(row["cpu_us"] >= 0 and row["wall_us"] > 0 for row in summary.values())
+
+
+@pytest.mark.parametrize("clients", ["poll", "threads"])
+def test_scale_bench_fanout_reaches_every_simulated_rank(tmp_path: Path, clients: str) -> None:
+    out = tmp_path / "scale.json"
+    run_script("scale_bench", "--ranks", "64", "--kinds", "ours", "--phases", "fanout", "--procs", "2",
+               "--fanout-clients", clients, "--json", str(out), timeout=240)
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["ranks"] == 64 and result["kind"] == "ours"
+    assert result["fanout_s"] > 0 and result["fanout_cpu_s"] >= 0
