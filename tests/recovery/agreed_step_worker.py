@@ -39,6 +39,13 @@ def write(name: str, data: dict) -> None:
     os.replace(tmp, os.path.join(OUT, name))
 
 
+def instant_of_a_step(durations: list[float]) -> float:
+    """A uniformly random instant of a typical step (the median of the steps after the first,
+    which warms up), in seconds from its start."""
+    steady = sorted(durations[1:] or durations) or [0.05]
+    return random.uniform(0.0, steady[len(steady) // 2])
+
+
 def kill_after(delay_s: float) -> None:
     def _die() -> None:
         time.sleep(delay_s)
@@ -71,13 +78,10 @@ def main() -> int:
     while step < CFG["steps"]:
         t0 = time.monotonic()
         if me == CFG["victim"] and step == CFG["kill_step"] and not res["decisions"][-1:] == [False]:
-            # uniformly over a typical step (the median of the steps after the first, which warms up)
-            steady = sorted(durations[1:] or durations) or [0.05]
-            kill_after(random.uniform(0.0, steady[len(steady) // 2]))
+            kill_after(instant_of_a_step(durations))
         if me == CFG.get("gil_rank", -1) and step == CFG.get("gil_step", -1) and "gil" not in res:
             res["gil"] = True
-            steady = sorted(durations[1:] or durations) or [0.05]
-            hold_gil_after(random.uniform(0.0, steady[len(steady) // 2]))
+            hold_gil_after(instant_of_a_step(durations))
         grad = torch.full((256, 256), float(me + 1)) * (step + 1)
         ok = True
         try:
