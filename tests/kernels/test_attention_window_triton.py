@@ -284,16 +284,21 @@ eager = f(q, k, v)
 compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
 got = compiled(q, k, v)
 assert not got[1].requires_grad  # the LSE is not differentiable, as in eager mode
-for a, b in zip((*got, *torch.autograd.grad(got[0], (q, k, v), g)),
-                (*eager, *torch.autograd.grad(eager[0], (q, k, v), g))):
-    assert torch.equal(a, b)
+# the compiled graph runs the same kernels; the ops around them may be scheduled differently
+# (bitwise equal on this machine, not in one CI run), so: equal to fp32 rounding
+names = ("out", "lse", "dq", "dk", "dv")
+for name, a, b in zip(names, (*got, *torch.autograd.grad(got[0], (q, k, v), g)),
+                      (*eager, *torch.autograd.grad(eager[0], (q, k, v), g))):
+    err = float((a.double() - b.double()).norm() / b.double().norm())
+    assert err <= 1e-6, f"{name}: compiled vs eager relative error {err:.3g}"
 # a model routing its attention through the kernel compiles in one graph too
 from kernels.model import Llama, LlamaConfig
 model = Llama(LlamaConfig.tiny(max_seq_len=64).replace(attn_window=8, attn_backend="triton_window", loss_impl="torch"))
 ids = torch.randint(0, model.cfg.vocab_size, (1, 40))
 eager = model(ids, ids)
 torch._dynamo.reset()
-assert torch.allclose(torch.compile(model, backend="aot_eager", fullgraph=True)(ids, ids), eager, rtol=1e-6, atol=0)
+got = torch.compile(model, backend="aot_eager", fullgraph=True)(ids, ids)
+assert torch.allclose(got, eager, rtol=1e-6, atol=0), f"model loss compiled {float(got)!r} vs eager {float(eager)!r}"
 print("ok")
 '''
 
