@@ -7,8 +7,9 @@ restart, and the replacement heals back in from a live replica.
 The small Llama of kernels.model on CPU, 2 replicas x 2 shards (``fsdp2.elastic``). Rank
 ``--fail-rank`` SIGKILLs itself in its first life during step ``--fail-step`` (``--fail-at``:
 ``forward``, ``backward`` or ``random``: a random instant of the step). Its replica's other ranks leave
-(``ReplicaLostError``, exit 1); the other replica redoes the step alone, with the whole global
-batch; the launcher starts the failed replica's processes again, they are admitted at a step
+(``ReplicaLostError``, exit 1); the other replica keeps its gradients, computes the lost
+replica's samples of the step too and applies it (``--redo``: redoes the step with the whole
+global batch instead); the launcher starts the failed replica's processes again, they are admitted at a step
 boundary and receive the parameters and optimizer state over the replicate communicators.
 The lowest live rank prints the loss of every step, which replicas trained it, and what changed.
 """
@@ -66,6 +67,8 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds: every communicator's op timeout")
     p.add_argument("--record", default="", help="append one JSON line per applied step to RECORD.<rank>")
     p.add_argument("--no-hash", action="store_true", help="records leave out the parameters' sha256")
+    p.add_argument("--redo", action="store_true", help="after a failure the survivors redo the step with the whole "
+                   "global batch (ElasticHSDP.train_step) instead of computing only the lost replica's samples")
     p.add_argument("--plain", action="store_true", help="the same job without elasticity (fsdp2.fully_shard HSDP "
                    "on one communicator), for torchrun --max-restarts (benchmarks/elastic_bench.py's anchor)")
     args = p.parse_args()
@@ -97,28 +100,37 @@ def main() -> None:
                                  "at_step": el.step, "heal": el.heal_times}) + "\n")
         record.flush()
     while el.step < end:
-        idx = el.batch_indices(args.batch)
         doomed = first_life and el.rank == args.fail_rank and el.step == args.fail_step
         if doomed and record is not None:
             record.write(json.dumps({"killed": time.time(), "at_step": el.step}) + "\n")
             record.flush()
+        calls = 0
 
-        def forward_backward() -> torch.Tensor:
-            if doomed and args.fail_at == "random":
+        def mean_loss_of(indices: list[int] | range) -> torch.Tensor:
+            nonlocal calls
+            calls += 1
+            if doomed and calls == 1 and args.fail_at == "random":
                 threading.Timer(random.uniform(0, 0.2), os.kill, (os.getpid(), signal.SIGKILL)).start()
             if doomed and args.fail_at == "forward":
                 os.kill(os.getpid(), signal.SIGKILL)
-            x = torch.stack([sample(i, args.seq, args.vocab) for i in idx])
+            x = torch.stack([sample(i, args.seq, args.vocab) for i in indices])
             loss = model(x[:, :-1], x[:, 1:])
             if doomed and args.fail_at == "backward":
                 loss.register_hook(lambda g: os.kill(os.getpid(), signal.SIGKILL))
-            loss.backward()
             if args.step_sleep:
                 time.sleep(args.step_sleep)
             return loss
 
+        def forward_backward() -> torch.Tensor:
+            loss = mean_loss_of(el.batch_indices(args.batch))
+            loss.backward()
+            return loss
+
         try:
-            res = el.train_step(forward_backward)
+            if args.redo:
+                res = el.train_step(forward_backward)
+            else:
+                res = el.train_batch(mean_loss_of, args.batch)
         except ReplicaLostError as e:
             print(f"[rank {el.rank}] {e}", flush=True)
             sys.exit(1)
@@ -131,7 +143,7 @@ def main() -> None:
             digest = h.hexdigest()
             record.write(json.dumps({"step": res.step, "loss": res.loss, "replicas": list(res.replicas),
                                      "event": res.event, "params": digest, "time": time.time(),
-                                     "recovery_s": el.recovery_s}) + "\n")
+                                     "recovery_s": el.recovery_s, "passes": res.passes}) + "\n")
             record.flush()
         if el.rank == el.members()[0] and (res.event or res.step % 5 == 0 or el.step == end):
             what = f"step {res.step:3d}  loss {res.loss:.4f}" if res.applied else f"step {res.step:3d}  not applied"

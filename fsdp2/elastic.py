@@ -2,10 +2,10 @@
 
 The job's ``W`` ranks form ``W // shard_size`` replicas of ``shard_size`` ranks (job rank ``g``
 is shard ``g % shard_size`` of replica ``g // shard_size``). Inside a replica the parameters are
-sharded by ``fsdp2.fully_shard`` on the replica's *shard* communicator; after each backward,
-:meth:`ElasticHSDP.train_step` averages the gradient shards across the live replicas on the
-*replicate* communicator of its shard index, and a *world* communicator over every live rank
-carries the step's report and the agreement.
+sharded by ``fsdp2.fully_shard`` on the replica's *shard* communicator; after each backward the
+gradient shards are summed across the live replicas on the *replicate* communicator of its
+shard index, and a *world* communicator over every live rank carries the step's report and the
+agreement.
 
     el = ElasticHSDP(shard_size=2)
     for block in model.blocks:
@@ -14,20 +14,23 @@ carries the step's report and the agreement.
     opt = torch.optim.AdamW(model.parameters())
     if el.start(model, opt):                       # forms the job, or heals into it
         while el.step < steps:
-            idx = el.batch_indices(global_batch)    # this rank's part of the step's batch
-            res = el.train_step(lambda: loss_of(idx))   # forward + backward, returns the loss
+            res = el.train_batch(mean_loss_of, global_batch)   # mean_loss_of(sample indices) -> loss
     el.finish()
 
 A step is applied only if ``world.agree(ok)`` says every live rank's collectives succeeded, so
 no survivor applies a step another did not. Otherwise the survivors shrink the world, keep the
-replicas that still have all their ranks, re-form the world and replicate communicators over
-them (``reconfigure``) and redo the same step, its global batch now split over fewer ranks
-(no sample lost or repeated). A rank whose replica lost a member raises
-:class:`ReplicaLostError` (its process should exit; ``torchcomms-run --on-failure shrink
---max-restarts N`` starts it again). A restarted replica forms its shard communicator, says it
-is ready in the job's store, and is admitted by the live ranks at the next step boundary: the
-communicators are re-formed with it and a live replica sends it the parameters and optimizer
-state (point to point on the replicate communicator, no file system).
+replicas that still have all their ranks and re-form the world and replicate communicators over
+them (``reconfigure``). :meth:`ElasticHSDP.train_batch` then keeps the gradients the survivors
+computed and runs a make-up pass over only the samples of the lost replicas, split over the
+remaining ranks, and applies the step: no sample lost or repeated, and the survivors spend no
+compute twice. (:meth:`ElasticHSDP.train_step`, for callers that split the data themselves,
+returns the step unapplied and the caller redoes it with the whole global batch.) A rank whose
+replica lost a member raises :class:`ReplicaLostError` (its process should exit;
+``torchcomms-run --on-failure shrink --max-restarts N`` starts it again). A restarted replica
+forms its shard communicator, says it is ready in the job's store, and is admitted by the live
+ranks at the next step boundary: the communicators are re-formed with it and a live replica
+sends it the parameters and optimizer state (point to point on the replicate communicator, no
+file system).
 """
 from __future__ import annotations
 
@@ -46,7 +49,8 @@ from torchcomms.setup.bootstrap import discover_rank_size
 from fsdp2.api import fully_shard as _fully_shard
 from fsdp2.api import release_comms
 from fsdp2.collectives import FSDPCommError
-from fsdp2.elastic_state import receive_state, send_state, state_meta
+from fsdp2.elastic_batch import StepLedger, split_in_order
+from fsdp2.elastic_state import local_shard, receive_state, send_state, state_meta
 from fsdp2.groups import FSDPComms
 
 __all__ = ["ElasticHSDP", "ReplicaLostError", "StepResult"]
@@ -62,16 +66,22 @@ class ReplicaLostError(FSDPCommError):
 
 @dataclass(frozen=True)
 class StepResult:
-    """What :meth:`ElasticHSDP.train_step` did: ``applied`` (the optimizer stepped; ``step``
-    is then the number of the step applied) or not (the survivors re-formed; ``step`` is the
-    step to redo), the loss averaged over the live ranks (``None`` when not applied), the live
-    replicas afterwards and what changed (``"shrunk"``, ``"healed"``, ``"heal failed"`` or ``None``)."""
+    """What :meth:`ElasticHSDP.train_batch` or :meth:`~ElasticHSDP.train_step` did: ``applied``
+    (the optimizer stepped; ``step`` is then the number of the step applied) or not (only
+    ``train_step``: the survivors re-formed; ``step`` is the step to redo), the step's loss
+    (``None`` when not applied), the live replicas afterwards and what changed (``"shrunk"``,
+    ``"healed"``, ``"heal failed"`` or ``None``). ``passes``: the wall-clock (``time.time()``)
+    start and end of each forward + backward this rank ran for the step (``train_batch``: more
+    than one after a failure, the make-up passes); ``recovery_s``: the time the step spent
+    recovering (shrink, re-forming), 0.0 without a failure."""
 
     applied: bool
     step: int
     loss: float | None
     replicas: tuple[int, ...]
     event: str | None = None
+    passes: tuple[tuple[float, float], ...] = ()
+    recovery_s: float = 0.0
 
 
 def _job_world() -> int:
@@ -181,7 +191,7 @@ class ElasticHSDP:
             self._reform(0, list(range(self.n_replicas)))
             with torch.no_grad():
                 for p in self._params():
-                    self.replicate.broadcast(_local(p), 0, async_op=False)
+                    self.replicate.broadcast(local_shard(p), 0, async_op=False)
             return True
         return self._join()
 
@@ -250,15 +260,20 @@ class ElasticHSDP:
         assert self.model is not None, "call start() first"
         return list(self.model.parameters())
 
+    def _grads(self) -> list[torch.Tensor]:
+        """The local shards of this rank's gradients (zeros for parameters that got none)."""
+        params = self._params()
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        return [local_shard(p.grad) for p in params]
+
     def batch_indices(self, global_batch: int) -> range:
         """This rank's part of the step's global batch ``[step * B, (step + 1) * B)``, split
         in order over the live ranks (uneven parts differ by one sample at most)."""
-        members = self.members()
-        n, i = len(members), members.index(self.rank)
         lo = self.step * global_batch
-        per, extra = divmod(global_batch, n)
-        start = lo + i * per + min(i, extra)
-        return range(start, start + per + (1 if i < extra else 0))
+        part = split_in_order(range(lo, lo + global_batch), self.members())[self.rank]
+        return range(part[0], part[-1] + 1) if part else range(lo, lo)
 
     def _broken(self) -> bool:
         return self.world.is_broken() or self.shard.is_broken()
@@ -271,32 +286,112 @@ class ElasticHSDP:
                 self.replicate.abort()
         work.wait()
 
+    def _report(self, loss_sum: float) -> torch.Tensor:
+        """Summed over the live ranks: ``loss_sum``, and per replica not live, whether all its
+        ranks are ready to heal in (``n`` live ranks each saying 1.0)."""
+        report = torch.zeros(1 + self.n_replicas, dtype=torch.float64)
+        report[0] = loss_sum
+        for r in range(self.n_replicas):
+            if r not in self.live:
+                report[1 + r] = self._ready(r)
+        self.world.all_reduce(report, torchcomms.ReduceOp.SUM, async_op=False)
+        return report
+
+    def train_batch(self, loss_of: Callable[[list[int]], torch.Tensor], global_batch: int) -> StepResult:
+        """Train step :attr:`step` on the samples ``[step * B, (step + 1) * B)`` of
+        ``B = global_batch``, split in order over the live ranks. ``loss_of(indices)`` runs the
+        forward on the listed samples and returns their mean loss; this method back-propagates it
+        scaled so that the step's gradient is the mean over the global batch, sums the gradient
+        shards across the live replicas and applies the optimizer when every live rank agrees
+        the step succeeded.
+
+        On a failure the survivors keep the gradients they computed: they shrink, re-form
+        without the broken replicas and run a make-up pass over only the samples those replicas
+        held, split over the remaining ranks, before the step is applied (so the step still
+        averages the whole global batch; to rounding, the arithmetic of a job with fewer replicas
+        from that step). A replica whose pass did not complete (an op timed out with every rank
+        alive) drops its gradients and its samples are computed again. Raises
+        :class:`ReplicaLostError` when this rank's replica left.
+        """
+        opt = self.optimizer
+        assert opt is not None, "call start() first"
+        if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch < 1:
+            raise FSDPCommError(f"global_batch must be a positive int, got {global_batch!r}")
+        ledger = StepLedger(self.step, global_batch, self.shard_size)
+        loss_sum, recovery_s, event = 0.0, 0.0, None
+        passes: list[tuple[float, float]] = []
+        while True:
+            error: BaseException | None = None
+            computed = True  # this rank's passes of the step so far all completed
+            try:
+                if ledger.pending:
+                    parts = ledger.assign(self.members())
+                    together = ledger.replica_part(parts, self.replica)
+                    if together:  # (a replica with nothing to compute skips the pass, all its ranks alike)
+                        mine = parts[self.rank]
+                        computed = False
+                        t0 = time.time()
+                        # a rank with no sample runs one at weight 0: its replica's collectives need it
+                        loss = loss_of(mine or together[:1])
+                        (loss * (len(mine) * self.shard_size / global_batch)).backward()
+                        passes.append((t0, time.time()))
+                        computed = True
+                        loss_sum += float(loss.detach()) * len(mine)
+                grads = self._grads()
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                if len(self.live) > 1:
+                    self._wait(self.replicate.all_reduce(flat, torchcomms.ReduceOp.SUM, async_op=True))
+                report = self._report(loss_sum)
+            except torchcomms.CommError as e:
+                error = e
+            if self.world.agree(error is None):
+                break
+            t0 = time.monotonic()
+            self._recover()
+            incomplete = self._incomplete_replicas(computed)
+            if self.replica in incomplete:
+                opt.zero_grad(set_to_none=True)
+                loss_sum = 0.0
+            ledger.drop([r for r in list(ledger.done) if r not in self.live or r in incomplete])
+            recovery_s += time.monotonic() - t0
+            self.recovery_s = recovery_s
+            event = "shrunk"
+        if len(self.live) > 1:
+            parts_ = flat.split([g.numel() for g in grads])
+            torch._foreach_copy_(grads, [c.view_as(g) for c, g in zip(parts_, grads)])
+        return self._apply(report, report[0].item() / global_batch, event, tuple(passes), recovery_s)
+
+    def _incomplete_replicas(self, computed: bool) -> set[int]:
+        """The live replicas in which some rank's pass of the step did not complete (agreed
+        over the re-formed world)."""
+        flags = torch.zeros(self.n_replicas, dtype=torch.float64)
+        flags[self.replica] = 0.0 if computed else 1.0
+        self.world.all_reduce(flags, torchcomms.ReduceOp.SUM, async_op=False)
+        return {r for r in self.live if flags[r].item() > 0}
+
     def train_step(self, forward_backward: Callable[[], torch.Tensor]) -> StepResult:
         """Run ``forward_backward()`` (returns the loss, gradients computed), average the
         gradients across the live replicas and apply the optimizer if every live rank agrees
-        the step succeeded; else recover (see the module docstring). Raises
-        :class:`ReplicaLostError` when this rank's replica left."""
+        the step succeeded; else recover and return a result that is not applied: the caller
+        redoes the step with the whole global batch (see the module docstring). For callers
+        that split the data themselves; :meth:`train_batch` keeps the survivors' gradients and
+        computes only the lost replicas' samples. Raises :class:`ReplicaLostError` when this
+        rank's replica left."""
         opt = self.optimizer
         assert opt is not None, "call start() first"
         error: BaseException | None = None
-        report = torch.zeros(1 + self.n_replicas, dtype=torch.float64)
+        passes: tuple[tuple[float, float], ...] = ()
         try:
+            t0 = time.time()
             loss = forward_backward()
-            params = self._params()
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            grads = [_local(p.grad) for p in params]
+            passes = ((t0, time.time()),)
+            grads = self._grads()
             if len(self.live) > 1:
                 flat = torch.cat([g.reshape(-1) for g in grads])
                 self._wait(self.replicate.all_reduce(flat, torchcomms.ReduceOp.AVG, async_op=True))
                 parts = flat.split([g.numel() for g in grads])
                 torch._foreach_copy_(grads, [c.view_as(g) for c, g in zip(parts, grads)])
-            report[0] = float(loss.detach())
-            for r in range(self.n_replicas):
-                if r not in self.live:
-                    report[1 + r] = self._ready(r)
-            self.world.all_reduce(report, torchcomms.ReduceOp.SUM, async_op=False)
+            report = self._report(float(loss.detach()))
         except torchcomms.CommError as e:
             error = e
         if not self.world.agree(error is None):
@@ -304,7 +399,14 @@ class ElasticHSDP:
             t0 = time.monotonic()
             self._recover()
             self.recovery_s = time.monotonic() - t0
-            return StepResult(False, self.step, None, tuple(self.live), "shrunk")
+            return StepResult(False, self.step, None, tuple(self.live), "shrunk", passes, self.recovery_s)
+        return self._apply(report, report[0].item() / self.world.get_size(), None, passes, 0.0)
+
+    def _apply(self, report: torch.Tensor, loss: float, event: str | None, passes: tuple[tuple[float, float], ...],
+               recovery_s: float) -> StepResult:
+        """Step the optimizer (every live rank agreed), then admit the replicas ready to heal in."""
+        opt = self.optimizer
+        assert opt is not None
         opt.step()
         opt.zero_grad(set_to_none=True)
         applied, self.step = self.step, self.step + 1
@@ -320,8 +422,9 @@ class ElasticHSDP:
             if not self.world.agree(healed):  # joiners and live ranks alike: the heal failed somewhere
                 self.live = before
                 self._recover()  # the joining replicas leave; the step applied stays applied
-                return StepResult(True, applied, report[0].item() / n, tuple(self.live), "heal failed")
-        return StepResult(True, applied, report[0].item() / n, tuple(self.live), "healed" if joining else None)
+                return StepResult(True, applied, loss, tuple(self.live), "heal failed", passes, recovery_s)
+            event = "healed"
+        return StepResult(True, applied, loss, tuple(self.live), event, passes, recovery_s)
 
     def _recover(self) -> None:
         """After a step that was not applied: agree on the survivors, keep the complete
@@ -351,8 +454,3 @@ class ElasticHSDP:
             c.finalize()
         release_comms(self.comms)
 
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The local shard of a DTensor (the tensor itself otherwise)."""
-    to_local = getattr(t, "to_local", None)
-    return to_local() if to_local is not None else t

@@ -12,7 +12,8 @@ from torch import nn
 _HYPER_TYPES = (int, float, bool, str, type(None))
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (the tensor itself otherwise)."""
     to_local = getattr(t, "to_local", None)
     return to_local() if to_local is not None else t
 
@@ -40,7 +41,7 @@ def state_meta(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> 
         entry = {}
         for key, v in sorted(optimizer.state.get(p, {}).items()):
             if isinstance(v, torch.Tensor):
-                entry[key] = ["tensor", str(v.dtype), list(_local(v).shape), hasattr(v, "to_local")]
+                entry[key] = ["tensor", str(v.dtype), list(local_shard(v).shape), hasattr(v, "to_local")]
             elif _plain(v) is not None:
                 entry[key] = ["value", v]
         per_param.append(entry)
@@ -51,9 +52,9 @@ def state_meta(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> 
 
 def _tensors(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """Every tensor sent, in order: each parameter's local shard, then its state's tensors."""
-    out = [_local(p) for p in params]
+    out = [local_shard(p) for p in params]
     for p in params:
-        out += [_local(v) for _k, v in sorted(optimizer.state.get(p, {}).items()) if isinstance(v, torch.Tensor)]
+        out += [local_shard(v) for _k, v in sorted(optimizer.state.get(p, {}).items()) if isinstance(v, torch.Tensor)]
     return out
 
 
@@ -90,7 +91,7 @@ def receive_state(comm: Any, src: int, params: list[nn.Parameter], optimizer: to
                 state[key] = rest[0]
                 continue
             dtype, shape, dtensor = _dtype(rest[0]), rest[1], rest[2]
-            local = torch.empty(shape, dtype=dtype, device=_local(p).device)
+            local = torch.empty(shape, dtype=dtype, device=local_shard(p).device)
             if dtensor:
                 from torch.distributed.tensor import DTensor
 
