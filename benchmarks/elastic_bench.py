@@ -4,13 +4,16 @@ Both runs train the small Llama of kernels.model (``--dim/--layers/--vocab``: 51
 51.8 M parameters) on CPU, 2 replicas x 2 shards, and SIGKILL rank ``--victim`` at the start of
 step ``--fail-step`` (the example's ``--fail-at forward``):
 
-- ours: ``torchcomms-run --on-failure shrink --max-restarts 1``: the surviving replica redoes
-  the step alone, the launcher restarts the lost replica, which heals in;
+- ours: ``torchcomms-run --on-failure shrink --max-restarts 1``: the surviving replica keeps
+  its gradients and computes the lost replica's samples of the step too (``--redo``: redoes the
+  whole step instead), the launcher restarts the lost replica, which heals in;
 - anchor: ``torchrun --max-restarts 1`` on the example's ``--plain`` mode (the same model and
   data, HSDP on one communicator): every worker is started again and training resumes at step 0
   (no checkpoint: the restart's cost alone).
 
-Printed: the survivors' stall (kill -> their next completed step) for both and the ratio; the
+Printed: the survivors' stall (kill -> their next completed step) for both and the ratio, and
+the part of it they were stopped (not computing samples: for ours, the stall less the passes
+after the kill; for torchrun, kill -> its restarted workers begin their first step); the
 normal step time; the heal (the replacement's processes started -> first completed step with
 them) and its parts as the healed rank measured them (waiting for admission, re-forming the
 communicators, receiving the state: the state sent once over the same engine), with the load.
@@ -59,7 +62,12 @@ def measure(recs: dict[int, list[dict]], victim: int, shard: int, fail_step: int
     before = [d["time"] for d in steps if d["step"] < fail_step and d.get("attempt", 0) == 0]
     # the next completed step: the redone step (ours), or the restarted job's first (torchrun)
     after = next(d for d in steps if d["time"] > killed and (d.get("attempt", 0) > 0 or d["step"] >= fail_step))
-    out = {"stall_s": after["time"] - killed, "recovery_s": after.get("recovery_s"),
+    # the survivors' stop: the part of kill -> next completed step they spent not computing
+    # samples (their passes after the kill are work a job of fewer replicas does too; torchrun's
+    # restarted job computes its first step again from the start)
+    computing = sum(max(0.0, b - max(a, killed)) for a, b in after.get("passes", []))
+    out = {"stall_s": after["time"] - killed, "stopped_s": after["time"] - killed - computing,
+           "recovery_s": after.get("recovery_s"),
            "step_s": statistics.median(b - a for a, b in zip(before, before[1:])) if len(before) > 1 else None}
     lost = [r for r in recs if r // shard == victim // shard]
     starts = [d for r in lost for d in recs[r] if "start" in d and d["incarnation"] > 1]
@@ -89,16 +97,18 @@ def main() -> None:
     ap.add_argument("--victim", type=int, default=3)
     ap.add_argument("--limit-s", type=float, default=1800)
     ap.add_argument("--no-torchrun", action="store_true")
+    ap.add_argument("--redo", action="store_true", help="ours redoes the failed step (ElasticHSDP.train_step)")
     args = ap.parse_args()
     d = Path(tempfile.mkdtemp(prefix="elastic-bench-"))
     model = ["--dim", str(args.dim), "--layers", str(args.layers), "--vocab", str(args.vocab), "--seq", str(args.seq),
              "--batch", str(args.batch), "--shard", "2", "--fail-rank", str(args.victim),
              "--fail-step", str(args.fail_step), "--fail-at", "forward", "--timeout", "300", "--no-hash"]
+    redo = ["--redo"] if args.redo else []
     load0 = os.getloadavg()
     t0 = time.time()
     rc, log = run([sys.executable, "-m", "launcher", "--nproc-per-node", "4", "--on-failure", "shrink",
                    "--max-restarts", "1", "--no-summary", str(EXAMPLE), *model, "--steps", "100000",
-                   "--stop-after-heal", "2", "--record", str(d / "ours")], args.limit_s, d / "ours.log")
+                   "--stop-after-heal", "2", "--record", str(d / "ours"), *redo], args.limit_s, d / "ours.log")
     ours = measure(lines(d / "ours", 4), args.victim, 2, args.fail_step) if rc == 0 else {"error": log[-3000:]}
     t1 = time.time()
     anchor: dict = {}
@@ -117,6 +127,7 @@ def main() -> None:
               "ours_wall_s": t1 - t0, "anchor_wall_s": time.time() - t1}
     if "stall_s" in ours and "stall_s" in anchor:
         result["stall_ratio"] = ours["stall_s"] / anchor["stall_s"]
+        result["stopped_ratio"] = ours["stopped_s"] / anchor["stopped_s"]
     if "admitted_to_first_step_s" in ours and ours.get("step_s"):
         # the goal's reading: heal (admitted -> first step with it, less that step's own compute)
         # against sending the state once over the same engine

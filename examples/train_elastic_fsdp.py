@@ -181,6 +181,7 @@ def plain(args: argparse.Namespace) -> None:
                 record.write(json.dumps({"killed": time.time(), "at_step": step}) + "\n")
                 record.flush()
             os.kill(os.getpid(), signal.SIGKILL)
+        t0 = time.time()
         per, extra = divmod(args.batch, world)
         lo = step * args.batch + rank * per + min(rank, extra)
         x = torch.stack([sample(i, args.seq, args.vocab) for i in range(lo, lo + per + (rank < extra))])
@@ -190,7 +191,7 @@ def plain(args: argparse.Namespace) -> None:
         opt.zero_grad(set_to_none=True)
         if record is not None:
             record.write(json.dumps({"step": step, "loss": float(loss.detach()), "time": time.time(),
-                                     "attempt": attempt}) + "\n")
+                                     "attempt": attempt, "passes": [[t0, time.time()]]}) + "\n")
             record.flush()
     fsdp2.release_comms(fsdp2.comms_of(model))
     comm.finalize()

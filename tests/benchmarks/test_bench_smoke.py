@@ -238,3 +238,22 @@ def test_scale_bench_fanout_reaches_every_simulated_rank(tmp_path: Path, clients
     (result,) = json.loads(out.read_text())["results"]
     assert result["ranks"] == 64 and result["kind"] == "ours"
     assert result["fanout_s"] > 0 and result["fanout_cpu_s"] >= 0
+
+
+def test_elastic_bench_counts_the_survivors_passes_after_the_kill_as_work_not_stop() -> None:
+    """Ranks 0, 1 survive (replica 0), rank 3 is killed at t=100 in step 2: the survivors' own
+    pass ran 99.5-101, the make-up pass 101.5-103, the step completed at 103.25."""
+    bench = load("elastic_bench")
+    recs = {0: [{"step": 0, "time": 96.0}, {"step": 1, "time": 99.4},
+                {"step": 2, "time": 103.25, "recovery_s": 0.3, "passes": [[99.5, 101.0], [101.5, 103.0]]}],
+            3: [{"killed": 100.0, "at_step": 2}]}
+    got = bench.measure(recs, victim=3, shard=2, fail_step=2, heal=False)
+    assert got["stall_s"] == pytest.approx(3.25)
+    assert got["stopped_s"] == pytest.approx(0.75)  # 101-101.5 and 103-103.25
+    assert got["step_s"] == pytest.approx(3.4)
+    # torchrun: its restarted job (attempt 1) begins step 0 at 104 and completes it at 107
+    anchor = {0: [{"step": 0, "time": 96.0, "attempt": 0}, {"step": 1, "time": 99.4, "attempt": 0},
+                  {"step": 0, "time": 107.0, "attempt": 1, "passes": [[104.0, 107.0]]}],
+              3: [{"killed": 100.0, "at_step": 2}]}
+    got = bench.measure(anchor, victim=3, shard=2, fail_step=2, heal=False)
+    assert (got["stall_s"], got["stopped_s"]) == (pytest.approx(7.0), pytest.approx(4.0))
