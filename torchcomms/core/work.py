@@ -86,6 +86,12 @@ class TorchWork:
                 self.record.device_duration_ms = op.device_duration_ms()
             self.finish(WorkStatus.COMPLETED, None)
         else:
+            if self._status is not WorkStatus.INPROGRESS:
+                # ended already (abort, a peer-failure notice, its deadline): the engine's own
+                # error would be discarded, and translating it can wait for the control plane
+                # to attribute a connection loss (that the abort itself caused) on the engine's
+                # thread, which abort() drains
+                return
             exc = self._owner.translate_error(error, self.record)
             self.finish(WorkStatus.TIMEDOUT if isinstance(exc, CommTimeoutError) else WorkStatus.ERROR, exc)
 
