@@ -37,7 +37,8 @@ EXAMPLE = REPO / "examples" / "train_elastic_fsdp.py"
 def run(cmd: list[str], limit_s: float, log: Path) -> tuple[int | None, str]:
     """Run ``cmd``, its output going to ``log`` as it comes; returns its exit code (None: killed
     at the limit) and the output."""
-    env = dict(os.environ, TORCHCOMM_TRACING_DISABLE="1", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env = dict(os.environ, TORCHCOMM_TRACING_DISABLE="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         try:
