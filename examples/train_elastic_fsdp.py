@@ -86,7 +86,13 @@ def main() -> None:
     el.fully_shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     first_life = el.incarnation == 1
-    if not el.start(model, opt):
+
+    def loss_on(indices: list[int] | range) -> torch.Tensor:
+        x = torch.stack([sample(i, args.seq, args.vocab) for i in indices])
+        return model(x[:, :-1], x[:, 1:])
+
+    per_rank = max(1, -(-args.batch // (el.n_replicas * args.shard)))  # a step's part with every replica live
+    if not el.start(model, opt, warm_up=lambda: loss_on(range(per_rank))):
         print(f"[rank {el.rank}] the job finished before this replica was admitted", flush=True)
         return
     end = args.steps
@@ -113,8 +119,7 @@ def main() -> None:
                 threading.Timer(random.uniform(0, 0.2), os.kill, (os.getpid(), signal.SIGKILL)).start()
             if doomed and args.fail_at == "forward":
                 os.kill(os.getpid(), signal.SIGKILL)
-            x = torch.stack([sample(i, args.seq, args.vocab) for i in indices])
-            loss = model(x[:, :-1], x[:, 1:])
+            loss = loss_on(indices)
             if doomed and args.fail_at == "backward":
                 loss.register_hook(lambda g: os.kill(os.getpid(), signal.SIGKILL))
             if args.step_sleep:

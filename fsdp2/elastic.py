@@ -181,11 +181,17 @@ class ElasticHSDP:
             w.wait()
         self.cfg, self.live = cfg, list(live)
 
-    def start(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+    def start(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+              warm_up: Callable[[], torch.Tensor] | None = None) -> bool:
         """Join the job with ``model`` (sharded by :meth:`fully_shard`) and ``optimizer``: the
         first start of every rank forms the job (replica 0's parameters are broadcast to the
         others); a later start waits to be admitted at a step boundary and receives the
-        state. Returns ``False`` when the job ended before this replica was admitted."""
+        state. Returns ``False`` when the job ended before this replica was admitted.
+
+        ``warm_up``: a forward on any sample, returning a loss (e.g. ``lambda: loss_of([0])``).
+        A replacement back-propagates it once and drops the gradients before it says it is
+        ready, so that the live replicas do not wait for its first, slower iteration (lazy
+        initialisation, first-touch allocations) in the step that admits it."""
         self.model, self.optimizer = model, optimizer
         if self.incarnation == 1:  # every rank's first process: the job's start
             self._reform(0, list(range(self.n_replicas)))
@@ -193,6 +199,14 @@ class ElasticHSDP:
                 for p in self._params():
                     self.replicate.broadcast(local_shard(p), 0, async_op=False)
             return True
+        if warm_up is not None:
+            try:
+                warm_up().backward()
+            except torchcomms.CommError as e:  # a rank of this replica failed again
+                self.leave()
+                raise ReplicaLostError(f"replica {self.replica} lost a rank while warming up ({e}); "
+                                       f"rank {self.rank} left the job") from e
+            optimizer.zero_grad(set_to_none=True)
         return self._join()
 
     # --- healing ---------------------------------------------------------------------------
