@@ -216,10 +216,15 @@ class ElasticHSDP:
         self.store.set(ready, str(self.incarnation).encode())
         t0 = time.monotonic()
         deadline = time.monotonic() + self.join_timeout.total_seconds()
+        everyone = [f"{self.ns}/ready/{g}" for g in range(self.n_replicas * self.shard_size)]
         while not self.store.check([admit]):
             if self.store.check([f"{self.ns}/done"]):
                 self.store.delete_key(ready)
                 return False
+            if self.store.check(everyone):  # (live ranks never say ready): nobody can send the state;
+                raise FSDPCommError(f"every rank of the job is waiting to join: no replica is live to send the "
+                                    f"training state, which is lost (restart the job from a checkpoint); "
+                                    f"rank {self.rank} gives up")  # (its key stays: the others give up too)
             if time.monotonic() > deadline:
                 raise FSDPCommError(f"replica {self.replica} was not admitted within {self.join_timeout}")
             time.sleep(_KEY_POLL_S)

@@ -150,6 +150,19 @@ def test_make_up_pass_matches_redoing_the_step_with_one_replica_fewer() -> None:
     assert worst <= MAKEUP_RTOL, f"losses differ by up to {worst:.3g} (relative) before step {healed}"
 
 
+def test_a_job_that_lost_every_replica_ends_with_a_clear_error_instead_of_waiting_to_heal() -> None:
+    """One replica of 2: a kill takes the only replica, both ranks are restarted and wait to be
+    admitted; nobody is live to send them the state, so they give up at once (they waited for
+    the 600 s join timeout before) and the launcher ends the job with their error."""
+    env = dict(os.environ, TORCHCOMM_TRACING_DISABLE="1", PYTHONPATH=child_pythonpath())
+    rc, log = run_launcher_job(
+        ["--nproc-per-node", "2", "--on-failure", "shrink", "--max-restarts", "1", "--no-summary", str(EXAMPLE),
+         "--shard", "2", "--steps", "2000", "--fail-rank", "1", "--fail-step", "1", "--fail-at", "forward",
+         "--dim", "32", "--layers", "1"], env, 120)
+    assert rc not in (0, None), f"the job ended with {rc} (None: still running after 120 s)\n{log[-4000:]}"
+    assert "no replica is live to send the training state" in log, log[-4000:]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [4, 6])
 @pytest.mark.parametrize("rep", range(REPEAT))
