@@ -166,8 +166,7 @@ class GlooBackend(TorchCommBackend):
         if threads:
             opts._threads = int(threads)
         self._sockets = EngineSockets()
-        opts._devices = [self._device()]
-        self._sockets.device_created()
+        opts._devices = [self._sockets.open_device(self._device)]
         if ctx.size > 1:
             self._store.set(_LISTENER_KEY.format(ctx.rank), self._sockets.listener or "")
         self._pg = dist.ProcessGroupGloo(self._store, ctx.rank, ctx.size, opts)

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+#: serialises device creation in this process (see :meth:`EngineSockets.open_device`)
+_DEVICE_LOCK = threading.Lock()
 
 
 def _socket_fds() -> dict[int, int]:
@@ -80,16 +88,22 @@ class EngineSockets:
     """
 
     def __init__(self) -> None:
-        self._before = _socket_fds()
+        self._before: dict[int, int] = {}
         self.listener: str | None = None
         self.fds: dict[int, int] = {}
 
-    def device_created(self) -> None:
-        """Find the listener the new device opened."""
-        new = [ino for fd, ino in _socket_fds().items() if self._before.get(fd) != ino]
-        endpoints = _tcp_endpoints(set(new))
-        listening = [endpoints[i][0] for i in new if i in endpoints and endpoints[i][2] == "0A"]
-        self.listener = listening[0] if len(listening) == 1 else None
+    def open_device(self, create: Callable[[], T]) -> T:
+        """``create()`` the engine's device and find the listener it opened. One device at a
+        time in this process (engines built concurrently, e.g. two communicators reconfigured
+        at once, would each see both new listeners and know neither)."""
+        with _DEVICE_LOCK:
+            self._before = _socket_fds()
+            device = create()
+            new = [ino for fd, ino in _socket_fds().items() if self._before.get(fd) != ino]
+            endpoints = _tcp_endpoints(set(new))
+            listening = [endpoints[i][0] for i in new if i in endpoints and endpoints[i][2] == "0A"]
+            self.listener = listening[0] if len(listening) == 1 else None
+        return device
 
     def engine_created(self, peer_listeners: list[str]) -> None:
         """Record the connections the engine opened towards its peers."""
