@@ -37,7 +37,7 @@ from tests.helpers.ranks import REPO
 EXAMPLE = REPO / "examples" / "train_elastic_fsdp.py"
 HEAL_KILLER = REPO / "tests" / "fsdp2" / "elastic_heal_killer.py"
 TIMEOUT_S = 30.0  # each communicator's op timeout in the job
-LIMIT_S = 200.0  # the whole job: a hang ends here and fails the test with the job's log (before pytest-timeout's 300 s, which shows none)
+LIMIT_S = 200.0  # the whole job: a hang fails the test here, with the job's log (pytest-timeout's 300 s shows none)
 LOSS_RTOL = 1e-6  # the same ops in the same order: the losses agree to rounding (measured: bitwise)
 MAKEUP_RTOL = 1e-6  # the make-up step groups the samples differently (measured: 9.8e-8 over 20 steps)
 REPEAT = int(os.environ.get("TC_ELASTIC_REPEAT", "0"))
