@@ -69,7 +69,8 @@ def run_job(world: int, shard: int, *, fail_rank: int = -1, fail_step: int = 0, 
 def check_run(job: dict[str, Any], world: int, shard: int, fail_rank: int, fail_step: int,
               redo: bool = False) -> dict[int, dict[int, Any]]:
     """The checks of the module docstring; returns {rank: {step: record}} of the run."""
-    log = job["log"][-6000:]
+    full = job["log"]  # its start says why a first life ended, its end how the job did
+    log = full if len(full) <= 9000 else f"{full[:4500]}\n[... {len(full) - 9000} characters ...]\n{full[-4500:]}"
     assert job["rc"] == 0, f"the job ended with {job['rc']} (None: still running after {LIMIT_S} s)\n{log}"
     lost = fail_rank // shard
     survivors = [g for g in range(world) if g // shard != lost]
