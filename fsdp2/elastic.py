@@ -242,7 +242,7 @@ class ElasticHSDP:
         except torchcomms.CommError as e:
             error = e
         if not self.world.agree(error is None):  # the live ranks put their side of the heal to it too
-            self.world = self.world.shrink()  # (they shrink: check in, then leave)
+            self._shrink_world()  # (they shrink: check in, then leave)
             self.leave()
             why = error if error is not None else "on another rank"
             raise ReplicaLostError(f"healing replica {self.replica} at step {rec['step']} failed ({why}); "
@@ -445,10 +445,17 @@ class ElasticHSDP:
             event = "healed"
         return StepResult(True, applied, loss, tuple(self.live), event, passes, recovery_s)
 
+    def _shrink_world(self) -> None:
+        """Shrink the world to the survivors and wait until every survivor has its engine: a
+        rank that leaves next (its replica is broken) must not close its connections while
+        another survivor is still connecting to it (its shrink then failed, and the job with it)."""
+        self.world = self.world.shrink()
+        self.world.agree(True)
+
     def _recover(self) -> None:
         """After a step that was not applied: agree on the survivors, keep the complete
         replicas, re-form over them."""
-        self.world = self.world.shrink()
+        self._shrink_world()
         survivors = set(self.world.get_global_ranks())
         live = [r for r in self.live if all(g in survivors for g in self.members([r]))]
         if self.replica not in live:
