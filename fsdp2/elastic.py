@@ -305,6 +305,15 @@ class ElasticHSDP:
                 self.replicate.abort()
         work.wait()
 
+    def _across_replicas(self, grads: list[torch.Tensor], op: torchcomms.ReduceOp) -> torch.Tensor | None:
+        """``grads`` flattened into one buffer and reduced (``op``) across the live replicas;
+        ``None`` when this replica is the only one (nothing to reduce)."""
+        if len(self.live) == 1:
+            return None
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self._wait(self.replicate.all_reduce(flat, op, async_op=True))
+        return flat
+
     def _report(self, loss_sum: float) -> torch.Tensor:
         """Summed over the live ranks: ``loss_sum``, and per replica not live, whether all its
         ranks are ready to heal in (``n`` live ranks each saying 1.0)."""
@@ -357,9 +366,7 @@ class ElasticHSDP:
                         computed = True
                         loss_sum += float(loss.detach()) * len(mine)
                 grads = self._grads()
-                flat = torch.cat([g.reshape(-1) for g in grads])
-                if len(self.live) > 1:
-                    self._wait(self.replicate.all_reduce(flat, torchcomms.ReduceOp.SUM, async_op=True))
+                flat = self._across_replicas(grads, torchcomms.ReduceOp.SUM)
                 report = self._report(loss_sum)
             except torchcomms.CommError as e:
                 error = e
@@ -375,9 +382,8 @@ class ElasticHSDP:
             recovery_s += time.monotonic() - t0
             self.recovery_s = recovery_s
             event = "shrunk"
-        if len(self.live) > 1:
-            parts_ = flat.split([g.numel() for g in grads])
-            torch._foreach_copy_(grads, [c.view_as(g) for c, g in zip(parts_, grads)])
+        if flat is not None:
+            _copy_flat(flat, grads)
         return self._apply(report, report[0].item() / global_batch, event, tuple(passes), recovery_s)
 
     def _incomplete_replicas(self, computed: bool) -> set[int]:
@@ -405,11 +411,9 @@ class ElasticHSDP:
             loss = forward_backward()
             passes = ((t0, time.time()),)
             grads = self._grads()
-            if len(self.live) > 1:
-                flat = torch.cat([g.reshape(-1) for g in grads])
-                self._wait(self.replicate.all_reduce(flat, torchcomms.ReduceOp.AVG, async_op=True))
-                parts = flat.split([g.numel() for g in grads])
-                torch._foreach_copy_(grads, [c.view_as(g) for c, g in zip(parts, grads)])
+            flat = self._across_replicas(grads, torchcomms.ReduceOp.AVG)
+            if flat is not None:
+                _copy_flat(flat, grads)
             report = self._report(float(loss.detach()))
         except torchcomms.CommError as e:
             error = e
@@ -480,3 +484,8 @@ class ElasticHSDP:
             c.finalize()
         release_comms(self.comms)
 
+
+def _copy_flat(flat: torch.Tensor, grads: list[torch.Tensor]) -> None:
+    """Copy ``flat`` (the tensors of ``grads`` laid end to end) back into ``grads``."""
+    parts = flat.split([g.numel() for g in grads])
+    torch._foreach_copy_(grads, [c.view_as(g) for c, g in zip(parts, grads)])
