@@ -343,9 +343,7 @@ class ElasticHSDP:
         """
         opt = self.optimizer
         assert opt is not None, "call start() first"
-        if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch < 1:
-            raise FSDPCommError(f"global_batch must be a positive int, got {global_batch!r}")
-        ledger = StepLedger(self.step, global_batch, self.shard_size)
+        ledger = StepLedger(self.step, global_batch, self.shard_size)  # (checks global_batch)
         loss_sum, recovery_s, event = 0.0, 0.0, None
         passes: list[tuple[float, float]] = []
         while True:

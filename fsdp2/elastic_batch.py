@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from fsdp2.collectives import FSDPCommError
+
 
 def split_in_order(samples: Sequence[int], ranks: Sequence[int]) -> dict[int, list[int]]:
     """``samples`` split in order over ``ranks``: consecutive parts whose sizes differ by one at
@@ -25,6 +27,8 @@ class StepLedger:
     replica, and those each replica has computed (its gradient shards hold their sum)."""
 
     def __init__(self, step: int, global_batch: int, shard_size: int) -> None:
+        if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch < 1:
+            raise FSDPCommError(f"global_batch must be a positive int, got {global_batch!r}")
         self.shard_size = shard_size
         self.pending: list[int] = list(range(step * global_batch, (step + 1) * global_batch))
         self.done: dict[int, list[int]] = {}

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
+from fsdp2.collectives import FSDPCommError
 from fsdp2.elastic_batch import StepLedger, split_in_order
 
 
@@ -46,3 +49,9 @@ def test_every_sample_is_computed_once_by_a_live_replica_through_any_sequence_of
         lo = min(samples) if samples else 0
         assert samples == list(range(lo, lo + batch)), (shard, replicas, batch, samples)
         assert sorted(s for r in live for s in ledger.done[r]) == samples
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "8"])
+def test_a_global_batch_that_is_not_a_positive_int_is_refused_by_name(bad: object) -> None:
+    with pytest.raises(FSDPCommError, match=r"global_batch must be a positive int, got "):
+        StepLedger(step=0, global_batch=bad, shard_size=2)  # type: ignore[arg-type]
