@@ -3,7 +3,9 @@
 Config comes as JSON in ``TC_CHAOS_CFG``: ``op`` (the collective run each step), ``victim``
 (global rank that fails), ``signal`` (KILL, STOP or TERM), ``when`` (``between`` ops or
 ``inside`` the op), ``step`` (when), ``second_victim`` (fails while the others shrink, or -1),
-``dir`` (where results go), ``timeout_s``. Each survivor writes ``result<rank>.json``.
+``second_at`` (``agree``, the default: at a random instant of the shrink's start; ``build``: after
+it agreed on the survivors, while the survivors' engine is being built), ``dir`` (where results
+go), ``timeout_s``. Each survivor writes ``result<rank>.json``.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -36,6 +39,31 @@ def die(rank: int) -> None:
     write(f"failed{rank}.json", {"t": time.time(), "pid": os.getpid()})
     os.kill(os.getpid(), SIGS[CFG["signal"]])
     time.sleep(3600)  # STOP resumes here only if someone sends SIGCONT
+
+
+def die_while_building(rank: int) -> None:
+    """Take part in the shrink's agreement (the others count this rank among the survivors),
+    then die at a random instant of the engine's build over them."""
+    from torchcomms.recovery import shrink as shrink_module
+
+    build = shrink_module._build_engine
+
+    def build_then_die(*args: object, **kwargs: object) -> object:
+        threading.Thread(target=build, args=args, kwargs=kwargs, daemon=True).start()
+        time.sleep(random.uniform(0.0, 0.05))
+        die(rank)
+
+    shrink_module._build_engine = build_then_die
+
+
+def check_or_shrink_again(comm: torchcomms.TorchComm) -> torchcomms.TorchComm:
+    """A shrink may end before a second rank's death inside it: then the survivors' next
+    collective reports that rank, and they shrink once more (what a training loop does)."""
+    try:
+        comm.barrier(False)
+        return comm
+    except torchcomms.PeerFailureError:
+        return comm.shrink()
 
 
 def run_op(comm: torchcomms.TorchComm, op: str, async_op: bool = False) -> tuple[torchcomms.TorchWork, object]:
@@ -77,12 +105,16 @@ def main() -> int:
         result["t_detect"] = time.time()
         result["failed_ranks"] = getattr(e, "failed_ranks", None)
         result["detected_by"] = getattr(e, "detected_by", None)
-    if me == second:
+    if me == second and CFG.get("second_at", "agree") == "build":
+        die_while_building(me)
+    elif me == second:
         time.sleep(random.uniform(0.0, 0.03))
         die(me)
     t0 = time.time()
     try:
         new = comm.shrink()
+        if CFG.get("second_at") == "build":
+            new = check_or_shrink_again(new)
     except torchcomms.CommError as e:
         result["shrink_error"] = f"{type(e).__name__}: {e}"
         write(f"result{me}.json", result)

@@ -76,12 +76,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def run_chaos(sig: str, when: str, op: str, world: int, second: bool) -> dict:
+def run_chaos(sig: str, when: str, op: str, world: int, second: bool, second_at: str = "agree") -> dict:
     out = Path(tempfile.mkdtemp(prefix="tc-chaos-"))
     victim = world - 2 if world > 2 else 1
     second_victim = 1 if second else -1
     cfg = {"op": op, "victim": victim, "signal": sig, "when": when, "step": 2, "dir": str(out),
-           "timeout_s": 30, "second_victim": second_victim}
+           "timeout_s": 30, "second_victim": second_victim, "second_at": second_at}
     env = dict(os.environ, TC_CHAOS_CFG=json.dumps(cfg), TORCHCOMM_TRACING_DISABLE="1", PYTHONPATH=child_pythonpath())
     cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", str(world), "--on-failure", "shrink",
            "--no-summary", str(WORKER)]
@@ -123,7 +123,7 @@ def run_chaos(sig: str, when: str, op: str, world: int, second: bool) -> dict:
 def test_survivors_shrink_and_continue(sig: str, when: str, op: str, world: int, second: bool, rep: int) -> None:
     with _load():
         run = run_chaos(sig, when, op, world, second)
-    ctx = f"\n--- launcher log ---\n{run['log'][-4000:]}"
+    ctx = f"\n--- launcher log ---\n{run['log'][-12000:]}"
     res = run["results"]
     assert sorted(res) == run["survivors"], f"missing survivor results {sorted(res)}" + ctx
     expected = run["survivors"]
@@ -138,6 +138,24 @@ def test_survivors_shrink_and_continue(sig: str, when: str, op: str, world: int,
         assert v["new_rank"] == expected.index(r) and v["new_size"] == len(expected)
         assert v["first_ok"] and v["op_ok"], v
         assert v["old_after"] == "CommAbortedError" and v["old_after_s"] < 1.0
+    assert run["rc"] == 0, f"launcher exit {run['rc']}" + ctx
+    assert run["leftover"] == [], f"processes left behind: {run['leftover']}"
+
+
+@pytest.mark.parametrize("rep", range(REPEAT))
+@pytest.mark.parametrize("world", [4, 5])
+def test_a_survivor_killed_while_the_shrunk_engine_is_built(world: int, rep: int) -> None:
+    """A second rank dies after the shrink agreed on it as a survivor, while the survivors'
+    engine is being built: the others agree again without it and carry on."""
+    with _load():
+        run = run_chaos("KILL", "inside", "all_reduce", world, True, second_at="build")
+    ctx = f"\n--- launcher log ---\n{run['log'][-12000:]}"
+    res = run["results"]
+    assert sorted(res) == run["survivors"], f"missing survivor results {sorted(res)}" + ctx
+    for r, v in res.items():
+        assert "shrink_error" not in v, f"rank {r}: {v['shrink_error']}" + ctx
+        assert v["survivors"] == run["survivors"], f"rank {r} disagrees: {v['survivors']}" + ctx
+        assert v["first_ok"] and v["op_ok"], f"rank {r}: {v}" + ctx
     assert run["rc"] == 0, f"launcher exit {run['rc']}" + ctx
     assert run["leftover"] == [], f"processes left behind: {run['leftover']}"
 

@@ -80,8 +80,24 @@ def agree_on_flag(
     deadline: float,
     poll_s: float = 0.002,
 ) -> bool:
+    """The AND of the flags of ``members`` not known to have failed; see :func:`agree_on_flag_for`."""
+    return agree_on_flag_for(store, prefix, round_no, me, members, flag, known_failed, deadline, poll_s)[0]
+
+
+def agree_on_flag_for(
+    store: Any,
+    prefix: str,
+    round_no: int,
+    me: int,
+    members: list[int],
+    flag: bool,
+    known_failed: Callable[[], set[int]],
+    deadline: float,
+    poll_s: float = 0.002,
+) -> tuple[bool, list[int]]:
     """The AND of the flags of ``members`` not known to have failed, decided once for round
-    ``round_no`` (keys ``<prefix>/agree<round_no>/...``) and the same for everybody who returns.
+    ``round_no`` (keys ``<prefix>/agree<round_no>/...``) and the same for everybody who returns,
+    with the members it was decided for (the same list for everybody too).
 
     A ``False`` flag decides ``False`` at once (compare-and-set); a ``True`` flag is written as a
     vote and the caller waits for every member not known failed to vote ``True`` (then proposes
@@ -120,7 +136,7 @@ def agree_on_flag(
             if call(f"add({read_key!r})", lambda: store.add(read_key, 1)) == len(readers):
                 _close(call, store, closed_key, round_no,
                        [decision_key, read_key, *votes.keys(members)])
-        return decided
+        return decided, readers
     finally:
         call.close()
 

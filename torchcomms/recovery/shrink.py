@@ -13,7 +13,7 @@ from torchcomms.core.errors import CommAbortedError, CommError, CommTimeoutError
 from torchcomms.core.state import CommState
 from torchcomms.core.store_calls import describe_store
 from torchcomms.core.types import OpName
-from torchcomms.recovery.agreement import agree_on_survivors
+from torchcomms.recovery.agreement import RoundClosed, agree_on_flag_for, agree_on_survivors
 from torchcomms.recovery.engines import build_error, build_until, derived_context
 
 #: Makes the ``TorchComm`` facade of a core (recovery never imports the facade).
@@ -53,7 +53,7 @@ def shrink(core: CommCore, secs: float, make_comm: MakeComm) -> Any:
             raise CommAbortedError(f"this rank ({me}) is not in the survivor set {survivors} agreed at epoch {epoch}",
                                    comm=core.name, op="shrink")
         backend = _build_engine(core, survivors, epoch, deadline)
-        if backend is not None:
+        if _all_built(core, survivors, epoch, backend, deadline):
             break
         if time.monotonic() >= deadline:
             raise CommTimeoutError(
@@ -80,15 +80,46 @@ def _shrink_in_engine(core: CommCore, shrink_survivors: Callable[[float], tuple[
 
 def _build_engine(core: CommCore, survivors: list[int], epoch: int, deadline: float) -> TorchCommBackend | None:
     """A fresh engine over ``survivors`` under the epoch's store prefix; ``None`` when a
-    survivor failed meanwhile (the caller agrees again at the next epoch)."""
+    survivor failed meanwhile or the build lost a connection to one (the survivors agree on
+    that, then again on who is left, at the next epoch). Raises other build errors, after
+    telling the other survivors (they do not wait out their deadline for this one)."""
     ctx = derived_context(core, survivors, f"{core.ctx.store_prefix}/e{epoch}",
                           max(1.0, deadline - time.monotonic()))
     try:
         return build_until(core, ctx, deadline)
     except BaseException as e:  # noqa: BLE001 - the engine may throw anything
-        if core.known_failures().keys() & set(survivors):
+        if core.known_failures().keys() & set(survivors) or (
+                not isinstance(e, CommError) and core.backend.classify_error(e) == "peer"):
             return None
+        _all_built(core, survivors, epoch, None, deadline)
         raise build_error(core, e, 0.0, str(OpName.shrink), None) from None
+
+
+def _all_built(core: CommCore, survivors: list[int], epoch: int, backend: TorchCommBackend | None,
+               deadline: float) -> bool:
+    """Whether every survivor built the epoch's engine and none is known to have failed since,
+    agreed on the store (the AND of each one's outcome, decided for all of ``survivors``). A build is not atomic across ranks: a survivor that dies while the others
+    connect can leave some with a working engine and some with an error, and those must not
+    part ways (one side in the new communicator, the other agreeing again without it). An
+    engine the survivors did not agree on is aborted."""
+    me = core.global_ranks[core.rank]
+    built = backend is not None and not core.known_failures().keys() & set(survivors)
+    try:
+        built, members = agree_on_flag_for(core.ctx.store, f"{core.ctx.store_prefix}/shrink{epoch}", 0, me,
+                                           survivors, built, lambda: set(core.known_failures()), deadline)
+        # decided without a survivor that failed meanwhile: the engine has a dead member
+        agreed = built and members == survivors
+    except RoundClosed:
+        agreed = False  # decided without this rank: the next epoch's agreement leaves it out
+    except Exception as e:  # noqa: BLE001 - a store may raise anything
+        if backend is not None:
+            backend.abort()
+        raise error_map.agreement_error(e, core.ctx.store, max(0.0, deadline - time.monotonic()),
+                                        dict(comm=core.name, op="shrink"),
+                                        core.monitor.control_lost if core.monitor is not None else None) from e
+    if not agreed and backend is not None:
+        backend.abort()
+    return agreed
 
 
 def _publish_quietly(client: Any, topic: str, payload: dict[str, Any]) -> None:
