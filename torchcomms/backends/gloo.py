@@ -183,7 +183,7 @@ class GlooBackend(TorchCommBackend):
         self._confirm_p2p = settings().check_collectives if check is None else check.strip().lower() in (
             "1", "true", "yes", "on")
         # the futures of ops not yet done, by id: a done one is dropped at once (its value holds
-        # the op's tensors: gloo's reduce-scatter keeps a copy of its whole input there)
+        # the op's outputs: an all-gather's whole output buffer)
         self._pending: dict[int, torch.futures.Future] = {}
         self._pending_lock = threading.Lock()
 
@@ -292,8 +292,8 @@ class GlooBackend(TorchCommBackend):
 
     def _tracked(self, fut: torch.futures.Future) -> torch.futures.Future:
         """Remember ``fut`` until it is done, so that :meth:`abort` can wait for its delivery;
-        forgotten by its first callback (keeping a done future would keep its tensors alive
-        until the communicator's next op: gloo's reduce-scatter holds a copy of its input)."""
+        forgotten by its first callback (keeping a done future would keep its value, the op's
+        outputs, alive until the communicator's next op)."""
         key = id(fut)
         with self._pending_lock:
             self._pending[key] = fut
