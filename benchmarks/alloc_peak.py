@@ -70,15 +70,13 @@ class Peak:
     """``peak``, ``start``, ``end``: the allocator's count at its largest, before the region's
     first event and after its last one (bytes); ``live``: the region's own blocks alive at the
     peak (the rest of ``peak - start`` was allocated on other threads, or freed there unseen);
-    ``at``: the ops enclosing the event that reached the peak; ``left``: the region's blocks
-    still alive at its end."""
+    ``at``: the ops enclosing the event that reached the peak."""
 
     peak: int
     start: int
     end: int
     live: list[Block] = field(default_factory=list)
     at: tuple[str, ...] = ()
-    left: list[Block] = field(default_factory=list)
 
     @staticmethod
     def by_site(blocks: list[Block]) -> dict[str, int]:
@@ -122,8 +120,7 @@ def peak_of(events: list[Event]) -> Peak:
         if i == best_i:
             at_peak = sorted(live.values(), key=lambda b: -b.nbytes)
     first, last = events[0], events[-1]
-    return Peak(events[best_i].total, first.total - first.nbytes, last.total, at_peak, events[best_i].path,
-                sorted(live.values(), key=lambda b: -b.nbytes))
+    return Peak(events[best_i].total, first.total - first.nbytes, last.total, at_peak, events[best_i].path)
 
 
 class AllocationTrace:
