@@ -12,6 +12,9 @@ on its own communicator and returns (or keeps) the handle:
   dtype cast, no gradient accumulation, no post-accumulate-grad hooks) the op stays in flight
   until the next module's starts (:class:`Reductions`; the last is waited for at the end of
   backward). Otherwise it is waited before returning, as stock FSDP does.
+
+On gloo both run without gloo's scratch copies of the whole buffer (:data:`COPYING_ENGINES`), so
+an op in flight holds no more memory than stock FSDP's waited one.
 """
 from __future__ import annotations
 
@@ -177,12 +180,26 @@ class Reductions:
             self._thread = None
 
 
+#: engines whose all-gather and reduce-scatter go through scratch copies of the whole
+#: unsharded size: gloo's ``_allgather_base`` gathers into scratch tensors and copies them out,
+#: its ``_reduce_scatter_base`` all-reduces a copy of the input and copies this rank's chunk out.
+#: Each copy lives as long as the op is in flight, beside the next module's compute (stock FSDP
+#: waits for gloo's ops, so there they come and go inside the call). On these engines the
+#: all-gather is one broadcast per rank straight into FSDP's output (``all_gather_v`` into its
+#: chunks) and the reduce-scatter an all-reduce of FSDP's input in place (FSDP's own scratch
+#: buffer, never read after: the all-reduce gloo would run, minus the copy). The same bits come
+#: out; the all-gather's messages differ (each shard from its owner to every peer, not a ring).
+COPYING_ENGINES = frozenset({"gloo"})
+
+
 class CommAllGather(AllGather):
-    """FSDP's parameter all-gather on ``comm`` (``all_gather_single``), always asynchronous:
-    FSDP waits on the returned work right before it copies the parameters out."""
+    """FSDP's parameter all-gather on ``comm``, always asynchronous: FSDP waits on the returned
+    work right before it copies the parameters out. ``all_gather_single``, or on an engine of
+    :data:`COPYING_ENGINES` ``all_gather_v`` into the output's per-rank chunks."""
 
     def __init__(self, comm: Any) -> None:
         self.comm = comm
+        self.into_chunks = comm.get_backend() in COPYING_ENGINES
 
     def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype,
                  device: torch.device) -> torch.Tensor:
@@ -191,11 +208,14 @@ class CommAllGather(AllGather):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, async_op: bool = False) -> dist.Work | None:
         _check_group(group, self.comm, "all-gather")
+        if self.into_chunks:
+            chunks = list(output_tensor.chunk(self.comm.get_size()))
+            return CommWork(self.comm.all_gather_v(chunks, input_tensor, async_op=True))
         return CommWork(self.comm.all_gather_single(output_tensor, input_tensor, async_op=True))
 
 
 class CommReduceScatter(ReduceScatter):
-    """FSDP's gradient reduce-scatter on ``comm`` (``reduce_scatter_single``) for one FSDP module.
+    """FSDP's gradient reduce-scatter on ``comm`` for one FSDP module.
 
     ``params``: the sharded parameters of that module (read at call time to decide whether the
     op may stay in flight: see the module docstring). ``overlap=False`` always waits.
@@ -207,6 +227,7 @@ class CommReduceScatter(ReduceScatter):
         self.reductions = reductions
         self.params = params
         self.overlap = overlap
+        self.in_place = comm.get_backend() in COPYING_ENGINES
         self.last: tuple[CommWork, bool] | None = None  # (work, left in flight) for the all-reduce hook
 
     def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype,
@@ -221,11 +242,27 @@ class CommReduceScatter(ReduceScatter):
                 return False
         return True
 
+    def issue(self, output: torch.Tensor, input: torch.Tensor, op: torchcomms.ReduceOp) -> CommWork:
+        """Start the reduction of ``input`` into ``output``: ``reduce_scatter_single``, or on an
+        engine of :data:`COPYING_ENGINES` the steps that engine takes, minus its copy of the
+        input: ``all_reduce`` of ``input`` in place, then this rank's chunk copied (AVG: SUM,
+        then the chunk divided) into ``output`` by whoever waits for the returned work first."""
+        if not self.in_place:
+            return CommWork(self.comm.reduce_scatter_single(output, input, op, async_op=True))
+        size = self.comm.get_size()
+        chunk = input.view(size, -1)[self.comm.get_rank()]
+        if op.type is torchcomms.RedOpType.AVG:  # SUM, then only this rank's chunk divided
+            mode = None if input.is_floating_point() or input.is_complex() else "trunc"
+            work = self.comm.all_reduce(input, torchcomms.ReduceOp.SUM, async_op=True)
+            return CommWork(work, lambda: torch.div(chunk, size, rounding_mode=mode, out=output))
+        work = self.comm.all_reduce(input, op, async_op=True)  # PREMUL_SUM scales input in place first
+        return CommWork(work, lambda: output.copy_(chunk))
+
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, op: Any, async_op: bool = False) -> dist.Work | None:
         _check_group(group, self.comm, "reduce-scatter")
         cop = comms_op(op)
-        work = CommWork(self.comm.reduce_scatter_single(output_tensor, input_tensor, cop, async_op=True))
+        work = self.issue(output_tensor, input_tensor, cop)
         deferred = self.can_defer(cop, input_tensor.dtype)
         self.last = (work, deferred)
         if not deferred:

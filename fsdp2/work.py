@@ -6,6 +6,7 @@ typed error).
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -15,13 +16,15 @@ import torch.distributed as dist
 
 
 class CommWork(dist.Work):
-    """Wraps a torchcomms ``TorchWork``; ``after`` runs once on the waiting thread after success
-    (e.g. a copy-out or a chained op), never on the engine's thread."""
+    """Wraps a torchcomms ``TorchWork``; ``after`` (e.g. a copy-out) runs once after success, on
+    the first thread that waits, never on the engine's thread; every ``wait()`` returns only
+    once it has run, whichever thread ran it."""
 
     def __init__(self, work: Any, after: Callable[[], None] | None = None) -> None:
         super().__init__()
         self.work = work
         self._after = after
+        self._after_lock = threading.Lock() if after is not None else None
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:  # type: ignore[override]
         """Block until the op completed; raises its typed ``CommError`` (never past its deadline).
@@ -29,12 +32,15 @@ class CommWork(dist.Work):
         secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
         if not self.work.wait(secs if secs > 0 else None):
             return False
-        after, self._after = self._after, None
-        if after is not None:
-            after()
+        if self._after_lock is not None:
+            with self._after_lock:  # a second waiter blocks until the first one's after() ran
+                after, self._after = self._after, None
+                if after is not None:
+                    after()
         return True
 
     def is_completed(self) -> bool:
+        """The engine's op ended (its ``after`` runs in the first ``wait()``)."""
         return bool(self.work.is_completed())
 
     def is_success(self) -> bool:

@@ -308,3 +308,40 @@ def c10d_ops_in_a_step(stock: bool = False) -> list[str]:
         model(data[1][:, :-1], data[1][:, 1:]).backward()
         opt.step()
     return sorted({e.name for e in prof.events() if e.name.startswith("c10d::")})
+
+
+def step_memory(stock: bool, steps: int = 3, dim: int = 256, n_layers: int = 4, seq: int = 64) -> dict[str, Any]:
+    """Train one model (fsdp2's or stock's, alone in this process) ``steps`` steps, then one
+    more under the allocation count (every thread's): its peak, start and end, in bytes above
+    the count once the model was built."""
+    import gc
+
+    from benchmarks.alloc_peak import AllocationTrace, allocated_now, count_allocations
+
+    count_allocations()
+    rank = int(os.environ["RANK"])
+    comm = world_comm()
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig.tiny(loss_impl="torch", dim=dim, n_layers=n_layers, ffn_dim=4 * dim))
+    if stock:
+        shard_stock(model, fsdp2.fsdp_comms(comm).mesh)
+    else:
+        shard_ours(model, comm)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    base = allocated_now()
+    losses = []
+    for i, tok in enumerate(batches(rank, steps + 1, seq=seq)):
+        if i == steps:
+            gc.collect()
+            comm.barrier(async_op=False)
+            trace = AllocationTrace()
+            trace.__enter__()
+        loss = model(tok[:, :-1], tok[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    trace.__exit__(None, None, None)
+    peak = trace.peak()
+    comm.barrier(async_op=False)
+    return {"peak": peak.peak - base, "start": peak.start - base, "end": peak.end - base, "losses": losses}

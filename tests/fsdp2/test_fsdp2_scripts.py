@@ -63,3 +63,20 @@ def test_fsdp_bench_memory_runs_keep_every_other_option() -> None:
     assert pairs["--steps"] == "3" and pairs["--warmup"] == "0"
     assert pairs["--layers"] == "4" and pairs["--heads"] == "4" and pairs["--prefetch"] == "2"
     assert bench.build_parser().parse_args(opts).layers == 4
+
+
+def test_fsdp_bench_memory_only_reports_allocated_peaks_and_their_sites(tmp_path: Path) -> None:
+    out = tmp_path / "mem.json"
+    env = dict(os.environ, PYTHONPATH=child_pythonpath())
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fsdp_bench.py"), "--ranks", "2", "--smoke",
+                           "--memory-only", "--contenders", "fsdp2", "stock", "--json", str(out)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {r["contender"]: r for r in json.loads(out.read_text())["rows"]}
+    for r in rows.values():
+        m = r["memory"]
+        assert r["step_ms"] is None and r["peak_step_mem_mib"] is not None
+        assert m["alloc_peak_bytes"] > m["alloc_start_bytes"] > 0  # the optimizer state, then the step's own
+        assert m["alloc_end_bytes"] == m["alloc_start_bytes"] and m["alloc_sites"], m
+    assert rows["fsdp2"]["peak_alloc_mib"] <= rows["stock"]["peak_alloc_mib"]
+    assert "allocated at the peak, by site" in proc.stdout

@@ -124,3 +124,31 @@ def test_an_error_of_a_reduction_waited_past_the_bound_is_raised_by_the_drain() 
     r.add(fsdp2.CommWork(_Done()))  # waits the failed one: its error is kept for the drain
     with pytest.raises(torchcomms.PeerFailureError, match="peer 1 failed"):
         r.drain()
+
+
+def test_a_second_waiter_returns_only_after_the_first_ran_the_copy_out() -> None:
+    # On gloo a reduce-scatter's output is filled by CommWork's after() (the copy-out of an
+    # in-place all-reduce). HSDP's replica all-reduce is chained on a worker thread that waits on
+    # the same work as the main thread's Reductions: whoever came second returned at once and
+    # could all-reduce an output still being written (HSDP's losses left stock's at step 12).
+    import threading
+
+    in_after, release, done = threading.Event(), threading.Event(), []
+
+    def after() -> None:
+        in_after.set()
+        release.wait(10)
+        done.append(True)
+
+    w = fsdp2.CommWork(_Done(), after)
+    first = threading.Thread(target=w.wait)
+    first.start()
+    assert in_after.wait(10)
+    seen: list[bool] = []
+    second = threading.Thread(target=lambda: (w.wait(), seen.append(bool(done))))
+    second.start()
+    second.join(1.0)  # long enough for a second waiter that does not block to have returned
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert seen == [True] and done == [True]  # after() ran once, before the second wait returned

@@ -13,7 +13,6 @@ import os
 import queue
 import socket
 import threading
-from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
 from urllib.parse import urlparse
@@ -53,7 +52,6 @@ _LISTENER_KEY = "torchcomms/listener/{}"
 _CHECK_HINT = "torchcomms.check_collectives"  # the collective check's hint: p2p is confirmed too
 _log = logging.getLogger(__name__)
 _DRAIN_LIMIT_S = 5.0  # how long abort() waits for an abandoned engine's failed ops to be delivered
-_PRUNE_MIN = 64  # pending-future bookkeeping is compacted when it reaches this many entries
 
 
 class _Drained:
@@ -105,6 +103,9 @@ class _BlockingWaiter:
                 fut.set_exception(e)
             else:
                 fut.set_result(None)
+            # never hold the last op while idle: its work holds the op's tensors (gloo's
+            # reduce-scatter: a copy of its whole input) until this thread takes the next one
+            del work, fut
             with self._lock:
                 self._idle += 1
 
@@ -181,9 +182,10 @@ class GlooBackend(TorchCommBackend):
         check = ctx.hints.get(_CHECK_HINT)
         self._confirm_p2p = settings().check_collectives if check is None else check.strip().lower() in (
             "1", "true", "yes", "on")
-        self._pending: deque[torch.futures.Future] = deque()
+        # the futures of ops not yet done, by id: a done one is dropped at once (its value holds
+        # the op's outputs: an all-gather's whole output buffer)
+        self._pending: dict[int, torch.futures.Future] = {}
         self._pending_lock = threading.Lock()
-        self._prune_at = _PRUNE_MIN
 
     def _peer_listeners(self) -> list[str]:
         """The listener addresses the peers published before building the engine (all set by now)."""
@@ -252,7 +254,7 @@ class GlooBackend(TorchCommBackend):
 
     def _undelivered(self) -> list[torch.futures.Future]:
         with self._pending_lock:
-            return [f for f in self._pending if not f.done()]
+            return [f for f in self._pending.values() if not f.done()]
 
     def _drain(self) -> bool:
         """Wait (at most ``_DRAIN_LIMIT_S``) until every pending op's callbacks ran and were
@@ -289,16 +291,18 @@ class GlooBackend(TorchCommBackend):
         return self._tracked(self._waiter.future_of(work))
 
     def _tracked(self, fut: torch.futures.Future) -> torch.futures.Future:
-        """Remember ``fut`` until it is done, so that :meth:`abort` can wait for its delivery."""
+        """Remember ``fut`` until it is done, so that :meth:`abort` can wait for its delivery;
+        forgotten by its first callback (keeping a done future would keep its value, the op's
+        outputs, alive until the communicator's next op)."""
+        key = id(fut)
         with self._pending_lock:
-            pending = self._pending
-            while pending and pending[0].done():
-                pending.popleft()
-            if len(pending) >= self._prune_at:  # an old op is still pending: drop the done ones behind it
-                pending = self._pending = deque(f for f in pending if not f.done())
-                self._prune_at = max(_PRUNE_MIN, 2 * len(pending))
-            pending.append(fut)
+            self._pending[key] = fut
+        fut.add_done_callback(lambda _: self._forget(key))
         return fut
+
+    def _forget(self, key: int) -> None:
+        with self._pending_lock:
+            self._pending.pop(key, None)
 
     def _prescale(self, t: torch.Tensor, op: ReduceOp) -> None:
         if op.type is RedOpType.PREMUL_SUM:
