@@ -98,17 +98,19 @@ def _build_engine(core: CommCore, survivors: list[int], epoch: int, deadline: fl
 def _all_built(core: CommCore, survivors: list[int], epoch: int, backend: TorchCommBackend | None,
                deadline: float) -> bool:
     """Whether every survivor built the epoch's engine and none is known to have failed since,
-    agreed on the store (the AND of each one's outcome, decided for all of ``survivors``). A build is not atomic across ranks: a survivor that dies while the others
-    connect can leave some with a working engine and some with an error, and those must not
-    part ways (one side in the new communicator, the other agreeing again without it). An
-    engine the survivors did not agree on is aborted."""
+    agreed on the store (the AND of each one's outcome, decided for all of ``survivors``).
+
+    A build is not atomic across ranks: a survivor that dies while the others connect can
+    leave some with a working engine and some with an error, and those must not part ways (one
+    side in the new communicator, the other agreeing again without it). An engine the
+    survivors did not agree on is aborted."""
     me = core.global_ranks[core.rank]
-    built = backend is not None and not core.known_failures().keys() & set(survivors)
+    mine = backend is not None and not core.known_failures().keys() & set(survivors)
     try:
-        built, members = agree_on_flag_for(core.ctx.store, f"{core.ctx.store_prefix}/shrink{epoch}", 0, me,
-                                           survivors, built, lambda: set(core.known_failures()), deadline)
+        all_ok, decided_for = agree_on_flag_for(core.ctx.store, f"{core.ctx.store_prefix}/shrink{epoch}", 0, me,
+                                                survivors, mine, lambda: set(core.known_failures()), deadline)
         # decided without a survivor that failed meanwhile: the engine has a dead member
-        agreed = built and members == survivors
+        agreed = all_ok and decided_for == survivors
     except RoundClosed:
         agreed = False  # decided without this rank: the next epoch's agreement leaves it out
     except Exception as e:  # noqa: BLE001 - a store may raise anything
