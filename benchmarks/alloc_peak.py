@@ -83,7 +83,8 @@ class Peak:
         """Bytes of ``blocks`` per allocation site, largest first."""
         out: dict[str, int] = {}
         for b in blocks:
-            out[b.site()] = out.get(b.site(), 0) + b.nbytes
+            site = b.site()
+            out[site] = out.get(site, 0) + b.nbytes
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 

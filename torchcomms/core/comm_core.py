@@ -206,6 +206,12 @@ class CommCore:
         failed.update(self.failed_global)
         return failed
 
+    def agreement_error(self, error: Exception, secs: float, where: dict[str, Any]) -> CommError:
+        """The typed error of an agreement over this communicator's store that failed with
+        ``error`` (``secs``: its timeout)."""
+        return error_map.agreement_error(error, self.ctx.store, secs, where,
+                                         self.monitor.control_lost if self.monitor is not None else None)
+
     # --- lifecycle -------------------------------------------------------------------------
     def close_engines(self, abort: bool) -> None:
         """Release (or abandon, after a failure) the engine and the collective check's."""

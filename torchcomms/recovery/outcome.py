@@ -49,8 +49,7 @@ def agree(core: CommCore, flag: bool, secs: float) -> bool:
     except RoundClosed:
         raise declared_failed() from None
     except Exception as e:  # noqa: BLE001 - a store may raise anything
-        raise error_map.agreement_error(e, core.ctx.store, secs, where,
-                                        core.monitor.control_lost if core.monitor is not None else None) from e
+        raise core.agreement_error(e, secs, where) from e
     if decided and not flag or core.state is CommState.EXPELLED:
         # decided without this rank: the others hold it failed
         raise declared_failed()

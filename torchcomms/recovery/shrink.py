@@ -46,8 +46,7 @@ def shrink(core: CommCore, secs: float, make_comm: MakeComm) -> Any:
                 lambda: set(core.known_failures()), deadline,
             )
         except Exception as e:  # noqa: BLE001 - a store may raise anything
-            raise error_map.agreement_error(e, core.ctx.store, secs, dict(comm=core.name, op="shrink"),
-                                            core.monitor.control_lost if core.monitor is not None else None) from e
+            raise core.agreement_error(e, secs, core.where(op="shrink")) from e
         if me not in survivors:
             core.expel("excluded from the survivor set")
             raise CommAbortedError(f"this rank ({me}) is not in the survivor set {survivors} agreed at epoch {epoch}",
@@ -116,9 +115,7 @@ def _all_built(core: CommCore, survivors: list[int], epoch: int, backend: TorchC
     except Exception as e:  # noqa: BLE001 - a store may raise anything
         if backend is not None:
             backend.abort()
-        raise error_map.agreement_error(e, core.ctx.store, max(0.0, deadline - time.monotonic()),
-                                        dict(comm=core.name, op="shrink"),
-                                        core.monitor.control_lost if core.monitor is not None else None) from e
+        raise core.agreement_error(e, max(0.0, deadline - time.monotonic()), core.where(op="shrink")) from e
     if not agreed and backend is not None:
         backend.abort()
     return agreed
