@@ -97,15 +97,20 @@ class _BlockingWaiter:
     def _loop(self) -> None:
         while True:
             work, fut = self._queue.get()
+            error: BaseException | None = None
             try:
                 work.wait()
             except BaseException as e:  # noqa: BLE001
-                fut.set_exception(e)
-            else:
+                error = e
+            # the work holds the op's tensors (gloo's reduce-scatter: a copy of its whole
+            # input): let go of it before the op is reported done, or whoever the report wakes
+            # may run on while this thread still holds them (and while idle, until its next op)
+            del work
+            if error is None:
                 fut.set_result(None)
-            # never hold the last op while idle: its work holds the op's tensors (gloo's
-            # reduce-scatter: a copy of its whole input) until this thread takes the next one
-            del work, fut
+            else:
+                fut.set_exception(error)
+            del fut, error
             with self._lock:
                 self._idle += 1
 
