@@ -51,7 +51,11 @@ def layers(comm: torchcomms.TorchComm, nbytes: int) -> dict[str, Callable[[], ob
 
     threading.Thread(target=second_thread, daemon=True).start()
     total = ReduceOp.SUM
-    backend.all_reduce(bufs["backend"], total).wait_until(time.monotonic() + 60)  # starts the engine thread
+    backend.all_reduce(bufs["backend"], total).wait_until(time.monotonic() + 60)  # may start the engine thread
+    if backend._thread is None:  # noqa: SLF001 - the large collectives do not use it (hint or default)
+        from torchcomms.backends.mpi.engine_thread import EngineThread
+
+        backend._thread = EngineThread("op-layers", backend._on_error, MPI.Exception)  # noqa: SLF001
     spec, mop = backend._buf.spec(bufs["job"]), backend._buf.op(total.type, torch.float32)  # noqa: SLF001
 
     def handed_over() -> None:
@@ -73,9 +77,11 @@ def main() -> None:
     p.add_argument("--sizes-mib", default="1,4,16")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--tracing", choices=("on", "off"), default="off")
+    p.add_argument("--nonblocking-max", type=int, default=None, help="hint mpi.nonblocking_max_bytes")
     args = p.parse_args()
     os.environ["TORCHCOMM_TRACING_DISABLE"] = "0" if args.tracing == "on" else "1"
-    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "op-layers", timeout=timedelta(seconds=60))
+    hints = {} if args.nonblocking_max is None else {"mpi.nonblocking_max_bytes": str(args.nonblocking_max)}
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "op-layers", timeout=timedelta(seconds=60), hints=hints)
     from mpi4py import MPI
 
     bar = MPI.COMM_WORLD.Dup()

@@ -230,26 +230,48 @@ def agree_without_ulfm() -> dict[str, Any]:
         comm.finalize()
 
 
-def collective_paths(hints: dict[str, str] | None = None) -> dict[str, Any]:
+def collective_paths(hints: dict[str, str] | None = None, libnbc_allreduce: str | None = None) -> dict[str, Any]:
     """Which path the collectives take (the engine thread starts with the first op routed to it),
-    and correct sums when small ops follow large async ones that are still queued there."""
+    and correct results when small and large ops of both paths follow each other, async ones
+    still queued. ``libnbc_allreduce``: this rank's choice of libnbc all-reduce algorithm, set
+    before MPI is initialised (``""``: none, torchcomms chooses; ``"per-rank"``: rank 0
+    Rabenseifner, the others binomial)."""
+    from torchcomms.backends.mpi import engine
+
+    if libnbc_allreduce is not None:
+        os.environ.pop(engine.LIBNBC_ALLREDUCE_VAR, None)
+        if libnbc_allreduce == "per-rank":
+            libnbc_allreduce = "3" if os.environ["OMPI_COMM_WORLD_RANK"] == "0" else "2"
+        if libnbc_allreduce:
+            os.environ[engine.LIBNBC_ALLREDUCE_VAR] = libnbc_allreduce
     comm = torchcomms.new_comm("mpi", torch.device("cpu"), "paths", hints=hints)
     r, n = comm.get_rank(), comm.get_size()
     backend = comm._backend
+    want = float(n * (n + 1) // 2)
     small = torch.full((256,), float(r + 1))  # 1 KiB
     comm.all_reduce(small, ReduceOp.SUM, False)
     thread_after_small = backend._thread is not None
     large = torch.full((1 << 18,), float(r + 1))  # 1 MiB
     comm.all_reduce(large, ReduceOp.SUM, False)
     thread_after_large = backend._thread is not None
-    want = float(n * (n + 1) // 2)
     sums_ok = bool((small == want).all() and (large == want).all())
-    for i in range(20):  # large async ops queued on the engine thread, small ones behind them
+    reduced = torch.full((1 << 18,), float(r + 1))
+    comm.reduce(reduced, 0, ReduceOp.SUM, False)
+    thread_after_large_reduce = backend._thread is not None
+    sums_ok &= bool((reduced == want).all()) if r == 0 else bool((reduced == float(r + 1)).all())
+    for i in range(20):  # large async ops of both paths, small ones behind them
         big = torch.full((1 << 18,), float(i + r))
         work = comm.all_reduce(big, ReduceOp.SUM, True)
+        root_sum = torch.full((1 << 17,), float(i + r))
+        rwork = comm.reduce(root_sum, i % n, ReduceOp.SUM, True)
         tiny = torch.full((16,), float(i * r))
         comm.all_reduce(tiny, ReduceOp.MAX, False)
         work.wait()
+        rwork.wait()
         sums_ok &= bool((big == float(n * i + n * (n - 1) // 2)).all() and (tiny == float(i * (n - 1))).all())
+        if r == i % n:
+            sums_ok &= bool((root_sum == float(n * i + n * (n - 1) // 2)).all())
     comm.finalize()
-    return {"thread_after_small": thread_after_small, "thread_after_large": thread_after_large, "sums_ok": sums_ok}
+    return {"thread_after_small": thread_after_small, "thread_after_large": thread_after_large,
+            "thread_after_large_reduce": thread_after_large_reduce, "sums_ok": sums_ok,
+            "libnbc_allreduce": os.environ.get(engine.LIBNBC_ALLREDUCE_VAR)}

@@ -3,13 +3,14 @@
 Ranks come from the MPI job (``mpiexec -n N python train.py``): the communicator's rank and size
 (discovered from ``OMPI_COMM_WORLD_RANK``/``_SIZE`` or ``PMI_RANK``/``_SIZE``) must be the MPI
 world's, and no store is needed. Tensor memory is handed to MPI without a copy. Point-to-point
-ops are nonblocking (``Isend``/``Irecv``), polled by the caller or the progress thread;
-collectives up to ``mpi.nonblocking_max_bytes`` (hint; 64 KiB by default) are MPI's
-nonblocking calls started on the caller's thread, the others MPI's blocking calls run in order
-on the communicator's engine thread (faster there than MPI's nonblocking collectives: see
-:mod:`.engine_thread` and :mod:`.hints`). Either way a caller waits in slices and never past its
-op's deadline. Ops MPI lacks are composed (AVG = SUM then divide, PREMUL_SUM = scale then SUM,
-the list forms = one v-collective on a packed buffer). Sub-communicators come from
+ops are nonblocking (``Isend``/``Irecv``), polled by the caller or the progress thread.
+Collectives are MPI's nonblocking calls started on the caller's thread wherever those keep pace
+with the blocking ones (every size for most; up to 64 KiB for reduce and per-rank-count
+reduce-scatter); the others are MPI's blocking calls run in order on the communicator's engine
+thread (see :mod:`.hints`, which also names the hints that move the bound, and
+:mod:`.engine_thread`). Either way a caller waits in slices and never past its op's deadline.
+Ops MPI lacks are composed (AVG = SUM then divide, PREMUL_SUM = scale then SUM, the list forms
+= one packed buffer). Sub-communicators come from
 ``MPI_Comm_create_group`` (collective over the members only, as ``split`` is). Failures: MPI's
 errors are returned, not fatal; with ULFM a failed peer is reported as a peer failure, the
 communicator is revoked so that no survivor stays blocked, and ``shrink`` is
@@ -17,6 +18,7 @@ communicator is revoked so that no survivor stays blocked, and ``shrink`` is
 """
 from __future__ import annotations
 
+import array
 import atexit
 import dataclasses
 import sys
@@ -30,7 +32,7 @@ from torchcomms.backends.base import BackendCapabilities, BackendContext, Engine
 from torchcomms.backends.mpi import engine as mpi_engine
 from torchcomms.backends.mpi.buffers import MPI_DTYPES, Buffers
 from torchcomms.backends.mpi.engine_thread import EngineThread
-from torchcomms.backends.mpi.hints import UNEVEN, nonblocking_max
+from torchcomms.backends.mpi.hints import UNEVEN, collective_paths
 from torchcomms.backends.mpi.progress import RequestProgress, blocking_wait
 from torchcomms.backends.mpi.recovery import agree_flag, shrink_comm
 from torchcomms.errors import CommValueError
@@ -47,6 +49,27 @@ def _runtime() -> tuple[Any, Buffers, RequestProgress]:
         _RUNTIME.update(MPI=MPI, buffers=Buffers(MPI), progress=RequestProgress(MPI), stuck=[])
         atexit.register(_end_job_if_stuck)  # runs before mpi4py's MPI_Finalize
     return _RUNTIME["MPI"], _RUNTIME["buffers"], _RUNTIME["progress"]
+
+
+def _allreduce_keeps_pace(MPI: Any, world: Any, name: str) -> bool:  # noqa: N803
+    """Whether the nonblocking all-reduce keeps pace with the blocking one (see
+    :func:`.engine.nonblocking_allreduce_keeps_pace`), found once, as the first world
+    communicator is made (collective), from every rank's libnbc algorithm: ranks whose choices
+    differ are refused, as their nonblocking all-reduces would never match (Open MPI's own
+    ``MPI_Comm_dup`` runs one: it would hang there)."""
+    if "allreduce_keeps_pace" not in _RUNTIME:
+        mine = mpi_engine.libnbc_allreduce_choice()
+        choices = array.array("i", [0]) * world.Get_size()
+        world.Allgather([array.array("i", [mine]), MPI.INT], [choices, MPI.INT])
+        if len(set(choices)) > 1:
+            shown = ", ".join(f"rank {r}: {c if c >= 0 else 'unreadable'}" for r, c in enumerate(choices))
+            raise CommValueError(
+                f"the ranks chose different libnbc all-reduce algorithms ({mpi_engine.LIBNBC_ALLREDUCE_VAR}; "
+                f"0 = unset) before MPI started: {shown}. Their nonblocking all-reduces would never match; set it "
+                "alike on every rank, or leave it unset and let torchcomms initialise MPI (it chooses "
+                f"{mpi_engine.LIBNBC_ALLREDUCE_DEFAULT})", comm=name, op="new_comm")
+        _RUNTIME["allreduce_keeps_pace"] = mpi_engine.nonblocking_allreduce_keeps_pace(MPI, mine)
+    return _RUNTIME["allreduce_keeps_pace"]
 
 
 def _end_job_if_stuck() -> None:
@@ -88,7 +111,6 @@ class MpiBackend(TorchCommBackend):
         self._aborted = False
         self._thread: EngineThread | None = None
         self._last_reqs: list[Any] = []  # the requests of the latest op started on the caller's thread
-        self._nb_max = nonblocking_max(self.ctx.hints, self.ctx.name)
         self.capabilities = dataclasses.replace(type(self).capabilities, shrink=self._ft, agree=self._ft)
         if not mpi_engine.thread_level_ok(MPI):
             raise CommValueError(
@@ -106,7 +128,9 @@ class MpiBackend(TorchCommBackend):
                     f"launcher with 'mpiexec -n {self.ctx.size} torchcomms-run --backend mpi script.py' (plain "
                     "torchcomms-run starts ranks that are not one MPI job)",
                     comm=self.ctx.name, op="new_comm")
+            _allreduce_keeps_pace(MPI, world, self.ctx.name)  # before Dup, which uses the nonblocking all-reduce
             self._comm = world.Dup()
+        self._paths = collective_paths(self.ctx.hints, self.ctx.name, _RUNTIME.get("allreduce_keeps_pace", False))
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
 
     def version(self) -> str:
@@ -241,11 +265,11 @@ class MpiBackend(TorchCommBackend):
     def _coll(self, name: str, nbytes: int, args: tuple[Any, ...], keep: Any = None,
               finish: Callable[[], None] | None = None) -> EngineHandle:
         """Collective ``name`` (mpi4py's nonblocking method, e.g. ``"Iallreduce"``) of ``nbytes``
-        (the same on every rank; ``UNEVEN`` where ranks' sizes differ): up to the hint
-        ``mpi.nonblocking_max_bytes`` the nonblocking call, started on the caller's thread and
-        polled; above it the blocking call on the engine thread. Every rank makes the same
-        choice (MPI's nonblocking collectives do not match its blocking ones)."""
-        if nbytes <= self._nb_max:
+        (the same on every rank; ``UNEVEN`` where ranks' sizes differ): up to the method's limit
+        (:mod:`.hints`) the nonblocking call, started on the caller's thread and polled; above it
+        the blocking call on the engine thread. Every rank makes the same choice (MPI's
+        nonblocking collectives do not match its blocking ones)."""
+        if nbytes <= self._paths.limit(name):
             method = getattr(self._comm, name)
             return self._start(lambda: method(*args), keep, finish, self._thread)
         if self._thread is None:
@@ -333,7 +357,12 @@ class MpiBackend(TorchCommBackend):
         return self._coll("Iallgather", input.nbytes, (self._buf.spec(input), self._buf.spec(output)), (input, output))
 
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp) -> EngineHandle:
-        return self.reduce_scatter_v(output, input_list, op)
+        """Equal parts: MPI's reduce-scatter-block on the packed list (its nonblocking form keeps
+        pace with the blocking call; the per-rank-counts form does not, see :mod:`.hints`)."""
+        flat = self._scaled(self._pack(input_list, output.dtype), op)
+        mop = self._buf.op(op.type, output.dtype)
+        return self._coll("Ireduce_scatter_block", flat.nbytes, (self._buf.spec(flat), self._buf.spec(output), mop),
+                          (flat, output), self._avg(output, op))
 
     def reduce_scatter_v(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp) -> EngineHandle:
         flat = self._scaled(self._pack(input_list, output.dtype), op)

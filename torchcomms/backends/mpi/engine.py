@@ -9,10 +9,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from typing import Any
 
 #: How to launch with fault tolerance, for messages about what the MPI lacks.
 ULFM_LAUNCH = "mpiexec --with-ft ulfm"
+#: Open MPI's choice of nonblocking all-reduce algorithm (libnbc), read once at ``MPI_Init``.
+#: libnbc's own choice at 2 ranks (binomial) took 1.8-2.6x as long as the blocking
+#: ``MPI_Allreduce`` from 64 KiB to 16 MiB; its Rabenseifner (3) and ring (1) kept pace with it
+#: (0.99-1.05x at 2 and 4 ranks; ``benchmarks/diagnostics/mpi_nonblocking_algorithms.py``), so
+#: torchcomms asks for Rabenseifner unless the job set its own choice.
+LIBNBC_ALLREDUCE_VAR = "OMPI_MCA_coll_libnbc_iallreduce_algorithm"
+LIBNBC_ALLREDUCE_DEFAULT = "3"
+_FAST_LIBNBC_ALLREDUCE = ("1", "3")  # ring, Rabenseifner
 
 
 def mpi4py_installed() -> bool:
@@ -21,15 +30,30 @@ def mpi4py_installed() -> bool:
 
 
 def load_mpi() -> Any:
-    """The ``mpi4py.MPI`` module, MPI initialised with thread level ``MPI_THREAD_MULTIPLE``."""
+    """The ``mpi4py.MPI`` module, MPI initialised with thread level ``MPI_THREAD_MULTIPLE`` (and,
+    when this is what initialises it, libnbc's Rabenseifner all-reduce unless the job chose one)."""
     import mpi4py
 
     if not getattr(load_mpi, "_configured", False):
         mpi4py.rc.thread_level = "multiple"
+        if "mpi4py.MPI" not in sys.modules:  # MPI not initialised yet: its parameters can still be set
+            os.environ.setdefault(LIBNBC_ALLREDUCE_VAR, LIBNBC_ALLREDUCE_DEFAULT)
         load_mpi._configured = True  # type: ignore[attr-defined]
     from mpi4py import MPI
 
     return MPI
+
+
+def libnbc_allreduce_choice() -> int:
+    """This process's choice of libnbc all-reduce algorithm (0: libnbc decides, -1: unreadable)."""
+    raw = os.environ.get(LIBNBC_ALLREDUCE_VAR, "0").strip() or "0"
+    return int(raw) if raw.isdigit() else -1
+
+
+def nonblocking_allreduce_keeps_pace(MPI: Any, choice: int) -> bool:  # noqa: N803
+    """True when a nonblocking all-reduce under libnbc algorithm ``choice`` is one measured as fast
+    as the blocking call at every size: Open MPI with libnbc's ring or Rabenseifner algorithm."""
+    return MPI.Get_library_version().startswith("Open MPI") and str(choice) in _FAST_LIBNBC_ALLREDUCE
 
 
 def thread_level_ok(MPI: Any) -> bool:  # noqa: N803 - the module's own name

@@ -1,17 +1,18 @@
-"""A communicator's engine thread: its large collectives run there as blocking MPI calls, in order.
+"""A communicator's engine thread: the collectives whose nonblocking form is slow run there as
+blocking MPI calls, in order.
 
-MPI's blocking collectives use the library's tuned algorithms (shared-memory and tuned
-components); its nonblocking ones (``libnbc`` in Open MPI) move one step per ``MPI_Test``
-and measured slower here from a few hundred KiB up. So a large collective is the blocking call
-made on this thread, and the caller waits for the thread's job in slices (``wait(seconds)``),
-never past the op's deadline. A collective blocked on a failed peer is released by revoking the
-communicator (ULFM); without ULFM the thread stays blocked and is abandoned with its
+Open MPI's nonblocking collectives (``libnbc``) move one step per ``MPI_Test``; for most ops they
+keep pace with the blocking calls (see :mod:`.hints`), but not for a large reduce or a
+reduce-scatter with per-rank counts, nor for the all-reduce unless libnbc's algorithm was chosen
+for it. Those are the blocking call made on this thread, and the caller waits for the thread's
+job in slices (``wait(seconds)``), never past the op's deadline. A blocking collective waiting
+on a peer that died returns once ULFM reports the death (a revoke alone does not release it);
+without ULFM, or while a stopped peer lives, the thread stays blocked and is abandoned with its
 communicator (its later jobs are failed, never run).
 
-Small collectives are MPI's nonblocking calls, started on the caller's thread when nothing of
-the communicator is queued here or running (:meth:`EngineThread.start_inline`: MPI needs every
-rank to start a communicator's collectives in the same order), else queued here behind the
-others.
+Nonblocking collectives are started on the caller's thread when nothing of the communicator is
+queued here or running (:meth:`EngineThread.start_inline`: MPI needs every rank to start a
+communicator's collectives in the same order), else queued here behind the others.
 """
 from __future__ import annotations
 

@@ -1,45 +1,71 @@
-"""The mpi backend's hints: which collectives run as MPI's nonblocking calls.
+"""The mpi backend's hints: which collectives run as MPI's nonblocking calls on the caller's thread.
 
-MPI's nonblocking collectives (``libnbc`` in Open MPI) cost a few µs more than the blocking
-ones for small messages and much more for large ones (measured, 2 ranks, shared memory: 1 KiB
-2.4 vs 1.4 µs, 64 KiB 19.5 vs 12.5 µs, 1 MiB 201 vs 98 µs), but they can be started on the
-caller's thread and polled there, bounded by the op's deadline, while a blocking call that waits
-on a stopped peer can be left only by a thread of its own (the engine thread; handing an op to
-it and back costs two thread wake-ups, ~25 µs measured under load). So small collectives are
-nonblocking calls on the caller's thread, large ones blocking calls on the engine thread.
+A nonblocking call is started on the caller's thread and polled there, bounded by the op's
+deadline, with no thread hand-off. A blocking call that waits on a stopped peer can be left only
+by a thread of its own (the engine thread; handing an op to it and back costs two thread
+wake-ups, 7-21 % of a 1 MiB all_reduce measured, see ``benchmarks/diagnostics/mpi_op_layers.py``).
+So every collective is nonblocking where MPI's nonblocking form keeps pace with the blocking one.
 
-Measured on 2 quiet cores (2 ranks, all_reduce, tracing on, medians of 60): the caller-thread
-path takes 22 / 25 / 30 / 44 / 93 µs at 1 / 4 / 16 / 64 / 256 KiB against the engine thread's
-34 / 35 / 41 / 49 / 84 µs, and it stayed ahead up to 64 KiB with 8 busy processes per core (1 KiB
-23-28 vs 33-36 µs; ``benchmarks/comm_bench.py --engine mpi --mpi-nonblocking-max 65536``). So
-collectives up to 64 KiB take it by default (``mpi.nonblocking_max_bytes``), larger ones the
-engine thread. Where ranks share cores with other multi-process jobs (load 33-45 on 2 cores) the
-1-4 KiB caller-thread ops were measured at 270-320 µs against 47-64 µs: there,
-``mpi.collectives=blocking`` puts every collective on the engine thread.
+Measured (bare mpi4py, 2 ranks on 2 cores and 4 ranks oversubscribed, shared memory,
+``benchmarks/diagnostics/mpi_nonblocking_algorithms.py``): from 64 KiB to 16 MiB the nonblocking
+broadcast, all-gather(v), reduce-scatter-block, all-to-all(v), gather and scatter took
+0.75-1.10x the blocking call's time, and the all-reduce 0.96-1.09x under libnbc's Rabenseifner
+algorithm (see :data:`.engine.LIBNBC_ALLREDUCE_VAR`; libnbc's own choice took 1.8-2.6x). The
+nonblocking reduce took 2-3.5x, and reduce-scatter with per-rank counts 2.1x at 16 MiB: above
+64 KiB those two stay blocking calls on the engine thread, as every collective does above 64 KiB
+where the all-reduce algorithm is not known to keep pace (MPI initialised before torchcomms set
+it, or another MPI than Open MPI).
+
+``mpi.nonblocking_max_bytes=N`` makes every collective up to N bytes nonblocking and every larger
+one blocking; ``mpi.collectives=blocking|nonblocking`` makes them all one kind (``blocking``
+where ranks share cores with other jobs' ranks: at load 33-45 on 2 cores the 1-4 KiB
+caller-thread ops were measured at 270-320 µs against 47-64 µs on the engine thread).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from torchcomms.errors import CommValueError
 
-#: ``nbytes`` of a collective whose ranks pass different sizes: the blocking call, except under
-#: ``mpi.collectives=nonblocking`` (every rank must choose alike, whatever its own sizes)
+#: ``nbytes`` of a collective whose ranks pass different sizes (every rank must choose alike,
+#: whatever its own sizes): nonblocking only where the op is nonblocking at any size
 UNEVEN = 1 << 61
-#: the default of hint ``mpi.nonblocking_max_bytes``: collectives up to 64 KiB nonblocking
+#: a limit above every size, :data:`UNEVEN` included
+ANY_SIZE = 1 << 62
+#: the default limit of the collectives whose nonblocking form is slower: up to 64 KiB nonblocking
 NONBLOCKING_MAX_BYTES = 64 << 10
-_MODES = {"blocking": -1, "nonblocking": 1 << 62}
+#: mpi4py's nonblocking methods that keep pace with the blocking ones at every size (measured above)
+KEEP_PACE = frozenset({"Ibarrier", "Ibcast", "Iallgather", "Iallgatherv", "Ireduce_scatter_block", "Ialltoall",
+                       "Ialltoallv", "Igather", "Iscatter"})
+_MODES = {"blocking": -1, "nonblocking": ANY_SIZE}
 
 
-def nonblocking_max(hints: dict[str, str], name: str) -> int:
-    """The largest collective (bytes) run as MPI's nonblocking call, from the hints
-    ``mpi.nonblocking_max_bytes`` or ``mpi.collectives`` (``blocking``/``nonblocking``: all one
-    kind). Every rank must pass the same hints."""
+@dataclass(frozen=True)
+class CollectivePaths:
+    """The largest collective (bytes) each of mpi4py's nonblocking methods runs as; larger ones
+    are the blocking call on the engine thread."""
+
+    default: int
+    per_method: dict[str, int] = field(default_factory=dict)
+
+    def limit(self, method: str) -> int:
+        return self.per_method.get(method, self.default)
+
+
+def collective_paths(hints: dict[str, str], name: str, allreduce_keeps_pace: bool) -> CollectivePaths:
+    """The paths from the hints ``mpi.nonblocking_max_bytes`` or ``mpi.collectives``, else the
+    measured defaults; ``allreduce_keeps_pace``: the all-reduce joins :data:`KEEP_PACE`. Every rank
+    must pass the same hints (and the backend agrees on ``allreduce_keeps_pace``)."""
     mode, raw = hints.get("mpi.collectives"), hints.get("mpi.nonblocking_max_bytes")
     if mode is not None and mode not in _MODES:
         raise CommValueError(f"hint mpi.collectives={mode!r}: expected 'blocking' or 'nonblocking'",
                              comm=name, op="new_comm")
     if raw is None:
-        return _MODES[mode] if mode is not None else NONBLOCKING_MAX_BYTES
+        if mode is not None:
+            return CollectivePaths(_MODES[mode])
+        fast = KEEP_PACE | {"Iallreduce"} if allreduce_keeps_pace else KEEP_PACE
+        return CollectivePaths(NONBLOCKING_MAX_BYTES, {m: ANY_SIZE for m in fast})
     if mode is not None or not raw.isdigit():
         raise CommValueError(f"hint mpi.nonblocking_max_bytes={raw!r}: expected a byte count >= 0, without "
                              "mpi.collectives", comm=name, op="new_comm")
-    return int(raw)
+    return CollectivePaths(int(raw))
