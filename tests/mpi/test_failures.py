@@ -79,11 +79,15 @@ def test_a_communicator_of_ranks_not_started_by_mpiexec_is_refused() -> None:
 
 @pytest.mark.skipif(not ulfm_available(), reason="this mpiexec has no ULFM (--with-ft ulfm)")
 @pytest.mark.parametrize("run", range(REPEAT))
-@pytest.mark.parametrize("world,victims", [(3, 1), (4, 2), (8, 1)], ids=["3r-1dead", "4r-2dead", "8r-1dead"])
-def test_ulfm_survivors_get_a_typed_error_shrink_and_carry_on(world: int, victims: int, run: int) -> None:
+@pytest.mark.parametrize("world,victims,numel", [(3, 1, 4096), (4, 2, 4096), (8, 1, 4096), (3, 1, 1 << 18), (4, 2, 1 << 18)],
+                         ids=["3r-1dead", "4r-2dead", "8r-1dead", "3r-1dead-1MiB", "4r-2dead-1MiB"])
+def test_ulfm_survivors_get_a_typed_error_shrink_and_carry_on(world: int, victims: int, numel: int, run: int) -> None:
+    """A rank killed at a random instant of a loop of 16 KiB or 1 MiB all-reduces (MPI's
+    nonblocking call on the caller's thread, both sizes by default)."""
     rng = random.Random(f"{world}/{victims}/{run}/{time.time_ns()}")
     dead = sorted(rng.sample(range(world), victims))
-    with MpiJob(world, "tests.mpi.workers:ops_until_failure", {"timeout_s": 30.0, "limit_s": 60.0}, ulfm=True) as job:
+    kwargs = {"timeout_s": 30.0, "limit_s": 60.0, "numel": numel}
+    with MpiJob(world, "tests.mpi.workers:ops_until_failure", kwargs, ulfm=True) as job:
         job.wait_ready(list(range(world)))
         time.sleep(rng.uniform(0.0, 0.3))  # a random instant inside the all_reduce loop
         (job.dir / "killed_at").write_text(repr(time.monotonic()))

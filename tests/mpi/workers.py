@@ -23,13 +23,13 @@ def _go() -> None:
         time.sleep(0.005)
 
 
-def ops_until_failure(timeout_s: float, limit_s: float = 60.0) -> dict[str, Any]:
-    """All ranks loop all_reduce until one fails (the test kills a rank at a random instant);
-    the survivors report the error, shrink, and check an all_reduce on the survivors."""
+def ops_until_failure(timeout_s: float, limit_s: float = 60.0, numel: int = 4096) -> dict[str, Any]:
+    """All ranks loop all_reduce of ``numel`` floats until one fails (the test kills a rank at a
+    random instant); the survivors report the error, shrink, and check an all_reduce on the survivors."""
     comm = torchcomms.new_comm("mpi", torch.device("cpu"), "chaos", timeout=timedelta(seconds=timeout_s),
                                abort_process_on_timeout_or_error=False)
     r, n = comm.get_rank(), comm.get_size()
-    t = torch.ones(4096)
+    t = torch.ones(numel)
     comm.all_reduce(t, ReduceOp.SUM, False)
     _ready(r)
     out: dict[str, Any] = {"rank": r, "size": n}
