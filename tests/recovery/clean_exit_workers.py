@@ -59,3 +59,13 @@ def op_times_out(timeout_s: float) -> dict:
         return {"error": None}
     t = torch.ones(1 << 16)
     return _caught(lambda: comm.all_reduce(t, torchcomms.ReduceOp.SUM, False, timeout=timedelta(seconds=timeout_s)))
+
+
+def ops_then_exit(ops: int) -> dict:
+    """``ops`` all-reduces, each on a fresh tensor dropped as soon as it returns, then the
+    interpreter's exit without finalizing: gloo's worker thread may still be letting go of the
+    last op (its tensors) while the interpreter finalizes."""
+    comm = torchcomms.new_comm("gloo", "cpu", "leaving", timeout=timedelta(seconds=60))
+    for i in range(ops):
+        comm.all_reduce(torch.full((4096,), float(i)), torchcomms.ReduceOp.SUM, False)
+    return {"error": None}

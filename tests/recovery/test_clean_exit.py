@@ -1,9 +1,11 @@
-"""A caught error from new_comm / shrink / split / an op leaves the process to exit with its
-own code: no SIGABRT from a thread returning from C++ into a finalizing interpreter."""
+"""A caught error from new_comm / shrink / split / an op, or an op just done, leaves the process
+to exit with its own code: no SIGABRT from a thread returning from C++ into a finalizing
+interpreter."""
 from __future__ import annotations
 
 import pytest
 
+from tests.helpers.cpu_load import oversubscribed
 from tests.helpers.rank_main import EXIT_NORMALLY_ENV
 from tests.helpers.ranks import RankGroup
 
@@ -23,3 +25,17 @@ def test_caught_timeout_then_normal_exit(target: str) -> None:
     else:
         assert all(r.value["error"] == "CommTimeoutError" for r in results), [r.value for r in results]
     assert all("terminate called" not in r.stderr for r in results)
+
+
+def test_normal_exit_right_after_an_op_whose_tensor_was_dropped() -> None:
+    """Ranks leave through the interpreter's exit right after an all_reduce on a tensor they
+    dropped, without finalizing, with the CPU oversubscribed: gloo's worker thread letting go of
+    that op at the wrong moment aborted the process (SIGABRT, "terminate called without an
+    active exception") in 12 of 20 jobs before the engines were released at exit."""
+    with oversubscribed(per_core=8, limit_s=240):
+        for _ in range(8):
+            with RankGroup(2, f"{WORKERS}:ops_then_exit", {"ops": 1}, env={EXIT_NORMALLY_ENV: "1"}) as g:
+                results = g.wait(120)
+            for r in results:
+                assert r.returncode == 0, f"rank {r.rank}: rc={r.returncode}\n{r.stderr[-3000:]}"
+                assert "terminate called" not in r.stderr
