@@ -379,10 +379,11 @@ class TorchCommBackend:
     def gather(self, output_list: list[torch.Tensor] | None, input: torch.Tensor, root: int) -> EngineHandle:
         return self._unsupported("gather")
 
-    def gather_single(self, output: torch.Tensor | None, input: torch.Tensor, root: int) -> EngineHandle:
-        """``gather`` into views of ``output`` (one row a rank); engines with a flat gather override it."""
+    def gather_single(self, output: torch.Tensor | None, input: torch.Tensor, root: int, **kw: Any) -> EngineHandle:
+        """``gather`` into views of ``output`` (one row a rank); engines with a flat gather override it.
+        ``kw``: what dispatch passes the engine's op methods (``async_op`` where the engine takes it)."""
         outs = None
         if output is not None:
             flat = output.view(self.ctx.size, -1)
             outs = [flat[i].view(input.shape) for i in range(self.ctx.size)]
-        return self.gather(outs, input, root)
+        return self.gather(outs, input, root, **kw)
