@@ -49,6 +49,37 @@ def test_identity(comm) -> None:  # noqa: ANN001
     assert os.environ["TORCH_NCCL_ENABLE_MONITORING"] == "0"
 
 
+class _NoWorkForSyncOps:
+    """A c10d engine that returns no work for a synchronous op, as ProcessGroupNCCL may."""
+
+    def __init__(self, pg: object) -> None:
+        self._real = pg
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+    def allreduce(self, tensors, opts):  # noqa: ANN001, ANN201
+        work = self._real.allreduce(tensors, opts)
+        return work if opts.asyncOp else None
+
+
+def test_a_sync_op_that_c10d_returns_no_work_for_completes_in_order() -> None:
+    """c10d may return no work for a synchronous op (seen under CPU load: the op then failed
+    with AttributeError on ``None.wait``); the op completes, on the current stream, and the
+    ops after it see its result."""
+    c = make()
+    c._backend._pg = _NoWorkForSyncOps(c._backend._pg)
+    t = x()
+    for _ in range(3):
+        work = c.all_reduce(t, ReduceOp.SUM, False)
+        assert work.wait_blocking(30) and work.is_success()
+    t.add_(1)
+    c.all_reduce(t, ReduceOp.MAX, True).wait()
+    torch.cuda.synchronize()
+    assert torch.equal(t, x() + 1)
+    c.finalize()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
 @pytest.mark.parametrize("async_op", [False, True])
 def test_reductions(comm, dtype: torch.dtype, async_op: bool) -> None:  # noqa: ANN001

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from torchcomms.backends.base import BackendCapabilities, BackendContext, EngineHandle, TorchCommBackend
-from torchcomms.backends.nccl_completion import CompletionPoller, EngineFailed, StreamOrderedHandle
+from torchcomms.backends.nccl_completion import CompletionPoller, CurrentStreamWork, EngineFailed, StreamOrderedHandle
 from torchcomms.config import settings
 from torchcomms.types import RedOpType, ReduceOp
 
@@ -276,6 +276,8 @@ class NcclBackend(TorchCommBackend):
 
     # --- helpers -------------------------------------------------------------------------------
     def _handle(self, work: Any) -> EngineHandle:
+        if work is None:  # a synchronous op c10d issued on the current stream without a work
+            work = CurrentStreamWork()
         return StreamOrderedHandle(work, self._poller, self._timed)
 
     def _cached(self, key: tuple[Any, ...], kind: Any, async_op: bool, **fields: Any) -> Any:

@@ -23,6 +23,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from torchcomms.backends.base import DoneCallback, EngineHandle
 
 #: pause between two polls while ops are pending and nobody waits on the host (seconds); it
@@ -180,6 +182,29 @@ def _call(cb: DoneCallback, err: BaseException | None) -> None:
         cb(err)
     except Exception:  # noqa: BLE001 - a callback must not end the poller
         pass
+
+
+class CurrentStreamWork:
+    """Stands in for the c10d work of a synchronous op for which c10d returned none, as it may
+    for an op it issued on the caller's current stream (torch.distributed's own ``all_reduce``
+    allows for it: "the backend has sync'ed at CPP level"). Seen on the H200 with torch 2.11:
+    a synchronous all_reduce of a one-rank communicator, with the host's cores oversubscribed.
+    An event recorded on that stream right after the op marks the op's end."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:  # noqa: D107
+        self._event = torch.cuda.Event()
+        self._event.record()  # on the current stream, where the op was issued
+
+    def is_completed(self) -> bool:
+        return bool(self._event.query())
+
+    def wait(self) -> None:
+        torch.cuda.current_stream().wait_event(self._event)
+
+    def _get_duration(self) -> float:
+        raise RuntimeError("c10d returned no work for this op: it has no start event")
 
 
 class StreamOrderedHandle(EngineHandle):
