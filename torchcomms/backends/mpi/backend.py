@@ -359,10 +359,7 @@ class MpiBackend(TorchCommBackend):
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp) -> EngineHandle:
         """Equal parts: MPI's reduce-scatter-block on the packed list (its nonblocking form keeps
         pace with the blocking call; the per-rank-counts form does not, see :mod:`.hints`)."""
-        flat = self._scaled(self._pack(input_list, output.dtype), op)
-        mop = self._buf.op(op.type, output.dtype)
-        return self._coll("Ireduce_scatter_block", flat.nbytes, (self._buf.spec(flat), self._buf.spec(output), mop),
-                          (flat, output), self._avg(output, op))
+        return self.reduce_scatter_single(output, self._pack(input_list, output.dtype), op)
 
     def reduce_scatter_v(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp) -> EngineHandle:
         flat = self._scaled(self._pack(input_list, output.dtype), op)
