@@ -62,7 +62,8 @@ def ulfm_available() -> bool:
 
 
 class MpiJob:
-    """One ``mpiexec`` job of ``n`` ranks; a context manager that never leaves it behind."""
+    """One ``mpiexec`` job of ``n`` ranks; a context manager that never leaves it behind. A job
+    whose MPI runtime failed before it started any rank is started once more."""
 
     def __init__(self, n: int, target: str, kwargs: dict[str, Any] | None = None, env: dict[str, str] | None = None,
                  ulfm: bool = False) -> None:
@@ -78,16 +79,30 @@ class MpiJob:
             args += ["--with-ft", "ulfm"]
         args += [sys.executable, "-m", "tests.helpers.mpi_rank_main", target, json.dumps(kwargs or {}), str(self.dir)]
         self.log = self.dir / "mpiexec.log"
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(args, cwd=REPO, env=e, stdout=log, stderr=subprocess.STDOUT,
+        self._args, self._env, self._launches = args, e, 0
+        self._launch()
+
+    def _launch(self) -> None:
+        self._launches += 1
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self._args, cwd=REPO, env=self._env, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
+
+    def _relaunched(self) -> bool:
+        """After ``mpiexec`` ended: start it once more if its runtime failed before starting any
+        rank (Open MPI's launcher on a loaded host, e.g. "The PMIx server's listener thread failed
+        to start"); nothing of the library ran. True if it was started again."""
+        if self._launches > 1 or self.proc.returncode == 0 or any(self.dir.glob("pid*")):
+            return False
+        self._launch()
+        return True
 
     def pid_of(self, rank: int, timeout: float = 120.0) -> int:
         """The process id of ``rank`` (written by the rank once it started)."""
         path = self.dir / f"pid{rank}"
         deadline = time.monotonic() + timeout
         while not path.exists() or not path.read_text().strip():
-            assert self.proc.poll() is None, f"mpiexec ended early:\n{self.output()}"
+            assert self.proc.poll() is None or self._relaunched(), f"mpiexec ended early:\n{self.output()}"
             assert time.monotonic() < deadline, f"rank {rank} never started"
             time.sleep(0.02)
         return int(path.read_text())
@@ -96,7 +111,7 @@ class MpiJob:
         """Until each of ``ranks`` created ``ready<rank>`` in the job's directory."""
         deadline = time.monotonic() + timeout
         while not all((self.dir / f"ready{r}").exists() for r in ranks):
-            assert self.proc.poll() is None, f"mpiexec ended early:\n{self.output()}"
+            assert self.proc.poll() is None or self._relaunched(), f"mpiexec ended early:\n{self.output()}"
             assert time.monotonic() < deadline, f"ranks {ranks} never got ready\n{self.output()}"
             time.sleep(0.01)
 
@@ -105,7 +120,7 @@ class MpiJob:
         peer keeps it from finishing)."""
         deadline = time.monotonic() + timeout
         while not all((self.dir / f"rank{r}.json").exists() for r in ranks):
-            if self.proc.poll() is not None:
+            if self.proc.poll() is not None and not self._relaunched():
                 break
             if time.monotonic() >= deadline:
                 self.kill()
@@ -118,8 +133,11 @@ class MpiJob:
 
     def wait(self, timeout: float = 120.0) -> list[RankResult]:
         """Every rank's result once ``mpiexec`` ended; an ``AssertionError`` with its output at ``timeout``."""
+        deadline = time.monotonic() + timeout
         try:
             self.proc.wait(timeout)
+            if self._relaunched():
+                self.proc.wait(max(deadline - time.monotonic(), 1.0))
         except subprocess.TimeoutExpired:
             self.kill()
             raise AssertionError(f"the MPI job did not finish within {timeout} s\n{self.output()}") from None
@@ -180,15 +198,9 @@ def process_running(pid: int) -> bool:
 
 def run_mpi_ranks(n: int, target: str, kwargs: dict[str, Any] | None = None, timeout: float = 120.0,
                   env: dict[str, str] | None = None, ulfm: bool = False) -> list[RankResult]:
-    """Run ``target`` on an ``n``-rank MPI job; asserts every rank succeeded. A job whose MPI
-    runtime failed before it started any rank (Open MPI's launcher on a loaded host, e.g. "The
-    PMIx server's listener thread failed to start") is started once more."""
-    for attempt in range(2):
-        with MpiJob(n, target, kwargs, env, ulfm) as job:
-            results = job.wait(timeout)
-            started = any(job.dir.glob("pid*"))
-        if started or results[0].returncode == 0 or attempt == 1:
-            break
+    """Run ``target`` on an ``n``-rank MPI job; asserts every rank succeeded."""
+    with MpiJob(n, target, kwargs, env, ulfm) as job:
+        results = job.wait(timeout)
     bad = [r for r in results if r.error is not None]
     assert not bad and results[0].returncode == 0, "\n".join(
         f"rank {r.rank}: rc={r.returncode} error={r.error}" for r in bad) + "\n" + results[0].stderr

@@ -23,6 +23,13 @@ def _go() -> None:
         time.sleep(0.005)
 
 
+def ready_then_return() -> int:
+    """Marks this rank ready and returns its MPI rank (the job launcher's own tests)."""
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    _ready(rank)
+    return rank
+
+
 def ops_until_failure(timeout_s: float, limit_s: float = 60.0, numel: int = 4096) -> dict[str, Any]:
     """All ranks loop all_reduce of ``numel`` floats until one fails (the test kills a rank at a
     random instant); the survivors report the error, shrink, and check an all_reduce on the survivors."""
