@@ -188,7 +188,7 @@ class CurrentStreamWork:
     """Stands in for the c10d work of a synchronous op for which c10d returned none, as it may
     for an op it issued on the caller's current stream (torch.distributed's own ``all_reduce``
     allows for it: "the backend has sync'ed at CPP level"). Seen on the H200 with torch 2.11:
-    a synchronous all_reduce of a one-rank communicator, with the host's cores oversubscribed.
+    synchronous all_reduces of one-rank communicators, on an idle host and an oversubscribed one.
     An event recorded on that stream right after the op marks the op's end."""
 
     __slots__ = ("_event",)

@@ -12,9 +12,9 @@ broadcast, all-gather(v), reduce-scatter-block, all-to-all(v), gather and scatte
 0.75-1.10x the blocking call's time, and the all-reduce 0.96-1.09x under libnbc's Rabenseifner
 algorithm (see :data:`.engine.LIBNBC_ALLREDUCE_VAR`; libnbc's own choice took 1.8-2.6x). The
 nonblocking reduce took 2-3.5x, and reduce-scatter with per-rank counts 2.1x at 16 MiB: above
-64 KiB those two stay blocking calls on the engine thread, as every collective does above 64 KiB
-where the all-reduce algorithm is not known to keep pace (MPI initialised before torchcomms set
-it, or another MPI than Open MPI).
+64 KiB those two stay blocking calls on the engine thread, as the all-reduce does above 64 KiB
+where its algorithm is not known to keep pace (MPI initialised before torchcomms set it, or
+another MPI than Open MPI).
 
 ``mpi.nonblocking_max_bytes=N`` makes every collective up to N bytes nonblocking and every larger
 one blocking; ``mpi.collectives=blocking|nonblocking`` makes them all one kind (``blocking``
