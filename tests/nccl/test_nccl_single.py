@@ -267,14 +267,19 @@ def test_finalize_drains_issued_work() -> None:
     assert torch.all(t == 1.0)
 
 
-def test_flight_recorder_durations_come_from_the_gpu_events() -> None:
-    """Timing on (the hint): the op's duration is its device time from c10d's start and end
-    events, read once the op completed: it leaves out the spin queued before the op on the
-    stream, which the host-observed time (issue to seen completed) includes."""
+@pytest.mark.parametrize("c10d_work", ["returned", "none"])
+def test_flight_recorder_durations_come_from_the_gpu_events(c10d_work: str) -> None:
+    """Timing on (the hint): the op's duration is its device time from its start and end events
+    (c10d's, or ours where c10d returns no work for a synchronous op, as torch 2.11 did), read
+    once the op completed: it leaves out the spin queued before the op on the stream, which the
+    host-observed time (issue to seen completed) includes."""
     from torchcomms.hooks import FlightRecorderHook
 
     timed = make(hints={"nccl.timing": "1"})
     untimed = make(hints={"nccl.timing": "0"})
+    if c10d_work == "none":
+        timed._backend._pg = _NoWorkForSyncOps(timed._backend._pg)
+        untimed._backend._pg = _NoWorkForSyncOps(untimed._backend._pg)
     fr = FlightRecorderHook(max_entries=64, isolated=True)
     fr.register_with_comm(timed)
     t = x()

@@ -16,8 +16,10 @@ by blocking the host; ``TorchWork.wait()`` makes the current stream wait on the 
 
 Timing: where the communicator is traced (the default tracing with its flight recorder, or the
 hint ``nccl.timing=1``), c10d records a start event beside each op's end event
-(``_enable_collectives_timing``) and the op's device time is read from the two when the poller
-sees it completed (``Work._get_duration``: no host synchronization), into the op record's
+(``TORCH_NCCL_ENABLE_TIMING``, read when the engine is made: the Python binding of
+``enableCollectivesTiming`` sits on the ``ProcessGroup`` wrapper, which is not used here; a
+synchronous op for which c10d returns no work is timed by events of ours) and the op's device
+time is read from the two when the poller sees it completed (``Work._get_duration``: no host synchronization), into the op record's
 ``device_duration_ms``; the flight recorder dumps it as the entry's ``duration_ms``.
 
 c10d's own failure handling is switched off so that it can never end the process behind the
@@ -32,6 +34,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -78,6 +82,9 @@ TIMING_HINT = "nccl.timing"
 _PEER_PATTERNS = ("remote process exited", "network error", "ncclremoteerror", "ncclsystemerror",
                   "connection closed", "connection reset")
 _TIMEOUT_PATTERNS = ("timed out", "timeout")
+#: c10d's switch for per-op start events, read when a ProcessGroupNCCL is constructed
+TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
+_TIMING_ENV_LOCK = threading.Lock()
 # Engines whose abort did not return in time: kept referenced so that their destructors (which
 # wait on a stuck NCCL call) never run on a user's thread.
 _ABANDONED: list[object] = []
@@ -86,6 +93,23 @@ _ABANDONED: list[object] = []
 def _c10d_env() -> None:
     for key, value in C10D_NCCL_ENV.items():
         os.environ[key] = value
+
+
+@contextmanager
+def _c10d_timing(on: bool) -> Iterator[None]:
+    """c10d's per-op start events on (or off) for the engines made inside: ProcessGroupNCCL
+    reads ``TORCH_NCCL_ENABLE_TIMING`` in its constructor. The variable is restored after, so
+    the caller's own process groups keep the caller's setting."""
+    with _TIMING_ENV_LOCK:
+        before = os.environ.get(TIMING_ENV)
+        os.environ[TIMING_ENV] = "1" if on else "0"
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(TIMING_ENV, None)
+            else:
+                os.environ[TIMING_ENV] = before
 
 
 def _reduce_op(op: ReduceOp) -> Any:
@@ -152,8 +176,13 @@ class NcclBackend(TorchCommBackend):
         self._pg: Any = None
         self._aborted = False
         self._barrier_buf: torch.Tensor | None = None
+        self._timed = _timing_wanted(ctx.hints)
+        # whether c10d returned a work for a synchronous op (then with its own start event):
+        # until it does, timed synchronous ops record a start event of ours (see _sync_start)
+        self._sync_work_given = False
         if exclude is not None and split_from is not None:
-            self._pg = split_from._pg.shrink(exclude, NCCL_SHRINK_ABORT)
+            with _c10d_timing(self._timed):
+                self._pg = split_from._pg.shrink(exclude, NCCL_SHRINK_ABORT)
         else:
             store = ctx.store if ctx.store is not None else dist.HashStore()
             opts = dist.ProcessGroupNCCL.Options()
@@ -164,17 +193,13 @@ class NcclBackend(TorchCommBackend):
                 opts.split_from = split_from._pg
                 opts.split_color = _split_color(ctx.global_ranks)
             with torch.cuda.device(self._device):
-                self._pg = dist.ProcessGroupNCCL(dist.PrefixStore(ctx.store_prefix + "/nccl", store), ctx.rank,
-                                                 ctx.size, opts)
+                with _c10d_timing(self._timed):  # not held over the rendezvous below
+                    self._pg = dist.ProcessGroupNCCL(dist.PrefixStore(ctx.store_prefix + "/nccl", store), ctx.rank,
+                                                     ctx.size, opts)
                 self._pg.eager_connect_single_device(self._device)
         set_timeout = getattr(self._pg, "_set_default_timeout", None)  # absent on a shrunk c10d Backend
         if set_timeout is not None:
             set_timeout(ENGINE_OP_BACKSTOP)
-        self._timed = False
-        enable_timing = getattr(self._pg, "_enable_collectives_timing", None)
-        if enable_timing is not None and _timing_wanted(ctx.hints):
-            enable_timing()
-            self._timed = True
         self._opts: dict[tuple[Any, ...], Any] = {}  # c10d options by (op, reduction/root, async_op)
         self._poller = CompletionPoller(ctx.name, self._engine_error)
 
@@ -275,10 +300,22 @@ class NcclBackend(TorchCommBackend):
         return f"NCCL communicator reported {name}"
 
     # --- helpers -------------------------------------------------------------------------------
-    def _handle(self, work: Any) -> EngineHandle:
+    def _handle(self, work: Any, start: Any = None) -> EngineHandle:
         if work is None:  # a synchronous op c10d issued on the current stream without a work
-            work = CurrentStreamWork()
+            work = CurrentStreamWork(start)
+        elif start is not None:
+            self._sync_work_given = True  # c10d times its synchronous ops itself
         return StreamOrderedHandle(work, self._poller, self._timed)
+
+    def _sync_start(self, async_op: bool) -> Any:
+        """A timed synchronous op's start: an event on the current stream just before the op, the
+        start of its device time where c10d returns no work (so no start event) for it. Not
+        recorded once c10d has returned a work for a synchronous op."""
+        if async_op or not self._timed or self._sync_work_given:
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def _cached(self, key: tuple[Any, ...], kind: Any, async_op: bool, **fields: Any) -> Any:
         """The c10d options object for ``key`` (made once: c10d takes them by const reference)."""
@@ -313,7 +350,8 @@ class NcclBackend(TorchCommBackend):
     # ``async_op=False``: on the caller's current stream (see the module docstring)
     def broadcast(self, tensor: torch.Tensor, root: int, *, async_op: bool = True) -> EngineHandle:
         opts = self._cached(("broadcast", root, async_op), dist.BroadcastOptions, async_op, rootRank=root)
-        return self._handle(self._pg.broadcast([tensor], opts))
+        start = self._sync_start(async_op)
+        return self._handle(self._pg.broadcast([tensor], opts), start)
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> EngineHandle:
         t = op.type
@@ -322,16 +360,20 @@ class NcclBackend(TorchCommBackend):
             opts = self._cached(("all_reduce", t, async_op), dist.AllreduceOptions, async_op, reduceOp=_reduce_op(op))
         if t is RedOpType.PREMUL_SUM:
             tensor.mul_(op.factor)  # type: ignore[arg-type]
-        return self._handle(self._pg.allreduce([tensor], opts))
+        start = self._sync_start(async_op)
+        return self._handle(self._pg.allreduce([tensor], opts), start)
 
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, *, async_op: bool = True) -> EngineHandle:
         opts = self._cached(("reduce", op.type, root, async_op), dist.ReduceOptions, async_op, reduceOp=_reduce_op(op),
                             rootRank=root)
-        return self._handle(self._pg.reduce([_scaled(tensor, op, True)], opts))
+        tensor = _scaled(tensor, op, True)
+        start = self._sync_start(async_op)
+        return self._handle(self._pg.reduce([tensor], opts), start)
 
     def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True) -> EngineHandle:
         opts = self._cached(("all_gather", async_op), dist.distributed_c10d.AllgatherOptions, async_op)
-        return self._handle(self._pg.allgather([tensor_list], [tensor], opts))
+        start = self._sync_start(async_op)
+        return self._handle(self._pg.allgather([tensor_list], [tensor], opts), start)
 
     # c10d's NCCL all-gather and reduce-scatter accept uneven pieces (one coalesced group of
     # broadcasts / reduces): the "v" forms are the same calls
@@ -339,14 +381,16 @@ class NcclBackend(TorchCommBackend):
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, *, async_op: bool = True) -> EngineHandle:
         opts = self._cached(("all_gather", async_op), dist.distributed_c10d.AllgatherOptions, async_op)
-        return self._handle(self._pg._allgather_base(output, input, opts))
+        start = self._sync_start(async_op)
+        return self._handle(self._pg._allgather_base(output, input, opts), start)
 
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp, *,
                        async_op: bool = True) -> EngineHandle:
         opts = self._cached(("reduce_scatter", op.type, async_op), dist.ReduceScatterOptions, async_op,
                             reduceOp=_reduce_op(op))
         inputs = [_scaled(t, op, False) for t in input_list]
-        return self._handle(self._pg.reduce_scatter([output], [inputs], opts))
+        start = self._sync_start(async_op)
+        return self._handle(self._pg.reduce_scatter([output], [inputs], opts), start)
 
     reduce_scatter_v = reduce_scatter
 
@@ -354,21 +398,26 @@ class NcclBackend(TorchCommBackend):
                               async_op: bool = True) -> EngineHandle:
         opts = self._cached(("reduce_scatter", op.type, async_op), dist.ReduceScatterOptions, async_op,
                             reduceOp=_reduce_op(op))
-        return self._handle(self._pg._reduce_scatter_base(output, _scaled(input, op, False), opts))
+        input = _scaled(input, op, False)
+        start = self._sync_start(async_op)
+        return self._handle(self._pg._reduce_scatter_base(output, input, opts), start)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, *, async_op: bool = True) -> EngineHandle:
         opts = self._cached(("all_to_all", async_op), dist.AllToAllOptions, async_op)
-        return self._handle(self._pg.alltoall_base(output, input, [], [], opts))
+        start = self._sync_start(async_op)
+        return self._handle(self._pg.alltoall_base(output, input, [], [], opts), start)
 
     def all_to_all_v_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                             input_split_sizes: list[int], *, async_op: bool = True) -> EngineHandle:
         opts = self._cached(("all_to_all", async_op), dist.AllToAllOptions, async_op)
-        return self._handle(self._pg.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts))
+        start = self._sync_start(async_op)
+        return self._handle(self._pg.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts), start)
 
     def all_to_all(self, output_list: list[torch.Tensor], input_list: list[torch.Tensor], *,
                    async_op: bool = True) -> EngineHandle:
         opts = self._cached(("all_to_all", async_op), dist.AllToAllOptions, async_op)
-        return self._handle(self._pg.alltoall(output_list, input_list, opts))
+        start = self._sync_start(async_op)
+        return self._handle(self._pg.alltoall(output_list, input_list, opts), start)
 
     def barrier(self, *, async_op: bool = True) -> EngineHandle:
         """A one-element all-reduce: stream-ordered like every other op (c10d's own barrier
@@ -377,17 +426,20 @@ class NcclBackend(TorchCommBackend):
             self._barrier_buf = torch.zeros(1, dtype=torch.int32, device=self._device)
         opts = self._cached(("all_reduce", RedOpType.SUM, async_op), dist.AllreduceOptions, async_op,
                             reduceOp=dist.ReduceOp.SUM)
-        return self._handle(self._pg.allreduce([self._barrier_buf], opts))
+        start = self._sync_start(async_op)
+        return self._handle(self._pg.allreduce([self._barrier_buf], opts), start)
 
     def scatter(self, output: torch.Tensor, input_list: list[torch.Tensor] | None, root: int, *,
                 async_op: bool = True) -> EngineHandle:
         opts = self._cached(("scatter", root, async_op), dist.ScatterOptions, async_op, rootRank=root)
-        return self._handle(self._pg.scatter([output], [input_list] if input_list is not None else [], opts))
+        start = self._sync_start(async_op)
+        return self._handle(self._pg.scatter([output], [input_list] if input_list is not None else [], opts), start)
 
     def gather(self, output_list: list[torch.Tensor] | None, input: torch.Tensor, root: int, *,
                async_op: bool = True) -> EngineHandle:
         opts = self._cached(("gather", root, async_op), dist.GatherOptions, async_op, rootRank=root)
-        return self._handle(self._pg.gather([output_list] if output_list is not None else [], [input], opts))
+        start = self._sync_start(async_op)
+        return self._handle(self._pg.gather([output_list] if output_list is not None else [], [input], opts), start)
 
 
 def _split_color(global_ranks: tuple[int, ...]) -> int:

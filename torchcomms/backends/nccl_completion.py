@@ -189,12 +189,14 @@ class CurrentStreamWork:
     for an op it issued on the caller's current stream (torch.distributed's own ``all_reduce``
     allows for it: "the backend has sync'ed at CPP level"). Seen on the H200 with torch 2.11:
     synchronous all_reduces of one-rank communicators, on an idle host and an oversubscribed one.
-    An event recorded on that stream right after the op marks the op's end."""
+    An event recorded on that stream right after the op marks the op's end; ``start``, an event
+    recorded with timing just before the op (a timed op's), makes the two its device time."""
 
-    __slots__ = ("_event",)
+    __slots__ = ("_event", "_start")
 
-    def __init__(self) -> None:  # noqa: D107
-        self._event = torch.cuda.Event()
+    def __init__(self, start: torch.cuda.Event | None = None) -> None:  # noqa: D107
+        self._start = start
+        self._event = torch.cuda.Event(enable_timing=start is not None)
         self._event.record()  # on the current stream, where the op was issued
 
     def is_completed(self) -> bool:
@@ -204,7 +206,10 @@ class CurrentStreamWork:
         torch.cuda.current_stream().wait_event(self._event)
 
     def _get_duration(self) -> float:
-        raise RuntimeError("c10d returned no work for this op: it has no start event")
+        """Milliseconds from ``start`` to the op's end (c10d ``Work._get_duration``'s meaning)."""
+        if self._start is None:
+            raise RuntimeError("c10d returned no work for this op and no start event was recorded")
+        return float(self._start.elapsed_time(self._event))
 
 
 class StreamOrderedHandle(EngineHandle):
