@@ -53,6 +53,17 @@ def test_probe_loads_only_the_light_faces(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_torch_2_11s_probe_finds_new_comm_beside_the_wrapper(tmp_path: Path) -> None:
+    # torch 2.11 imports both names from torchcomms._comms; without new_comm there its probe
+    # failed, and the route stayed off on the GPU machine with TORCH_DISTRIBUTED_USE_TORCHCOMMS=1
+    v = _run(_PROBE.replace("from torchcomms._comms import _BackendWrapper",
+                            "from torchcomms._comms import _BackendWrapper, new_comm\n"
+                            "import torchcomms\nassert new_comm is torchcomms.new_comm"),
+             TORCHCOMMS_EXTENSIONS_DIR=str(tmp_path))
+    assert set(v["modules"]) <= PROBE_MODULES, sorted(set(v["modules"]) - PROBE_MODULES)
+    assert v["extension"] == []
+
+
 def test_probe_with_the_route_requested_loads_nothing_either(tmp_path: Path) -> None:
     v = _run(_PROBE, TORCHCOMMS_EXTENSIONS_DIR=str(tmp_path), TORCH_DISTRIBUTED_USE_TORCHCOMMS="1")
     assert v["available"] is True

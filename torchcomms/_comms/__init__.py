@@ -45,6 +45,8 @@ class _BackendWrapper(metaclass=_LoadedOnCall):
 
 
 _LAZY = {
+    # torch 2.11's import-time probe takes new_comm from here (2.13's from the package root)
+    "new_comm": ("torchcomms", "new_comm"),
     "TorchCommBackend": ("torchcomms.backends.base", "TorchCommBackend"),
     "OpName": ("torchcomms.types", "OpName"),
     "ReduceOp": ("torchcomms.types", "ReduceOp"),
