@@ -7,14 +7,12 @@ the list all-to-all = one packed ``alltoall_base``).
 """
 from __future__ import annotations
 
-import atexit
 import ctypes
 import logging
 import os
 import queue
 import socket
 import threading
-import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from urllib.parse import urlparse
@@ -22,6 +20,7 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
+from torchcomms.backends import exit_release
 from torchcomms.backends.base import BackendCapabilities, BlockingWait, EngineHandle, TorchCommBackend, avg_finish
 from torchcomms.backends.gloo_p2p import FramedRecv, FramedSend
 from torchcomms.backends.gloo_sockets import EngineSockets
@@ -193,7 +192,7 @@ class GlooBackend(TorchCommBackend):
         # the op's outputs: an all-gather's whole output buffer)
         self._pending: dict[int, torch.futures.Future] = {}
         self._pending_lock = threading.Lock()
-        _watch_at_exit(self)
+        exit_release.watch(self)
 
     def _peer_listeners(self) -> list[str]:
         """The listener addresses the peers published before building the engine (all set by now)."""
@@ -231,8 +230,12 @@ class GlooBackend(TorchCommBackend):
         self._pg = None  # type: ignore[assignment]
 
     def release_at_exit(self) -> None:
-        """Let go of the engine at the interpreter's exit unless it was abandoned or an op of it
-        is still pending (blocked on a peer, say: its destructor would wait for it)."""
+        """Let go of the engine at the interpreter's exit (``exit_release``) unless it was
+        abandoned or an op of it is still pending (blocked on a peer, say: its destructor would
+        wait for it). Gloo's worker thread lets go of an op after reporting it done; left to
+        finalization, that aborted 12 of 20 two-rank jobs exiting right after an all_reduce on a
+        dropped tensor (CPU oversubscribed). The engine's destructor, run here with the GIL
+        released (torch's binding), joins those threads after they let go."""
         pg = getattr(self, "_pg", None)
         if pg is None or any(p is pg for p in _ABANDONED) or self._undelivered():
             return
@@ -467,31 +470,4 @@ class GlooBackend(TorchCommBackend):
 # Engines of broken communicators: kept referenced so their destructors (which join threads
 # possibly blocked on a dead peer) never run on a user's thread.
 _ABANDONED: list[object] = []
-#: engines in use, so that the interpreter's exit can release them (see _release_engines_at_exit)
-_LIVE: weakref.WeakSet[GlooBackend] = weakref.WeakSet()
-
-
-def _watch_at_exit(backend: GlooBackend) -> None:
-    if not _LIVE:
-        atexit.unregister(_release_engines_at_exit)  # registered once, however often _LIVE empties
-        atexit.register(_release_engines_at_exit)
-    _LIVE.add(backend)
-
-
-def _release_engines_at_exit() -> None:
-    """At the interpreter's exit (``atexit``, before finalization) let go of every engine that no
-    communicator finalized and that has no op pending, so that its destructor runs now.
-
-    Gloo's worker thread lets go of an op after reporting it done; if the op's tensors were
-    dropped meanwhile, it frees their Python objects and so needs the interpreter. Once
-    finalization has begun, a thread asking for the interpreter is ended by ``pthread_exit``,
-    whose unwinding through gloo's work destructor aborts the process ("terminate called without
-    an active exception": measured in 12 of 20 two-rank jobs exiting right after an all_reduce,
-    CPU oversubscribed). The engine's destructor, run here with the GIL released (torch's
-    binding), joins those threads after they let go."""
-    for backend in list(_LIVE):
-        try:
-            backend.release_at_exit()
-        except Exception:  # noqa: BLE001 - exit goes on whatever one engine does
-            pass
 

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from torchcomms.backends import exit_release
 from torchcomms.backends.base import BackendCapabilities, BackendContext, EngineHandle, TorchCommBackend
 from torchcomms.backends.nccl_completion import CompletionPoller, CurrentStreamWork, EngineFailed, StreamOrderedHandle
 from torchcomms.config import settings
@@ -56,6 +57,8 @@ C10D_NCCL_ENV = {
 }
 #: the engine's own limit on an op; ``TorchComm`` ends each op at the op's own deadline
 ENGINE_OP_BACKSTOP = timedelta(days=1)
+#: how long the interpreter's exit waits for an unfinalized engine's pending ops (seconds)
+EXIT_DRAIN_S = 2.0
 #: how long ``abort()`` waits for ``ncclCommAbort`` before abandoning the engine to a thread
 ABORT_WAIT_S = 5.0
 #: how long ``finalize()`` waits for the GPU to finish work already issued
@@ -202,6 +205,7 @@ class NcclBackend(TorchCommBackend):
             set_timeout(ENGINE_OP_BACKSTOP)
         self._opts: dict[tuple[Any, ...], Any] = {}  # c10d options by (op, reduction/root, async_op)
         self._poller = CompletionPoller(ctx.name, self._engine_error)
+        exit_release.watch(self)
 
     def version(self) -> str:
         v = torch.cuda.nccl.version()
@@ -251,6 +255,19 @@ class NcclBackend(TorchCommBackend):
         except Exception:  # noqa: BLE001 - already destroyed or aborted
             pass
         self._pg = None
+
+    def release_at_exit(self) -> None:
+        """Finalize, at the interpreter's exit (``exit_release``), an engine no communicator
+        finalized, unless an op of it is still pending on the GPU after ``EXIT_DRAIN_S`` (its
+        destruction would wait for it). Left to finalization, c10d's watchdog thread letting go
+        of ops on tensors the program dropped aborted the process ("terminate called without an
+        active exception", the H200, torch 2.11), as gloo's workers did."""
+        if getattr(self, "_pg", None) is None or self._aborted:
+            return
+        if not self._poller.drain(time.monotonic() + EXIT_DRAIN_S):
+            return
+        self._poller.stop(join_s=EXIT_DRAIN_S)
+        self.finalize()
 
     def abort(self) -> None:
         """``ncclCommAbort``: NCCL kernels still running stop, the communicator is destroyed.

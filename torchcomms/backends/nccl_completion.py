@@ -99,10 +99,15 @@ class CompletionPoller:
             time.sleep(POLL_URGENT_MAX_S)
         return not self._pending
 
-    def stop(self) -> None:
+    def stop(self, join_s: float = 0.0) -> None:
+        """Stop polling (pending callbacks are dropped); wait up to ``join_s`` for the thread
+        to leave its loop, so that it is no longer inside an engine call."""
         self._stopped = True
         self._pending.clear()
         self._wake.set()
+        thread = self._thread
+        if join_s > 0 and thread is not None and thread is not threading.current_thread():
+            thread.join(join_s)
 
     def _loop(self) -> None:
         backoff = 1.0  # the pause's multiple of its minimum: doubles after each poll that saw nothing end
