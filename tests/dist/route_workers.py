@@ -137,3 +137,25 @@ def dead_peer() -> dict[str, Any]:
         return {"error": type(e).__name__, "mro": [c.__name__ for c in type(e).__mro__], "message": str(e)[:400],
                 "secs": time.monotonic() - start}
     return {"error": None, "secs": time.monotonic() - start}
+
+
+def subgroup_made_by_c10d_helper() -> dict[str, Any]:
+    """A subgroup of ranks 0 and 1 made the way torch 2.11's ``new_group`` makes one (c10d's
+    ``_new_group_with_tag``: its process-group helper calls ``new_comm`` with a name and a
+    store only), then an all-reduce on it and one on the world."""
+    from torch.distributed import distributed_c10d as c10d
+
+    dist.init_process_group("gloo")
+    r = dist.get_rank()
+    g = c10d._new_group_with_tag([0, 1])
+    out: dict[str, Any] = {"member": g is not c10d.GroupMember.NON_GROUP_MEMBER}
+    if out["member"]:
+        t = torch.full((2,), float(r + 1))
+        dist.all_reduce(t, group=g)
+        comm = g._get_backend(torch.device("cpu")).get_comm()
+        out.update(sum=t.tolist(), rank=comm.get_rank(), size=comm.get_size())
+    w = torch.ones(1)
+    dist.all_reduce(w)
+    out["world"] = w.item()
+    dist.destroy_process_group()
+    return out

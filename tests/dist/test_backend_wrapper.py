@@ -3,6 +3,7 @@ against values computed locally, and the same program on c10d's own gloo."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.helpers.ranks import run_ranks
 
@@ -12,6 +13,8 @@ GLOO_GAPS = ("all_reduce/avg", "all_reduce/premul_sum", "reduce_scatter/avg", "r
              "all_reduce/band", "all_reduce/bor", "all_reduce/bxor",
              "all_gather_into_tensor/stacked",  # an (n, k) output
              "split_group/")  # c10d needs a device bound to the default group to split
+if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 13):
+    GLOO_GAPS += ("all_to_all:",)  # c10d's gloo has no list all-to-all before 2.13 (INTERNALS, "Torch versions")
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -42,3 +45,18 @@ def test_same_numbers_without_the_route() -> None:
         assert v["failures"] == [], f"rank {res.rank}: {v['failures'][:5]}"
         gaps = [u for u in v["unsupported"] if not u.startswith(GLOO_GAPS)]
         assert gaps == [], gaps
+
+
+def test_a_subgroup_made_by_c10ds_helper_has_the_groups_ranks() -> None:
+    # c10d's process-group helper (torch 2.11's new_group) passes new_comm a name and a store
+    # only: the communicator took the job's rank and size from the environment, and the two
+    # members waited in their rendezvous for the third rank until the timeout
+    env = dict(ROUTE, TORCHCOMM_TIMEOUT_SECONDS="20")
+    results = run_ranks(3, "tests.dist.route_workers:subgroup_made_by_c10d_helper", timeout=120, env=env)
+    for res in results:
+        v = res.value
+        assert v["world"] == 3.0, v
+        if res.rank < 2:
+            assert v["member"] and v["sum"] == [3.0, 3.0] and (v["rank"], v["size"]) == (res.rank, 2), v
+        else:
+            assert not v["member"], v

@@ -46,8 +46,13 @@ def assemble_comm(
         )
     hints = dict(hints or {})
     rank, size, _src = bootstrap.discover_rank_size()
+    global_ranks = None
     if "rank" in hints or "size" in hints:  # fake backend / tests may pin their own world
         rank, size = int(hints.get("rank", rank)), int(hints.get("size", size))
+    elif store is not None:
+        group = bootstrap.c10d_group_being_made()
+        if group is not None:  # a torch.distributed subgroup: its own ranks, not the job's
+            rank, size, global_ranks = group
     deferred = _deferred(hints, enable_reconfigure, name)
     cfg = settings()
     timeout_td = timeout if timeout is not None else timedelta(seconds=cfg.timeout_s)
@@ -91,7 +96,7 @@ def assemble_comm(
             store_prefix=prefix,
             timeout=timeout_td,
             hints=hints,
-            global_ranks=(rank,) if deferred else tuple(range(size)),
+            global_ranks=(rank,) if deferred else (global_ranks or tuple(range(size))),
         )
         engine = cls(ctx)
         _init_engine(engine, deadline, store_words, secs, where)

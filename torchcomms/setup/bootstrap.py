@@ -62,6 +62,36 @@ def discover_rank_size(env: dict[str, str] | None = None) -> tuple[int, int, str
     return 0, 1, "default"
 
 
+#: c10d's function that makes a process group's backends, and the module it lives in
+_C10D_HELPER = ("_new_process_group_helper", "torch.distributed.distributed_c10d")
+
+
+def c10d_group_being_made(max_depth: int = 6) -> tuple[int, int, tuple[int, ...]] | None:
+    """(group rank, group size, global ranks) when ``new_comm`` is called by c10d's
+    ``_new_process_group_helper`` for a subgroup (``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1``), else
+    ``None``. c10d passes only a name and a store to ``new_comm``: on torch 2.11, whose
+    ``new_group`` makes subgroups that way (2.13 splits the default group instead), the rank and
+    size from the environment are the job's, and a subgroup's members waited in its rendezvous
+    for ranks outside it. The helper's own arguments say which ranks the group has."""
+    import sys
+
+    frame = sys._getframe(1)
+    for _ in range(max_depth):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            return None
+        if (frame.f_code.co_name, frame.f_globals.get("__name__")) == _C10D_HELPER:
+            f = frame.f_locals
+            ranks = f.get("global_ranks_in_group")
+            rank, size = f.get("group_rank"), f.get("group_size")
+            if not ranks or not isinstance(rank, int) or not isinstance(size, int):
+                return None  # the default group (no ranks listed): the environment's
+            if len(ranks) != size or not 0 <= rank < size:
+                return None
+            return rank, size, tuple(int(g) for g in ranks)
+    return None
+
+
 def local_rank(env: dict[str, str] | None = None) -> int:
     env = dict(os.environ) if env is None else env
     for var in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"):
