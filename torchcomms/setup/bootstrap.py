@@ -66,18 +66,18 @@ def discover_rank_size(env: dict[str, str] | None = None) -> tuple[int, int, str
 _C10D_HELPER = ("_new_process_group_helper", "torch.distributed.distributed_c10d")
 
 
-def c10d_group_being_made(max_depth: int = 6) -> tuple[int, int, tuple[int, ...]] | None:
+def c10d_group_being_made(max_depth: int = 8) -> tuple[int, int, tuple[int, ...]] | None:
     """(group rank, group size, global ranks) when ``new_comm`` is called by c10d's
     ``_new_process_group_helper`` for a subgroup (``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1``), else
     ``None``. c10d passes only a name and a store to ``new_comm``: on torch 2.11, whose
     ``new_group`` makes subgroups that way (2.13 splits the default group instead), the rank and
     size from the environment are the job's, and a subgroup's members waited in its rendezvous
     for ranks outside it. The helper's own arguments say which ranks the group has."""
-    import sys
+    import inspect
 
-    frame = sys._getframe(1)
+    frame = inspect.currentframe()
     for _ in range(max_depth):
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back if frame is not None else None
         if frame is None:
             return None
         if (frame.f_code.co_name, frame.f_globals.get("__name__")) == _C10D_HELPER:
