@@ -35,7 +35,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from typing import Any
 
@@ -99,11 +99,14 @@ def _c10d_env() -> None:
 
 
 @contextmanager
-def _c10d_timing(on: bool) -> Iterator[None]:
+def _c10d_timing(on: bool, exclusive: bool = True) -> Iterator[None]:
     """c10d's per-op start events on (or off) for the engines made inside: ProcessGroupNCCL
     reads ``TORCH_NCCL_ENABLE_TIMING`` in its constructor. The variable is restored after, so
-    the caller's own process groups keep the caller's setting."""
-    with _TIMING_ENV_LOCK:
+    the caller's own process groups keep the caller's setting. ``exclusive=False`` for a body
+    that waits on peers (a shrink): a lock held there could order two threads' collectives
+    differently in two processes."""
+    lock = _TIMING_ENV_LOCK if exclusive else nullcontext()
+    with lock:
         before = os.environ.get(TIMING_ENV)
         os.environ[TIMING_ENV] = "1" if on else "0"
         try:
@@ -184,7 +187,7 @@ class NcclBackend(TorchCommBackend):
         # until it does, timed synchronous ops record a start event of ours (see _sync_start)
         self._sync_work_given = False
         if exclude is not None and split_from is not None:
-            with _c10d_timing(self._timed):
+            with _c10d_timing(self._timed, exclusive=False):
                 self._pg = split_from._pg.shrink(exclude, NCCL_SHRINK_ABORT)
         else:
             store = ctx.store if ctx.store is not None else dist.HashStore()
