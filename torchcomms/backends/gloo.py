@@ -470,4 +470,3 @@ class GlooBackend(TorchCommBackend):
 # Engines of broken communicators: kept referenced so their destructors (which join threads
 # possibly blocked on a dead peer) never run on a user's thread.
 _ABANDONED: list[object] = []
-

@@ -19,8 +19,9 @@ hint ``nccl.timing=1``), c10d records a start event beside each op's end event
 (``TORCH_NCCL_ENABLE_TIMING``, read when the engine is made: the Python binding of
 ``enableCollectivesTiming`` sits on the ``ProcessGroup`` wrapper, which is not used here; a
 synchronous op for which c10d returns no work is timed by events of ours) and the op's device
-time is read from the two when the poller sees it completed (``Work._get_duration``: no host synchronization), into the op record's
-``device_duration_ms``; the flight recorder dumps it as the entry's ``duration_ms``.
+time is read from the two when the poller sees it completed (``Work._get_duration``: no host
+synchronization), into the op record's ``device_duration_ms``; the flight recorder dumps it as
+the entry's ``duration_ms``.
 
 c10d's own failure handling is switched off so that it can never end the process behind the
 communicator's back (this project raises typed errors instead of the reference's SIGABRT):
@@ -34,7 +35,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from typing import Any
@@ -59,6 +60,8 @@ C10D_NCCL_ENV = {
 ENGINE_OP_BACKSTOP = timedelta(days=1)
 #: how long the interpreter's exit waits for an unfinalized engine's pending ops (seconds)
 EXIT_DRAIN_S = 2.0
+#: how long ``finalize()`` waits for the completion poller's thread to leave its loop (seconds)
+POLLER_JOIN_S = 2.0
 #: how long ``abort()`` waits for ``ncclCommAbort`` before abandoning the engine to a thread
 ABORT_WAIT_S = 5.0
 #: how long ``finalize()`` waits for the GPU to finish work already issued
@@ -184,7 +187,7 @@ class NcclBackend(TorchCommBackend):
         self._barrier_buf: torch.Tensor | None = None
         self._timed = _timing_wanted(ctx.hints)
         # whether c10d returned a work for a synchronous op (then with its own start event):
-        # until it does, timed synchronous ops record a start event of ours (see _sync_start)
+        # until it does, timed synchronous ops record a start event of ours (see _issue)
         self._sync_work_given = False
         if exclude is not None and split_from is not None:
             with _c10d_timing(self._timed, exclusive=False):
@@ -252,7 +255,7 @@ class NcclBackend(TorchCommBackend):
         if pg is None:
             return
         self._poller.drain(time.monotonic() + FINALIZE_DRAIN_S)
-        self._poller.stop()
+        self._poller.stop(join_s=POLLER_JOIN_S)  # not inside an engine call when the engine goes
         try:
             pg.shutdown()
         except Exception:  # noqa: BLE001 - already destroyed or aborted
@@ -267,10 +270,8 @@ class NcclBackend(TorchCommBackend):
         active exception", the H200, torch 2.11), as gloo's workers did."""
         if getattr(self, "_pg", None) is None or self._aborted:
             return
-        if not self._poller.drain(time.monotonic() + EXIT_DRAIN_S):
-            return
-        self._poller.stop(join_s=EXIT_DRAIN_S)
-        self.finalize()
+        if self._poller.drain(time.monotonic() + EXIT_DRAIN_S):
+            self.finalize()
 
     def abort(self) -> None:
         """``ncclCommAbort``: NCCL kernels still running stop, the communicator is destroyed.
@@ -327,15 +328,15 @@ class NcclBackend(TorchCommBackend):
             self._sync_work_given = True  # c10d times its synchronous ops itself
         return StreamOrderedHandle(work, self._poller, self._timed)
 
-    def _sync_start(self, async_op: bool) -> Any:
-        """A timed synchronous op's start: an event on the current stream just before the op, the
-        start of its device time where c10d returns no work (so no start event) for it. Not
-        recorded once c10d has returned a work for a synchronous op."""
-        if async_op or not self._timed or self._sync_work_given:
-            return None
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+    def _issue(self, async_op: bool, call: Callable[..., Any], *args: Any) -> EngineHandle:
+        """``call(*args)`` (a c10d collective) and its handle. A timed synchronous op gets an event
+        on the current stream just before it: the start of its device time where c10d returns no
+        work (so no start event) for it; not recorded once c10d has returned a work for one."""
+        start = None
+        if not async_op and self._timed and not self._sync_work_given:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+        return self._handle(call(*args), start)
 
     def _cached(self, key: tuple[Any, ...], kind: Any, async_op: bool, **fields: Any) -> Any:
         """The c10d options object for ``key`` (made once: c10d takes them by const reference)."""
@@ -370,8 +371,7 @@ class NcclBackend(TorchCommBackend):
     # ``async_op=False``: on the caller's current stream (see the module docstring)
     def broadcast(self, tensor: torch.Tensor, root: int, *, async_op: bool = True) -> EngineHandle:
         opts = self._cached(("broadcast", root, async_op), dist.BroadcastOptions, async_op, rootRank=root)
-        start = self._sync_start(async_op)
-        return self._handle(self._pg.broadcast([tensor], opts), start)
+        return self._issue(async_op, self._pg.broadcast, [tensor], opts)
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> EngineHandle:
         t = op.type
@@ -380,20 +380,17 @@ class NcclBackend(TorchCommBackend):
             opts = self._cached(("all_reduce", t, async_op), dist.AllreduceOptions, async_op, reduceOp=_reduce_op(op))
         if t is RedOpType.PREMUL_SUM:
             tensor.mul_(op.factor)  # type: ignore[arg-type]
-        start = self._sync_start(async_op)
-        return self._handle(self._pg.allreduce([tensor], opts), start)
+        return self._issue(async_op, self._pg.allreduce, [tensor], opts)
 
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, *, async_op: bool = True) -> EngineHandle:
         opts = self._cached(("reduce", op.type, root, async_op), dist.ReduceOptions, async_op, reduceOp=_reduce_op(op),
                             rootRank=root)
         tensor = _scaled(tensor, op, True)
-        start = self._sync_start(async_op)
-        return self._handle(self._pg.reduce([tensor], opts), start)
+        return self._issue(async_op, self._pg.reduce, [tensor], opts)
 
     def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True) -> EngineHandle:
         opts = self._cached(("all_gather", async_op), dist.distributed_c10d.AllgatherOptions, async_op)
-        start = self._sync_start(async_op)
-        return self._handle(self._pg.allgather([tensor_list], [tensor], opts), start)
+        return self._issue(async_op, self._pg.allgather, [tensor_list], [tensor], opts)
 
     # c10d's NCCL all-gather and reduce-scatter accept uneven pieces (one coalesced group of
     # broadcasts / reduces): the "v" forms are the same calls
@@ -401,16 +398,14 @@ class NcclBackend(TorchCommBackend):
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, *, async_op: bool = True) -> EngineHandle:
         opts = self._cached(("all_gather", async_op), dist.distributed_c10d.AllgatherOptions, async_op)
-        start = self._sync_start(async_op)
-        return self._handle(self._pg._allgather_base(output, input, opts), start)
+        return self._issue(async_op, self._pg._allgather_base, output, input, opts)
 
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp, *,
                        async_op: bool = True) -> EngineHandle:
         opts = self._cached(("reduce_scatter", op.type, async_op), dist.ReduceScatterOptions, async_op,
                             reduceOp=_reduce_op(op))
         inputs = [_scaled(t, op, False) for t in input_list]
-        start = self._sync_start(async_op)
-        return self._handle(self._pg.reduce_scatter([output], [inputs], opts), start)
+        return self._issue(async_op, self._pg.reduce_scatter, [output], [inputs], opts)
 
     reduce_scatter_v = reduce_scatter
 
@@ -419,25 +414,21 @@ class NcclBackend(TorchCommBackend):
         opts = self._cached(("reduce_scatter", op.type, async_op), dist.ReduceScatterOptions, async_op,
                             reduceOp=_reduce_op(op))
         input = _scaled(input, op, False)
-        start = self._sync_start(async_op)
-        return self._handle(self._pg._reduce_scatter_base(output, input, opts), start)
+        return self._issue(async_op, self._pg._reduce_scatter_base, output, input, opts)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, *, async_op: bool = True) -> EngineHandle:
         opts = self._cached(("all_to_all", async_op), dist.AllToAllOptions, async_op)
-        start = self._sync_start(async_op)
-        return self._handle(self._pg.alltoall_base(output, input, [], [], opts), start)
+        return self._issue(async_op, self._pg.alltoall_base, output, input, [], [], opts)
 
     def all_to_all_v_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                             input_split_sizes: list[int], *, async_op: bool = True) -> EngineHandle:
         opts = self._cached(("all_to_all", async_op), dist.AllToAllOptions, async_op)
-        start = self._sync_start(async_op)
-        return self._handle(self._pg.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts), start)
+        return self._issue(async_op, self._pg.alltoall_base, output, input, output_split_sizes, input_split_sizes, opts)
 
     def all_to_all(self, output_list: list[torch.Tensor], input_list: list[torch.Tensor], *,
                    async_op: bool = True) -> EngineHandle:
         opts = self._cached(("all_to_all", async_op), dist.AllToAllOptions, async_op)
-        start = self._sync_start(async_op)
-        return self._handle(self._pg.alltoall(output_list, input_list, opts), start)
+        return self._issue(async_op, self._pg.alltoall, output_list, input_list, opts)
 
     def barrier(self, *, async_op: bool = True) -> EngineHandle:
         """A one-element all-reduce: stream-ordered like every other op (c10d's own barrier
@@ -446,20 +437,17 @@ class NcclBackend(TorchCommBackend):
             self._barrier_buf = torch.zeros(1, dtype=torch.int32, device=self._device)
         opts = self._cached(("all_reduce", RedOpType.SUM, async_op), dist.AllreduceOptions, async_op,
                             reduceOp=dist.ReduceOp.SUM)
-        start = self._sync_start(async_op)
-        return self._handle(self._pg.allreduce([self._barrier_buf], opts), start)
+        return self._issue(async_op, self._pg.allreduce, [self._barrier_buf], opts)
 
     def scatter(self, output: torch.Tensor, input_list: list[torch.Tensor] | None, root: int, *,
                 async_op: bool = True) -> EngineHandle:
         opts = self._cached(("scatter", root, async_op), dist.ScatterOptions, async_op, rootRank=root)
-        start = self._sync_start(async_op)
-        return self._handle(self._pg.scatter([output], [input_list] if input_list is not None else [], opts), start)
+        return self._issue(async_op, self._pg.scatter, [output], [input_list] if input_list is not None else [], opts)
 
     def gather(self, output_list: list[torch.Tensor] | None, input: torch.Tensor, root: int, *,
                async_op: bool = True) -> EngineHandle:
         opts = self._cached(("gather", root, async_op), dist.GatherOptions, async_op, rootRank=root)
-        start = self._sync_start(async_op)
-        return self._handle(self._pg.gather([output_list] if output_list is not None else [], [input], opts), start)
+        return self._issue(async_op, self._pg.gather, [output_list] if output_list is not None else [], [input], opts)
 
 
 def _split_color(global_ranks: tuple[int, ...]) -> int:
