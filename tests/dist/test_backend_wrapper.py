@@ -3,9 +3,9 @@ against values computed locally, and the same program on c10d's own gloo."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.helpers.ranks import run_ranks
+from tests.helpers.torch_versions import TORCH_2_13
 
 ROUTE = {"TORCH_DISTRIBUTED_USE_TORCHCOMMS": "1", "TORCHCOMM_ABORT_ON_ERROR": "0"}
 #: ops c10d's own gloo backend refuses (the route implements them on the communicator)
@@ -13,7 +13,7 @@ GLOO_GAPS = ("all_reduce/avg", "all_reduce/premul_sum", "reduce_scatter/avg", "r
              "all_reduce/band", "all_reduce/bor", "all_reduce/bxor",
              "all_gather_into_tensor/stacked",  # an (n, k) output
              "split_group/")  # c10d needs a device bound to the default group to split
-if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 13):
+if not TORCH_2_13:
     GLOO_GAPS += ("all_to_all:",)  # c10d's gloo has no list all-to-all before 2.13 (INTERNALS, "Torch versions")
 
 

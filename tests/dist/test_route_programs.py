@@ -4,14 +4,13 @@ traffic went through our communicators; a dead peer surfaces as our typed error.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.helpers.ranks import run_ranks
+from tests.helpers.torch_versions import TORCH_2_13
 
 ROUTE = {"TORCH_DISTRIBUTED_USE_TORCHCOMMS": "1", "TORCHCOMM_ABORT_ON_ERROR": "0"}
-#: torch 2.13 makes a subgroup by splitting the default group's communicator (a "split" op of
-#: it); 2.11's new_group makes a communicator of its own for it
-TORCH_2_13 = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 13)
+# torch 2.13 makes a subgroup by splitting the default group's communicator (a "split" op of it);
+# 2.11's new_group makes a communicator of its own for it.
 #: torch 2.11's route registers our backend under CUSTOM while the group's default stays GLOO,
 #: so DDP's logger fails in c10d itself ("Could not find backend type 1"); fixed in 2.13
 DDP_ON_ROUTE = pytest.mark.skipif(not TORCH_2_13, reason="torch 2.11's route cannot run DDP (c10d's default backend type)")

@@ -44,6 +44,10 @@ def launcher_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "launcher", *args]
 
 
+#: MCA parameters that Open MPI's mpiexec sets for the ranks of its job
+_OMPI_JOB_PARAMETERS = ("OMPI_MCA_orte_", "OMPI_MCA_prte_", "OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_initial_wdir")
+
+
 def _outer_job_variable(key: str) -> bool:
     """A variable by which an outer launcher describes its job to its ranks. Open MPI's own
     configuration (``OMPI_MCA_*``, e.g. a machine's ``plm_rsh_agent`` where there is no ssh)
@@ -53,10 +57,6 @@ def _outer_job_variable(key: str) -> bool:
     if key.startswith("OMPI_"):
         return not key.startswith("OMPI_MCA_") or key.startswith(_OMPI_JOB_PARAMETERS)
     return False
-
-
-#: MCA parameters that Open MPI's mpiexec sets for the ranks of its job
-_OMPI_JOB_PARAMETERS = ("OMPI_MCA_orte_", "OMPI_MCA_prte_", "OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_initial_wdir")
 
 
 def base_env(**extra: str) -> dict[str, str]:

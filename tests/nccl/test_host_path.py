@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 import torchcomms
+from tests.helpers.torch_versions import TORCH_2_13
 from torchcomms import ReduceOp
 from torchcomms.backends import nccl, nccl_completion
 from torchcomms.backends.base import BackendCapabilities, BackendContext, EngineHandle, TorchCommBackend
@@ -278,10 +279,6 @@ class GlooEngineNccl(RecordingNccl):
         self._pg = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=30))
 
 
-def _gloo_has_alltoall() -> bool:
-    return tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
-
-
 @pytest.mark.parametrize("async_op", [False, True])
 def test_every_op_method_makes_a_call_c10d_accepts(async_op: bool) -> None:
     b = GlooEngineNccl(BackendContext("gl", 0, 1, torch.device("cpu"), None, "gl", timedelta(seconds=5)))
@@ -314,7 +311,7 @@ def test_every_op_method_makes_a_call_c10d_accepts(async_op: bool) -> None:
     run("all_to_all_single", b.all_to_all_single(o4, a, **kw), o4)
     o5 = torch.empty(8)
     run("all_to_all_v_single", b.all_to_all_v_single(o5, a, [8], [8], **kw), o5)
-    if _gloo_has_alltoall():  # the list all-to-all of this test's gloo engine (torch 2.11's has none)
+    if TORCH_2_13:  # the list all-to-all of this test's gloo engine (torch 2.11's has none)
         o6 = [torch.empty(8)]
         run("all_to_all", b.all_to_all(o6, [a], **kw), o6[0])
     o7 = torch.empty(8)
