@@ -142,13 +142,15 @@ def _check(names: list[str], bufs: dict[str, Any], calls: dict[str, Callable[[],
 
 def launch(args: Any, result_path: Path, script: Path, cb: Any) -> None:
     """Host the store, start the MPI job, wait for it; it never outlives this call."""
-    server = cb.host_store(args.nproc)
-    env = cb.rank_env(args, server.port, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     import shutil
-    import sysconfig
+    import tempfile
 
-    runner = shutil.which("mpiexec") or str(Path(sysconfig.get_path("scripts")) / "mpiexec")
-    cmd = [runner, "-n", str(args.nproc), "--oversubscribe", sys.executable, str(script),
+    from tests.helpers.mpi_ranks import mpiexec, mpiexec_env
+
+    server = cb.host_store(args.nproc)
+    job_dir = Path(tempfile.mkdtemp(prefix="tc-cb-mpi-"))
+    env = mpiexec_env(cb.rank_env(args, server.port), job_dir)
+    cmd = [mpiexec() or "mpiexec", "-n", str(args.nproc), "--oversubscribe", sys.executable, str(script),
            "--_rank-result", str(result_path), *args.argv]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
@@ -159,6 +161,7 @@ def launch(args: Any, result_path: Path, script: Path, cb: Any) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
             proc.wait()
+        shutil.rmtree(job_dir, ignore_errors=True)
     if rc != 0:
         raise RuntimeError(f"comm_bench: the MPI job failed (mpiexec exit code {rc})")
 

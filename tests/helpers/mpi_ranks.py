@@ -28,14 +28,23 @@ _FOREIGN = ("TORCHCOMM_RANK", "TORCHCOMM_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RAN
 
 
 def mpiexec() -> str | None:
-    """The ``mpiexec`` on PATH, else the one Open MPI's wheel installed beside this Python."""
+    """The ``mpiexec`` Open MPI's wheel installed beside this Python (the MPI that this Python's
+    mpi4py was built against), else the one on PATH. The wheel's own binary comes first: a PATH
+    entry may be a wrapper (a pyenv shim) that starts it as a child with another pid."""
     import sysconfig
 
-    found = shutil.which("mpiexec")
-    if found:
-        return found
     beside = Path(sysconfig.get_path("scripts")) / "mpiexec"
-    return str(beside) if beside.exists() else None
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+def mpiexec_env(env: dict[str, str], job_dir: Path) -> dict[str, str]:
+    """``env`` for one ``mpiexec`` job whose Open MPI session directory lies in ``job_dir``, a
+    directory of that job alone.
+
+    Open MPI keeps its session directory at ``$TMPDIR/ompi.<mpiexec's pid>``. A killed mpiexec
+    leaves it behind, and a later mpiexec that is given the same pid (pids wrap at 32768 on the CI
+    machine) fails at start with "The PMIx server's listener thread failed to start"."""
+    return {**env, "TMPDIR": str(job_dir), "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
 def mpi_available() -> bool:
@@ -52,18 +61,18 @@ def ulfm_available() -> bool:
     exe = mpiexec()
     if exe is None:
         return False
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    try:
-        proc = subprocess.run([exe, "--with-ft", "ulfm", "--oversubscribe", "-n", "1", "true"], env=env,
-                              capture_output=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    with tempfile.TemporaryDirectory(prefix="tc-mpi-probe-") as session:
+        try:
+            proc = subprocess.run([exe, "--with-ft", "ulfm", "--oversubscribe", "-n", "1", "true"],
+                                  env=mpiexec_env(dict(os.environ), Path(session)), capture_output=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
     return proc.returncode == 0
 
 
 class MpiJob:
-    """One ``mpiexec`` job of ``n`` ranks; a context manager that never leaves it behind. A job
-    whose MPI runtime failed before it started any rank is started once more."""
+    """One ``mpiexec`` job of ``n`` ranks; a context manager that never leaves it (or its
+    directory) behind."""
 
     def __init__(self, n: int, target: str, kwargs: dict[str, Any] | None = None, env: dict[str, str] | None = None,
                  ulfm: bool = False) -> None:
@@ -71,38 +80,23 @@ class MpiJob:
         self.dir = Path(tempfile.mkdtemp(prefix="tc-mpi-"))
         e = {k: v for k, v in os.environ.items() if k not in _FOREIGN}
         e.update(PYTHONPATH=child_pythonpath(), TC_GROUP_DIR=str(self.dir), TC_BACKEND="mpi",
-                 TORCHCOMM_FR_DUMP_TEMP_FILE=str(self.dir / "fr_rank_"),
-                 OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+                 TORCHCOMM_FR_DUMP_TEMP_FILE=str(self.dir / "fr_rank_"))
         e.update(env or {})
         args = [mpiexec() or "mpiexec", "-n", str(n), "--oversubscribe"]
         if ulfm:
             args += ["--with-ft", "ulfm"]
         args += [sys.executable, "-m", "tests.helpers.mpi_rank_main", target, json.dumps(kwargs or {}), str(self.dir)]
         self.log = self.dir / "mpiexec.log"
-        self._args, self._env, self._launches = args, e, 0
-        self._launch()
-
-    def _launch(self) -> None:
-        self._launches += 1
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self._args, cwd=REPO, env=self._env, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-
-    def _relaunched(self) -> bool:
-        """After ``mpiexec`` ended: start it once more if its runtime failed before starting any
-        rank (Open MPI's launcher on a loaded host, e.g. "The PMIx server's listener thread failed
-        to start"); nothing of the library ran. True if it was started again."""
-        if self._launches > 1 or self.proc.returncode == 0 or any(self.dir.glob("pid*")):
-            return False
-        self._launch()
-        return True
+            self.proc = subprocess.Popen(args, cwd=REPO, env=mpiexec_env(e, self.dir), stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
 
     def pid_of(self, rank: int, timeout: float = 120.0) -> int:
         """The process id of ``rank`` (written by the rank once it started)."""
         path = self.dir / f"pid{rank}"
         deadline = time.monotonic() + timeout
         while not path.exists() or not path.read_text().strip():
-            assert self.proc.poll() is None or self._relaunched(), f"mpiexec ended early:\n{self.output()}"
+            assert self.proc.poll() is None, f"mpiexec ended early:\n{self.output()}"
             assert time.monotonic() < deadline, f"rank {rank} never started"
             time.sleep(0.02)
         return int(path.read_text())
@@ -111,7 +105,7 @@ class MpiJob:
         """Until each of ``ranks`` created ``ready<rank>`` in the job's directory."""
         deadline = time.monotonic() + timeout
         while not all((self.dir / f"ready{r}").exists() for r in ranks):
-            assert self.proc.poll() is None or self._relaunched(), f"mpiexec ended early:\n{self.output()}"
+            assert self.proc.poll() is None, f"mpiexec ended early:\n{self.output()}"
             assert time.monotonic() < deadline, f"ranks {ranks} never got ready\n{self.output()}"
             time.sleep(0.01)
 
@@ -120,7 +114,7 @@ class MpiJob:
         peer keeps it from finishing)."""
         deadline = time.monotonic() + timeout
         while not all((self.dir / f"rank{r}.json").exists() for r in ranks):
-            if self.proc.poll() is not None and not self._relaunched():
+            if self.proc.poll() is not None:
                 break
             if time.monotonic() >= deadline:
                 self.kill()
@@ -133,11 +127,8 @@ class MpiJob:
 
     def wait(self, timeout: float = 120.0) -> list[RankResult]:
         """Every rank's result once ``mpiexec`` ended; an ``AssertionError`` with its output at ``timeout``."""
-        deadline = time.monotonic() + timeout
         try:
             self.proc.wait(timeout)
-            if self._relaunched():
-                self.proc.wait(max(deadline - time.monotonic(), 1.0))
         except subprocess.TimeoutExpired:
             self.kill()
             raise AssertionError(f"the MPI job did not finish within {timeout} s\n{self.output()}") from None
@@ -185,6 +176,7 @@ class MpiJob:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def process_running(pid: int) -> bool:

@@ -10,14 +10,16 @@ import subprocess
 import pytest
 
 from conftest import REPO, base_env, free_port, launcher_cmd, run_launcher, worker
-from tests.helpers.mpi_ranks import mpi_available, mpiexec, ulfm_available
+from tests.helpers.mpi_ranks import mpi_available, mpiexec, mpiexec_env, ulfm_available
 
 pytestmark = pytest.mark.skipif(not mpi_available(), reason="mpi4py or mpiexec is not installed")
 
 
 def _run_mpi_job(tmp_path, n: int, *launcher_args: str, ulfm: bool = False, **extra: str):
-    env = base_env(PID_DIR=str(tmp_path), TORCHCOMM_CONTROL_SECRET=secrets.token_hex(32),
-                   OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **extra)
+    session = tmp_path / "mpi-session"
+    session.mkdir()
+    env = mpiexec_env(base_env(PID_DIR=str(tmp_path), TORCHCOMM_CONTROL_SECRET=secrets.token_hex(32), **extra),
+                      session)
     cmd = [mpiexec(), "-n", str(n), "--oversubscribe", *(["--with-ft", "ulfm"] if ulfm else []),
            *launcher_cmd("--backend", "mpi", "--master-port", str(free_port()), *launcher_args,
                          worker("mpi_job.py"))]

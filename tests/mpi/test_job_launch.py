@@ -1,47 +1,79 @@
-"""The MPI test jobs' own launcher: a job whose ``mpiexec`` failed before it started any rank
-(Open MPI's runtime on a loaded host: "The PMIx server's listener thread failed to start",
-seen in suites on the 2-core box) is started once more, whichever way the test waits for it."""
+"""The MPI test jobs' own launcher: each ``mpiexec`` keeps Open MPI's session directory in the
+job's own directory, so the session directory a killed ``mpiexec`` left behind cannot stop a later
+job that is given the same pid ("The PMIx server's listener thread failed to start", exit 213)."""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import mpi_ranks
-from tests.helpers.mpi_ranks import MpiJob, mpi_available, run_mpi_ranks
+from tests.helpers.mpi_ranks import MpiJob, mpi_available, mpiexec, mpiexec_env
 
 pytestmark = pytest.mark.skipif(not mpi_available(), reason="mpi4py or mpiexec is not installed")
 
-
-def _failing_once(tmp_path: Path) -> str:
-    real = mpi_ranks.mpiexec()
-    marker = tmp_path / "failed-once"
-    fake = tmp_path / "mpiexec"
-    fake.write_text(f"""#!/bin/sh
-if [ ! -e '{marker}' ]; then
-  touch '{marker}'
-  echo "The PMIx server's listener thread failed to start. We cannot continue." >&2
-  exit 1
-fi
-exec '{real}' "$@"
-""")
-    fake.chmod(0o755)
-    return str(fake)
+LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 
 
-def test_run_mpi_ranks_starts_a_job_whose_launcher_failed_again(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = _failing_once(tmp_path)
-    monkeypatch.setattr(mpi_ranks, "mpiexec", lambda: fake)
-    results = run_mpi_ranks(2, "tests.mpi.workers:collective_paths", timeout=120)
-    assert [r.value["sums_ok"] for r in results] == [True, True]
-    assert (tmp_path / "failed-once").exists()
+def _stale_session_dir(host_tmp: Path) -> Path:
+    """The session directory of a real ``mpiexec`` killed while its rank ran (as a test's
+    deadline kills one), left where Open MPI put it: ``host_tmp/ompi.<its pid>``."""
+    env = mpiexec_env(dict(os.environ), host_tmp)  # what a job without a directory of its own had
+    started = host_tmp / "rank-pid"
+    rank = f"import os, time; open({str(started)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    proc = subprocess.Popen([mpiexec(), "-n", "1", sys.executable, "-c", rank], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not (started.exists() and started.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, "the mpiexec job never started its rank"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    os.kill(int(started.read_text()), signal.SIGKILL)
+    sessions = list(host_tmp.glob("ompi.*"))
+    assert [p.name for p in sessions] == [f"ompi.{proc.pid}"], sorted(p.name for p in host_tmp.iterdir())
+    return sessions[0]
 
 
-def test_waiting_for_ranks_to_get_ready_starts_the_job_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = _failing_once(tmp_path)
-    monkeypatch.setattr(mpi_ranks, "mpiexec", lambda: fake)
+def _set_next_pid(pid: int) -> None:
+    LAST_PID.write_text(str(pid - 1))
+
+
+def test_a_job_given_the_pid_of_a_killed_mpiexec_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        _set_next_pid(int(LAST_PID.read_text()) + 1)
+    except OSError:
+        pytest.skip("the next pid cannot be chosen here (/proc/sys/kernel/ns_last_pid is not writable)")
+    host_tmp = tmp_path / "host-tmp"
+    host_tmp.mkdir()
+    stale = _stale_session_dir(host_tmp)
+    monkeypatch.setenv("TMPDIR", str(host_tmp))
+    for _ in range(10):  # another process of the machine may take the chosen pid first
+        pid = int(LAST_PID.read_text()) + 300
+        # an mpiexec that started on the stale directory failed and removed it on its way out
+        assert stale.is_dir(), "the job's mpiexec was started on the killed one's session directory"
+        stale = stale.rename(host_tmp / f"ompi.{pid}")
+        _set_next_pid(pid)
+        with MpiJob(2, "tests.mpi.workers:collective_paths") as job:
+            results = job.wait(120)
+            if job.proc.pid != pid:
+                continue
+            assert job.proc.returncode == 0, job.output()
+            assert [r.value["sums_ok"] for r in results] == [True, True], job.output()
+            assert stale.is_dir()  # the job did not need it gone
+            return
+    pytest.fail("no mpiexec was started with the chosen pid in 10 tries")
+
+
+def test_the_jobs_session_directory_lies_in_its_own_directory_and_goes_with_it(tmp_path: Path) -> None:
+    assert mpiexec_env({"TMPDIR": "/tmp"}, tmp_path)["TMPDIR"] == str(tmp_path)
     with MpiJob(2, "tests.mpi.workers:ready_then_return") as job:
         job.wait_ready([0, 1])
+        assert (job.dir / f"ompi.{job.proc.pid}").is_dir(), sorted(p.name for p in job.dir.iterdir())
         results = job.wait(120)
-    assert [r.value for r in results] == [0, 1]
+        assert [r.value for r in results] == [0, 1]
+    assert not job.dir.exists()
