@@ -100,7 +100,10 @@ def _assert_survivor_raised_typed(r: RankResult, timeout_s: float, elapsed_key: 
 
 @pytest.mark.parametrize("phase", ["forward", "backward"])
 def test_killed_rank_mid_step_raises_typed_error_on_every_survivor(phase: str) -> None:
-    timeout_s = 30.0
+    # gloo does not always end a survivor's op when a peer's socket closes (seen under load: a
+    # broadcast's send still waiting after its receiver had raised and exited): that survivor
+    # raises at its op's deadline, which bounds the test's time
+    timeout_s = 10.0
     with RankGroup(3, f"{T}:killed_rank", {"victim": 2, "step": 2, "timeout_s": timeout_s, "phase": phase}) as g:
         res = g.wait(timeout=120)
     assert res[2].returncode == 17
