@@ -47,12 +47,14 @@ if rank == target:
         libc.usleep(5_000_000)
     elif behaviour == "gil_busy":
         n = 1_000_000
-        while True:  # grow one C loop until it alone lasts 5 s
+        while True:  # size one C loop from the last one's rate until it alone lasts 5 s
             t = time.monotonic()
             sum(range(n))  # a builtin over a range: one C loop, the GIL held throughout
-            if time.monotonic() - t >= 5.0:
+            took = time.monotonic() - t
+            if took >= 5.0:
                 break
-            n *= 4
+            # aim at 5.5 s; a short probe (or a loop that sped up) only grows it again
+            n = int(n * min(max(5.5 / max(took, 1e-3), 1.2), 50.0))
     elif behaviour == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
     elif behaviour == "hang":
