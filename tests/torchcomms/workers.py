@@ -56,9 +56,17 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a, b)
 
 
-def collective_matrix(async_op: bool = False) -> dict[str, Any]:
-    """Every collective × dtype × reduce op on the backend under test, against a local reference."""
+def collective_matrix() -> dict[str, Any]:
+    """Every collective × dtype × reduce op on the backend under test, against a local reference,
+    issued synchronously and then asynchronously on one communicator (one job for both: rank
+    processes of an MPI job each start a fresh interpreter)."""
     comm = torchcomms.new_comm(engine(), torch.device("cpu"), "matrix")
+    out = {mode: _matrix(comm, async_op) for mode, async_op in (("sync", False), ("async", True))}
+    comm.finalize()
+    return out
+
+
+def _matrix(comm: torchcomms.TorchComm, async_op: bool) -> dict[str, Any]:
     r, n = comm.get_rank(), comm.get_size()
     failures: list[str] = []
     count = 0
@@ -179,7 +187,6 @@ def collective_matrix(async_op: bool = False) -> dict[str, Any]:
             batch.recv(got, prv)
             run(batch.issue(async_op))
             check(f"batch p2p ring {dname}", got, allin[prv])
-    comm.finalize()
     return {"failures": failures, "checks": count}
 
 
