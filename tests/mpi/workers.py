@@ -129,10 +129,19 @@ def wrong_world() -> dict[str, Any]:
         return {"raised": type(e).__name__, "message": str(e)}
 
 
-def dtype_reductions(hints: dict[str, str] | None = None) -> dict[str, Any]:
+def dtype_reductions(paths: dict[str, dict[str, str]]) -> dict[str, Any]:
     """all_reduce of every dtype this backend declares, with every reduce op the dtype allows,
-    against a reference computed locally from every rank's input."""
-    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "dtypes", hints=hints)
+    against a reference computed locally from every rank's input: once per entry of ``paths``
+    (a name and the hints of a communicator of its own), in one job."""
+    out = {}
+    for name, hints in paths.items():
+        comm = torchcomms.new_comm("mpi", torch.device("cpu"), f"dtypes-{name}", hints=hints)
+        out[name] = _dtype_reductions(comm)
+        comm.finalize()
+    return out
+
+
+def _dtype_reductions(comm: torchcomms.TorchComm) -> dict[str, Any]:
     r, n = comm.get_rank(), comm.get_size()
     failures: list[str] = []
     checks = 0
@@ -154,7 +163,6 @@ def dtype_reductions(hints: dict[str, str] | None = None) -> dict[str, Any]:
             ok = torch.allclose(t.to(torch.complex128), want.to(torch.complex128), rtol=1e-2, atol=1e-2)
             if not ok:
                 failures.append(f"{dt} {name}: got {t.tolist()} want {want.tolist()}")
-    comm.finalize()
     return {"failures": failures, "checks": checks}
 
 
