@@ -1,12 +1,25 @@
 """``store_calls``: calls bounded by their caller's deadline, whatever the store's own timeout."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
-from torchcomms.core.store_calls import BoundedCalls, PendingCall, StoreNotAnswering, call_until, describe_store
+from torchcomms.core.store_calls import (
+    PARKED_EXIT_WAIT_MAX_S,
+    BoundedCalls,
+    ParkedCalls,
+    PendingCall,
+    StoreNotAnswering,
+    call_until,
+    describe_store,
+)
+from tests.helpers.paths import REPO, child_pythonpath
+from tests.helpers.ports import free_port
 
 
 def test_call_until_returns_the_result_or_raises_the_calls_error() -> None:
@@ -85,3 +98,49 @@ def test_describe_store_names_the_innermost_store_and_its_address() -> None:
         underlying_store = TCPStore()
 
     assert describe_store(PrefixStore()) == "the TCPStore at 10.0.0.1:29500"
+
+
+def test_the_exit_waits_for_a_parked_call_that_ends_soon_and_not_for_one_that_ends_late() -> None:
+    parked = ParkedCalls()
+    soon, late = threading.Event(), threading.Event()
+    quick = threading.Thread(target=lambda: soon.wait(0.3), daemon=True)
+    slow = threading.Thread(target=lambda: late.wait(30), daemon=True)
+    quick.start()
+    slow.start()
+    parked.park(quick, 1.0)
+    parked.park(slow, 30.0)
+    start = time.monotonic()
+    assert parked.wait_all() == []
+    assert not quick.is_alive()  # waited for: it ended before the exit went on
+    assert slow.is_alive() and time.monotonic() - start < PARKED_EXIT_WAIT_MAX_S
+    late.set()
+
+
+# A rank whose engine rendezvous was abandoned (it waits for a peer that never comes, until the
+# engine's 60 s timeout) leaves through the interpreter's exit.
+_ABANDONED_RENDEZVOUS = """
+import sys, time
+from datetime import timedelta
+import torch.distributed as dist
+from torchcomms.core.store_calls import StoreNotAnswering, call_until
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 1, True, timeout=timedelta(seconds=60), wait_for_workers=False)
+make = lambda: dist.ProcessGroupGloo(dist.PrefixStore("pg", store), 0, 2, timedelta(seconds=60))
+try:
+    call_until("the rendezvous", make, time.monotonic() + 0.5, thread_name="build", store=store, limit_s=60)
+except StoreNotAnswering:
+    print("abandoned", flush=True)
+print(time.monotonic(), flush=True)
+"""
+
+
+def test_a_process_whose_engine_rendezvous_was_abandoned_exits_without_waiting_for_it() -> None:
+    """The exit used to wait for the abandoned rendezvous until its own timeout (the
+    communicator's: 30 s in the chaos tests, minutes in a real job)."""
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", _ABANDONED_RENDEZVOUS, str(free_port())], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": child_pythonpath()},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[0] == "abandoned", proc.stdout
+    assert time.monotonic() - start < 30, proc.stderr[-3000:]
+    assert "terminate called" not in proc.stderr

@@ -8,10 +8,13 @@ store, so instead the call runs on a helper (daemon) thread and the caller waits
 until its own deadline. A call not answered by then is abandoned: its thread stays blocked in it
 (until the store's own timeout ends it, or a stopped host resumes) and exits afterwards.
 
-Such a thread is *parked* (:data:`PARKED`): the interpreter's exit waits for it (an ``atexit``
-hook, bounded by the call's own limit), because a thread that returns from C++ into Python
+Such a thread is *parked* (:data:`PARKED`): the interpreter's exit waits for it when its call
+ends on its own soon (an ``atexit`` hook), because a thread that returns from C++ into Python
 while the interpreter is finalizing is ended by ``pthread_exit``, whose unwinding through
-pybind11's GIL guard aborts the process ("terminate called without an active exception").
+pybind11's GIL guard aborts the process ("terminate called without an active exception"). A call
+that ends later than that (an abandoned engine rendezvous waiting for a dead rank until the
+communicator's timeout, minutes in a real job) is not waited for: the process is gone long
+before the call returns.
 """
 from __future__ import annotations
 
@@ -39,13 +42,17 @@ _GIVE_UP_POLL_S = 0.005
 PARKED_EXIT_GRACE_S = 0.2
 #: The limit assumed for a parked call whose own limit is not known.
 PARKED_DEFAULT_LIMIT_S = 30.0
+#: The interpreter's exit waits for a parked call only when it ends on its own within this many
+#: seconds; one that ends later returns after the process has finished exiting (finalization
+#: takes well under this), so waiting for it would only hold the exit up for as long.
+PARKED_EXIT_WAIT_MAX_S = 5.0
 
 
 class ParkedCalls:
     """Threads left inside calls nobody waits for any more, each with the time
     (``time.monotonic()``) by which its call ends on its own. At the interpreter's exit
-    (``atexit``: before finalization begins) each is waited for until then, so none returns
-    into a finalizing interpreter; one still running after that is named on stderr."""
+    (``atexit``: before finalization begins) each that ends soon is waited for until then, so
+    none returns into a finalizing interpreter; one still running after that is named on stderr."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -71,13 +78,17 @@ class ParkedCalls:
             return [t for t in self._threads if t.is_alive()]
 
     def wait_all(self) -> list[threading.Thread]:
-        """Wait for every parked thread, each until its call's limit; returns (and names on
-        stderr) those still running after it."""
+        """Wait for each parked thread whose call ends on its own within
+        :data:`PARKED_EXIT_WAIT_MAX_S`, until then; returns (and names on stderr) those of them
+        still running after it. Threads whose calls end later are left to run (not returned)."""
         with self._lock:
             threads = list(self._threads.items())
         left = []
         for thread, ends_by in threads:
-            thread.join(max(0.0, ends_by - time.monotonic()))
+            wait_s = ends_by - time.monotonic()
+            if wait_s > PARKED_EXIT_WAIT_MAX_S:
+                continue  # it returns after the process has exited
+            thread.join(max(0.0, wait_s))
             if thread.is_alive():
                 left.append(thread)
         if left:
