@@ -11,6 +11,8 @@ import torch.distributed as dist
 import torchcomms
 from torchcomms import ReduceOp
 
+from tests.helpers.exit_timing import ExitTimer
+
 
 def _reconfigurable_comm(name: str, world: int, prefix: str) -> tuple[torchcomms.TorchComm, Any, list[str]]:
     """A reconfigurable gloo communicator, a store for the test's own keys and every rank's init
@@ -179,6 +181,8 @@ def op_with_store_host_stopped(op: str, store_kind: str, timeout_s: float) -> di
 
     ready_dir = os.environ["TC_READY_DIR"]
     world = int(os.environ["WORLD_SIZE"])
+    # registered before the library registers any exit hook of its own: it times all of them
+    exit_timer = ExitTimer(os.path.join(ready_dir, f"exit{os.environ['RANK']}.json"))
     store = None  # "control": the control plane the launcher would advertise
     if store_kind == "tcp":
         store = dist.TCPStore("127.0.0.1", int(os.environ["TC_STORE_PORT"]), world, False,
@@ -223,6 +227,7 @@ def op_with_store_host_stopped(op: str, store_kind: str, timeout_s: float) -> di
     except Exception as e:  # noqa: BLE001 - report whatever it was
         out = _outcome_of(e)
     out["elapsed"] = time.monotonic() - t0
+    exit_timer.start()
     return out
 
 
