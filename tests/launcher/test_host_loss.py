@@ -155,7 +155,11 @@ def test_join_to_a_stopped_host_times_out_naming_it(secret_file):
                          str(secret_file), "--rdzv-conf", "join_timeout=2", worker("ticker.py")),
             env=base_env(), cwd=REPO, capture_output=True, text=True, timeout=60)
         took = time.monotonic() - start
-        print(f"join to a stopped host: the follower left {took:.2f} s later")
+        # what starting and ending the launcher's Python takes at this moment's load
+        start = time.monotonic()
+        subprocess.run(launcher_cmd("--help"), env=base_env(), cwd=REPO, capture_output=True, timeout=60)
+        overhead = time.monotonic() - start
+        print(f"join to a stopped host: the follower left {took:.2f} s later (--help: {overhead:.2f} s)")
     finally:
         present.close()  # type: ignore[attr-defined]
         _cleanup(host)
@@ -163,7 +167,9 @@ def test_join_to_a_stopped_host_times_out_naming_it(secret_file):
     assert "refused" not in follower.stderr, follower.stderr
     assert (f"rendezvous host at tcp://127.0.0.1:{port} did not answer within 2 s: it accepts "
             "connections but never completes the handshake") in follower.stderr, follower.stderr
-    assert took < 2 + 3, f"took {took:.1f} s"  # the join timeout, plus starting Python
+    # the join timeout, plus starting and ending Python: 3 s, or on a loaded machine twice what
+    # that took just after, and 1 s
+    assert took < 2 + max(3.0, 2 * overhead + 1), f"took {took:.1f} s (--help took {overhead:.1f} s)"
 
 
 ACK_RACE = str(Path(__file__).with_name("host_gone_before_ack.py"))
