@@ -12,9 +12,18 @@ version and a hash of the source, so one machine can hold builds for several tor
   nothing.
 
 Cache root: ``TORCHCOMMS_EXTENSIONS_DIR``, else ``~/.cache/torchcomms/extensions``.
+
+Processes that build at once (the ranks of a job on a machine without a build) take turns on a
+``flock`` of ``build.flock`` in the cache entry: the kernel releases it when its holder dies,
+so a builder that was killed (a rank SIGKILLed mid-build) never blocks the next one. Torch's
+own lock file there (``lock``, which it waits on without end while it exists) is then removed
+by the holder before it builds. Waiting for another builder is bounded by
+``TORCHCOMMS_EXTENSION_BUILD_TIMEOUT`` seconds (default 900), then
+:class:`ExtensionBuildTimeout` names the process that holds the build.
 """
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import importlib.util
@@ -22,12 +31,68 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
 SOURCE = Path(__file__).resolve().parent / "backend_wrapper.cpp"
 _LOAD_LOCK = threading.Lock()
 _DONE_MARK = "build.ok"
+_BUILD_FLOCK = "build.flock"
+_TORCH_BATON = "lock"  # torch.utils.cpp_extension's lock file in the build directory
+BUILD_TIMEOUT_ENV = "TORCHCOMMS_EXTENSION_BUILD_TIMEOUT"
+DEFAULT_BUILD_TIMEOUT_S = 900.0
+#: pause between two tries of a held build lock (seconds)
+_LOCK_POLL_S = 0.2
+
+
+class ExtensionBuildTimeout(TimeoutError):
+    """Another process held the extension's build for longer than the build timeout."""
+
+
+def _build_timeout_s() -> float:
+    raw = os.environ.get(BUILD_TIMEOUT_ENV, "")
+    if not raw:
+        return DEFAULT_BUILD_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{BUILD_TIMEOUT_ENV} must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+@contextmanager
+def _build_turn(directory: Path) -> Iterator[None]:
+    """Hold the cache entry's build lock (see the module doc) for the ``with`` body."""
+    path = directory / _BUILD_FLOCK
+    timeout = _build_timeout_s()
+    deadline = time.monotonic() + timeout
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+                    raise ExtensionBuildTimeout(
+                        f"torchcomms: process {holder} has been building the C++ extension in {directory} "
+                        f"for over {timeout:g} s ({BUILD_TIMEOUT_ENV}); build it ahead with "
+                        "`python -m torchcomms.csrc.build`") from None
+                time.sleep(_LOCK_POLL_S)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def _torch_include_dir() -> Path:
@@ -78,14 +143,17 @@ def build(verbose: bool = False) -> ModuleType:
 
     directory = cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    module = cpp_extension.load(
-        name=module_name(),
-        sources=[str(SOURCE)],
-        build_directory=str(directory),
-        extra_cflags=["-O2", f"-DTC_PREMUL_SUPPLEMENT={_premul_supplement_name()}"],
-        verbose=verbose,
-    )
-    (directory / _DONE_MARK).write_text(build_key() + "\n")
+    with _build_turn(directory):
+        # nobody else builds here now: a torch lock file is a killed builder's
+        (directory / _TORCH_BATON).unlink(missing_ok=True)
+        module = cpp_extension.load(
+            name=module_name(),
+            sources=[str(SOURCE)],
+            build_directory=str(directory),
+            extra_cflags=["-O2", f"-DTC_PREMUL_SUPPLEMENT={_premul_supplement_name()}"],
+            verbose=verbose,
+        )
+        (directory / _DONE_MARK).write_text(build_key() + "\n")
     sys.modules[module_name()] = module  # what load() and wrapper_class() look up
     return module
 
