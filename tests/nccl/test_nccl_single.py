@@ -175,18 +175,48 @@ def test_async_op_overlaps_with_caller_stream(comm) -> None:  # noqa: ANN001
     assert torch.all(out == 7.0)
 
 
-def test_timeout_on_a_busy_gpu_raises_and_breaks(comm) -> None:  # noqa: ANN001
+#: GPU cycles of spinning queued before an op that must time out: at least ``SPIN_MIN_S`` at the
+#: H200's highest SM clock (1.98 GHz)
+SPIN_CYCLES = 4_000_000_000
+SPIN_MIN_S = 2.0
+#: how many times a stalled host gets to issue the op again behind a fresh spin
+SPIN_TRIES = 5
+
+
+def op_behind_a_busy_gpu(op_timeout_s: float, **make_kw: object) -> tuple[torchcomms.TorchComm, torchcomms.TorchWork]:
+    """A fresh communicator and an all-reduce of it issued behind ``SPIN_MIN_S`` of GPU spinning
+    and early enough that the spin outlasts the op's deadline. A host stalled between queuing
+    the spin and issuing the op (a loaded machine: the GPU may then have finished spinning
+    before the op was issued, and the op completes in time) gets another try with a fresh
+    communicator."""
+    t = torch.ones(16, device="cuda")  # allocated before the spin, not behind it
+    torch.cuda.synchronize()
+    stalls = []
+    for _ in range(SPIN_TRIES):
+        c = make(**make_kw)  # type: ignore[arg-type]
+        queued = time.monotonic()
+        torch.cuda._sleep(SPIN_CYCLES)
+        w = c.all_reduce(t, ReduceOp.SUM, True, timeout=timedelta(seconds=op_timeout_s))
+        stall = time.monotonic() - queued
+        if stall + op_timeout_s < SPIN_MIN_S - 0.2:  # the GPU still spins at the op's deadline
+            return c, w
+        stalls.append(round(stall, 2))
+        torch.cuda.synchronize()
+        c.abort()  # the op may or may not have timed out: this communicator is not used again
+    pytest.fail(f"the host took {stalls} s to issue an op after queuing the GPU's spin, every try")
+
+
+def test_timeout_on_a_busy_gpu_raises_and_breaks() -> None:
     """The GPU is busy past the op's deadline: the watchdog ends the op with CommTimeoutError
     at the deadline (the host is never blocked by the GPU), later ops fail fast, and abort
     tears the engine down."""
-    torch.cuda._sleep(4_000_000_000)  # ~2 s of spinning before the op can start
-    t = torch.ones(16, device="cuda")
+    comm, w = op_behind_a_busy_gpu(0.5)
     t0 = time.monotonic()
-    w = comm.all_reduce(t, ReduceOp.SUM, True, timeout=timedelta(seconds=0.5))
     with pytest.raises(CommTimeoutError):
         w.wait_blocking()
     assert time.monotonic() - t0 < 0.5 + 1.0
     assert comm.is_broken()
+    t = torch.ones(16, device="cuda")
     with pytest.raises(CommAbortedError):
         comm.all_reduce(t, ReduceOp.SUM, False)
     comm.abort()
@@ -203,9 +233,8 @@ def test_timeout_on_a_busy_gpu_raises_and_breaks(comm) -> None:  # noqa: ANN001
 def test_timeout_then_shrink_carries_on() -> None:
     import torch.distributed as dist
 
-    c = make(timeout_s=30.0, store=dist.HashStore())  # survivors agree through a store
-    torch.cuda._sleep(4_000_000_000)
-    w = c.all_reduce(torch.ones(4, device="cuda"), ReduceOp.SUM, True, timeout=timedelta(seconds=0.3))
+    # survivors agree through a store
+    c, w = op_behind_a_busy_gpu(0.3, timeout_s=30.0, store=dist.HashStore())
     with pytest.raises(CommTimeoutError):
         w.wait_blocking()
     new = c.shrink(timeout=timedelta(seconds=20))
