@@ -233,7 +233,8 @@ def part_gloo(iters: int, tmp: Path) -> list[dict]:
     port = _free_port()
     procs = []
     for r in range(2):
-        env = dict(os.environ, TORCHCOMM_RANK=str(r), TORCHCOMM_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(REPO))
+        env = dict(os.environ, TORCHCOMM_RANK=str(r), TORCHCOMM_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
         env.pop("TORCHCOMM_CONTROL_ADDR", None)
         procs.append(subprocess.Popen([sys.executable, __file__, "--gloo-rank", str(tmp / f"g{r}.json"), "--gloo-iters", str(iters)], env=env))
     for p in procs:

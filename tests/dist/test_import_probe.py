@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO, child_pythonpath
 
 #: the modules torch's probe may load: the package roots and the light faces the probe names
 PROBE_MODULES = {
@@ -36,7 +36,7 @@ print(json.dumps({
 
 
 def _run(code: str, **env: str) -> dict:
-    full = dict(os.environ, PYTHONPATH=str(REPO), **env)
+    full = dict(os.environ, PYTHONPATH=child_pythonpath(), **env)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, cwd=REPO,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
