@@ -11,8 +11,8 @@ the survivors' stall (last step before the kill to the first after it) stays bel
 communicators' timeout (the failure was seen from its notice, not by waiting out a timeout).
 
 The default run has one 2 x 2 case, killed in step 0 so that its survivors' losses until the
-heal can be compared with a run of one replica from the start (the global batch split over the
-same 2 ranks, no replica all-reduce): equal within ``LOSS_RTOL``; and one killed at the start
+heal (at most ``LOSS_STEPS``) can be compared with a run of one replica from the start (the
+global batch split over the same 2 ranks, no replica all-reduce): equal within ``LOSS_RTOL``; and one killed at the start
 of step 2, once with the make-up pass and once redoing the whole step (``--redo``,
 ``train_step``): equal losses within ``MAKEUP_RTOL``.
 ``TC_ELASTIC_REPEAT=N`` (the repeat mode) adds N cases each of 2 x 2 and 3 x 2, killed at a
@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from fsdp2.elastic_batch import split_in_order
-from tests.helpers.launcher_job import run_launcher_job
+from tests.helpers.launcher_job import STACKS_MARK, run_launcher_job
 from tests.helpers.paths import child_pythonpath
 from tests.helpers.ranks import REPO
 
@@ -38,7 +38,9 @@ EXAMPLE = REPO / "examples" / "train_elastic_fsdp.py"
 HEAL_KILLER = REPO / "tests" / "fsdp2" / "elastic_heal_killer.py"
 TIMEOUT_S = 30.0  # each communicator's op timeout in the job
 LIMIT_S = 200.0  # the whole job: a hang fails the test here, with the job's log (pytest-timeout's 300 s shows none)
-LOSS_RTOL = 1e-6  # the same ops in the same order: the losses agree to rounding (measured: bitwise)
+LOSS_RTOL = 1e-6  # the same ops in the same order: the losses agree to rounding (measured: bitwise on
+# the CI VM; on the H200 host, torch 2.11, within 1e-6 until step 112, then drifting: 1.7e-6 at 113)
+LOSS_STEPS = 30  # the steps compared with the one-replica run (a loaded machine may heal much later)
 MAKEUP_RTOL = 1e-6  # the make-up step groups the samples differently (measured: 9.8e-8 over 20 steps)
 REPEAT = int(os.environ.get("TC_ELASTIC_REPEAT", "0"))
 STEP_SLEEP = 0.1  # keeps the survivors stepping while the replacement starts
@@ -69,8 +71,10 @@ def run_job(world: int, shard: int, *, fail_rank: int = -1, fail_step: int = 0, 
 def check_run(job: dict[str, Any], world: int, shard: int, fail_rank: int, fail_step: int,
               redo: bool = False) -> dict[int, dict[int, Any]]:
     """The checks of the module docstring; returns {rank: {step: record}} of the run."""
-    full = job["log"]  # its start says why a first life ended, its end how the job did
+    full, stacks_mark, stacks = job["log"].partition(STACKS_MARK)  # stacks: of a job killed at its limit
+    # the log's start says why a first life ended, its end how the job did
     log = full if len(full) <= 9000 else f"{full[:4500]}\n[... {len(full) - 9000} characters ...]\n{full[-4500:]}"
+    log += (stacks_mark + stacks)[:30000]
     assert job["rc"] == 0, f"the job ended with {job['rc']} (None: still running after {LIMIT_S} s)\n{log}"
     lost = fail_rank // shard
     survivors = [g for g in range(world) if g // shard != lost]
@@ -123,11 +127,12 @@ def test_kill_in_step_zero_survivor_matches_one_replica_run_and_heals() -> None:
     by_step = check_run(job, 4, 2, victim, 0)
     survivor = 0 if victim >= 2 else 2
     healed_at = min(s for s, recs in by_step.items() if len(recs) == 4 and s > 0)
-    ref = run_job(2, 2, steps=healed_at, stop_after_heal=0)
+    compared = min(healed_at, LOSS_STEPS)
+    ref = run_job(2, 2, steps=compared, stop_after_heal=0)
     assert ref["rc"] == 0, ref["log"][-4000:]
     ref_loss = {r["step"]: r["loss"] for r in ref["records"][0]}
-    assert sorted(ref_loss) == list(range(healed_at))
-    for s in range(healed_at):
+    assert sorted(ref_loss) == list(range(compared))
+    for s in range(compared):
         got, want = by_step[s][survivor]["loss"], ref_loss[s]
         assert abs(got - want) <= LOSS_RTOL * abs(want), f"step {s}: {got} vs one-replica run {want}"
 
@@ -160,7 +165,7 @@ def test_a_job_that_lost_every_replica_ends_with_a_clear_error_instead_of_waitin
         ["--nproc-per-node", "2", "--on-failure", "shrink", "--max-restarts", "1", "--no-summary", str(EXAMPLE),
          "--shard", "2", "--steps", "2000", "--fail-rank", "1", "--fail-step", "1", "--fail-at", "forward",
          "--dim", "32", "--layers", "1"], env, 120)
-    assert rc not in (0, None), f"the job ended with {rc} (None: still running after 120 s)\n{log[-4000:]}"
+    assert rc not in (0, None), f"the job ended with {rc} (None: still running after 120 s)\n{log[-30000:]}"
     assert "no replica is live to send the training state" in log, log[-4000:]
 
 
