@@ -19,5 +19,13 @@ fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD:/tmp/site
 export PYTHONUNBUFFERED=1
+# The machine sets PYTHONDONTWRITEBYTECODE and its venv holds no bytecode, so every process
+# compiled torch's and sympy's sources again (~5 s per `import torch.distributed.fsdp`; a rank
+# restarted under a loaded suite was still importing after 100 s). Bytecode goes to a cache,
+# filled once here.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}
+python3 -c "import torch.distributed.fsdp, torch.distributed.tensor, fsdp2, torchcomms" \
+  || { echo "prelude: importing torch, fsdp2 and torchcomms failed" >&2; exit 1; }
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
