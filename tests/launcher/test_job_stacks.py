@@ -10,7 +10,7 @@ from tests.helpers.launcher_job import STACKS_MARK, descendants, run_launcher_jo
 from tests.helpers.paths import child_pythonpath
 
 WORKER = Path(__file__).resolve().parent / "workers" / "waits_forever.py"
-LIMIT_S = 15.0  # the launcher and its worker start well within it, even on a loaded machine
+LIMIT_S = 8.0  # the launcher and its worker start well within it, even on a loaded machine
 
 
 def test_a_job_killed_at_its_limit_reports_where_each_process_waited() -> None:

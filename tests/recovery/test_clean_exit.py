@@ -3,6 +3,8 @@ to exit with its own code: no SIGABRT from a thread returning from C++ into a fi
 interpreter."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from tests.helpers.cpu_load import oversubscribed
@@ -10,6 +12,10 @@ from tests.helpers.rank_main import EXIT_NORMALLY_ENV
 from tests.helpers.ranks import RankGroup
 
 WORKERS = "tests.recovery.clean_exit_workers"
+#: two-rank jobs that leave right after an op (the race aborted 12 of 20 before its fix), and
+#: how many run side by side
+JOBS = 8
+JOBS_AT_ONCE = 2
 
 
 @pytest.mark.parametrize("target", ["new_comm_alone", "shrink_peer_never_builds", "split_names_differ",
@@ -33,9 +39,12 @@ def test_normal_exit_right_after_an_op_whose_tensor_was_dropped() -> None:
     that op at the wrong moment aborted the process (SIGABRT, "terminate called without an
     active exception") in 12 of 20 jobs before the engines were released at exit."""
     with oversubscribed(per_core=8, limit_s=240):
-        for _ in range(8):
-            with RankGroup(2, f"{WORKERS}:ops_then_exit", {"ops": 1}, env={EXIT_NORMALLY_ENV: "1"}) as g:
-                results = g.wait(120)
+        for _ in range(JOBS // JOBS_AT_ONCE):  # jobs side by side: the burners' window is shorter
+            with contextlib.ExitStack() as stack:
+                groups = [stack.enter_context(RankGroup(2, f"{WORKERS}:ops_then_exit", {"ops": 1},
+                                                        env={EXIT_NORMALLY_ENV: "1"}))
+                          for _ in range(JOBS_AT_ONCE)]
+                results = [r for g in groups for r in g.wait(120)]
             for r in results:
                 assert r.returncode == 0, f"rank {r.rank}: rc={r.returncode}\n{r.stderr[-3000:]}"
                 assert "terminate called" not in r.stderr
