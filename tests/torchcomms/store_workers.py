@@ -26,6 +26,9 @@ def options_store() -> dict[str, Any]:
     given = dist.PrefixStore("given/", store)
     c2 = torchcomms.new_comm("gloo", torch.device("cpu"), "opts-store-given", store=given)
     out["given_kept"] = c2.get_options().store is given
+    # every rank has its engine before any finalizes: a rank that finalized at once closed its
+    # sockets while its peer still connected, and the peer's new_comm failed (PeerFailureError)
+    c2.barrier(False)
     c2.finalize()
     c.finalize()
     return out
