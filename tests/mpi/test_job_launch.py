@@ -17,6 +17,7 @@ from tests.helpers.mpi_ranks import MpiJob, mpi_available, mpiexec, mpiexec_env
 pytestmark = pytest.mark.skipif(not mpi_available(), reason="mpi4py or mpiexec is not installed")
 
 LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
+PID_MAX = Path("/proc/sys/kernel/pid_max")
 
 
 def _stale_session_dir(host_tmp: Path) -> Path:
@@ -43,9 +44,17 @@ def _set_next_pid(pid: int) -> None:
     LAST_PID.write_text(str(pid - 1))
 
 
+def _pid_ahead(distance: int) -> int:
+    """A pid ``distance`` past the last one given, wrapped below ``pid_max`` as the kernel wraps
+    (past 300, the reserved ones): near the end of the range the plain sum was refused (EINVAL)."""
+    pid_max = int(PID_MAX.read_text())
+    pid = int(LAST_PID.read_text()) + distance
+    return pid if pid < pid_max else 300 + distance + pid % pid_max
+
+
 def test_a_job_given_the_pid_of_a_killed_mpiexec_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     try:
-        _set_next_pid(int(LAST_PID.read_text()) + 1)
+        _set_next_pid(_pid_ahead(1))
     except OSError:
         pytest.skip("the next pid cannot be chosen here (/proc/sys/kernel/ns_last_pid is not writable)")
     host_tmp = tmp_path / "host-tmp"
@@ -53,7 +62,7 @@ def test_a_job_given_the_pid_of_a_killed_mpiexec_starts(tmp_path: Path, monkeypa
     stale = _stale_session_dir(host_tmp)
     monkeypatch.setenv("TMPDIR", str(host_tmp))
     for _ in range(10):  # another process of the machine may take the chosen pid first
-        pid = int(LAST_PID.read_text()) + 300
+        pid = _pid_ahead(300)
         # an mpiexec that started on the stale directory failed and removed it on its way out
         assert stale.is_dir(), "the job's mpiexec was started on the killed one's session directory"
         stale = stale.rename(host_tmp / f"ompi.{pid}")
@@ -67,6 +76,19 @@ def test_a_job_given_the_pid_of_a_killed_mpiexec_starts(tmp_path: Path, monkeypa
             assert stale.is_dir()  # the job did not need it gone
             return
     pytest.fail("no mpiexec was started with the chosen pid in 10 tries")
+
+
+def test_a_pid_chosen_near_the_end_of_the_range_wraps_as_the_kernels_do() -> None:
+    """The chosen pid was refused (EINVAL) once the pid counter neared pid_max (32768 on CI)."""
+    pid_max = int(PID_MAX.read_text())
+    try:
+        _set_next_pid(pid_max - 50)
+    except OSError:
+        pytest.skip("the next pid cannot be chosen here (/proc/sys/kernel/ns_last_pid is not writable)")
+    pid = _pid_ahead(300)
+    assert 300 < pid < pid_max
+    _set_next_pid(pid)
+    assert int(LAST_PID.read_text()) == pid - 1
 
 
 def test_the_jobs_session_directory_lies_in_its_own_directory_and_goes_with_it(tmp_path: Path) -> None:

@@ -32,11 +32,24 @@ CFG = json.loads(os.environ["TC_STEP_CFG"])
 OUT = CFG["dir"]
 
 
+_DYING = threading.Lock()
+
+
 def write(name: str, data: dict) -> None:
-    tmp = os.path.join(OUT, name + ".tmp")
+    tmp = os.path.join(OUT, f"{name}.{threading.get_ident()}.tmp")  # a file per writing thread
     with open(tmp, "w") as f:
         json.dump(data, f)
     os.replace(tmp, os.path.join(OUT, name))
+
+
+def die(**why: object) -> None:
+    """Write ``killed.json`` and SIGKILL this process, once: the drawn instant's timer and the
+    end of a step shorter than the draw may both come (both wrote killed.json at once, and
+    its two writes mixed into invalid JSON)."""
+    if not _DYING.acquire(blocking=False):
+        threading.Event().wait()  # the other path is ending the process
+    write("killed.json", {"t": time.time(), **why})
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def instant_of_a_step(durations: list[float]) -> float:
@@ -49,8 +62,7 @@ def instant_of_a_step(durations: list[float]) -> float:
 def kill_after(delay_s: float) -> None:
     def _die() -> None:
         time.sleep(delay_s)
-        write("killed.json", {"t": time.time(), "delay_s": delay_s})
-        os.kill(os.getpid(), signal.SIGKILL)
+        die(delay_s=delay_s)
     threading.Thread(target=_die, daemon=True).start()
 
 
@@ -97,8 +109,7 @@ def main() -> int:
         if decided:
             w -= 1e-3 * grad
             if me == CFG["victim"] and step == CFG["kill_step"]:  # this step was shorter than the draw
-                write("killed.json", {"t": time.time(), "at_step_end": True})
-                os.kill(os.getpid(), signal.SIGKILL)
+                die(at_step_end=True)
             step += 1
             durations.append(time.monotonic() - t0)
         else:
