@@ -4,12 +4,19 @@ The viewer parses one dump per rank; at 1,024 ranks that is seconds of CPU per c
 files are spread over one process per usable CPU. Workers are forked (the parent holds nothing
 big yet) and return what they made by pickle; an exception in a worker is raised in the caller
 when its input's turn comes, so the first bad input in order is the one reported.
+
+A map that ends early (an error, or the caller stops iterating) cancels the chunks no worker
+has taken and lets the running ones finish (at most one chunk per worker, and one queued):
+a worker is never killed in the middle of an item. ``multiprocessing.Pool.terminate`` did kill
+them, and can leave a result half-written into the pool's pipe or a pipe lock held; the
+viewer's load once stalled 131 s stopping its pool after a bad dump.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import TypeVar
 
 __all__ = ["usable_cpus", "ordered_map"]
@@ -43,5 +50,26 @@ def ordered_map(fn: Callable[[_T], _R], items: Sequence[_T], workers: int | None
         return
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
     chunk = max(1, min(8, len(items) // (n * 8)))
-    with mp.get_context(method).Pool(n) as pool:
-        yield from pool.imap(fn, items, chunksize=chunk)
+    with ProcessPoolExecutor(n, mp_context=mp.get_context(method)) as pool:  # its exit waits, kills nothing
+        futures: list[Future[tuple[list[_R], BaseException | None]]] = [
+            pool.submit(_run_chunk, fn, items[i:i + chunk]) for i in range(0, len(items), chunk)]
+        try:
+            for future in futures:
+                results, error = future.result()
+                yield from results
+                if error is not None:
+                    raise error
+        finally:
+            for future in futures:
+                future.cancel()  # those no worker took; the running ones finish
+
+
+def _run_chunk(fn: Callable[[_T], _R], chunk: Sequence[_T]) -> tuple[list[_R], BaseException | None]:
+    """``fn`` over one chunk in a worker: the results up to the first error, and that error."""
+    results: list[_R] = []
+    for item in chunk:
+        try:
+            results.append(fn(item))
+        except Exception as e:  # noqa: BLE001 - raised in the caller at this item's turn
+            return results, e
+    return results, None

@@ -1,0 +1,59 @@
+"""``ordered_map`` (the viewer's parallel parse): results in input order, the first bad input in
+order raised, and an error that ends the map early never kills a worker in the middle of an
+item (a killed worker can leave a result half-written into the pool's pipe or a pipe lock held:
+the viewer's load once stalled 131 s stopping its pool after a bad dump)."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from torchcomms.tracing.viewer.parallel import ordered_map
+
+ITEMS = 16
+SLOW_ITEM_S = 0.5
+
+
+def _square(i: int) -> int:
+    return i * i
+
+
+def _bad_at(i: int) -> int:
+    if i in (5, 9):
+        raise ValueError(f"bad input {i}")
+    return i
+
+
+def _slow_after_a_bad_first(item: tuple[str, int]) -> int:
+    folder, i = item
+    if i == 0:
+        raise ValueError("bad input 0")
+    Path(folder, f"started-{i}").write_text(str(os.getpid()))
+    time.sleep(SLOW_ITEM_S)
+    Path(folder, f"done-{i}").write_text("")
+    return i
+
+
+def test_results_come_in_input_order() -> None:
+    assert list(ordered_map(_square, list(range(40)), workers=3)) == [i * i for i in range(40)]
+
+
+def test_the_first_bad_input_in_order_is_raised_after_the_good_ones_before_it() -> None:
+    got: list[int] = []
+    with pytest.raises(ValueError, match="bad input 5"):
+        for r in ordered_map(_bad_at, list(range(ITEMS)), workers=3):
+            got.append(r)
+    assert got == [0, 1, 2, 3, 4]
+
+
+def test_an_early_error_lets_every_started_item_finish(tmp_path: Path) -> None:
+    items = [(str(tmp_path), i) for i in range(ITEMS)]
+    with pytest.raises(ValueError, match="bad input 0"):
+        list(ordered_map(_slow_after_a_bad_first, items, workers=2))
+    started = {p.name.split("-")[1] for p in tmp_path.glob("started-*")}
+    done = {p.name.split("-")[1] for p in tmp_path.glob("done-*")}
+    assert started, "no item had started when the error came"
+    assert done == started, f"items {sorted(started - done)} were killed while they ran"
+    assert len(started) < ITEMS - 1, "the map went on with items after its error"
