@@ -176,6 +176,10 @@ VARIABLES: tuple[Var, ...] = (
     Var("TORCHCOMM_OTEL", "otel", "str", None, "OpenTelemetry spans: `console` or `file:<path>`", check=_otel),
     Var("TORCHCOMM_OTEL_QUEUE", "otel_queue", "int", 65536, "spans queued before new ones are dropped",
         minimum=1),
+    # --- the C++ extension (torch.distributed's route) ---
+    Var("TORCHCOMM_EXTENSION_BUILD_TIMEOUT_S", "extension_build_timeout_s", "float", 900.0,
+        "how long a process waits for another one building the C++ extension before it raises "
+        "`ExtensionBuildTimeout`", minimum=0, positive=True),
 )
 _BY_NAME = {v.name: v for v in VARIABLES}
 

@@ -50,14 +50,14 @@ def test_waiting_for_a_live_builder_ends_at_the_build_timeout_naming_it(tmp_path
         fcntl.flock(held, fcntl.LOCK_EX)
         held.write("4242\n")
         held.flush()
-        out = _load(tmp_path, TORCHCOMMS_EXTENSION_BUILD_TIMEOUT="1")
+        out = _load(tmp_path, TORCHCOMM_EXTENSION_BUILD_TIMEOUT_S="1")
     assert out.returncode != 0
     assert "ExtensionBuildTimeout" in out.stderr and "process 4242" in out.stderr, out.stderr[-3000:]
-    assert "TORCHCOMMS_EXTENSION_BUILD_TIMEOUT" in out.stderr
+    assert "TORCHCOMM_EXTENSION_BUILD_TIMEOUT_S" in out.stderr
     out = _load(tmp_path)  # the lock released: the build goes ahead
     assert out.returncode == 0 and "loaded" in out.stdout, out.stderr[-3000:]
 
 
 def test_a_bad_build_timeout_is_refused_by_name(tmp_path: Path) -> None:
-    out = _load(tmp_path, TORCHCOMMS_EXTENSION_BUILD_TIMEOUT="soon")
-    assert out.returncode != 0 and "TORCHCOMMS_EXTENSION_BUILD_TIMEOUT" in out.stderr and "'soon'" in out.stderr
+    out = _load(tmp_path, TORCHCOMM_EXTENSION_BUILD_TIMEOUT_S="soon")
+    assert out.returncode != 0 and "TORCHCOMM_EXTENSION_BUILD_TIMEOUT_S" in out.stderr and "'soon'" in out.stderr

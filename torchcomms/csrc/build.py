@@ -18,7 +18,7 @@ Processes that build at once (the ranks of a job on a machine without a build) t
 so a builder that was killed (a rank SIGKILLed mid-build) never blocks the next one. Torch's
 own lock file there (``lock``, which it waits on without end while it exists) is then removed
 by the holder before it builds. Waiting for another builder is bounded by
-``TORCHCOMMS_EXTENSION_BUILD_TIMEOUT`` seconds (default 900), then
+``TORCHCOMM_EXTENSION_BUILD_TIMEOUT_S`` (``torchcomms.config``, default 900), then
 :class:`ExtensionBuildTimeout` names the process that holds the build.
 """
 from __future__ import annotations
@@ -41,8 +41,6 @@ _LOAD_LOCK = threading.Lock()
 _DONE_MARK = "build.ok"
 _BUILD_FLOCK = "build.flock"
 _TORCH_BATON = "lock"  # torch.utils.cpp_extension's lock file in the build directory
-BUILD_TIMEOUT_ENV = "TORCHCOMMS_EXTENSION_BUILD_TIMEOUT"
-DEFAULT_BUILD_TIMEOUT_S = 900.0
 #: pause between two tries of a held build lock (seconds)
 _LOCK_POLL_S = 0.2
 
@@ -51,24 +49,13 @@ class ExtensionBuildTimeout(TimeoutError):
     """Another process held the extension's build for longer than the build timeout."""
 
 
-def _build_timeout_s() -> float:
-    raw = os.environ.get(BUILD_TIMEOUT_ENV, "")
-    if not raw:
-        return DEFAULT_BUILD_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"{BUILD_TIMEOUT_ENV} must be a positive number of seconds, got {raw!r}")
-    return value
-
-
 @contextmanager
 def _build_turn(directory: Path) -> Iterator[None]:
     """Hold the cache entry's build lock (see the module doc) for the ``with`` body."""
+    from torchcomms.config import settings
+
     path = directory / _BUILD_FLOCK
-    timeout = _build_timeout_s()
+    timeout = settings().extension_build_timeout_s
     deadline = time.monotonic() + timeout
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -81,7 +68,7 @@ def _build_turn(directory: Path) -> Iterator[None]:
                     holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
                     raise ExtensionBuildTimeout(
                         f"torchcomms: process {holder} has been building the C++ extension in {directory} "
-                        f"for over {timeout:g} s ({BUILD_TIMEOUT_ENV}); build it ahead with "
+                        f"for over {timeout:g} s (TORCHCOMM_EXTENSION_BUILD_TIMEOUT_S); build it ahead with "
                         "`python -m torchcomms.csrc.build`") from None
                 time.sleep(_LOCK_POLL_S)
         os.ftruncate(fd, 0)
