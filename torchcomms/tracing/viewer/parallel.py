@@ -5,9 +5,9 @@ files are spread over one process per usable CPU. Workers are forked (the parent
 big yet) and return what they made by pickle; an exception in a worker is raised in the caller
 when its input's turn comes, so the first bad input in order is the one reported.
 
-A map that ends early (an error, or the caller stops iterating) cancels the chunks no worker
-has taken and lets the running ones finish (at most one chunk per worker, and one queued):
-a worker is never killed in the middle of an item. ``multiprocessing.Pool.terminate`` did kill
+A map that ends early (an error, or the caller stops iterating) cancels the chunks still
+waiting and lets those already handed to the workers finish (the executor's call queue holds
+one more than there are workers): a worker is never killed in the middle of an item. ``multiprocessing.Pool.terminate`` did kill
 them, and can leave a result half-written into the pool's pipe or a pipe lock held; the
 viewer's load once stalled 131 s stopping its pool after a bad dump.
 """
@@ -60,8 +60,7 @@ def ordered_map(fn: Callable[[_T], _R], items: Sequence[_T], workers: int | None
                 if error is not None:
                     raise error
         finally:
-            for future in futures:
-                future.cancel()  # those no worker took; the running ones finish
+            pool.shutdown(cancel_futures=True)  # drops the chunks no worker took; the running ones finish
 
 
 def _run_chunk(fn: Callable[[_T], _R], chunk: Sequence[_T]) -> tuple[list[_R], BaseException | None]:
