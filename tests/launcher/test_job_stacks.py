@@ -24,6 +24,6 @@ def test_a_job_killed_at_its_limit_reports_where_each_process_waited() -> None:
     assert mark, log
     assert "wait_for_a_message_that_never_comes" in stacks, stacks  # the worker's main thread
     assert "launcher" in stacks, stacks  # the launcher's own threads
-    assert stacks.count(STACKS_MARK.strip()) >= 1 and STACKS_MARK.strip() in log
+    assert stacks.count(STACKS_MARK) >= 1, stacks  # a second section: the launcher's and its worker's
     assert not [p for p in descendants(os.getpid()) if Path(f"/proc/{p}/cmdline").exists()
                 and b"waits_forever" in Path(f"/proc/{p}/cmdline").read_bytes()], "the worker outlived the kill"
