@@ -95,3 +95,15 @@ def test_abort_from_another_thread_ends_a_sync_op_blocked_in_the_engine() -> Non
     assert res.value["raised"] == "CommAbortedError", res.value
     assert "aborted" in res.value["message"], res.value
     assert res.value["elapsed"] < 60, res.value  # ended by the abort, far from the 120 s timeout
+
+
+def test_sync_ops_enter_the_watchdog_table_only_when_they_outlast_the_first_slice() -> None:
+    with RankGroup(2, "tests.torchcomms.workers:sync_ops_and_the_watchdog_table",
+                   env={"TORCHCOMM_TRACING_DISABLE": "1"}) as g:
+        results = g.wait(timeout=100)
+    for res in results:
+        assert res.value is not None, res.stderr[-2000:]
+        assert res.value["quick"] == {"thread_started": False, "in_table": 0}, res.value
+        assert res.value["sum"] == 2.0 ** 21, res.value  # 21 all_reduces of ones over 2 ranks
+    # rank 0 waited 0.5 s for rank 1: its op was in the table when sampled at 0.3 s
+    assert results[0].value["slow"] == {"in_table_while_blocked": 1, "in_table_after": 0}, results[0].value

@@ -414,3 +414,30 @@ def op_outlasting_the_engine_timeout(late_s: float, after_shrink: bool) -> str:
         return f"{type(e).__name__}: {str(e)[:200]}"
     comm.finalize()
     return f"sum={t.item():g}"
+
+
+def sync_ops_and_the_watchdog_table() -> dict[str, Any]:
+    """Synchronous ops that end within the first wait slice never enter the watchdog's table
+    (its thread is not even started); one that outlasts the slice is in it while it waits
+    (rank 1 joins 0.5 s late), and leaves it when it ends."""
+    import threading
+
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "sync-table", timeout=timedelta(seconds=60))
+    r = comm.get_rank()
+    watchdog = comm._core.watchdog  # noqa: SLF001 - the table itself is what is asserted
+    t = torch.ones(8)
+    for _ in range(20):
+        comm.all_reduce(t, ReduceOp.SUM, False)
+    comm.barrier(False)
+    quick = {"thread_started": watchdog._thread is not None, "in_table": len(watchdog.inflight)}  # noqa: SLF001
+    if r == 1:
+        time.sleep(0.5)
+    seen: list[int] = []
+    sampler = threading.Timer(0.3, lambda: seen.append(len(watchdog.inflight)))
+    sampler.start()
+    comm.all_reduce(t, ReduceOp.SUM, False)
+    sampler.join()
+    slow = {"in_table_while_blocked": seen[0], "in_table_after": len(watchdog.inflight)}
+    comm.barrier(False)
+    comm.finalize()
+    return {"quick": quick, "slow": slow, "sum": t[0].item()}

@@ -266,19 +266,22 @@ class TorchComm:
     def broadcast(self, tensor: torch.Tensor, root: int, async_op: bool, hints: _Hints = None,
                   timeout: _Timeout = None) -> TorchWork:
         self._core.checker.rooted("broadcast", root, "tensor", tensor)
-        return self._run(OpName.broadcast, async_op, hints, timeout, [tensor], [tensor], (tensor, root), root=root)
+        ts = [tensor]  # in place: one list for inputs and outputs (the record describes it once)
+        return self._run(OpName.broadcast, async_op, hints, timeout, ts, ts, (tensor, root), root=root)
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, hints: _Hints = None,
                    timeout: _Timeout = None) -> TorchWork:
         self._core.checker.tensor("all_reduce", "tensor", tensor)
         self._core.checker.reduce_op("all_reduce", op, tensor.dtype)
-        return self._run(OpName.all_reduce, async_op, hints, timeout, [tensor], [tensor], (tensor, op), reduce_op=op)
+        ts = [tensor]
+        return self._run(OpName.all_reduce, async_op, hints, timeout, ts, ts, (tensor, op), reduce_op=op)
 
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, hints: _Hints = None,
                timeout: _Timeout = None) -> TorchWork:
         self._core.checker.rooted("reduce", root, "tensor", tensor)
         self._core.checker.reduce_op("reduce", op, tensor.dtype)
-        return self._run(OpName.reduce, async_op, hints, timeout, [tensor], [tensor], (tensor, root, op),
+        ts = [tensor]
+        return self._run(OpName.reduce, async_op, hints, timeout, ts, ts, (tensor, root, op),
                          root=root, reduce_op=op)
 
     def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, async_op: bool,

@@ -82,12 +82,14 @@ def dispatch(
         seq = next(core.seq)
         core.last_seq = seq
     op_id = next(OP_IDS)
+    in_sizes, in_dtypes = _shapes(inputs), _dtype_names(inputs)  # once when outputs is inputs (in place)
     rec = OpRecord(
         core.name, core.global_ranks, core.rank, core.size, core.backend_name, name, seq, op_id,
         timeout_s, async_op, time.time_ns(), is_p2p=is_p2p, peer=peer, root=root,
         reduce_op=reduce_op.label if reduce_op is not None else None,
-        input_sizes=_shapes(inputs), input_dtypes=_dtype_names(inputs),
-        output_sizes=_shapes(outputs), output_dtypes=_dtype_names(outputs),
+        input_sizes=in_sizes, input_dtypes=in_dtypes,
+        output_sizes=in_sizes if outputs is inputs else _shapes(outputs),
+        output_dtypes=in_dtypes if outputs is inputs else _dtype_names(outputs),
         hints=hints,
     )
     if bind is not None:
@@ -118,15 +120,10 @@ def dispatch(
     if handle.stream_ordered:
         work.stream_op = handle
     if not handle.is_immediate:
-        core.watchdog.track(work)
-        if core.life.state is not CommState.ACTIVE:
-            # A break that landed between the state check and ``track`` did not see this op
-            # (``mark_broken`` fails only tracked ops): fail it now, or it would wait on the
-            # engine for a dead peer until its deadline. After ``track`` any later break sees it.
-            work.finish(WorkStatus.ERROR, _late_break_error(core, rec))
         if not async_op and handle.can_wait_in_engine:
             _wait_in_engine(core, work, handle)
             return work
+        _track(core, work)
         handle.on_done(work.engine_done)
     elif handle.succeeded_in_call:
         work.finish(WorkStatus.COMPLETED, None)  # ended inside the call: skip the callback chain
@@ -135,6 +132,17 @@ def dispatch(
     if not async_op and (work.exception() is not None or not work.done):
         work.wait()
     return work
+
+
+def _track(core: CommCore, work: TorchWork) -> None:
+    """Enter ``work`` into the watchdog's table (its deadline, and the ops a break or an abort
+    fails)."""
+    core.watchdog.track(work)
+    if core.life.state is not CommState.ACTIVE:
+        # A break that landed between the state check and ``track`` did not see this op
+        # (``mark_broken`` fails only tracked ops): fail it now, or it would wait on the
+        # engine for a dead peer until its deadline. After ``track`` any later break sees it.
+        work.finish(WorkStatus.ERROR, _late_break_error(core, work.record))
 
 
 def _late_break_error(core: CommCore, rec: OpRecord) -> CommError:
@@ -175,7 +183,20 @@ def _wait_in_engine(core: CommCore, work: TorchWork, handle: EngineHandle) -> No
     instead of a future callback on the engine's thread waking this one. The wait runs in
     slices so that an op ended elsewhere (deadline, peer failure, abort) is seen within one
     slice; raises the op's error like ``wait()``. An op ended elsewhere while the engine still
-    runs it is left to the engine, which clears ``record.in_engine`` when it is done with it."""
+    runs it is left to the engine, which clears ``record.in_engine`` when it is done with it.
+
+    The op enters the watchdog's table only if it outlasts the first slice: the caller's own
+    loop enforces the deadline, and a break or abort during that slice is seen when it ends
+    (``_track``), as a tracked op's is (its wait also ends only with the slice). Most ops end
+    within it and so skip the table's lock and heap on both ends, which matters most right
+    after a large op's data has evicted the interpreter from the caches, where each such step
+    costs microseconds (``benchmarks/diagnostics/mpi_cold_dispatch.py``)."""
+    done, error = handle.wait_engine(min(ENGINE_WAIT_SLICE_S, max(0.0, work.deadline - time.monotonic())))
+    if done:
+        work.engine_done(error)
+        work.wait()
+        return
+    _track(core, work)
     returned = False
     while work.status is WorkStatus.INPROGRESS:
         remaining = work.deadline - time.monotonic()
