@@ -3,6 +3,9 @@
 the slowest rank's median):
 
 - ``bare``: mpi4py's blocking ``Allreduce`` on the caller's thread (the floor);
+- ``nb``: mpi4py's nonblocking ``Iallreduce`` polled by ``Test`` in a tight loop (the floor of
+  the nonblocking path);
+- ``nbwait``: the same, polled by the backend's ``blocking_wait`` (its yields and clock checks);
 - ``thread``: the same call on a second thread, handed over and back with two locks;
 - ``job``: the same call as a job of the communicator's engine thread (``EngineThread``);
 - ``backend``: the backend's ``all_reduce`` and ``EngineHandle.wait_until`` (no dispatch path);
@@ -36,7 +39,10 @@ def layers(comm: torchcomms.TorchComm, nbytes: int) -> dict[str, Callable[[], ob
     from mpi4py import MPI
 
     backend = comm._core.backend  # noqa: SLF001 - a diagnostic of the layers below the API
-    bufs = {k: torch.randint(-8, 8, (nbytes // 4,)).float() for k in ("bare", "thread", "job", "backend", "ours")}
+    from torchcomms.backends.mpi.progress import blocking_wait
+
+    names = ("bare", "nb", "nbwait", "thread", "job", "backend", "ours")
+    bufs = {k: torch.randint(-8, 8, (nbytes // 4,)).float() for k in names}
     bare = MPI.COMM_WORLD.Dup()
     bare_np, thread_np = bufs["bare"].numpy(), bufs["thread"].numpy()
     go, done = threading.Lock(), threading.Lock()
@@ -68,7 +74,19 @@ def layers(comm: torchcomms.TorchComm, nbytes: int) -> dict[str, Callable[[], ob
     def backend_only() -> None:
         backend.all_reduce(bufs["backend"], total).wait_until(time.monotonic() + 60)
 
-    return {"bare": lambda: bare.Allreduce(MPI.IN_PLACE, bare_np, MPI.SUM), "thread": handed_over,
+    nb_np, nbwait_np = bufs["nb"].numpy(), bufs["nbwait"].numpy()
+
+    def nonblocking() -> None:
+        req = bare.Iallreduce(MPI.IN_PLACE, nb_np, MPI.SUM)
+        while not req.Test():
+            pass
+
+    def nonblocking_our_wait() -> None:
+        req = bare.Iallreduce(MPI.IN_PLACE, nbwait_np, MPI.SUM)
+        blocking_wait(MPI, [req], lambda e: e)(60.0)
+
+    return {"bare": lambda: bare.Allreduce(MPI.IN_PLACE, bare_np, MPI.SUM), "nb": nonblocking,
+            "nbwait": nonblocking_our_wait, "thread": handed_over,
             "job": engine_job, "backend": backend_only, "ours": lambda: comm.all_reduce(bufs["ours"], total, False)}
 
 
