@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.ranks import REPO, RankGroup
+from torchcomms.backends.base import ENGINE_WAIT_SLICE_S
 from torchcomms.backends.gloo import _engine_wait
 
 
@@ -103,7 +104,11 @@ def test_sync_ops_enter_the_watchdog_table_only_when_they_outlast_the_first_slic
         results = g.wait(timeout=100)
     for res in results:
         assert res.value is not None, res.stderr[-2000:]
-        assert res.value["quick"] == {"thread_started": False, "in_table": 0}, res.value
-        assert res.value["sum"] == 2.0 ** 21, res.value  # 21 all_reduces of ones over 2 ranks
-    # rank 0 waited 0.5 s for rank 1: its op was in the table when sampled at 0.3 s
-    assert results[0].value["slow"] == {"in_table_while_blocked": 1, "in_table_after": 0}, results[0].value
+        quick = res.value["quick"]
+        # an op waits one slice before it is entered; on a loaded host a few quick ones may be
+        assert all(seconds >= ENGINE_WAIT_SLICE_S for tracked, seconds in quick if tracked), quick
+        assert sum(not tracked for tracked, _ in quick) >= len(quick) // 2, quick
+        assert res.value["sum"] == 2.0 ** 51, res.value  # 51 all_reduces of ones over 2 ranks
+    # rank 0 waited 2 s for rank 1: its op was in the table when sampled 1 s in, and left it
+    assert results[0].value["slow"] == {"tracked": True, "in_table_while_blocked": 1, "in_table_after": 0}, \
+        results[0].value

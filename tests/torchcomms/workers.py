@@ -417,27 +417,27 @@ def op_outlasting_the_engine_timeout(late_s: float, after_shrink: bool) -> str:
 
 
 def sync_ops_and_the_watchdog_table() -> dict[str, Any]:
-    """Synchronous ops that end within the first wait slice never enter the watchdog's table
-    (its thread is not even started); one that outlasts the slice is in it while it waits
-    (rank 1 joins 0.5 s late), and leaves it when it ends."""
+    """Synchronous ops, each with whether it entered the watchdog's table and how long it ran;
+    then one that outlasts the first wait slice (rank 1 joins 2 s late), sampled 1 s in."""
     import threading
 
     comm = torchcomms.new_comm("gloo", torch.device("cpu"), "sync-table", timeout=timedelta(seconds=60))
     r = comm.get_rank()
     watchdog = comm._core.watchdog  # noqa: SLF001 - the table itself is what is asserted
     t = torch.ones(8)
-    for _ in range(20):
-        comm.all_reduce(t, ReduceOp.SUM, False)
+    quick = []
+    for _ in range(50):
+        w = comm.all_reduce(t, ReduceOp.SUM, False)
+        quick.append((w.tracked, (w.record.time_completed_ns - w.record.time_started_ns) / 1e9))
     comm.barrier(False)
-    quick = {"thread_started": watchdog._thread is not None, "in_table": len(watchdog.inflight)}  # noqa: SLF001
     if r == 1:
-        time.sleep(0.5)
+        time.sleep(2.0)
     seen: list[int] = []
-    sampler = threading.Timer(0.3, lambda: seen.append(len(watchdog.inflight)))
+    sampler = threading.Timer(1.0, lambda: seen.append(len(watchdog.inflight)))
     sampler.start()
-    comm.all_reduce(t, ReduceOp.SUM, False)
+    w = comm.all_reduce(t, ReduceOp.SUM, False)
     sampler.join()
-    slow = {"in_table_while_blocked": seen[0], "in_table_after": len(watchdog.inflight)}
+    slow = {"tracked": w.tracked, "in_table_while_blocked": seen[0], "in_table_after": len(watchdog.inflight)}
     comm.barrier(False)
     comm.finalize()
     return {"quick": quick, "slow": slow, "sum": t[0].item()}
