@@ -88,7 +88,12 @@ class EngineHandle:
     ) -> EngineHandle:
         """An op of ``len(blocking)`` engine parts: ``blocking[i](seconds)`` waits for part i in
         the engine; ``make_futures()`` returns the parts' futures, called only by :meth:`on_done`."""
-        handle = cls(None, finish)
+        handle = cls.__new__(cls)  # every field set here: __init__'s futures branch is not needed
+        handle._futures = ()
+        handle._finish = finish
+        handle._error = None
+        handle._callback = None
+        handle._first_error = None
         handle._blocking = list(blocking)
         handle._make_futures = make_futures
         handle._pending = len(handle._blocking)

@@ -377,7 +377,7 @@ class TorchComm:
              outputs: list[torch.Tensor], args: tuple[Any, ...], **record: Any) -> TorchWork:
         """A collective: the backend method named like the op, through the dispatch path."""
         core = self._core
-        return dispatch(core, name, async_op, hints, timeout, inputs, outputs, getattr(core.backend, str(name)),
+        return dispatch(core, name, async_op, hints, timeout, inputs, outputs, getattr(core.backend, name),
                         args, **record)
 
     # --- introspection for tests (the core's internals under their former names) -----------

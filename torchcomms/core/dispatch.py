@@ -45,7 +45,8 @@ def _shapes(tensors: list[torch.Tensor]) -> list[list[int]]:
 
 def _dtype_names(tensors: list[torch.Tensor]) -> list[str]:
     if len(tensors) == 1:
-        return [_dtype_name(tensors[0].dtype)]
+        dt = tensors[0].dtype
+        return [_DTYPE_NAMES.get(dt) or _dtype_name(dt)]
     return [_dtype_name(t.dtype) for t in tensors]
 
 
@@ -194,7 +195,11 @@ def _wait_in_engine(core: CommCore, work: TorchWork, handle: EngineHandle) -> No
     done, error = handle.wait_engine(min(ENGINE_WAIT_SLICE_S, max(0.0, work.deadline - time.monotonic())))
     if done:
         work.engine_done(error)
-        work.wait()
+        if not work.done:  # another thread ended it first and may still be running its post-hooks
+            work.wait()
+        exc = work.exception()
+        if exc is not None:
+            raise exc
         return
     _track(core, work)
     returned = False

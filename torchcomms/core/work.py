@@ -105,7 +105,7 @@ class TorchWork:
         self.stream_op = None  # the engine's work (and the tensors it holds) is no longer needed
         rec = self.record
         rec.time_completed_ns = time.time_ns()
-        rec.state = state or _TERMINAL_STATE[status]
+        rec.state = state or ("completed" if status is WorkStatus.COMPLETED else _TERMINAL_STATE[status])
         if exc is not None:
             rec.error = str(exc)
         self._owner.work_ended(self, exc)

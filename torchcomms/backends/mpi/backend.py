@@ -326,11 +326,12 @@ class MpiBackend(TorchCommBackend):
         return self._coll("Ibcast", tensor.nbytes, (self._buf.spec(tensor), root), tensor)
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> EngineHandle:
-        if op.type is RedOpType.PREMUL_SUM:
+        red = op.type
+        if red is RedOpType.PREMUL_SUM:
             tensor.mul_(op.factor)  # type: ignore[arg-type]  # in place: the result overwrites it
-        mop = self._buf.op(op.type, tensor.dtype)
-        return self._coll("Iallreduce", tensor.nbytes, (self.MPI.IN_PLACE, self._buf.spec(tensor), mop), tensor,
-                          self._avg(tensor, op))
+        return self._coll("Iallreduce", tensor.nbytes,
+                          (self.MPI.IN_PLACE, self._buf.spec(tensor), self._buf.op(red, tensor.dtype)), tensor,
+                          self._avg(tensor, op) if red is RedOpType.AVG else None)
 
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp) -> EngineHandle:
         mop = self._buf.op(op.type, tensor.dtype)

@@ -82,7 +82,13 @@ def blocking_wait(MPI: Any, requests: list[Any], on_error: OnError,  # noqa: N80
     ``status`` (one request only), the completed request's ``MPI.Status`` is written there."""
     # one request: Test (Testall hides the request's own error class behind MPI_ERR_IN_STATUS)
     _check_status(requests, status)
-    testall = (lambda reqs: reqs[0].Test(status)) if len(requests) == 1 else MPI.Request.Testall
+    test: Callable[[], bool]
+    if len(requests) == 1:
+        req = requests[0]
+        test = req.Test if status is None else (lambda: req.Test(status))  # the bound method: one call a poll
+    else:
+        testall = MPI.Request.Testall
+        test = lambda: testall(requests)  # noqa: E731
     yield_ = os.sched_yield
 
     def wait(timeout_s: float) -> bool:
@@ -90,7 +96,7 @@ def blocking_wait(MPI: Any, requests: list[Any], on_error: OnError,  # noqa: N80
         polls = 0
         while True:
             try:
-                if testall(requests):
+                if test():
                     return True
             except MPI.Exception as e:
                 raise on_error(e) from None
