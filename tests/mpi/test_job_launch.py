@@ -36,7 +36,11 @@ def _stale_session_dir(host_tmp: Path) -> Path:
     proc.wait(10)
     os.kill(int(started.read_text()), signal.SIGKILL)
     sessions = list(host_tmp.glob("ompi.*"))
-    assert [p.name for p in sessions] == [f"ompi.{proc.pid}"], sorted(p.name for p in host_tmp.iterdir())
+    assert len(sessions) == 1, sorted(p.name for p in host_tmp.iterdir())
+    if sessions[0].name != f"ompi.{proc.pid}":
+        # Open MPI 4 (ORTE) names it by host and uid ("ompi.<host>.<uid>"): no later job's pid can
+        # collide with it, which is the failure this test guards against (Open MPI 5's PRRTE)
+        pytest.skip(f"this Open MPI names its session directory {sessions[0].name!r}, not by mpiexec's pid")
     return sessions[0]
 
 
@@ -95,7 +99,8 @@ def test_the_jobs_session_directory_lies_in_its_own_directory_and_goes_with_it(t
     assert mpiexec_env({"TMPDIR": "/tmp"}, tmp_path)["TMPDIR"] == str(tmp_path)
     with MpiJob(2, "tests.mpi.workers:ready_then_return") as job:
         job.wait_ready([0, 1])
-        assert (job.dir / f"ompi.{job.proc.pid}").is_dir(), sorted(p.name for p in job.dir.iterdir())
+        # Open MPI 5 names it "ompi.<mpiexec's pid>", Open MPI 4 "ompi.<host>.<uid>"
+        assert [p.is_dir() for p in job.dir.glob("ompi.*")] == [True], sorted(p.name for p in job.dir.iterdir())
         results = job.wait(120)
         assert [r.value for r in results] == [0, 1]
     assert not job.dir.exists()

@@ -14,6 +14,7 @@ import torchcomms
 from tests.helpers.cuda import returns_while_the_gpu_is_busy
 from tests.nccl.conftest import needs_gpu
 from torchcomms import CommAbortedError, CommTimeoutError, ReduceOp
+from torchcomms.core.work import ENDING_GRACE_S
 
 pytestmark = [pytest.mark.gpu, needs_gpu]
 
@@ -177,18 +178,22 @@ def test_async_op_overlaps_with_caller_stream(comm) -> None:  # noqa: ANN001
 
 #: GPU cycles of spinning queued before an op that must time out: at least ``SPIN_MIN_S`` at the
 #: H200's highest SM clock (1.98 GHz)
-SPIN_CYCLES = 4_000_000_000
-SPIN_MIN_S = 2.0
+SPIN_CYCLES = 8_000_000_000
+SPIN_MIN_S = 4.0
 #: how many times a stalled host gets to issue the op again behind a fresh spin
 SPIN_TRIES = 5
+#: how late past its deadline a timed-out op may raise: ``TorchWork.wait``'s contract (the thread
+#: that ended the op may still be in its post-hooks, such as the flight recorder's failure dumps,
+#: for up to ``ENDING_GRACE_S``) and a loaded host's scheduling
+LATE_S = ENDING_GRACE_S + 0.5
 
 
-def op_behind_a_busy_gpu(op_timeout_s: float, **make_kw: object) -> tuple[torchcomms.TorchComm, torchcomms.TorchWork]:
-    """A fresh communicator and an all-reduce of it issued behind ``SPIN_MIN_S`` of GPU spinning
-    and early enough that the spin outlasts the op's deadline. A host stalled between queuing
-    the spin and issuing the op (a loaded machine: the GPU may then have finished spinning
-    before the op was issued, and the op completes in time) gets another try with a fresh
-    communicator."""
+def op_behind_a_busy_gpu(op_timeout_s: float, **make_kw: object) \
+        -> tuple[torchcomms.TorchComm, torchcomms.TorchWork, torch.cuda.Event]:
+    """A fresh communicator, an all-reduce of it issued behind ``SPIN_MIN_S`` of GPU spinning,
+    and an event that completes when the spin ends. The op is issued early enough that the spin
+    outlasts the op's deadline plus ``LATE_S``; a host stalled between queuing the spin and
+    issuing the op (a loaded machine) gets another try with a fresh communicator."""
     t = torch.ones(16, device="cuda")  # allocated before the spin, not behind it
     torch.cuda.synchronize()
     stalls = []
@@ -196,10 +201,12 @@ def op_behind_a_busy_gpu(op_timeout_s: float, **make_kw: object) -> tuple[torchc
         c = make(**make_kw)  # type: ignore[arg-type]
         queued = time.monotonic()
         torch.cuda._sleep(SPIN_CYCLES)
+        spun = torch.cuda.Event()
+        spun.record()
         w = c.all_reduce(t, ReduceOp.SUM, True, timeout=timedelta(seconds=op_timeout_s))
         stall = time.monotonic() - queued
-        if stall + op_timeout_s < SPIN_MIN_S - 0.2:  # the GPU still spins at the op's deadline
-            return c, w
+        if stall + op_timeout_s + LATE_S < SPIN_MIN_S - 0.2:  # the GPU still spins when the op must have raised
+            return c, w, spun
         stalls.append(round(stall, 2))
         torch.cuda.synchronize()
         c.abort()  # the op may or may not have timed out: this communicator is not used again
@@ -208,13 +215,14 @@ def op_behind_a_busy_gpu(op_timeout_s: float, **make_kw: object) -> tuple[torchc
 
 def test_timeout_on_a_busy_gpu_raises_and_breaks() -> None:
     """The GPU is busy past the op's deadline: the watchdog ends the op with CommTimeoutError
-    at the deadline (the host is never blocked by the GPU), later ops fail fast, and abort
-    tears the engine down."""
-    comm, w = op_behind_a_busy_gpu(0.5)
+    at the deadline while the GPU still spins (the host is never blocked by the GPU), later ops
+    fail fast, and abort tears the engine down."""
+    comm, w, spun = op_behind_a_busy_gpu(0.5)
     t0 = time.monotonic()
     with pytest.raises(CommTimeoutError):
         w.wait_blocking()
-    assert time.monotonic() - t0 < 0.5 + 1.0
+    assert time.monotonic() - t0 < 0.5 + LATE_S
+    assert not spun.query()  # raised while the GPU spins, not once it was done
     assert comm.is_broken()
     t = torch.ones(16, device="cuda")
     with pytest.raises(CommAbortedError):
@@ -234,7 +242,7 @@ def test_timeout_then_shrink_carries_on() -> None:
     import torch.distributed as dist
 
     # survivors agree through a store
-    c, w = op_behind_a_busy_gpu(0.3, timeout_s=30.0, store=dist.HashStore())
+    c, w, _ = op_behind_a_busy_gpu(0.3, timeout_s=30.0, store=dist.HashStore())
     with pytest.raises(CommTimeoutError):
         w.wait_blocking()
     new = c.shrink(timeout=timedelta(seconds=20))
