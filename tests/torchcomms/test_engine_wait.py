@@ -112,3 +112,14 @@ def test_sync_ops_enter_the_watchdog_table_only_when_they_outlast_the_first_slic
     # rank 0 waited 2 s for rank 1: its op was in the table when sampled 1 s in, and left it
     assert results[0].value["slow"] == {"tracked": True, "in_table_while_blocked": 1, "in_table_after": 0}, \
         results[0].value
+
+
+@pytest.mark.parametrize("peer_joins", [True, False], ids=["peer-joins", "peer-never-joins"])
+def test_finalize_waits_for_a_sync_op_that_is_still_in_its_first_slice(peer_joins: bool) -> None:
+    with RankGroup(2, "tests.torchcomms.workers:finalize_during_a_sync_op_in_its_first_slice", {"peer_joins": peer_joins},
+                   env={"TORCHCOMM_TRACING_DISABLE": "1"}) as g:
+        res = g.wait(timeout=60, ranks=[0])[0]
+    assert res.value is not None, res.stderr[-2000:]
+    got = {k: res.value[k] for k in ("op", "sum", "finalize_returned")}
+    want = {"op": "completed", "sum": 2.0} if peer_joins else {"op": "CommTimeoutError", "sum": 1.0}
+    assert got == {**want, "finalize_returned": True}, res.value

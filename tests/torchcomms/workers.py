@@ -441,3 +441,52 @@ def sync_ops_and_the_watchdog_table() -> dict[str, Any]:
     comm.barrier(False)
     comm.finalize()
     return {"quick": quick, "slow": slow, "sum": t[0].item()}
+
+
+def finalize_during_a_sync_op_in_its_first_slice(peer_joins: bool) -> dict[str, Any]:
+    """Rank 0: a thread's synchronous all_reduce (timeout 3 s) waits for rank 1 inside its first
+    engine wait slice (lengthened to 5 s, so the op is there for sure, not yet in the watchdog's
+    table), and the main thread calls finalize() 0.2 s into it. Rank 1 joins 1 s late, or never
+    (it leaves after 12 s). finalize must wait for the op: it completes with the right sum, or
+    ends at its deadline with CommTimeoutError; either way finalize returns after it."""
+    import threading
+
+    import torchcomms.core.dispatch as dispatch_module
+
+    dispatch_module.ENGINE_WAIT_SLICE_S = 5.0
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "finalize-first-slice", timeout=timedelta(seconds=30))
+    r = comm.get_rank()
+    comm.barrier(False)
+    t = torch.ones(8)
+    if r == 1:
+        if not peer_joins:
+            time.sleep(12.0)
+            return {"sum": None}
+        time.sleep(1.0)
+        comm.all_reduce(t, ReduceOp.SUM, False)
+        comm.finalize()
+        return {"sum": t[0].item()}
+    started = threading.Event()
+    comm.register_pre_hook(lambda name, op_id, rec: started.set() if str(name) == "all_reduce" else None)
+    outcome: dict[str, Any] = {}
+
+    def op() -> None:
+        try:
+            comm.all_reduce(t, ReduceOp.SUM, False, timeout=timedelta(seconds=3))
+            outcome["op"] = "completed"
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            outcome["op"] = type(e).__name__
+        outcome["op_ended"] = time.monotonic()
+
+    th = threading.Thread(target=op, daemon=True)
+    th.start()
+    started.wait(10)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    done = threading.Event()
+    threading.Thread(target=lambda: (comm.finalize(), done.set()), daemon=True).start()
+    finalized = done.wait(10)
+    th.join(10)
+    return {"op": outcome.get("op"), "sum": t[0].item(), "finalize_returned": finalized,
+            "finalize_waited_for_op": finalized and "op_ended" in outcome and time.monotonic() >= outcome["op_ended"],
+            "finalize_s": round(time.monotonic() - t0, 1)}

@@ -59,6 +59,10 @@ class CommCore:
         self.lock = threading.Lock()
         self.life = Lifecycle(self.name)
         self.watchdog = Watchdog(self.name, self.lock, self.expire, lambda: self.life.retired, lambda: self.timeout_s)
+        #: synchronous ops waiting in the engine before they enter the watchdog's table (their first
+        #: wait slice, see ``dispatch._wait_in_engine``): ``finalize`` waits for them too. A set's
+        #: ``add``/``discard`` are each one step under the GIL: no lock on the hot path.
+        self.engine_waits: set[TorchWork] = set()
         self.broken: CommError | None = None
         self.children: list[weakref.ref] = []
         self.monitor: Any = None  # FailureMonitor, when the store is the control plane's
@@ -229,6 +233,11 @@ class CommCore:
         if self.life.state is S.ACTIVE:
             with self.lock:
                 pending = self.watchdog.pending_locked()
+            # and the synchronous ops not yet in the table: releasing the engine under one would
+            # block in the engine's destructor for as long as the op does (for ever, if its peer
+            # never comes), where waiting for the op ends at its deadline and breaks the
+            # communicator, which then aborts the engine instead
+            pending += [w for w in list(self.engine_waits) if w not in pending]
             for w in pending:
                 try:
                     w.wait_blocking()

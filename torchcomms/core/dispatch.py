@@ -188,12 +188,16 @@ def _wait_in_engine(core: CommCore, work: TorchWork, handle: EngineHandle) -> No
 
     The op enters the watchdog's table only if it outlasts the first slice: the caller's own
     loop enforces the deadline, and a break or abort during that slice is seen when it ends
-    (``_track``), as a tracked op's is (its wait also ends only with the slice). Most ops end
-    within it and so skip the table's lock and heap on both ends, which matters most right
+    (``_track``), as a tracked op's is (its wait also ends only with the slice); ``finalize``
+    finds it in ``core.engine_waits``. Most ops end within it and so skip the table's lock and
+    heap on both ends, which matters most right
     after a large op's data has evicted the interpreter from the caches, where each such step
     costs microseconds (``benchmarks/diagnostics/mpi_cold_dispatch.py``)."""
+    waits = core.engine_waits
+    waits.add(work)  # finalize() waits for it (see CommCore.engine_waits)
     done, error = handle.wait_engine(min(ENGINE_WAIT_SLICE_S, max(0.0, work.deadline - time.monotonic())))
     if done:
+        waits.discard(work)
         work.engine_done(error)
         if not work.done:  # another thread ended it first and may still be running its post-hooks
             work.wait()
@@ -202,6 +206,7 @@ def _wait_in_engine(core: CommCore, work: TorchWork, handle: EngineHandle) -> No
             raise exc
         return
     _track(core, work)
+    waits.discard(work)
     returned = False
     while work.status is WorkStatus.INPROGRESS:
         remaining = work.deadline - time.monotonic()
