@@ -60,7 +60,8 @@ class CommCore:
         self.life = Lifecycle(self.name)
         self.watchdog = Watchdog(self.name, self.lock, self.expire, lambda: self.life.retired, lambda: self.timeout_s)
         #: synchronous ops waiting in the engine before they enter the watchdog's table (their first
-        #: wait slice, see ``dispatch._wait_in_engine``): ``finalize`` waits for them too. A set's
+        #: wait slice, see ``dispatch._wait_in_engine``): :meth:`in_flight_locked` counts them in,
+        #: so that breaks, aborts and ``finalize`` treat them as the table's. A set's
         #: ``add``/``discard`` are each one step under the GIL: no lock on the hot path.
         self.engine_waits: set[TorchWork] = set()
         self.broken: CommError | None = None
@@ -142,6 +143,16 @@ class CommCore:
                                     "it cannot rejoin", **where)
         return CommAbortedError(f"communicator is {state}", **where)
 
+    def in_flight_locked(self) -> list[TorchWork]:
+        """Every op in flight (the caller holds ``lock``): the watchdog's table and the
+        synchronous ops still in their first engine wait slice. ``finalize`` waits for them all:
+        releasing the engine under one would block in gloo's destructor for as long as the op
+        (for ever if its peer never comes), where the op itself ends at its deadline and
+        breaks the communicator, which then aborts the engine instead."""
+        works = self.watchdog.pending_locked()
+        works += [w for w in list(self.engine_waits) if not w.tracked]  # the table's are listed
+        return works
+
     def fail_works(self, works: list[TorchWork], error: Callable[[OpRecord], CommError],
                    state: str | None = None) -> None:
         """End each of ``works`` (outside the lock) with ``error(record)``."""
@@ -155,7 +166,7 @@ class CommCore:
                 return
             self.broken = cause
             self.life.move(S.BROKEN)
-            others = self.watchdog.pending_locked()
+            others = self.in_flight_locked()
         self.fail_works(others, lambda rec: error_map.in_flight_error(cause, self.where(rec)))
         self.run_abort_hooks()
         if self.options.abort_process_on_timeout_or_error:
@@ -198,7 +209,7 @@ class CommCore:
                 return
             self.life.move(S.EXPELLED)
             self.watchdog.stop_locked()
-            pending = self.watchdog.pending_locked()
+            pending = self.in_flight_locked()
         self.fail_works(pending, lambda rec: CommAbortedError(
             f"this rank was declared failed ({how}) and excluded", **self.where(rec)), state="aborted")
         self.run_abort_hooks()
@@ -232,12 +243,7 @@ class CommCore:
             return
         if self.life.state is S.ACTIVE:
             with self.lock:
-                pending = self.watchdog.pending_locked()
-            # and the synchronous ops not yet in the table: releasing the engine under one would
-            # block in the engine's destructor for as long as the op does (for ever, if its peer
-            # never comes), where waiting for the op ends at its deadline and breaks the
-            # communicator, which then aborts the engine instead
-            pending += [w for w in list(self.engine_waits) if w not in pending]
+                pending = self.in_flight_locked()
             for w in pending:
                 try:
                     w.wait_blocking()
@@ -259,7 +265,7 @@ class CommCore:
             retired = not self.life.can(S.ABORTED)  # shrunk or expelled: ended already
             if not retired:
                 self.life.move(S.REVOKED if revoke else S.ABORTED)
-                pending = self.watchdog.pending_locked()
+                pending = self.in_flight_locked()
                 if self.reconf_work is not None:  # a reconfigure in progress never binds its engine now
                     pending.append(self.reconf_work)
                     self.reconf_work = None

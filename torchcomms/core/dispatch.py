@@ -139,10 +139,14 @@ def _track(core: CommCore, work: TorchWork) -> None:
     """Enter ``work`` into the watchdog's table (its deadline, and the ops a break or an abort
     fails)."""
     core.watchdog.track(work)
-    if core.life.state is not CommState.ACTIVE:
+    if work.status is not WorkStatus.INPROGRESS:
+        # ended while it was not in the table yet (a break or abort that found it among the
+        # synchronous ops of their first slice): its end did not take it out, so this does
+        core.watchdog.forget(work)
+    elif core.life.state is not CommState.ACTIVE:
         # A break that landed between the state check and ``track`` did not see this op
-        # (``mark_broken`` fails only tracked ops): fail it now, or it would wait on the
-        # engine for a dead peer until its deadline. After ``track`` any later break sees it.
+        # (``mark_broken`` fails the ops ``in_flight_locked`` lists): fail it now, or it would
+        # wait on the engine for a dead peer until its deadline. After ``track`` any later break sees it.
         work.finish(WorkStatus.ERROR, _late_break_error(core, work.record))
 
 
@@ -187,10 +191,9 @@ def _wait_in_engine(core: CommCore, work: TorchWork, handle: EngineHandle) -> No
     runs it is left to the engine, which clears ``record.in_engine`` when it is done with it.
 
     The op enters the watchdog's table only if it outlasts the first slice: the caller's own
-    loop enforces the deadline, and a break or abort during that slice is seen when it ends
-    (``_track``), as a tracked op's is (its wait also ends only with the slice); ``finalize``
-    finds it in ``core.engine_waits``. Most ops end within it and so skip the table's lock and
-    heap on both ends, which matters most right
+    loop enforces the deadline, and breaks, aborts and ``finalize`` find it in
+    ``core.engine_waits`` meanwhile (``CommCore.in_flight_locked``). Most ops end within the
+    first slice and so skip the table's lock and heap on both ends, which matters most right
     after a large op's data has evicted the interpreter from the caches, where each such step
     costs microseconds (``benchmarks/diagnostics/mpi_cold_dispatch.py``)."""
     waits = core.engine_waits

@@ -73,7 +73,7 @@ def reconfigure(core: CommCore, uuid: Any, init_handles: list[str], timeout: Any
     with core.lock:
         if not core.life.can(CommState.RECONFIGURING):
             raise CommAbortedError(f"communicator is {core.state}", comm=core.name, op="reconfigure")
-        pending = core.watchdog.pending_locked()
+        pending = core.in_flight_locked()
         earlier, core.reconf_work = core.reconf_work, work  # only the latest may rebind
         old = core.backend
         core.life.move(CommState.RECONFIGURING)

@@ -30,7 +30,7 @@ def shrink(core: CommCore, secs: float, make_comm: MakeComm) -> Any:
         if core.state is CommState.ACTIVE:
             core.life.move(CommState.BROKEN)
             core.broken = CommAbortedError("communicator is being shrunk", comm=core.name, op="shrink")
-        pending = core.watchdog.pending_locked()
+        pending = core.in_flight_locked()
     core.fail_works(pending, lambda rec: CommAbortedError("communicator is being shrunk", **core.where(rec)))
     in_engine = getattr(core.backend, "shrink_survivors", None)
     if in_engine is not None:  # the engine agrees on the survivors itself (MPI's ULFM): no store
