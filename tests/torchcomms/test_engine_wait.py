@@ -123,3 +123,13 @@ def test_finalize_waits_for_a_sync_op_that_is_still_in_its_first_slice(peer_join
     got = {k: res.value[k] for k in ("op", "sum", "finalize_returned")}
     want = {"op": "completed", "sum": 2.0} if peer_joins else {"op": "CommTimeoutError", "sum": 1.0}
     assert got == {**want, "finalize_returned": True}, res.value
+
+
+def test_a_peer_failure_fails_a_sync_op_in_its_first_slice_at_once() -> None:
+    with RankGroup(2, "tests.torchcomms.workers:peer_failure_during_a_sync_op_in_its_first_slice",
+                   env={"TORCHCOMM_TRACING_DISABLE": "1"}) as g:
+        res = g.wait(timeout=60, ranks=[0])[0]
+    assert res.value is not None, res.stderr[-2000:]
+    assert res.value["raised"] == "PeerFailureError", res.value
+    assert res.value["state_at_0.6s"] == "failed", res.value  # failed by the notice, before its slice ended
+    assert res.value["in_table"] == 0, res.value

@@ -490,3 +490,37 @@ def finalize_during_a_sync_op_in_its_first_slice(peer_joins: bool) -> dict[str, 
     return {"op": outcome.get("op"), "sum": t[0].item(), "finalize_returned": finalized,
             "finalize_waited_for_op": finalized and "op_ended" in outcome and time.monotonic() >= outcome["op_ended"],
             "finalize_s": round(time.monotonic() - t0, 1)}
+
+
+def peer_failure_during_a_sync_op_in_its_first_slice() -> dict[str, Any]:
+    """Rank 0: a synchronous all_reduce waits for rank 1 (which never joins) inside its first
+    engine wait slice (lengthened to 2 s, so the op is surely there, not yet in the watchdog's
+    table); 0.3 s in, another thread reports rank 1 failed. The op's record must say failed at
+    once (0.6 s in, sampled), the caller raise PeerFailureError when its slice ends, and the
+    watchdog's table be empty afterwards."""
+    import threading
+
+    import torchcomms.core.dispatch as dispatch_module
+
+    dispatch_module.ENGINE_WAIT_SLICE_S = 2.0
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "break-first-slice", timeout=timedelta(seconds=30))
+    r = comm.get_rank()
+    comm.barrier(False)
+    if r == 1:
+        time.sleep(8.0)
+        return {}
+    records: list[Any] = []
+    comm.register_pre_hook(lambda name, op_id, rec: records.append(rec) if str(name) == "all_reduce" else None)
+    sampled: list[str] = []
+    threading.Timer(0.3, lambda: comm.notify_peer_failure([1], "exited")).start()
+    threading.Timer(0.6, lambda: sampled.append(records[0].state if records else "no record")).start()
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(torch.ones(8), ReduceOp.SUM, False)
+        raised = None
+    except torchcomms.CommError as e:
+        raised = type(e).__name__
+    elapsed = time.monotonic() - t0
+    time.sleep(0.5)  # the sampler has run
+    return {"raised": raised, "state_at_0.6s": sampled[0] if sampled else None, "elapsed": elapsed,
+            "in_table": len(comm._core.watchdog.inflight)}  # noqa: SLF001
