@@ -197,20 +197,8 @@ def _wait_in_engine(core: CommCore, work: TorchWork, handle: EngineHandle) -> No
     after a large op's data has evicted the interpreter from the caches, where each such step
     costs microseconds (``benchmarks/diagnostics/mpi_cold_dispatch.py``)."""
     waits = core.engine_waits
-    waits.add(work)  # finalize() waits for it (see CommCore.engine_waits)
-    done, error = handle.wait_engine(min(ENGINE_WAIT_SLICE_S, max(0.0, work.deadline - time.monotonic())))
-    if done:
-        waits.discard(work)
-        work.engine_done(error)
-        if not work.done:  # another thread ended it first and may still be running its post-hooks
-            work.wait()
-        exc = work.exception()
-        if exc is not None:
-            raise exc
-        return
-    _track(core, work)
-    waits.discard(work)
-    returned = False
+    waits.add(work)  # until the wait ends: breaks, aborts and finalize() see it (in_flight_locked)
+    in_table = returned = False
     while work.status is WorkStatus.INPROGRESS:
         remaining = work.deadline - time.monotonic()
         if remaining <= 0:
@@ -221,7 +209,15 @@ def _wait_in_engine(core: CommCore, work: TorchWork, handle: EngineHandle) -> No
             returned = True
             work.engine_done(error)
             break
+        if not in_table:  # it outlasted its first slice
+            _track(core, work)
+            in_table = True
+    waits.discard(work)
     if not returned:
         rec = work.record
         handle.on_engine_end(lambda: setattr(rec, "in_engine", False))
-    work.wait()
+    if not work.done:  # ended elsewhere, whose post-hooks may still run: wait() bounds that
+        work.wait()
+    exc = work.exception()
+    if exc is not None:
+        raise exc
