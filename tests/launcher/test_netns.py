@@ -125,7 +125,9 @@ def test_node_lost_survivor_communicators_shrink(netns_hosts, secret_file, tmp_p
     import json
 
     h0, h1 = netns_hosts
-    conf = ("--rdzv-conf", "heartbeat_interval=0.2,heartbeat_timeout=1.5", "--on-failure",
+    # a 3 s node heartbeat limit: with 1.5 s a starved 2-core box once declared node 1 lost at
+    # start-up (a 1.65 s gap, before the cut) and the survivors' new_comm waited for it 60 s
+    conf = ("--rdzv-conf", "heartbeat_interval=0.2,heartbeat_timeout=3", "--on-failure",
             "shrink", "--grace-period", "2")
     env = base_env(PID_DIR=str(tmp_path), TORCHCOMM_TRACING_DISABLE="1", TORCHCOMM_HEARTBEAT_LIMIT_S="30")
     a = _agent(h0, h0, secret_file, *conf, node_rank=0, env=env, script="shrink_on_loss.py")
