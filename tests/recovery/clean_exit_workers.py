@@ -2,6 +2,8 @@
 through the interpreter's normal exit (``TC_RANK_EXIT_NORMALLY=1``): see test_clean_exit.py."""
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import time
 from datetime import timedelta
@@ -51,14 +53,29 @@ def split_names_differ(timeout_s: float) -> dict:
 
 
 def op_times_out(timeout_s: float) -> dict:
-    """Rank 0's all_reduce times out (rank 1 never joins it): the engine is abandoned."""
+    """Rank 0's all_reduce times out (rank 1 never joins it) and is left pending in gloo; the
+    state of its engine after torchcomms' exit handler is written to ``exit_rank0.json``."""
+    comms: list = []
+    atexit.register(_engine_state_at_exit, comms)  # before the engine's: runs after its handler
     comm = torchcomms.new_comm("gloo", "cpu", "stalled", timeout=timedelta(seconds=30))
+    comms.append(comm)
     comm.barrier(False)
     if comm.get_rank() == 1:
         time.sleep(timeout_s + 2)
         return {"error": None}
     t = torch.ones(1 << 16)
     return _caught(lambda: comm.all_reduce(t, torchcomms.ReduceOp.SUM, False, timeout=timedelta(seconds=timeout_s)))
+
+
+def _engine_state_at_exit(comms: list) -> None:
+    from torchcomms.backends.gloo import _ABANDONED
+
+    backend = comms[0]._core.backend
+    pg = backend.engine()
+    state = {"undelivered": len(backend._undelivered()), "abandoned": any(p is pg for p in _ABANDONED)}
+    path = os.path.join(os.environ["TC_GROUP_DIR"], f"exit_rank{comms[0].get_rank()}.json")
+    with open(path, "w") as f:
+        json.dump(state, f)
 
 
 def ops_then_exit(ops: int) -> dict:

@@ -190,7 +190,8 @@ class GlooBackend(TorchCommBackend):
             "1", "true", "yes", "on")
         # the futures of ops not yet done, by id: a done one is dropped at once (its value holds
         # the op's outputs: an all-gather's whole output buffer)
-        self._pending: dict[int, torch.futures.Future] = {}
+        #: ops not yet delivered: their future, and the c10d work that holds their tensors
+        self._pending: dict[int, tuple[torch.futures.Future, dist.Work]] = {}
         self._pending_lock = threading.Lock()
         exit_release.watch(self)
 
@@ -230,14 +231,26 @@ class GlooBackend(TorchCommBackend):
         self._pg = None  # type: ignore[assignment]
 
     def release_at_exit(self) -> None:
-        """Let go of the engine at the interpreter's exit (``exit_release``) unless it was
-        abandoned or an op of it is still pending (blocked on a peer, say: its destructor would
-        wait for it). Gloo's worker thread lets go of an op after reporting it done; left to
-        finalization, that aborted 12 of 20 two-rank jobs exiting right after an all_reduce on a
-        dropped tensor (CPU oversubscribed). The engine's destructor, run here with the GIL
-        released (torch's binding), joins those threads after they let go."""
+        """Let go of the engine at the interpreter's exit (``exit_release``), or abandon it there
+        when an op of it is still pending.
+
+        Gloo's worker thread lets go of an op after reporting it done; left to finalization,
+        that aborted 12 of 20 two-rank jobs exiting right after an all_reduce on a dropped
+        tensor (CPU oversubscribed). The engine's destructor, run here with the GIL released
+        (torch's binding), joins those threads after they let go.
+
+        An op still pending (a broken communicator's, blocked on a peer that has not left) must
+        not be waited for, and must not be left pending either: it fails when that peer's
+        connection ends, which may be after this process's finalization began, and its failure
+        then reaches a finalized interpreter (SIGABRT with ``gloo::IoException``, or SIGSEGV:
+        5 of 5 two-rank jobs on torch 2.11 with the CPU oversubscribed). So such an engine is
+        aborted here, while the interpreter is whole: its connections shut down, its pending
+        ops failed and delivered, the engine itself never destroyed."""
         pg = getattr(self, "_pg", None)
-        if pg is None or any(p is pg for p in _ABANDONED) or self._undelivered():
+        if pg is None or any(p is pg for p in _ABANDONED):
+            return
+        if self._undelivered():
+            self.abort()
             return
         with self._pending_lock:
             self._last_recv.clear()  # framed p2p ops hold the engine too
@@ -255,6 +268,8 @@ class GlooBackend(TorchCommBackend):
         pg = getattr(self, "_pg", None)
         if pg is not None and not any(p is pg for p in _ABANDONED):
             sockets: EngineSockets | None = getattr(self, "_sockets", None)
+            with self._pending_lock:  # their c10d works hold their tensors: kept for ever, below
+                held = [work for fut, work in self._pending.values() if not fut.done()]
             try:
                 recorded = len(sockets.fds) if sockets is not None else 0
                 if sockets is not None and sockets.shut_down():
@@ -268,7 +283,13 @@ class GlooBackend(TorchCommBackend):
             except Exception:  # noqa: BLE001 - abort never raises
                 pass
             _ABANDONED.append(pg)
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))  # outlives module teardown
+            # Gloo's worker drops a failed op's work after delivering it: the last reference to
+            # a tensor the program dropped would then be released on that thread, which needs
+            # the interpreter for the tensor's Python object, maybe once finalization began
+            # (at the exit, right after ``release_at_exit`` aborted this engine): never let go.
+            _ABANDONED.extend(held)
+            for kept in (pg, *held):
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(kept))  # outlives module teardown
             try:
                 pg.shutdown()
             except Exception:  # noqa: BLE001 - best effort; abort never raises
@@ -276,7 +297,7 @@ class GlooBackend(TorchCommBackend):
 
     def _undelivered(self) -> list[torch.futures.Future]:
         with self._pending_lock:
-            return [f for f in self._pending.values() if not f.done()]
+            return [f for f, _ in self._pending.values() if not f.done()]
 
     def _drain(self) -> bool:
         """Wait (at most ``_DRAIN_LIMIT_S``) until every pending op's callbacks ran and were
@@ -305,20 +326,21 @@ class GlooBackend(TorchCommBackend):
     def _future(self, work: dist.Work) -> torch.futures.Future:
         """The work's future; gloo works without one are waited on by a helper thread."""
         try:
-            return self._tracked(work.get_future())
+            return self._tracked(work.get_future(), work)
         except RuntimeError:
             return self._p2p_future(work)
 
     def _p2p_future(self, work: dist.Work) -> torch.futures.Future:
-        return self._tracked(self._waiter.future_of(work))
+        return self._tracked(self._waiter.future_of(work), work)
 
-    def _tracked(self, fut: torch.futures.Future) -> torch.futures.Future:
-        """Remember ``fut`` until it is done, so that :meth:`abort` can wait for its delivery;
-        forgotten by its first callback (keeping a done future would keep its value, the op's
-        outputs, alive until the communicator's next op)."""
+    def _tracked(self, fut: torch.futures.Future, work: dist.Work) -> torch.futures.Future:
+        """Remember ``fut`` (and ``work``, which holds the op's tensors) until it is done, so
+        that :meth:`abort` can wait for its delivery; forgotten by its first callback (keeping a
+        done future would keep its value, the op's outputs, alive until the communicator's next
+        op)."""
         key = id(fut)
         with self._pending_lock:
-            self._pending[key] = fut
+            self._pending[key] = (fut, work)
         fut.add_done_callback(lambda _: self._forget(key))
         return fut
 
@@ -467,6 +489,7 @@ class GlooBackend(TorchCommBackend):
 
 
 
-# Engines of broken communicators: kept referenced so their destructors (which join threads
-# possibly blocked on a dead peer) never run on a user's thread.
+# Engines of broken communicators, and the c10d works of their ops still pending then: kept
+# referenced so the engines' destructors (which join threads possibly blocked on a dead peer)
+# never run on a user's thread, and the works' tensors are never released on gloo's.
 _ABANDONED: list[object] = []
