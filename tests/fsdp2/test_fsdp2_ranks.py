@@ -34,9 +34,13 @@ def test_fsdp_without_overlap_matches_stock_bitwise() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mp", [False, True], ids=["fp32", "bf16-mp"])
-def test_hsdp_matches_stock_bitwise_over_20_steps(mp: bool) -> None:
+def test_hsdp_matches_stock_bitwise_over_8_steps(mp: bool) -> None:
     # 4 ranks as (replicate 2, shard 2); stock runs native HSDP on the same 2-D mesh
-    _same_everywhere(run_ranks(4, f"{T}:numerics", {"steps": 20, "mp": mp, "replicate": 2}, timeout=300))
+    # 8 steps (17-18 s with 20 on the 2-core VM, 8-9 s with 8): the bitwise comparison shows a
+    # difference in what HSDP computes within its first steps, the optimizer's state included;
+    # FSDP's 2-rank runs keep 20
+    v = _same_everywhere(run_ranks(4, f"{T}:numerics", {"steps": 8, "mp": mp, "replicate": 2}, timeout=300))
+    assert len(v["ours"]) == 8
 
 
 @pytest.mark.slow
