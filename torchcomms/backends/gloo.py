@@ -188,9 +188,9 @@ class GlooBackend(TorchCommBackend):
         check = ctx.hints.get(_CHECK_HINT)
         self._confirm_p2p = settings().check_collectives if check is None else check.strip().lower() in (
             "1", "true", "yes", "on")
-        # the futures of ops not yet done, by id: a done one is dropped at once (its value holds
-        # the op's outputs: an all-gather's whole output buffer)
-        #: ops not yet delivered: their future, and the c10d work that holds their tensors
+        # the ops not yet done, by their future's id: the future, and the c10d work that holds
+        # the op's tensors; a done one is dropped at once (the future's value holds the op's
+        # outputs: an all-gather's whole output buffer)
         self._pending: dict[int, tuple[torch.futures.Future, dist.Work]] = {}
         self._pending_lock = threading.Lock()
         exit_release.watch(self)
