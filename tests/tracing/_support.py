@@ -95,8 +95,15 @@ def feed(recorder: Any, recs: list[Rec]) -> None:
 
 
 
-def write_job(dump_dir: Path, per_rank: dict[int, list[Rec]], *, run_id: str = "job-1") -> list[Path]:
-    """Feed each rank's records to its own recorder and write its dump file; return paths."""
+def write_job(dump_dir: Path, per_rank: dict[int, list[Rec]], *, run_id: str = "job-1",
+              dumped_at_ns: int | None = None) -> list[Path]:
+    """Feed each rank's records to its own recorder and write its dump file; return paths.
+    ``dumped_at_ns``: the dumps' time (default: when written, which a loaded host can put
+    seconds after records made "a few ms ago")."""
+    import contextlib
+    from unittest import mock
+
+    from torchcomms.tracing import fr_format
     from torchcomms.tracing.flight_recorder import FlightRecorder
 
     old = os.environ.get("TORCHCOMM_RUN_ID")
@@ -106,7 +113,10 @@ def write_job(dump_dir: Path, per_rank: dict[int, list[Rec]], *, run_id: str = "
         for rank, recs in per_rank.items():
             fr = FlightRecorder(2048, stack_depth=1)
             feed(fr, recs)
-            paths.append(fr.dump_file(rank, prefix=str(dump_dir / "fr_rank_")))
+            at = (mock.patch.object(fr_format.time, "time_ns", return_value=dumped_at_ns)
+                  if dumped_at_ns is not None else contextlib.nullcontext())
+            with at:
+                paths.append(fr.dump_file(rank, prefix=str(dump_dir / "fr_rank_")))
         return paths
     finally:
         if old is None:

@@ -22,7 +22,7 @@ RANKS = (0, 1, 2)
 
 def _job(tmp_path: Path) -> Path:
     """3 ranks, 2 comms; rank 2 never enters all_reduce #3 of 'dp' (still waiting at the dump,
-    which comes a few ms after the last op, so the timeline spans tens of ms)."""
+    which comes 3 ms after the last op, so the timeline spans tens of ms)."""
     T0 = time.time_ns() - 12_000_000
     per_rank = {}
     for r in RANKS:
@@ -34,7 +34,9 @@ def _job(tmp_path: Path) -> Path:
         if r != 2:
             recs.append(Rec("dp", RANKS, r, "all_reduce", 3, t0=T0 + 9_000_000 + r).start())
         per_rank[r] = recs
-    write_job(tmp_path, per_rank)
+    # dumped 12 ms after T0 whatever the host's load (the bars' widths scale with the span: a
+    # dump written seconds later on a loaded suite run squeezed the 3 ms all_reduce under 20 px)
+    write_job(tmp_path, per_rank, dumped_at_ns=T0 + 12_000_000)
     return tmp_path
 
 
