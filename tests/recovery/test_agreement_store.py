@@ -4,6 +4,10 @@ completes the count proposes, the leader takes over when that member died or a f
 late, stragglers are settled at the deadline, and no member polls the others' keys one by one."""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -16,7 +20,7 @@ import pytest
 import torch.distributed as dist
 
 from torchcomms.control.client import ControlClient
-from torchcomms.control.secrets import new_secret
+from torchcomms.control.secrets import new_secret, parse_secret
 from torchcomms.control.server import StoreServer
 from torchcomms.control.store import ControlStore
 from torchcomms.recovery.agreement import agree_on_flag, agree_on_survivors
@@ -250,3 +254,45 @@ def test_a_wait_that_fails_at_once_is_raised_not_taken_for_a_slice_that_ran_out(
     the round decided without the store's failure surfacing."""
     with pytest.raises(dist.DistStoreError, match="connection reset"):
         agree_on_survivors(_BrokenWait(), "shrink1", 1, [0, 1, 2], lambda: set(), time.monotonic() + 5)
+
+
+def test_a_member_waiting_through_a_stalled_control_server_agrees_once_it_answers_again(tmp_path: Path) -> None:
+    """The control server stops answering for longer than a wait slice and its reply grace (its
+    host SIGSTOPped for 4 s: what a server starved of CPU on a busy node looks like to its
+    clients), then answers again: the member waiting for the decision meanwhile agrees with the
+    others, instead of taking the unanswered wait for a lost store (it raised
+    ``ControlStoreUnavailableError`` 3 s into the stall, and its rank ended the job healthy)."""
+    secret_file = tmp_path / "secret"
+    host = subprocess.Popen([sys.executable, "-m", "torchcomms.control", "--new-secret-file", str(secret_file)],
+                            cwd=str(Path(__file__).resolve().parents[2]), stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert host.stdout is not None
+        addr = host.stdout.readline().decode().strip()
+        assert addr.startswith("tcp://"), addr
+        secret = parse_secret(secret_file.read_text())
+        clients = [ControlClient(addr, secret, timeout=60.0) for _ in range(2)]
+        stores = [ControlStore(c, timeout=timedelta(seconds=60)) for c in clients]
+        ranks = [0, 1]
+        got: dict[int, Any] = {}
+
+        def member(r: int) -> None:
+            try:
+                got[r] = agree_on_flag(stores[r], "stall", 1, r, ranks, True, lambda: set(), time.monotonic() + FAR_S)
+            except BaseException as e:  # noqa: BLE001 - asserted below
+                got[r] = e
+
+        waiter = threading.Thread(target=member, args=(1,), daemon=True)
+        waiter.start()
+        _until_count(stores[0], "stall/agree1/yes-count", 1)  # member 1 checked in and waits for the decision
+        os.kill(host.pid, signal.SIGSTOP)
+        time.sleep(4.0)
+        os.kill(host.pid, signal.SIGCONT)
+        member(0)
+        waiter.join(FAR_S + 30)
+        assert got == {0: True, 1: True}, got
+        for c in clients:
+            c.close()
+    finally:
+        host.kill()
+        host.wait(10)

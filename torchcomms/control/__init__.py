@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "ControlClosedError": "torchcomms.control.errors",
     "ControlCancelledError": "torchcomms.control.errors",
     "ControlHandshakeTimeoutError": "torchcomms.control.errors",
+    "ControlNoReplyError": "torchcomms.control.errors",
     "ControlLimitError": "torchcomms.control.errors",
     "ControlValueError": "torchcomms.control.errors",
     "ControlArgumentError": "torchcomms.control.errors",

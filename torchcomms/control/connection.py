@@ -23,6 +23,7 @@ from .errors import (
     ControlCancelledError,
     ControlClosedError,
     ControlHandshakeTimeoutError,
+    ControlNoReplyError,
     ControlUnavailableError,
 )
 from .protocol import Limits
@@ -229,7 +230,7 @@ class Connection:
                     raise ControlUnavailableError(
                         f"{op}: could not reach the control server at {self.address} "
                         f"within {budget:.1f} s")
-                raise ControlUnavailableError(
+                raise ControlNoReplyError(
                     f"{op}: no reply from the control server at {self.address} "
                     f"within {budget:.1f} s")
             ready = dict(chan.poller.poll(int(min(remaining, _POLL_SLICE_S) * 1000) + 1))

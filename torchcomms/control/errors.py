@@ -19,6 +19,7 @@ __all__ = [
     "ControlClosedError",
     "ControlCancelledError",
     "ControlHandshakeTimeoutError",
+    "ControlNoReplyError",
 ]
 
 
@@ -64,6 +65,12 @@ class ControlClosedError(ControlUnavailableError):
 class ControlCancelledError(ControlUnavailableError):
     """The calling thread's calls were cancelled (``ControlClient.cancel_calls_of``): its
     caller gave up on it."""
+
+
+class ControlNoReplyError(ControlUnavailableError):
+    """The connection stood, but the server did not answer within the request's budget: it is
+    stopped, hung, or starved of CPU on a busy host. A caller whose own deadline is later may
+    ask again (the connection is not known to be lost)."""
 
 
 class ControlHandshakeTimeoutError(ControlUnavailableError):

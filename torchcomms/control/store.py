@@ -17,12 +17,13 @@ from .client import ControlClient
 from .errors import (
     ControlArgumentTypeError,
     ControlError,
+    ControlNoReplyError,
     ControlTimeoutError,
     ControlUnavailableError,
 )
 from .secrets import load_secret
 
-__all__ = ["ControlStore", "ControlStoreTimeoutError", "ControlStoreUnavailableError",
+__all__ = ["ControlStore", "ControlStoreTimeoutError", "ControlStoreUnavailableError", "ControlStoreNoReplyError",
            "ENV_CONTROL_ADDR", "DEFAULT_STORE_TIMEOUT"]
 
 ENV_CONTROL_ADDR = "TORCHCOMM_CONTROL_ADDR"
@@ -35,6 +36,11 @@ class ControlStoreTimeoutError(ControlTimeoutError, dist.DistStoreError):
 
 class ControlStoreUnavailableError(ControlUnavailableError, dist.DistNetworkError):
     """The control server is unreachable: both a control-plane and a ``DistNetworkError``."""
+
+
+class ControlStoreNoReplyError(ControlNoReplyError, ControlStoreUnavailableError):
+    """The control server did not answer in time over a connection that stood (stopped, hung
+    or starved): a :class:`ControlStoreUnavailableError` that a caller may retry."""
 
 
 class ControlStoreQueueEmptyError(ControlTimeoutError, dist.QueueEmptyError):
@@ -54,6 +60,8 @@ def _as_bytes(value: Any, name: str) -> bytes:
 def _translate(exc: ControlError) -> ControlError:
     if isinstance(exc, ControlTimeoutError) and not isinstance(exc, dist.DistStoreError):
         return ControlStoreTimeoutError(str(exc), exc.keys)
+    if isinstance(exc, ControlNoReplyError) and not isinstance(exc, dist.DistError):
+        return ControlStoreNoReplyError(str(exc))
     if isinstance(exc, ControlUnavailableError) and not isinstance(exc, dist.DistError):
         return ControlStoreUnavailableError(str(exc))
     return exc

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from torchcomms.control.errors import ControlNoReplyError
 from torchcomms.core.store_calls import STORE_CALL_GRACE_S, BoundedCalls
 
 #: ``propose(complete, arrived, expected)``: the proposal once every expected member arrived
@@ -67,8 +68,10 @@ def _has_append(store: Any) -> bool:
 
 
 def _is_wait_timeout(error: BaseException) -> bool:
-    """Whether a store's ``wait`` raised because its timeout ran out (not because it failed)."""
-    return isinstance(error, dist.DistStoreError) or (
+    """Whether a store's ``wait`` raised because its timeout ran out (not because it failed),
+    or because the control server did not answer it over a connection that stood (stopped or
+    starved: asked again while the round's deadline allows; a lost connection is raised)."""
+    return isinstance(error, (dist.DistStoreError, ControlNoReplyError)) or (
         type(error) is RuntimeError and "timeout" in str(error).lower())  # a store's plain "Wait timeout"
 
 
