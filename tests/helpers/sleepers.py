@@ -35,7 +35,8 @@ def _blocked_forever() -> int:
 
 def describe_process() -> dict:
     """What a forked rank must look like to its test: its own session, its own environment,
-    the torch route as the environment asked for it at import, Python's SIGPIPE disposition."""
+    the torch route as the environment asked for it at import, Python's SIGPIPE disposition,
+    the CPUs it may run on."""
     import os
     import signal
 
@@ -44,7 +45,8 @@ def describe_process() -> dict:
     return {"pid": os.getpid(), "session": os.getsid(0), "rank": os.environ["TORCHCOMM_RANK"],
             "route_env": os.environ.get("TORCH_DISTRIBUTED_USE_TORCHCOMMS"),
             "route_on": c10d._use_torchcomms_enabled(),
-            "sigpipe_ignored": signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN}
+            "sigpipe_ignored": signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN,
+            "cpus": sorted(os.sched_getaffinity(0))}
 
 
 def kills_itself() -> int:

@@ -3,8 +3,8 @@ once per pytest worker instead of once per rank.
 
 The zygote (``python -m tests.helpers.zygote``) imports torch and torchcomms, then serves fork
 requests read from its stdin, one JSON line each: ``{"env", "cwd", "log", "target",
-"kwargs", "out"}``. For each it forks a child that starts a session of its own, takes the
-request's environment, working directory and log, and runs
+"kwargs", "out", "cpus"}``. For each it forks a child that starts a session of its own, takes the
+request's environment, working directory, log and CPU affinity (the requesting thread's), and runs
 ``tests.helpers.rank_main.run_target`` exactly as a ``python -m tests.helpers.rank_main``
 process would; the zygote answers ``{"pid": ...}``, and ``{"exit": pid, "code": ...}`` once that
 child ended (negative: killed by that signal, as ``subprocess`` reports it). The child is left
@@ -89,7 +89,7 @@ class Zygote:
 
     def fork(self, env: dict[str, str], cwd: Path, log: Path, target: str, kwargs_json: str, out: Path) -> ForkedRank:
         request = {"env": env, "cwd": str(cwd), "log": str(log), "target": target, "kwargs": kwargs_json,
-                   "out": str(out)}
+                   "out": str(out), "cpus": sorted(os.sched_getaffinity(0))}
         with self._lock:
             with self._cond:
                 known = len(self._pids)
@@ -187,6 +187,7 @@ def _child(request: dict[str, Any]) -> None:
     code = 1
     try:
         os.setsid()  # the zygote changed no signal disposition: the child has Python's own
+        os.sched_setaffinity(0, request["cpus"])  # the caller's CPUs, as a process it started would have
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])

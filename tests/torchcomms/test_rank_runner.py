@@ -84,3 +84,42 @@ def test_a_forked_rank_keeps_its_pid_until_its_exit_code_was_read():
         while os.path.exists(f"/proc/{proc.pid}"):
             assert time.monotonic() < deadline
             time.sleep(0.02)
+
+
+_CLAIM_ONE_CPU = (
+    "import os, sys, time\n"
+    "from tests.helpers.cpu_load import oversubscribed\n"
+    "with oversubscribed(per_core=1, limit_s=60):\n"
+    "    print(sorted(os.sched_getaffinity(0))[0], flush=True)\n"
+    "    sys.stdin.readline()\n"
+)
+
+
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_an_oversubscribed_block_confines_its_ranks_and_busy_loops_to_a_cpu_no_other_block_holds(fork, monkeypatch):
+    # Every block ran its busy loops on every CPU: blocks of several pytest workers stacked (a
+    # load of 165 on the 16-CPU GPU host) and starved every test beside them. A block now runs
+    # on CPUs of its own, and its ranks, forked or not, run there too.
+    import subprocess
+    import sys
+
+    from tests.helpers.cpu_load import oversubscribed
+    from tests.helpers.paths import REPO, child_pythonpath
+
+    monkeypatch.setenv("TC_TEST_FORK_RANKS", fork)
+    allowed = sorted(os.sched_getaffinity(0))
+    other = None
+    if len(allowed) >= 2:  # a block held by another process: this one must take another CPU
+        other = subprocess.Popen([sys.executable, "-c", _CLAIM_ONE_CPU], cwd=REPO, stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=child_pythonpath()))
+    try:
+        taken = int(other.stdout.readline()) if other is not None else None
+        with oversubscribed(per_core=2, limit_s=60) as loops:
+            mine = sorted(os.sched_getaffinity(0))
+            results = run_ranks(2, "tests.helpers.sleepers:describe_process", timeout=60)
+        assert loops == 2 and len(mine) == 1 and mine[0] in allowed and mine[0] != taken
+        assert [r.value["cpus"] for r in results] == [mine, mine]
+        assert sorted(os.sched_getaffinity(0)) == allowed  # given back when the block ended
+    finally:
+        if other is not None:
+            other.communicate("\n", timeout=60)
