@@ -69,6 +69,16 @@ def _claimed_cpus(allowed: list[int], wanted: int) -> Iterator[set[int]]:
             os.close(fd)  # closing drops the lock
 
 
+def _unpin_threads(pinned: set[int], before: set[int]) -> None:
+    """Give ``before`` back to every thread of this process confined to ``pinned``: the caller,
+    and the threads started in the block, which inherited its CPUs (torch's intra-op pool, a
+    rank group's readers) and would otherwise stay on them for the rest of the worker's tests."""
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.sched_getaffinity(int(task)) == pinned:
+                os.sched_setaffinity(int(task), before)
+
+
 @contextlib.contextmanager
 def oversubscribed(per_core: int = 8, limit_s: float = 180.0, cpus: int = 1) -> Iterator[int]:
     """Confine the block to ``cpus`` CPUs (at most those this thread may use) and run
@@ -89,4 +99,4 @@ def oversubscribed(per_core: int = 8, limit_s: float = 180.0, cpus: int = 1) -> 
                     p.send_signal(signal.SIGKILL)
             for p in procs:
                 p.wait()
-            os.sched_setaffinity(0, before)
+            _unpin_threads(chosen, before)
