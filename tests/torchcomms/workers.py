@@ -417,8 +417,11 @@ def op_outlasting_the_engine_timeout(late_s: float, after_shrink: bool) -> str:
 
 
 def sync_ops_and_the_watchdog_table() -> dict[str, Any]:
-    """Synchronous ops, each with whether it entered the watchdog's table and how long it ran;
-    then one that outlasts the first wait slice (rank 1 joins 2 s late), sampled 1 s in."""
+    """Synchronous ops, each with whether it entered the watchdog's table and how long the call
+    took (the caller's clock: an op is entered after its caller waited a whole slice, while the
+    op's own record may say it completed sooner, when the thread that completed it was
+    descheduled before waking the caller); then one that outlasts the first wait slice (rank 1
+    joins 2 s late), sampled 1 s in."""
     import threading
 
     comm = torchcomms.new_comm("gloo", torch.device("cpu"), "sync-table", timeout=timedelta(seconds=60))
@@ -427,8 +430,9 @@ def sync_ops_and_the_watchdog_table() -> dict[str, Any]:
     t = torch.ones(8)
     quick = []
     for _ in range(50):
+        called = time.monotonic()
         w = comm.all_reduce(t, ReduceOp.SUM, False)
-        quick.append((w.tracked, (w.record.time_completed_ns - w.record.time_started_ns) / 1e9))
+        quick.append((w.tracked, time.monotonic() - called))
     comm.barrier(False)
     if r == 1:
         time.sleep(2.0)
