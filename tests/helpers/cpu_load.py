@@ -89,9 +89,9 @@ def oversubscribed(per_core: int = 8, limit_s: float = 180.0, cpus: int = 1) -> 
         os.sched_setaffinity(0, chosen)
         procs: list[subprocess.Popen[bytes]] = []
         try:
-            procs = [subprocess.Popen([sys.executable, "-c", _BURN, str(limit_s)],
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL) for _ in range(per_core * len(chosen))]
+            for _ in range(per_core * len(chosen)):  # one by one: a failed start still kills those started
+                procs.append(subprocess.Popen([sys.executable, "-c", _BURN, str(limit_s)], stdin=subprocess.DEVNULL,
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             yield len(procs)
         finally:
             for p in procs:

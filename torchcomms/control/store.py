@@ -23,7 +23,8 @@ from .errors import (
 )
 from .secrets import load_secret
 
-__all__ = ["ControlStore", "ControlStoreTimeoutError", "ControlStoreUnavailableError", "ControlStoreNoReplyError",
+__all__ = ["ControlStore", "ControlStoreTimeoutError", "ControlStoreUnavailableError",
+           "ControlStoreNoReplyError",
            "ENV_CONTROL_ADDR", "DEFAULT_STORE_TIMEOUT"]
 
 ENV_CONTROL_ADDR = "TORCHCOMM_CONTROL_ADDR"
