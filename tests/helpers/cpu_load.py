@@ -30,8 +30,9 @@ from pathlib import Path
 
 _BURN = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
 
-#: where the per-CPU claim files live (shared by every pytest worker on the machine)
-_CLAIMS = Path(tempfile.gettempdir()) / "torchcomms-tests-cpu-claims"
+#: where the per-CPU claim files live (shared by every pytest worker on the machine; a test of
+#: the claims themselves points it at a folder of its own)
+CLAIMS_DIR_ENV = "TC_TEST_CPU_CLAIMS_DIR"
 
 
 def _worker_index() -> int:
@@ -45,7 +46,8 @@ def _claimed_cpus(allowed: list[int], wanted: int) -> Iterator[set[int]]:
     """``wanted`` CPUs of ``allowed``: free ones first (an exclusive lock file each, let go when
     the block ends or this process dies), the rest shared with another block when too few are
     free. The search starts at a CPU that depends on the worker, so that workers spread."""
-    _CLAIMS.mkdir(exist_ok=True)
+    claims = Path(os.environ.get(CLAIMS_DIR_ENV) or Path(tempfile.gettempdir()) / "torchcomms-tests-cpu-claims")
+    claims.mkdir(exist_ok=True)
     start = _worker_index() % len(allowed)
     order = allowed[start:] + allowed[:start]
     held: list[int] = []
@@ -54,7 +56,7 @@ def _claimed_cpus(allowed: list[int], wanted: int) -> Iterator[set[int]]:
         for cpu in order:
             if len(chosen) == wanted:
                 break
-            fd = os.open(_CLAIMS / f"cpu{cpu}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+            fd = os.open(claims / f"cpu{cpu}.lock", os.O_RDWR | os.O_CREAT, 0o666)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -97,17 +97,19 @@ _CLAIM_ONE_CPU = (
 
 
 @pytest.mark.parametrize("fork", ["1", "0"])
-def test_an_oversubscribed_block_confines_its_ranks_and_busy_loops_to_a_cpu_no_other_block_holds(fork, monkeypatch):
+def test_an_oversubscribed_block_confines_its_ranks_and_busy_loops_to_a_cpu_no_other_block_holds(fork, monkeypatch,
+                                                                                                  tmp_path):
     # Every block ran its busy loops on every CPU: blocks of several pytest workers stacked (a
     # load of 165 on the 16-CPU GPU host) and starved every test beside them. A block now runs
     # on CPUs of its own, and its ranks, forked or not, run there too.
     import subprocess
     import sys
 
-    from tests.helpers.cpu_load import oversubscribed
+    from tests.helpers.cpu_load import CLAIMS_DIR_ENV, oversubscribed
     from tests.helpers.paths import REPO, child_pythonpath
 
     monkeypatch.setenv("TC_TEST_FORK_RANKS", fork)
+    monkeypatch.setenv(CLAIMS_DIR_ENV, str(tmp_path))  # claims of its own: blocks of other workers share a busy CPU
     allowed = sorted(os.sched_getaffinity(0))
     other = None
     if len(allowed) >= 2:  # a block held by another process: this one must take another CPU
