@@ -72,6 +72,20 @@ class _Drained:
             self._cond.notify_all()
 
 
+def _drain_counter(futures: list[torch.futures.Future]) -> Callable[[float], bool]:
+    """A wait, at most the seconds it is given, until every one of ``futures`` (not done when
+    this is called) ran its callbacks, those added until now included, and released them;
+    whether they all did."""
+    counter, cond = [len(futures)], threading.Condition()
+    for fut in futures:
+        fut.add_done_callback(_Drained(counter, cond))
+
+    def wait(limit_s: float) -> bool:
+        with cond:
+            return cond.wait_for(lambda: counter[0] <= 0, limit_s)
+    return wait
+
+
 class _BlockingWaiter:
     """Daemon threads that turn gloo's future-less p2p works into completed futures."""
 
@@ -269,11 +283,16 @@ class GlooBackend(TorchCommBackend):
         if pg is not None and not any(p is pg for p in _ABANDONED):
             sockets: EngineSockets | None = getattr(self, "_sockets", None)
             with self._pending_lock:  # their c10d works hold their tensors: kept for ever, below
-                held = [work for fut, work in self._pending.values() if not fut.done()]
+                pending = [(fut, work) for fut, work in self._pending.values() if not fut.done()]
+            held = [work for _, work in pending]
             try:
+                # counted before the shutdown: gloo's thread may fail an op and start its
+                # callbacks before this thread looks again, and a done future's callbacks
+                # cannot be waited for from outside
+                drained = _drain_counter([fut for fut, _ in pending])
                 recorded = len(sockets.fds) if sockets is not None else 0
                 if sockets is not None and sockets.shut_down():
-                    if not self._drain():
+                    if not drained(_DRAIN_LIMIT_S):
                         _log.warning("abandoned gloo engine %s: its pending ops were not all delivered within "
                                      "%.0f s of shutting its %d connections down", self.ctx.name, _DRAIN_LIMIT_S,
                                      recorded)
@@ -298,18 +317,6 @@ class GlooBackend(TorchCommBackend):
     def _undelivered(self) -> list[torch.futures.Future]:
         with self._pending_lock:
             return [f for f, _ in self._pending.values() if not f.done()]
-
-    def _drain(self) -> bool:
-        """Wait (at most ``_DRAIN_LIMIT_S``) until every pending op's callbacks ran and were
-        released; whether they all were."""
-        pending = self._undelivered()
-        if not pending:
-            return True
-        counter, cond = [len(pending)], threading.Condition()
-        for fut in pending:
-            fut.add_done_callback(_Drained(counter, cond))
-        with cond:
-            return cond.wait_for(lambda: counter[0] <= 0, _DRAIN_LIMIT_S)
 
     def classify_error(self, error: BaseException) -> str:
         msg = str(error).lower()
