@@ -8,7 +8,7 @@ survivor ends with the same members, step counter and bitwise identical paramete
 
 CI runs a small matrix once. ``TC_CHAOS_FULL=1`` runs every signal × timing × op × world size
 (3–8); ``TC_CHAOS_REPEAT=20`` repeats each case (the repeat mode); ``TC_CHAOS_LOAD=8`` runs
-every case with 8 busy processes per core.
+every case on one CPU beside 8 busy processes (``tests/helpers/cpu_load.py``).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The store watch (failure detection without the launcher, ``recovery/store_watch.py``) on
-real ranks and a TCPStore the test hosts, with the CPU oversubscribed (8 busy processes per
-core): a peer that leaves cleanly is not reported failed, a SIGKILLed one is, within the
+real ranks and a TCPStore the test hosts, with the CPU oversubscribed (the ranks on one CPU
+beside 8 busy processes): a peer that leaves cleanly is not reported failed, a SIGKILLed one is, within the
 detection bound; ``agree`` learns of the death through it instead of waiting for its timeout;
 and ``agree`` leaves no key of its rounds in the store."""
 from __future__ import annotations
