@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -24,6 +22,8 @@ from torchcomms.control.secrets import new_secret, parse_secret
 from torchcomms.control.server import StoreServer
 from torchcomms.control.store import ControlStore
 from torchcomms.recovery.agreement import agree_on_flag, agree_on_survivors
+
+from tests.helpers.store_host import start_store_host
 
 #: A deadline no test reaches unless the agreement waits for it (then the flag tests fail:
 #: a proposal at the deadline of an incomplete round is False).
@@ -262,16 +262,10 @@ def test_a_member_waiting_through_a_stalled_control_server_agrees_once_it_answer
     clients), then answers again: the member waiting for the decision meanwhile agrees with the
     others, instead of taking the unanswered wait for a lost store (it raised
     ``ControlStoreUnavailableError`` 3 s into the stall, and its rank ended the job healthy)."""
-    secret_file = tmp_path / "secret"
-    host = subprocess.Popen([sys.executable, "-m", "torchcomms.control", "--new-secret-file", str(secret_file)],
-                            cwd=str(Path(__file__).resolve().parents[2]), stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    host, env = start_store_host("control", tmp_path)
     try:
-        assert host.stdout is not None
-        addr = host.stdout.readline().decode().strip()
-        assert addr.startswith("tcp://"), addr
-        secret = parse_secret(secret_file.read_text())
-        clients = [ControlClient(addr, secret, timeout=60.0) for _ in range(2)]
+        secret = parse_secret(Path(env["TORCHCOMM_CONTROL_SECRET_FILE"]).read_text())
+        clients = [ControlClient(env["TORCHCOMM_CONTROL_ADDR"], secret, timeout=60.0) for _ in range(2)]
         stores = [ControlStore(c, timeout=timedelta(seconds=60)) for c in clients]
         ranks = [0, 1]
         got: dict[int, Any] = {}

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,38 +19,12 @@ from torchcomms.config import settings
 from torchcomms.control.heartbeat import heartbeat_budget
 
 from tests.helpers.exit_timing import read_exit_timing
-from tests.helpers.ranks import REPO, RankGroup, free_port
+from tests.helpers.ranks import RankGroup
+from tests.helpers.store_host import start_store_host
 
 WORLD = 3
 TIMEOUT_S = 2.0
 GRACE_S = 2.0  # the agreement's last store call, the error's making, a loaded 2-core box
-
-_TCP_HOST = (
-    "import sys, time; from datetime import timedelta; import torch.distributed as dist; "
-    "s = dist.TCPStore('127.0.0.1', int(sys.argv[1]), 1, True, timeout=timedelta(seconds=120), "
-    "wait_for_workers=False); print('tcp://127.0.0.1:' + sys.argv[1], flush=True); time.sleep(3600)"
-)
-
-
-def _start_store_host(kind: str, tmp: Path) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
-    """A store host process outside the ranks, and the environment that points ranks at it."""
-    if kind == "tcp":
-        port = free_port()
-        cmd = [sys.executable, "-c", _TCP_HOST, str(port)]
-        env = {"TC_STORE_PORT": str(port)}
-    else:
-        secret = tmp / "secret"
-        cmd = [sys.executable, "-m", "torchcomms.control", "--new-secret-file", str(secret)]
-        env = {"TORCHCOMM_CONTROL_SECRET_FILE": str(secret)}
-    host = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
-    assert host.stdout is not None
-    addr = host.stdout.readline().decode().strip()
-    assert addr.startswith("tcp://"), addr
-    if kind == "control":
-        env["TORCHCOMM_CONTROL_ADDR"] = addr
-    env.update(TC_READY_DIR=str(tmp), TORCHCOMM_TRACING_DISABLE="1")
-    return host, env
-
 
 def _run(target: str, kwargs: dict, kind: str, sig: int, world: int = WORLD,
          env: dict[str, str] | None = None, tmp: Path | None = None) -> tuple[list, float]:
@@ -60,7 +32,7 @@ def _run(target: str, kwargs: dict, kind: str, sig: int, world: int = WORLD,
     gets ``sig``. Returns every rank's result and how long after the signal the last one exited.
     ``tmp``: the ranks' directory (the test's ready files and what the ranks leave there)."""
     tmp = tmp or Path(tempfile.mkdtemp(prefix="tc-store-stop-"))
-    host, rank_env = _start_store_host(kind, tmp)
+    host, rank_env = start_store_host(kind, tmp)
     rank_env.update(env or {})
     try:
         with RankGroup(world, target, kwargs, env=rank_env) as g:
