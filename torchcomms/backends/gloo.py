@@ -282,8 +282,7 @@ class GlooBackend(TorchCommBackend):
         pg = getattr(self, "_pg", None)
         if pg is not None and not any(p is pg for p in _ABANDONED):
             sockets: EngineSockets | None = getattr(self, "_sockets", None)
-            with self._pending_lock:  # their c10d works hold their tensors: kept for ever, below
-                pending = [(fut, work) for fut, work in self._pending.values() if not fut.done()]
+            pending = self._undelivered()  # their c10d works hold their tensors: kept for ever, below
             held = [work for _, work in pending]
             try:
                 # counted before the shutdown: gloo's thread may fail an op and start its
@@ -314,9 +313,10 @@ class GlooBackend(TorchCommBackend):
             except Exception:  # noqa: BLE001 - best effort; abort never raises
                 pass
 
-    def _undelivered(self) -> list[torch.futures.Future]:
+    def _undelivered(self) -> list[tuple[torch.futures.Future, dist.Work]]:
+        """The ops not done yet: each one's future and c10d work."""
         with self._pending_lock:
-            return [f for f, _ in self._pending.values() if not f.done()]
+            return [(fut, work) for fut, work in self._pending.values() if not fut.done()]
 
     def classify_error(self, error: BaseException) -> str:
         msg = str(error).lower()
