@@ -216,6 +216,8 @@ class Agent:
                 if want:
                     raise LauncherError(f"cannot host the rendezvous at {endpoint}: {exc}") from None
         if self.control is None:
+            self.console.event(f"joining the rendezvous host at {endpoint} "
+                               f"(join_timeout {cfg.rdzv_conf.join_timeout:g} s)")
             self.control = ControlPlane.join(
                 address=f"tcp://{cfg.rdzv_host}:{cfg.rdzv_port}", secret=secret,
                 timeout=cfg.rdzv_conf.join_timeout, secret_source=source,
