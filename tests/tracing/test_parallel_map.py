@@ -29,6 +29,12 @@ def _bad_at(i: int) -> int:
 def _slow_after_a_bad_first(item: tuple[str, int]) -> int:
     folder, i = item
     if i == 0:
+        # fail only once the other worker runs an item: raised at once, the error could reach the
+        # caller (on a loaded host) before any item had been handed over, and nothing would be
+        # left to check
+        deadline = time.monotonic() + 60
+        while not Path(folder, "started-1").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         raise ValueError("bad input 0")
     Path(folder, f"started-{i}").write_text(str(os.getpid()))
     time.sleep(SLOW_ITEM_S)
