@@ -6,7 +6,6 @@
 // through the communicator's one dispatch path (validation, flight recorder, deadline, typed
 // errors, recovery). The returned Work wraps that op's Python work object; its wait() calls the
 // Python wait(), so a CommTimeoutError / PeerFailureError reaches the caller unchanged.
-#include <torch/extension.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
