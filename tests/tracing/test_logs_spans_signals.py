@@ -60,6 +60,37 @@ def test_logs_are_json_lines_bound_with_run_rank_comm_seq(monkeypatch: pytest.Mo
         tlog.configure_logging(force=True)
 
 
+_QUIET_RANK_SCRIPT = r"""
+import json, sys, torch, torchcomms
+from torchcomms.tracing.logging import get_logger
+c = torchcomms.new_comm("fake", "cpu", "quiet", hints={"rank": "0", "size": "2"})
+c.all_reduce(torch.ones(4), torchcomms.ReduceOp.SUM, async_op=False)
+c.finalize()
+print(json.dumps({"structlog_before": "structlog" in sys.modules, "rich_before": "rich" in sys.modules}))
+get_logger(comm="quiet").info("below_the_level")
+print(json.dumps({"after_info": "structlog" in sys.modules}))
+get_logger(comm="quiet").bind(step=4).warning("probe", n=1)
+print(json.dumps({"after_warning": "structlog" in sys.modules}))
+"""
+
+
+def test_a_rank_that_logs_nothing_at_its_level_never_imports_structlog(tmp_path: Path) -> None:
+    """structlog (and rich, which it imports) is paid for at the first event at or above the
+    level: a communicator's life at the default level (warning) logs nothing, so never."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHCOMM_LOG")}
+    env.update(PYTHONPATH=child_pythonpath(), TORCHCOMM_RUN_ID="quiet-run", TORCHCOMM_LOG_FORMAT="json")
+    res = subprocess.run([sys.executable, "-c", _QUIET_RANK_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    states = {k: v for line in res.stdout.splitlines() for k, v in json.loads(line).items()}
+    assert states == {"structlog_before": False, "rich_before": False, "after_info": False,
+                      "after_warning": True}, res.stdout
+    events = [json.loads(line) for line in res.stderr.splitlines() if line.startswith("{")]
+    assert [(e["event"], e["level"]) for e in events] == [("probe", "warning")], res.stderr
+    assert events[0]["comm"] == "quiet" and events[0]["step"] == 4 and events[0]["n"] == 1, events
+    assert events[0]["run_id"] == "quiet-run", events
+
+
 def test_log_config_rejects_bad_values() -> None:
     with pytest.raises(ValueError, match="log level"):
         tlog.configure_logging(level="loud", force=True)
