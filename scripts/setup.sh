@@ -26,16 +26,24 @@ while read -r pkg cmd; do
   [ -z "$pkg" ] || [ "${pkg:0:1}" = "#" ] && continue
   command -v "${cmd:-$pkg}" >/dev/null 2>&1 || missing+=("$pkg:${cmd:-$pkg}")
 done < scripts/apt-packages.txt
+
+# The Debian packages install in the background, beside pip and the C++ build (nothing those need
+# comes from them); the script waits for them before it ends, and fails if they failed.
+apt_pid=""
 if [ ${#missing[@]} -gt 0 ]; then
   pkgs=("${missing[@]%%:*}")
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    step "apt-get update" apt-get update -q
-    step "apt-get install of ${pkgs[*]}" \
-      env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${pkgs[@]}"
-    for entry in "${missing[@]}"; do
-      command -v "${entry#*:}" >/dev/null 2>&1 \
-        || { echo "setup.sh: Debian package ${entry%%:*} installed but its command ${entry#*:} is still missing" >&2; exit 1; }
-    done
+    (
+      step "apt-get update" apt-get update -q
+      step "apt-get install of ${pkgs[*]}" \
+        env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${pkgs[@]}"
+      for entry in "${missing[@]}"; do
+        command -v "${entry#*:}" >/dev/null 2>&1 \
+          || { echo "setup.sh: Debian package ${entry%%:*} installed but its command ${entry#*:} is still missing" >&2; exit 1; }
+      done
+    ) &
+    apt_pid=$!
+    trap 'wait' EXIT  # a failed step below still leaves apt-get to finish, not half-way
   else
     echo "setup.sh: warning: not installing Debian packages ${pkgs[*]} (needs root and apt-get);" \
       "the tests that need them skip" >&2
@@ -50,3 +58,6 @@ v = torch.__version__.split("+")[0]
 assert v == "2.13.0", f"torch {torch.__version__} is installed, the project pins 2.13.0"'
 step "building the c10d backend wrapper (torchcomms/csrc) into its per-torch cache" \
   python3 -m torchcomms.csrc.build
+if [ -n "$apt_pid" ]; then
+  wait "$apt_pid" || exit $?
+fi

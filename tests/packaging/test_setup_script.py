@@ -20,6 +20,10 @@ STANDINS = {
 case "$1" in
   update) [ "${FAKE_APT:-ok}" != update-fails ] || { echo "E: The repository is not signed." >&2; exit 100; } ;;
   install)
+    if [ -n "${FAKE_APT_UNTIL:-}" ]; then  # ends once that call was made (or after 10 s)
+      i=0; while ! grep -qF "$FAKE_APT_UNTIL" "$CALLS" && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
+      echo "apt-get install ends" >> "$CALLS"
+    fi
     [ "${FAKE_APT:-ok}" != install-fails ] || { echo "E: Unable to locate package fakepkg" >&2; exit 100; }
     [ "${FAKE_APT:-ok}" = installs-nothing ] || { printf '#!/bin/sh\\n' > "$BIN/fakecmd"; chmod +x "$BIN/fakecmd"; } ;;
 esac''',
@@ -61,8 +65,9 @@ def _calls(tree: Path) -> list[str]:
 def test_quiet_on_success_and_idempotent(tree: Path) -> None:
     first = _run(tree)
     assert (first.returncode, first.stdout, first.stderr) == (0, "", "")
-    assert [c.split()[:2] for c in _calls(tree)] == [["apt-get", "update"], ["apt-get", "install"], ["python3", "-m"], ["python3", "-c"],
-                                                 ["python3", "-m"]]
+    calls = [c.split()[:2] for c in _calls(tree)]
+    assert [c for c in calls if c[0] == "apt-get"] == [["apt-get", "update"], ["apt-get", "install"]]
+    assert [c for c in calls if c[0] == "python3"] == [["python3", "-m"], ["python3", "-c"], ["python3", "-m"]]
     (tree / "calls").unlink()
     again = _run(tree)  # fakecmd exists now: apt is not touched again
     assert (again.returncode, again.stdout, again.stderr) == (0, "", "")
@@ -87,7 +92,22 @@ def test_apt_errors_are_shown_and_stop_the_script(tree: Path, fake_apt: str, say
     assert res.returncode != 0
     for line in says:
         assert line in res.stderr
-    assert not any(c.startswith("python3") for c in _calls(tree))
+
+
+def test_debian_packages_install_beside_pip_and_the_script_waits_for_them(tree: Path) -> None:
+    """apt-get (network and disk) runs while pip installs and the C++ extension builds; the script
+    ends only after it, also when a step of its own failed first."""
+    ok = _run(tree, FAKE_APT_UNTIL="python3 -m torchcomms.csrc.build")
+    assert ok.returncode == 0, ok.stderr
+    calls = [c for c in (tree / "calls").read_text().splitlines() if c.split(" ", 1)[0] in STANDINS]
+    assert calls.index("apt-get install ends") == len(calls) - 1  # after the build: it ran beside it
+    assert calls.index("python3 -m pip install -q torch==2.13.0 -e .[test,mpi]") < calls.index("apt-get install ends")
+    (tree / "calls").unlink()
+    (tree / "bin" / "fakecmd").unlink()
+    failed = _run(tree, FAKE_APT_UNTIL="python3 -m pip", FAKE_PIP="fail")
+    assert failed.returncode == 1
+    assert "setup.sh: pip install of torch==2.13.0 and this project with its test extras failed" in failed.stderr
+    assert (tree / "calls").read_text().splitlines()[-1] == "apt-get install ends"  # waited for, not left behind
 
 
 def test_a_broken_install_is_caught_by_the_check(tree: Path) -> None:
