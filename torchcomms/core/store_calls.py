@@ -251,7 +251,11 @@ def call_until(what: str, fn: Callable[[], _T], until: float, *, thread_name: st
 class BoundedCalls:
     """Store calls made one at a time on one helper (daemon) thread, each waited for until
     ``until`` (``time.monotonic()`` seconds): for a sequence of calls under one deadline (the
-    survivor agreement's). A call that misses it is abandoned, and the helper exits after it."""
+    survivor agreement's). A call that misses it is abandoned, and the helper exits after it.
+
+    A call made when ``until`` has passed already (its caller ran late: a descheduled thread on
+    a loaded host) is still made, and waited for :data:`STORE_CALL_GRACE_S`: only a store that
+    was asked and did not answer raises :class:`StoreNotAnswering`."""
 
     def __init__(self, until: float, thread_name: str = "torchcomms-store-calls", limit_s: float | None = None) -> None:
         self._until = until
@@ -265,10 +269,12 @@ class BoundedCalls:
             self._helper = threading.Thread(target=self._serve, args=(self._jobs,),
                                             name=self._thread_name, daemon=True)
             self._helper.start()
+        now = time.monotonic()
+        until = self._until if now < self._until else now + STORE_CALL_GRACE_S  # a late caller's call
         call = PendingCall(fn)
         self._jobs.put(call)
         try:
-            return call.wait(what, self._until)
+            return call.wait(what, until)
         except StoreNotAnswering:
             if self._limit_s is not None:
                 PARKED.park(self._helper, self._limit_s)
