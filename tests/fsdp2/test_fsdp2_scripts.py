@@ -78,5 +78,9 @@ def test_fsdp_bench_memory_only_reports_allocated_peaks_and_their_sites(tmp_path
         assert r["step_ms"] is None and r["peak_step_mem_mib"] is not None
         assert m["alloc_peak_bytes"] > m["alloc_start_bytes"] > 0  # the optimizer state, then the step's own
         assert m["alloc_end_bytes"] == m["alloc_start_bytes"] and m["alloc_sites"], m
-    assert rows["fsdp2"]["peak_alloc_mib"] <= rows["stock"]["peak_alloc_mib"]
+    # Not compared with each other here: at the smoke size (dim 64, 2 layers) either peak moves by
+    # one layer's gathered parameters (0.23 MiB of ~2.4) with the timing of the overlapped ops
+    # (measured on the loaded VM: stock 2.40-2.63, fsdp2 2.35-2.58 MiB); the claim that fsdp2's
+    # peak is at most stock's is test_fsdp2_ranks.py's, at a size where that holds.
+    assert {"fsdp2", "stock"} <= set(rows)
     assert "allocated at the peak, by site" in proc.stdout
