@@ -18,8 +18,7 @@ import pytest
 import torch.distributed as dist
 
 from torchcomms.control.client import ControlClient
-from torchcomms.control.secrets import new_secret, parse_secret
-from torchcomms.control.server import StoreServer
+from torchcomms.control.secrets import parse_secret
 from torchcomms.control.store import ControlStore
 from torchcomms.recovery.agreement import agree_on_flag, agree_on_survivors
 
@@ -45,15 +44,24 @@ def new_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreF
                              timeout=timedelta(seconds=60), use_libuv=True)
         yield lambda: dist.TCPStore("127.0.0.1", host.port, is_master=False, wait_for_workers=False,
                                     timeout=timedelta(seconds=60), use_libuv=True)
-    else:
-        secret = new_secret()
-        server = StoreServer("127.0.0.1", 0, secret, run_id="agreement-test").start()
-        client = ControlClient(server.address, secret, timeout=60.0)
+    else:  # the server in a process of its own and a client per member, as a job's ranks have:
+        # served from a thread of this process, it shared the GIL with the members' threads and
+        # left a member's call unanswered for 0.5 s in a loaded full suite run
+        host, env = start_store_host("control", tmp_path)
+        secret = parse_secret(Path(env["TORCHCOMM_CONTROL_SECRET_FILE"]).read_text())
+        clients: list[ControlClient] = []
+
+        def member_store() -> ControlStore:
+            clients.append(ControlClient(env["TORCHCOMM_CONTROL_ADDR"], secret, timeout=60.0))
+            return ControlStore(clients[-1], timeout=timedelta(seconds=60))
+
         try:
-            yield lambda: ControlStore(client, timeout=timedelta(seconds=60))
+            yield member_store
         finally:
-            client.close()
-            server.stop()
+            for c in clients:
+                c.close()
+            host.kill()
+            host.wait(10)
 
 
 def _members(run: Callable[[int, Any], Any], ranks: list[int], new_store: StoreFactory) -> dict[int, Any]:
