@@ -17,8 +17,6 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from torchcomms.control.client import ControlClient
-from torchcomms.control.secrets import parse_secret
 from torchcomms.control.store import ControlStore
 from torchcomms.recovery.agreement import agree_on_flag, agree_on_survivors
 
@@ -48,20 +46,26 @@ def new_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreF
         # served from a thread of this process, it shared the GIL with the members' threads and
         # left a member's call unanswered for 0.5 s in a loaded full suite run
         host, env = start_store_host("control", tmp_path)
-        secret = parse_secret(Path(env["TORCHCOMM_CONTROL_SECRET_FILE"]).read_text())
-        clients: list[ControlClient] = []
+        stores: list[ControlStore] = []
 
         def member_store() -> ControlStore:
-            clients.append(ControlClient(env["TORCHCOMM_CONTROL_ADDR"], secret, timeout=60.0))
-            return ControlStore(clients[-1], timeout=timedelta(seconds=60))
+            stores.append(_control_store(env))
+            return stores[-1]
 
         try:
             yield member_store
         finally:
-            for c in clients:
-                c.close()
+            for store in stores:
+                store.close()
             host.kill()
             host.wait(10)
+
+
+def _control_store(env: dict[str, str]) -> ControlStore:
+    """A member's store on the control server ``start_store_host`` started, its own client."""
+    store = ControlStore.from_env(env, timeout=timedelta(seconds=60))
+    assert store is not None
+    return store
 
 
 def _members(run: Callable[[int, Any], Any], ranks: list[int], new_store: StoreFactory) -> dict[int, Any]:
@@ -272,9 +276,7 @@ def test_a_member_waiting_through_a_stalled_control_server_agrees_once_it_answer
     ``ControlStoreUnavailableError`` 3 s into the stall, and its rank ended the job healthy)."""
     host, env = start_store_host("control", tmp_path)
     try:
-        secret = parse_secret(Path(env["TORCHCOMM_CONTROL_SECRET_FILE"]).read_text())
-        clients = [ControlClient(env["TORCHCOMM_CONTROL_ADDR"], secret, timeout=60.0) for _ in range(2)]
-        stores = [ControlStore(c, timeout=timedelta(seconds=60)) for c in clients]
+        stores = [_control_store(env) for _ in range(2)]
         ranks = [0, 1]
         got: dict[int, Any] = {}
 
@@ -293,8 +295,8 @@ def test_a_member_waiting_through_a_stalled_control_server_agrees_once_it_answer
         member(0)
         waiter.join(FAR_S + 30)
         assert got == {0: True, 1: True}, got
-        for c in clients:
-            c.close()
+        for store in stores:
+            store.close()
     finally:
         host.kill()
         host.wait(10)
