@@ -257,3 +257,21 @@ def test_elastic_bench_counts_the_survivors_passes_after_the_kill_as_work_not_st
               3: [{"killed": 100.0, "at_step": 2}]}
     got = bench.measure(anchor, victim=3, shard=2, fail_step=2, heal=False)
     assert (got["stall_s"], got["stopped_s"]) == (pytest.approx(7.0), pytest.approx(4.0))
+
+
+def test_first_comm_bench_times_both_contenders_and_their_ratio(tmp_path: Path) -> None:
+    out = tmp_path / "first.json"
+    proc = run_script("first_comm_bench", "--rounds", "1", "--json", str(out))
+    data = json.loads(out.read_text())
+    assert set(data["median_s"]) == {"torchcomms", "c10d"}
+    assert all(wall > 0 and cpu > 0 for wall, cpu in data["median_s"].values())
+    ours, anchor = data["median_s"]["torchcomms"], data["median_s"]["c10d"]
+    assert data["ratio_cpu"] == pytest.approx(ours[1] / anchor[1])
+    assert "torchcomms / c10d: CPU" in proc.stdout
+
+
+def test_first_comm_bench_refuses_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        load("first_comm_bench").main(["--rounds", "0"])
+    assert exc.value.code == 2
+    assert "--rounds" in capsys.readouterr().err
