@@ -67,11 +67,12 @@ def test_quiet_on_success_and_idempotent(tree: Path) -> None:
     assert (first.returncode, first.stdout, first.stderr) == (0, "", "")
     calls = [c.split()[:2] for c in _calls(tree)]
     assert [c for c in calls if c[0] == "apt-get"] == [["apt-get", "update"], ["apt-get", "install"]]
-    assert [c for c in calls if c[0] == "python3"] == [["python3", "-m"], ["python3", "-c"], ["python3", "-m"]]
+    assert [c for c in calls if c[0] == "python3"] == [["python3", "-m"], ["python3", "-c"], ["python3", "-m"],
+                                                        ["python3", "-m"]]
     (tree / "calls").unlink()
     again = _run(tree)  # fakecmd exists now: apt is not touched again
     assert (again.returncode, again.stdout, again.stderr) == (0, "", "")
-    assert [c.split()[0] for c in _calls(tree)] == ["python3", "python3", "python3"]
+    assert [c.split()[0] for c in _calls(tree)] == ["python3"] * 4
 
 
 def test_a_failed_pip_fails_the_script_and_names_it(tree: Path) -> None:
@@ -95,12 +96,12 @@ def test_apt_errors_are_shown_and_stop_the_script(tree: Path, fake_apt: str, say
 
 
 def test_debian_packages_install_beside_pip_and_the_script_waits_for_them(tree: Path) -> None:
-    """apt-get (network and disk) runs while pip installs and the C++ extension builds; the script
-    ends only after it, also when a step of its own failed first."""
-    ok = _run(tree, FAKE_APT_UNTIL="python3 -m torchcomms.csrc.build")
+    """apt-get (network and disk) runs while pip installs, the C++ extension builds and the tree is
+    byte-compiled; the script ends only after it, also when a step of its own failed first."""
+    ok = _run(tree, FAKE_APT_UNTIL="python3 -m compileall")
     assert ok.returncode == 0, ok.stderr
     calls = [c for c in (tree / "calls").read_text().splitlines() if c.split(" ", 1)[0] in STANDINS]
-    assert calls.index("apt-get install ends") == len(calls) - 1  # after the build: it ran beside it
+    assert calls.index("apt-get install ends") == len(calls) - 1  # after the last step: it ran beside them
     assert calls.index("python3 -m pip install -q torch==2.13.0 -e .[test,mpi]") < calls.index("apt-get install ends")
     (tree / "calls").unlink()
     (tree / "bin" / "fakecmd").unlink()
