@@ -146,3 +146,17 @@ def allocated_now() -> int:
     with AllocationTrace() as t:
         torch.empty(1)
     return t.peak().start
+
+
+def allocated_after(region: Peak, timeout_s: float = 2.0) -> int:
+    """The allocator's count once every thread has let go of what ``region`` freed: polled until
+    it is back at the region's start, or ``timeout_s`` passed (then what is still allocated, which
+    a leak leaves there). An engine's worker thread frees an op's own buffers (gloo's copy of a
+    reduce-scatter's input) when it lets go of the finished op, which can be just after the
+    thread that waited for it went on: the region's last event may not have seen that free yet."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while (now := allocated_now()) > region.start and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return now

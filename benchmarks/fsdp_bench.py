@@ -110,11 +110,12 @@ def step_fn(model: Any, opt: Any, batch: Any) -> Callable[[], float]:
 def traced_step(built: tuple[Any, Any], batch: Any, comm: Any, baseline: int) -> dict[str, Any]:
     """One more step under the allocation trace (after VmHWM was read: the profiler's own
     buffers are not the contender's). ``baseline``: the allocator's count after the model was
-    built. Returns the peak of torch-allocated bytes over it, what the step started and ended
-    with, and the step's own blocks alive at the peak by allocation site."""
+    built. Returns the peak of torch-allocated bytes over it, what the step started with, what
+    it left allocated once the engines' threads let go of its ops (``allocated_after``), and the
+    step's own blocks alive at the peak by allocation site."""
     import gc
 
-    from benchmarks.alloc_peak import AllocationTrace, Peak
+    from benchmarks.alloc_peak import AllocationTrace, Peak, allocated_after
 
     gc.collect()
     comm.barrier(async_op=False)
@@ -122,7 +123,7 @@ def traced_step(built: tuple[Any, Any], batch: Any, comm: Any, baseline: int) ->
         step_fn(*built, batch)()
     peak = trace.peak()
     return {"alloc_peak_bytes": peak.peak - baseline, "alloc_start_bytes": peak.start - baseline,
-            "alloc_end_bytes": peak.end - baseline, "alloc_sites": Peak.by_site(peak.live),
+            "alloc_end_bytes": allocated_after(peak) - baseline, "alloc_sites": Peak.by_site(peak.live),
             "alloc_at": list(peak.at)}
 
 

@@ -312,11 +312,11 @@ def c10d_ops_in_a_step(stock: bool = False) -> list[str]:
 
 def step_memory(stock: bool, steps: int = 3, dim: int = 256, n_layers: int = 4, seq: int = 64) -> dict[str, Any]:
     """Train one model (fsdp2's or stock's, alone in this process) ``steps`` steps, then one
-    more under the allocation count (every thread's): its peak, start and end, in bytes above
-    the count once the model was built."""
+    more under the allocation count (every thread's): its peak, its start and what it left
+    allocated (``allocated_after``), in bytes above the count once the model was built."""
     import gc
 
-    from benchmarks.alloc_peak import AllocationTrace, allocated_now, count_allocations
+    from benchmarks.alloc_peak import AllocationTrace, allocated_after, allocated_now, count_allocations
 
     count_allocations()
     rank = int(os.environ["RANK"])
@@ -343,5 +343,6 @@ def step_memory(stock: bool, steps: int = 3, dim: int = 256, n_layers: int = 4, 
         losses.append(loss.item())
     trace.__exit__(None, None, None)
     peak = trace.peak()
+    end = allocated_after(peak)
     comm.barrier(async_op=False)
-    return {"peak": peak.peak - base, "start": peak.start - base, "end": peak.end - base, "losses": losses}
+    return {"peak": peak.peak - base, "start": peak.start - base, "end": end - base, "losses": losses}
