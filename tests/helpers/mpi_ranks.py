@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers.paths import REPO, child_pythonpath
-from tests.helpers.ranks import RankResult
+from tests.helpers.ranks import ONE_THREAD_EACH, RankResult
 
 #: variables of other launchers that must not reach an MPI rank
 _FOREIGN = ("TORCHCOMM_RANK", "TORCHCOMM_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
@@ -79,6 +79,7 @@ class MpiJob:
         self.n = n
         self.dir = Path(tempfile.mkdtemp(prefix="tc-mpi-"))
         e = {k: v for k, v in os.environ.items() if k not in _FOREIGN}
+        e.setdefault(*ONE_THREAD_EACH)
         e.update(PYTHONPATH=child_pythonpath(), TC_GROUP_DIR=str(self.dir), TC_BACKEND="mpi",
                  TORCHCOMM_FR_DUMP_TEMP_FILE=str(self.dir / "fr_rank_"))
         e.update(env or {})

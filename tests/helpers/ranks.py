@@ -28,6 +28,14 @@ from tests.helpers.rank_main import EXIT_NORMALLY_ENV
 from tests.helpers.zygote import ForkedRank, fork_ranks_enabled, zygote_for
 
 
+#: ranks of one test share the host's cores: one intra-op thread each, as the launcher gives the
+#: workers of a node (torchrun's rule), unless the environment sets it. With torch's default (a
+#: thread per core) the ranks and pytest's workers oversubscribed the cores and the threads spun
+#: waiting for each other: tests/fsdp2/test_fsdp2_ranks.py took 130-141 s on the 2-core VM
+#: against 79-86 s with one thread each.
+ONE_THREAD_EACH = ("OMP_NUM_THREADS", "1")
+
+
 @dataclass
 class RankResult:
     rank: int
@@ -54,6 +62,7 @@ class RankGroup:
         self.started = time.monotonic()
         for r in range(n):
             e = dict(os.environ)
+            e.setdefault(*ONE_THREAD_EACH)
             e.update(
                 TORCHCOMM_RANK=str(r), TORCHCOMM_SIZE=str(n), RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r),
                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=child_pythonpath(),

@@ -55,3 +55,10 @@ def kills_itself() -> int:
 
     os.kill(os.getpid(), signal.SIGKILL)
     return 0
+
+
+def intra_op_threads() -> int:
+    """torch's intra-op thread count in this rank."""
+    import torch
+
+    return torch.get_num_threads()

@@ -133,3 +133,17 @@ def test_an_oversubscribed_block_confines_its_ranks_and_busy_loops_to_a_cpu_no_o
     finally:
         if other is not None:
             other.communicate("\n", timeout=60)
+
+
+@pytest.mark.parametrize("given", [None, "2"])
+def test_ranks_take_one_intra_op_thread_each_unless_the_environment_says(given, monkeypatch):
+    # With torch's default of a thread per core, the ranks of a test and pytest's workers
+    # oversubscribed the cores and spun waiting for each other (tests/fsdp2/test_fsdp2_ranks.py:
+    # 130-141 s on the 2-core VM, 79-86 s with one thread each); the launcher gives its workers
+    # one thread each for the same reason.
+    if given is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", given)
+    results = run_ranks(2, "tests.helpers.sleepers:intra_op_threads", timeout=60)
+    assert [r.value for r in results] == [int(given or 1)] * 2
