@@ -60,7 +60,7 @@ step "building the c10d backend wrapper (torchcomms/csrc) into its per-torch cac
   python3 -m torchcomms.csrc.build
 # Bytecode for the source tree (an editable install gets none from pip). Where
 # PYTHONDONTWRITEBYTECODE is set, as on this project's VMs, Python never caches it itself, and
-# every process that imports torchcomms would compile it again (~40 ms of CPU a rank).
+# every process that imports torchcomms would compile it again (~50 ms of CPU a rank).
 step "byte-compiling the project's packages, tests, benchmarks and examples" \
   python3 -m compileall -q torchcomms fsdp2 launcher kernels tests benchmarks examples
 if [ -n "$apt_pid" ]; then
