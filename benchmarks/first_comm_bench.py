@@ -15,11 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.helpers.ports import free_port  # noqa: E402 - after the repository is on the path
 
 _OURS = """
 import time
@@ -44,18 +48,12 @@ print(time.perf_counter() - w, time.process_time() - c)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run(script: str) -> tuple[float, float]:
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
                TORCHCOMM_RANK="0", TORCHCOMM_SIZE="1")
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).resolve().parents[1])
+                         cwd=REPO)
     if out.returncode != 0:
         raise SystemExit(f"first_comm_bench: a run failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
     wall, cpu = out.stdout.split()[-2:]

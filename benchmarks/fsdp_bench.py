@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -52,13 +51,9 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tests.helpers.ports import free_port  # noqa: E402 - after the repository is on the path
+
 CONTENDERS = ("fsdp2", "fsdp2-no-prefetch", "fsdp2-no-overlap", "stock", "stock-separate-rs", "compute")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- one rank ------------------------------------------------------------------------------

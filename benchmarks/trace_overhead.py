@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ["TORCHCOMM_TRACING_DISABLE"] = "1"  # attach each part by hand below
+
+from tests.helpers.ports import free_port  # noqa: E402 - after the repository is on the path
 
 
 def _fake_comm(name: str):  # type: ignore[no-untyped-def]
@@ -189,12 +190,6 @@ def part_fake(n: int, repeats: int, tmp: Path) -> list[dict]:
     return rows
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def gloo_rank(iters: int, out: str) -> None:
     """One rank of part 2 (run by the parent through ``--gloo-rank``)."""
     import torch
@@ -230,7 +225,7 @@ def gloo_rank(iters: int, out: str) -> None:
 
 
 def part_gloo(iters: int, tmp: Path) -> list[dict]:
-    port = _free_port()
+    port = free_port()
     procs = []
     for r in range(2):
         env = dict(os.environ, TORCHCOMM_RANK=str(r), TORCHCOMM_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
