@@ -58,11 +58,9 @@ v = torch.__version__.split("+")[0]
 assert v == "2.13.0", f"torch {torch.__version__} is installed, the project pins 2.13.0"'
 step "building the c10d backend wrapper (torchcomms/csrc) into its per-torch cache" \
   python3 -m torchcomms.csrc.build
-# Bytecode for the source tree (an editable install gets none from pip). Where
-# PYTHONDONTWRITEBYTECODE is set, as on this project's VMs, Python never caches it itself, and
-# every process that imports torchcomms would compile it again (~50 ms of CPU a rank).
+# Bytecode for the source tree (scripts/byte_compile.sh says why: ~50 ms of CPU a rank here)
 step "byte-compiling the project's packages, tests, benchmarks and examples" \
-  python3 -m compileall -q torchcomms fsdp2 launcher kernels tests benchmarks examples
+  bash scripts/byte_compile.sh
 if [ -n "$apt_pid" ]; then
   wait "$apt_pid" || exit $?
 fi

@@ -27,8 +27,8 @@ unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}
 python3 -c "import torch.distributed.fsdp, torch.distributed.tensor, fsdp2, torchcomms" \
   || { echo "prelude: importing torch, fsdp2 and torchcomms failed" >&2; exit 1; }
-# the tree's own bytecode, as scripts/setup.sh makes it elsewhere (tests/packaging/test_bytecode.py)
-python3 -m compileall -q torchcomms fsdp2 launcher kernels tests benchmarks examples >/dev/null \
+# the tree's own bytecode, as scripts/setup.sh makes it elsewhere
+bash scripts/byte_compile.sh >/dev/null \
   || { echo "prelude: byte-compiling the tree failed" >&2; exit 1; }
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"

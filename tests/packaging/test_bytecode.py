@@ -17,13 +17,13 @@ from pathlib import Path
 
 from tests.helpers.paths import REPO, child_pythonpath
 
-_SETUP = REPO / "scripts" / "setup.sh"
+_BYTE_COMPILE = REPO / "scripts" / "byte_compile.sh"
 
 
 def _compiled_dirs() -> list[str]:
-    """The directories setup.sh byte-compiles (its ``compileall`` line)."""
-    m = re.search(r"python3 -m compileall -q ([\w ]+)\n", _SETUP.read_text())
-    assert m, "scripts/setup.sh has no 'python3 -m compileall -q <dirs>' step"
+    """The directories set-up byte-compiles (the ``compileall`` line of scripts/byte_compile.sh)."""
+    m = re.search(r"python3 -m compileall -q ([\w ]+)\n", _BYTE_COMPILE.read_text())
+    assert m, "scripts/byte_compile.sh has no 'python3 -m compileall -q <dirs>' line"
     return m.group(1).split()
 
 
@@ -47,7 +47,7 @@ def _stale_or_missing(source: Path) -> str | None:
 def test_setup_byte_compiles_every_package_the_project_ships() -> None:
     include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
     shipped = {pattern.rstrip("*") for pattern in include}
-    assert shipped <= set(_compiled_dirs()), f"setup.sh does not byte-compile {sorted(shipped - set(_compiled_dirs()))}"
+    assert shipped <= set(_compiled_dirs()), f"scripts/byte_compile.sh does not byte-compile {sorted(shipped - set(_compiled_dirs()))}"
 
 
 def test_every_module_of_the_tree_has_current_bytecode() -> None:

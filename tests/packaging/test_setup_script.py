@@ -40,7 +40,8 @@ fi''',
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
     (tmp_path / "scripts").mkdir()
-    shutil.copy(REPO / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
+    for script in ("setup.sh", "byte_compile.sh"):
+        shutil.copy(REPO / "scripts" / script, tmp_path / "scripts" / script)
     (tmp_path / "scripts" / "apt-packages.txt").write_text("# package command\nfakepkg fakecmd\n")
     (tmp_path / "bin").mkdir()
     for name, body in STANDINS.items():
