@@ -267,6 +267,10 @@ class Agent:
                         master_port=_free_port())
         doing = f"joining rendezvous round {round_}"
         try:
+            if self.control.is_host and round_ > 0:
+                # every worker of the previous round has exited (or was given up): the new
+                # group must not meet the old one's keys (stale rendezvous, agreement decisions)
+                self.control.reset_worker_keys()
             join_round(kv, round_, me)
             if self.control.is_host:
                 plan = host_round(kv, round_, min_nodes=cfg.min_nodes, max_nodes=cfg.max_nodes,
