@@ -130,10 +130,11 @@ class ControlPlane:
         assert self.server is not None, "only the rendezvous host resets the store"
         return self.server.drop_keys_except((f"{KEY_ROOT}/",))
 
-    def forget_member(self, member: str) -> None:
+    def forget_member(self, member: str) -> bool:
         """Deregister another process's heartbeat member (a worker that has exited), so the
-        server does not report it lost later (e.g. while its restarted successor runs)."""
-        self.kv.heartbeat_forget(member, timeout=min(5.0, self.kv.timeout))
+        server does not report it lost later (e.g. while its restarted successor runs).
+        Returns whether it was still registered (a worker deregisters at a normal exit)."""
+        return self.kv.heartbeat_forget(member, timeout=min(5.0, self.kv.timeout))
 
     def subscribe(self, topics: list[str], callback: Callable[[str, dict[str, Any]], None]) -> None:
         """Deliver events of ``topics`` (replaying earlier ones) to ``callback``."""

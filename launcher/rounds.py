@@ -38,6 +38,10 @@ __all__ = ["Decision", "Round", "job_key", "FAILURE_REASONS"]
 
 #: ``rank_failed`` reasons an agent publishes for its own workers.
 FAILURE_REASONS = ("exited", "killed", "unreapable", "hung", "stopped")
+#: the ``rank_failed`` reason of a worker that exited 0 without a normal interpreter exit (its
+#: heartbeat still registered: ``os._exit``): not a failure of the job, but its communicators'
+#: peers must not wait for it (agreement, shrink). Not in FAILURE_REASONS: no policy applies.
+LEFT_REASON = "left"
 
 
 def job_key(round_: int, *parts: str) -> str:
@@ -179,11 +183,18 @@ class Round:
         if r.unreapable:
             self.agent.abandoned.append((self.number, worker))
             self._log_unreapable(worker)
+        registered = False
         try:  # its heartbeats (if any) stopped for a reason we already know
-            self.control.forget_member(f"rank/{r.rank}")
+            registered = self.control.forget_member(f"rank/{r.rank}")
         except ControlError:
             pass
-        if not r.failed or self.stopping:
+        if self.stopping:
+            return
+        if not r.failed:
+            if registered:  # exited 0 without deregistering: os._exit, communicators open
+                self._publish_failed({"rank": r.rank, "host": r.host, "node_rank": r.node_rank,
+                                      "round": self.number, "reason": LEFT_REASON,
+                                      "exit_code": r.exit_code, "signal": None})
             return
         reason = ("unreapable" if r.unreapable else "hung" if r.rank in self.hung
                   else "killed" if r.signal is not None else "exited")
@@ -193,6 +204,9 @@ class Round:
         }
         if r.unreapable:
             payload.update(pid=r.pid, state=r.state)
+        self._publish_failed(payload)
+
+    def _publish_failed(self, payload: dict[str, Any]) -> None:
         try:
             self.control.publish("rank_failed", payload)
         except ControlError:
