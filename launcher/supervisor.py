@@ -31,6 +31,7 @@ from typing import IO, Any, Protocol
 from torchcomms.control.host_process import process_state
 
 from .env import WorkerPlacement
+from .exceptions import WorkerStartError
 from .output import STDERR, STDOUT, OutputPump
 
 __all__ = ["WorkerSpec", "WorkerResult", "Worker", "WorkerGroup", "ProcessHandle",
@@ -229,8 +230,11 @@ class WorkerGroup:
         """Start every worker (call from the main thread, see the module docstring)."""
         setup = _child_setup(os.getpid())
         for spec in specs:
-            proc = self._spawn(spec, setup)
             p = spec.placement
+            try:
+                proc = self._spawn(spec, setup)
+            except OSError as e:  # the workers started so far are stopped by the agent
+                raise WorkerStartError(p.rank, spec.argv[0], e) from None
             result = WorkerResult(rank=p.rank, local_rank=p.local_rank, node_rank=p.node_rank,
                                   host=spec.host, pid=proc.pid, started=time.time(),
                                   error_file=spec.error_file)
