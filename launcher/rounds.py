@@ -297,7 +297,7 @@ class Round:
             f"rank {v.rank} on {w.result.host} is hung (no heartbeat for {v.silent_s:.1f} s, "
             f"no CPU progress for {v.quiet_s:.1f} s): asking for a flight-recorder dump "
             f"(SIGUSR1), then stopping it")
-        w.signal_group(signal.SIGUSR1)
+        w.request_dump(signal.SIGUSR1)
         self.hung[v.rank] = time.monotonic() + min(2.0, self.cfg.grace_period)
 
     def _report_stopped(self, w: Worker, v: Verdict) -> None:

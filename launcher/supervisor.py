@@ -30,6 +30,7 @@ from typing import IO, Any, Protocol
 
 from torchcomms.control.host_process import process_state
 
+from .catchers import catches, group_members
 from .env import WorkerPlacement
 from .exceptions import WorkerStartError
 from .output import STDERR, STDOUT, OutputPump
@@ -209,6 +210,24 @@ class Worker:
         return sent
 
 
+    def request_dump(self, sig: int) -> bool:
+        """Send ``sig`` (a dump request) to the processes of the worker's group, and the
+        worker itself, that catch it; False when none does (the request is then dropped:
+        its default action would end them)."""
+        pids = set(group_members(self.proc.pid))
+        if not self.done.is_set():
+            pids.add(self.proc.pid)
+        sent = False
+        for pid in sorted(pids):
+            if catches(pid, sig):
+                try:
+                    os.kill(pid, sig)
+                    sent = True
+                except (ProcessLookupError, PermissionError):
+                    pass
+        return sent
+
+
 class WorkerGroup:
     """The workers of one node for one attempt.
 
@@ -311,7 +330,8 @@ class WorkerGroup:
             if now >= deadline:
                 break
             if not dumped and now >= dump_at:
-                self.signal_all(dump)  # type: ignore[arg-type]
+                for w in self.alive():
+                    w.request_dump(dump)  # type: ignore[arg-type]
                 dumped = True
             for w in self.alive():
                 w.done.wait(min(0.02, max(0.0, deadline - now)))
