@@ -304,6 +304,7 @@ class Round:
         """A stopped rank is reported failed (reason ``stopped``) once, not killed: the
         survivors go on without it, and the policy decides what happens to it."""
         r = w.result
+        r.failed_at = time.time()
         self.console.event(
             f"rank {v.rank} (pid {w.pid}) on {r.host} is stopped (process state T for "
             f"{v.quiet_s:.1f} s: SIGSTOP or a debugger): reported as failed, not killed")

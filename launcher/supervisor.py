@@ -105,10 +105,20 @@ class WorkerResult:
     error_traceback: str | None = None
     unreapable: bool = False
     state: str | None = None
+    #: when it was reported failed while its process lived on (a stopped rank, which ends
+    #: only at the SIGKILL that stops the job): the time of its failure, not its end
+    failed_at: float | None = None
 
     @property
     def failed(self) -> bool:
         return self.lost or self.unreapable or self.signal is not None or bool(self.exit_code)
+
+    @property
+    def failure_time(self) -> float:
+        """When it failed: reported failed while alive, else when it ended."""
+        if self.failed_at is not None:
+            return self.failed_at
+        return self.ended if self.ended is not None else float("inf")
 
     @property
     def code(self) -> int:
