@@ -73,9 +73,11 @@ def describe_end(r: WorkerResult) -> str:
     return "running"
 
 
-def render_table(results: Sequence[WorkerResult], *, title: str = "") -> str:
-    """A plain-text table: rank, host, local rank, pid, how it ended, duration."""
-    cause = root_cause(results)
+def render_table(results: Sequence[WorkerResult], *, title: str = "",
+                 mark_cause: bool = True) -> str:
+    """A plain-text table: rank, host, local rank, pid, how it ended, duration; the root
+    cause marked unless ``mark_cause`` is false (a job stopped by a signal the agent got)."""
+    cause = root_cause(results) if mark_cause else None
     head = ("rank", "host", "local", "pid", "result", "duration")
     rows = []
     for r in sorted(results, key=lambda r: r.rank):

@@ -311,3 +311,22 @@ def test_a_stopped_rank_is_the_root_cause_not_the_ranks_stopped_because_of_it(tm
     assert "rank 1 is stopped; stopping the job" in err, err
     assert "root cause: rank 1 on" in err, err
     assert agent.returncode == 128 + signal.SIGKILL, err
+
+
+def test_a_signal_to_the_launcher_is_the_root_cause_not_a_worker_it_stopped(tmp_path):
+    """``scancel`` / Ctrl-C: the workers end by the signal the agent forwarded; none of them
+    failed on its own, so the summary names the signal, not whichever worker ended first."""
+    env = base_env(PID_DIR=str(tmp_path))
+    agent = subprocess.Popen(launcher_cmd("--nproc-per-node", "2", worker("sleeper.py")),
+                             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        read_pids(tmp_path, 2)
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=60)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    assert agent.returncode == 128 + signal.SIGTERM, err
+    assert "root cause: torchcomms-run received SIGTERM" in err, err
+    assert "<- root cause" not in err and "decorate the entry point" not in err, err
