@@ -215,10 +215,8 @@ class StoreServer:
         return self._run_in_loop(lambda: self._publish(topic, payload).seq, timeout)
 
     def drop_keys_except(self, keep: tuple[str, ...], timeout: float = 10.0) -> int:
-        """Drop every key (values and queues) that starts with none of the prefixes ``keep``
-        (thread-safe); returns how many were dropped. The event log is never dropped."""
-        kept = (*keep, EVENT_KEY_PREFIX)
-        return int(self._run_in_loop(lambda: self._store.drop_all_but(kept), timeout))
+        """Drop the keys under none of the prefixes ``keep`` nor the event log's; how many."""
+        return int(self._run_in_loop(lambda: self._store.drop_all_but((*keep, EVENT_KEY_PREFIX)), timeout))
 
     def _run_in_loop(self, fn: Callable[[], Any], timeout: float) -> Any:
         if self._thread is None or self._stopping or not self._thread.is_alive():
