@@ -191,7 +191,10 @@ class Round:
         if self.stopping:
             return
         if not r.failed:
-            if registered:  # exited 0 without deregistering: os._exit, communicators open
+            # exited 0 without deregistering (os._exit, communicators open): the survivors that
+            # shrink (the one policy under which they carry on) must not wait for it. Only then:
+            # a job whose every rank ends by os._exit(0) would publish one event per rank.
+            if registered and self.cfg.on_failure == "shrink":
                 self._publish_failed({"rank": r.rank, "host": r.host, "node_rank": r.node_rank,
                                       "round": self.number, "reason": LEFT_REASON,
                                       "exit_code": r.exit_code, "signal": None})
