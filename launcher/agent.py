@@ -26,6 +26,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,7 @@ class Agent:
         self.control: ControlPlane | None = None
         self.group: WorkerGroup | None = None  # the running round's workers
         self.signal_received: int | None = None
+        self.signal_at: float | None = None  # when the first one came (time.time())
         self.secret_file: str | None = None
         self.logs_root: Path | None = None
         self.keep_logs = False
@@ -140,6 +142,8 @@ class Agent:
     def _on_signal(self, signum: int, frame: Any) -> None:
         first = self.signal_received is None
         self.signal_received = signum
+        if first:
+            self.signal_at = time.time()
         if self._phase == "running":
             if not first and self.group is not None:
                 # A second signal cuts the grace period short, even while the main thread
@@ -267,6 +271,10 @@ class Agent:
                         master_port=_free_port())
         doing = f"joining rendezvous round {round_}"
         try:
+            if self.control.is_host and round_ > 0:
+                # every worker of the previous round has exited (or was given up): the new
+                # group must not meet the old one's keys (stale rendezvous, agreement decisions)
+                self.control.reset_worker_keys()
             join_round(kv, round_, me)
             if self.control.is_host:
                 plan = host_round(kv, round_, min_nodes=cfg.min_nodes, max_nodes=cfg.max_nodes,

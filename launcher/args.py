@@ -89,6 +89,15 @@ def _nproc(value: str, environ: Mapping[str, str]) -> int:
     return _int(value, "--nproc-per-node", 1)
 
 
+def _check_local_rank(rank: int, flag: str, nproc: int) -> int:
+    """``rank`` if this node has that local rank; a flag naming one it lacks would silently
+    apply to no worker."""
+    if rank >= nproc:
+        raise UsageError(f"{flag}: this node has no local rank {rank} with --nproc-per-node "
+                         f"{nproc} (local ranks 0-{nproc - 1})")
+    return rank
+
+
 def parse_std_spec(value: str, flag: str, nproc: int) -> dict[int, int]:
     """Parse torchrun's ``--redirects``/``--tee`` value into {local_rank: 0-3}."""
     value = value.strip()
@@ -102,7 +111,7 @@ def parse_std_spec(value: str, flag: str, nproc: int) -> dict[int, int]:
         lr, sep, mode = item.partition(":")
         if not sep:
             raise UsageError(f"{flag}: expected LOCAL_RANK:MODE, got {item!r}")
-        r, m = _int(lr, flag, 0), _int(mode, flag, 0)
+        r, m = _check_local_rank(_int(lr, flag, 0), flag, nproc), _int(mode, flag, 0)
         if m > 3:
             raise UsageError(f"{flag}: mode must be 0-3, got {m} for local rank {r}")
         out[r] = m
@@ -280,7 +289,8 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
 
     filt: frozenset[int] | None = None
     if ns.local_ranks_filter.strip():
-        filt = frozenset(_int(x, "--local-ranks-filter", 0)
+        filt = frozenset(_check_local_rank(_int(x, "--local-ranks-filter", 0),
+                                           "--local-ranks-filter", nproc)
                          for x in ns.local_ranks_filter.split(",") if x.strip())
     try:
         ns.line_prefix.format(host="h", rank=0, local_rank=0, node_rank=0, role="r")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -11,7 +12,7 @@ from torchcomms.control.errors import ControlError
 
 from .args import parse_args
 from .exceptions import LauncherError
-from .output import Console
+from .output import Console, ConsoleLogHandler
 
 __all__ = ["main"]
 
@@ -21,6 +22,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     json_lines = "--json-logs" in args or "--json_logs" in args
     console = Console(json_lines=json_lines, host=socket.gethostname())
+    library_log = logging.getLogger("torchcomms")  # the control plane's modules log under it
+    handler = ConsoleLogHandler(console)
+    library_log.addHandler(handler)
     try:
         cfg = parse_args(args, os.environ)
         from .agent import Agent  # imported after parsing so that --help stays instant
@@ -34,6 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    finally:
+        library_log.removeHandler(handler)
 
 
 if __name__ == "__main__":

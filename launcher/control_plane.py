@@ -121,10 +121,20 @@ class ControlPlane:
         else:
             self.kv.publish(topic, payload)
 
-    def forget_member(self, member: str) -> None:
+    def reset_worker_keys(self) -> int:
+        """On the rendezvous host, between a round and its restart: drop every key the
+        previous round's workers left (their communicators' rendezvous, agreement decisions,
+        the user's own keys), keeping the launcher's own (``keep``) and the event log. A
+        restarted group then meets in a store as fresh as the first attempt's, as under
+        torchrun, whose store each attempt's rank 0 hosts anew. Returns how many were dropped."""
+        assert self.server is not None, "only the rendezvous host resets the store"
+        return self.server.drop_keys_except((f"{KEY_ROOT}/",))
+
+    def forget_member(self, member: str) -> bool:
         """Deregister another process's heartbeat member (a worker that has exited), so the
-        server does not report it lost later (e.g. while its restarted successor runs)."""
-        self.kv.heartbeat_forget(member, timeout=min(5.0, self.kv.timeout))
+        server does not report it lost later (e.g. while its restarted successor runs).
+        Returns whether it was still registered (a worker deregisters at a normal exit)."""
+        return self.kv.heartbeat_forget(member, timeout=min(5.0, self.kv.timeout))
 
     def subscribe(self, topics: list[str], callback: Callable[[str, dict[str, Any]], None]) -> None:
         """Deliver events of ``topics`` (replaying earlier ones) to ``callback``."""

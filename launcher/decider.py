@@ -178,6 +178,9 @@ class Decider:
             decision = Decision("exit", code, rnd.stop_reason or "all workers exited")
         self.kv.set(job_key(rnd.number, "decision"), decision.to_json())
         cause = root_cause(results)
+        stopped_by = self._stopping_signal(cause)
+        if stopped_by is not None:
+            cause = None  # every failure came after the agent forwarded the signal
         if decision.action == "restart":
             if cause is not None:
                 self.console.event(f"attempt {rnd.number} ended; root cause rank {cause.rank} "
@@ -186,13 +189,15 @@ class Decider:
         if cfg.summary and self.console.json_lines:
             self.console.event(
                 "job finished", run_id=cfg.rdzv_id, exit_code=decision.exit_code,
-                root_cause=None if cause is None else cause.to_dict(),
+                root_cause=None if cause is None else cause.to_dict(), signal=stopped_by,
                 workers=[r.to_dict() for r in sorted(results, key=lambda r: r.rank)])
         elif cfg.summary:
             title = f"torchcomms-run: job {cfg.rdzv_id} finished with exit code {decision.exit_code}"
-            text = render_table(results, title=title)
+            text = render_table(results, title=title, mark_cause=stopped_by is None)
             if cause is not None:
                 text += render_root_cause(cause)
+            elif stopped_by is not None:
+                text += f"root cause: torchcomms-run received {stopped_by} and stopped the workers\n"
             self.console.text(text)
         # Keep the store up until every live agent has read the decision.
         waiting = [nr for nr in self.remote if nr not in self.lost_at]
@@ -203,6 +208,18 @@ class Decider:
             if waiting:
                 time.sleep(0.02)
         return decision
+
+
+    def _stopping_signal(self, cause: WorkerResult | None) -> str | None:
+        """The name of the signal that stopped the job when no worker failed before the agent
+        received it (the workers' ends are then its doing, not their own failures)."""
+        sig, at = self.agent.signal_received, self.agent.signal_at
+        if sig is None or at is None or (cause is not None and cause.failure_time < at):
+            return None
+        try:
+            return signal.Signals(abs(sig)).name
+        except ValueError:
+            return f"signal {abs(sig)}"
 
 
 def _describe_event(payload: dict[str, Any]) -> str:

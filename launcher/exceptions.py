@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "LauncherError",
+    "WorkerStartError",
     "UsageError",
     "RendezvousError",
     "RendezvousTimeoutError",
@@ -59,3 +60,16 @@ class AuthenticationError(LauncherError):
 
 class ControlPlaneLostError(LauncherError):
     """The rendezvous host (and with it the job's control plane) went away."""
+
+
+class WorkerStartError(LauncherError):
+    """A worker's process could not be started (its program is missing or not executable):
+    the shell's codes, 127 for a program not found and 126 for one that cannot be run."""
+
+    def __init__(self, rank: int, argv0: str, error: OSError) -> None:
+        self.exit_code = 127 if isinstance(error, FileNotFoundError) else 126
+        hint = ""
+        if isinstance(error, PermissionError):
+            hint = " (--no-python runs the entry point as an executable: make it one, or drop --no-python)"
+        super().__init__(f"cannot start rank {rank}'s worker {argv0!r}: "
+                         f"{error.strerror or error}{hint}")

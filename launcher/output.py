@@ -8,6 +8,7 @@ redirected or filtered out, and to the worker's log file when logs are kept.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import selectors
 import sys
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["Console", "StreamRoute", "OutputPump", "STDOUT", "STDERR"]
+__all__ = ["Console", "ConsoleLogHandler", "StreamRoute", "OutputPump", "STDOUT", "STDERR"]
 
 STDOUT, STDERR = 1, 2  # bits of torchrun's Std values (3 = both)
 
@@ -73,6 +74,24 @@ class Console:
                 self._err.flush()
             except (OSError, ValueError):
                 pass
+
+
+class ConsoleLogHandler(logging.Handler):
+    """Prints the records of the libraries the agent runs (its control server's warnings: a
+    refused client, a silent member) as the agent's own events: prefixed, or JSON records
+    under ``--json-logs``. Without it Python's last-resort handler writes them bare to stderr,
+    a line that is not JSON among JSON lines."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(logging.WARNING)
+        self._console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string must not take the agent down
+            message = str(record.msg)
+        self._console.event(message, logger=record.name, level=record.levelname.lower())
 
 
 @dataclass(frozen=True)

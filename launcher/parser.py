@@ -15,8 +15,16 @@ from .launch_config import DEFAULT_HUNG_TIMEOUT_S, DEFAULT_STOPPED_TIMEOUT_S
 __all__ = ["build_parser", "check_unknown_flags"]
 
 
+#: how argparse words a missing positional; ``entrypoint_args`` (the script's own arguments,
+#: possibly none) is never what is missing from a command line
+_REQUIRED = "the following arguments are required:"
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith(_REQUIRED) and "entrypoint" in message:
+            raise UsageError("no entry point: torchcomms-run [options] SCRIPT [SCRIPT ARGS...] "
+                             "(or -m MODULE, or --no-python PROGRAM)")
         raise UsageError(message)
 
 

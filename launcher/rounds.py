@@ -38,6 +38,10 @@ __all__ = ["Decision", "Round", "job_key", "FAILURE_REASONS"]
 
 #: ``rank_failed`` reasons an agent publishes for its own workers.
 FAILURE_REASONS = ("exited", "killed", "unreapable", "hung", "stopped")
+#: the ``rank_failed`` reason of a worker that exited 0 without a normal interpreter exit (its
+#: heartbeat still registered: ``os._exit``): not a failure of the job, but its communicators'
+#: peers must not wait for it (agreement, shrink). Not in FAILURE_REASONS: no policy applies.
+LEFT_REASON = "left"
 
 
 def job_key(round_: int, *parts: str) -> str:
@@ -179,11 +183,21 @@ class Round:
         if r.unreapable:
             self.agent.abandoned.append((self.number, worker))
             self._log_unreapable(worker)
+        registered = False
         try:  # its heartbeats (if any) stopped for a reason we already know
-            self.control.forget_member(f"rank/{r.rank}")
+            registered = self.control.forget_member(f"rank/{r.rank}")
         except ControlError:
             pass
-        if not r.failed or self.stopping:
+        if self.stopping:
+            return
+        if not r.failed:
+            # exited 0 without deregistering (os._exit, communicators open): the survivors that
+            # shrink (the one policy under which they carry on) must not wait for it. Only then:
+            # a job whose every rank ends by os._exit(0) would publish one event per rank.
+            if registered and self.cfg.on_failure == "shrink":
+                self._publish_failed({"rank": r.rank, "host": r.host, "node_rank": r.node_rank,
+                                      "round": self.number, "reason": LEFT_REASON,
+                                      "exit_code": r.exit_code, "signal": None})
             return
         reason = ("unreapable" if r.unreapable else "hung" if r.rank in self.hung
                   else "killed" if r.signal is not None else "exited")
@@ -193,6 +207,9 @@ class Round:
         }
         if r.unreapable:
             payload.update(pid=r.pid, state=r.state)
+        self._publish_failed(payload)
+
+    def _publish_failed(self, payload: dict[str, Any]) -> None:
         try:
             self.control.publish("rank_failed", payload)
         except ControlError:
@@ -283,13 +300,14 @@ class Round:
             f"rank {v.rank} on {w.result.host} is hung (no heartbeat for {v.silent_s:.1f} s, "
             f"no CPU progress for {v.quiet_s:.1f} s): asking for a flight-recorder dump "
             f"(SIGUSR1), then stopping it")
-        w.signal_group(signal.SIGUSR1)
+        w.request_dump(signal.SIGUSR1)
         self.hung[v.rank] = time.monotonic() + min(2.0, self.cfg.grace_period)
 
     def _report_stopped(self, w: Worker, v: Verdict) -> None:
         """A stopped rank is reported failed (reason ``stopped``) once, not killed: the
         survivors go on without it, and the policy decides what happens to it."""
         r = w.result
+        r.failed_at = time.time()
         self.console.event(
             f"rank {v.rank} (pid {w.pid}) on {r.host} is stopped (process state T for "
             f"{v.quiet_s:.1f} s: SIGSTOP or a debugger): reported as failed, not killed")

@@ -1,6 +1,7 @@
 """End of job: the root cause, the launcher's exit code and the summary table.
 
-Root cause: the failed worker that ended first (ties broken by rank). The launcher exits
+Root cause: the failed worker that failed first (ties broken by rank): when it ended, or when
+it was reported failed while alive (a stopped rank ends only when the job is stopped). The launcher exits
 with its code (exit code, 128 + signal, or 1 for a worker lost with its node or given up as
 unreapable: still alive after SIGKILL, its "end" is when the agent gave it up).
 
@@ -28,11 +29,11 @@ def root_cause(results: Sequence[WorkerResult]) -> WorkerResult | None:
     failed = [r for r in results if r.failed]
     if not failed:
         return None
-    return min(failed, key=lambda r: (r.ended if r.ended is not None else float("inf"), r.rank))
+    return min(failed, key=lambda r: (r.failure_time, r.rank))
 
 
 def _tolerated(failure: WorkerResult, results: Sequence[WorkerResult]) -> bool:
-    end = failure.ended if failure.ended is not None else float("inf")
+    end = failure.failure_time
     return any(
         other is not failure and (other.ended is None or other.ended > end)
         for other in results
@@ -72,9 +73,11 @@ def describe_end(r: WorkerResult) -> str:
     return "running"
 
 
-def render_table(results: Sequence[WorkerResult], *, title: str = "") -> str:
-    """A plain-text table: rank, host, local rank, pid, how it ended, duration."""
-    cause = root_cause(results)
+def render_table(results: Sequence[WorkerResult], *, title: str = "",
+                 mark_cause: bool = True) -> str:
+    """A plain-text table: rank, host, local rank, pid, how it ended, duration; the root
+    cause marked unless ``mark_cause`` is false (a job stopped by a signal the agent got)."""
+    cause = root_cause(results) if mark_cause else None
     head = ("rank", "host", "local", "pid", "result", "duration")
     rows = []
     for r in sorted(results, key=lambda r: r.rank):

@@ -30,7 +30,9 @@ from typing import IO, Any, Protocol
 
 from torchcomms.control.host_process import process_state
 
+from .catchers import catches, group_members
 from .env import WorkerPlacement
+from .exceptions import WorkerStartError
 from .output import STDERR, STDOUT, OutputPump
 
 __all__ = ["WorkerSpec", "WorkerResult", "Worker", "WorkerGroup", "ProcessHandle",
@@ -103,10 +105,20 @@ class WorkerResult:
     error_traceback: str | None = None
     unreapable: bool = False
     state: str | None = None
+    #: when it was reported failed while its process lived on (a stopped rank, which ends
+    #: only at the SIGKILL that stops the job): the time of its failure, not its end
+    failed_at: float | None = None
 
     @property
     def failed(self) -> bool:
         return self.lost or self.unreapable or self.signal is not None or bool(self.exit_code)
+
+    @property
+    def failure_time(self) -> float:
+        """When it failed: reported failed while alive, else when it ended."""
+        if self.failed_at is not None:
+            return self.failed_at
+        return self.ended if self.ended is not None else float("inf")
 
     @property
     def code(self) -> int:
@@ -208,6 +220,24 @@ class Worker:
         return sent
 
 
+    def request_dump(self, sig: int) -> bool:
+        """Send ``sig`` (a dump request) to the processes of the worker's group, and the
+        worker itself, that catch it; False when none does (the request is then dropped:
+        its default action would end them)."""
+        pids = set(group_members(self.proc.pid))
+        if not self.done.is_set():
+            pids.add(self.proc.pid)
+        sent = False
+        for pid in sorted(pids):
+            if catches(pid, sig):
+                try:
+                    os.kill(pid, sig)
+                    sent = True
+                except (ProcessLookupError, PermissionError):
+                    pass
+        return sent
+
+
 class WorkerGroup:
     """The workers of one node for one attempt.
 
@@ -229,8 +259,11 @@ class WorkerGroup:
         """Start every worker (call from the main thread, see the module docstring)."""
         setup = _child_setup(os.getpid())
         for spec in specs:
-            proc = self._spawn(spec, setup)
             p = spec.placement
+            try:
+                proc = self._spawn(spec, setup)
+            except OSError as e:  # the workers started so far are stopped by the agent
+                raise WorkerStartError(p.rank, spec.argv[0], e) from None
             result = WorkerResult(rank=p.rank, local_rank=p.local_rank, node_rank=p.node_rank,
                                   host=spec.host, pid=proc.pid, started=time.time(),
                                   error_file=spec.error_file)
@@ -307,7 +340,8 @@ class WorkerGroup:
             if now >= deadline:
                 break
             if not dumped and now >= dump_at:
-                self.signal_all(dump)  # type: ignore[arg-type]
+                for w in self.alive():
+                    w.request_dump(dump)  # type: ignore[arg-type]
                 dumped = True
             for w in self.alive():
                 w.done.wait(min(0.02, max(0.0, deadline - now)))

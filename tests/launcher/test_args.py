@@ -143,3 +143,12 @@ def test_slurm_fills_layout():
     # explicit flags win over the scheduler
     cfg = parse_args(["--rdzv-endpoint", "other:5", "x.py"], env)
     assert cfg.rdzv_endpoint == "other:5"
+
+
+@pytest.mark.parametrize("flag,value", [("--local-ranks-filter", "2"), ("--redirects", "2:1"),
+                                        ("--tee", "0:1,2:3")])
+def test_a_local_rank_this_node_does_not_have_is_refused(flag, value):
+    """A filter or a per-rank redirect that names no worker would silently show (or log)
+    nothing for it: refused, naming the local ranks there are."""
+    with pytest.raises(UsageError, match=rf"{flag}: .*local rank 2 .*--nproc-per-node 2 \(local ranks 0-1\)"):
+        parse_args(["--nproc-per-node", "2", flag, value, "x.py"], {})

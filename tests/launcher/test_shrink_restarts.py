@@ -24,3 +24,14 @@ def test_without_max_restarts_shrink_restarts_nobody(tmp_path):
     env = base_env(PID_DIR=str(tmp_path), EXIT_RANK="1", EXIT_CODE="3", SLEEP="2")
     proc = run_launcher("--nproc-per-node", "2", "--on-failure", "shrink", worker("sleeper.py"), env=env)
     assert " restarted (pid " not in proc.stderr and proc.returncode == 0, proc.stderr
+
+
+def test_rank_leaving_by_os_exit_0_does_not_hold_the_survivors_shrink():
+    """A worker that exits 0 without finalizing (``os._exit``) is gone for good: the survivors'
+    ``agree`` and ``shrink`` leave it out instead of waiting for it until their timeout."""
+    env = base_env(TORCHCOMM_TIMEOUT_SECONDS="60", TORCHCOMM_LOG_EVENTS="0")
+    proc = run_launcher("--nproc-per-node", "3", "--on-failure", "shrink",
+                        worker("leaves_unclean.py"), env=env, timeout=240)
+    for rank in (0, 2):
+        assert f"rank {rank} done: world 2 last sum 2" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stderr

@@ -268,3 +268,65 @@ def test_json_logs_summary_record(tmp_path):
     assert final["root_cause"]["rank"] == 1 and final["root_cause"]["exit_code"] == 3
     assert [w["rank"] for w in final["workers"]] == [0, 1]
     assert final["workers"][0]["signal"] == signal.SIGTERM
+
+
+def test_stopping_a_worker_that_dumps_nothing_does_not_kill_it_with_sigusr1(tmp_path):
+    """The dump request (SIGUSR1) goes only to processes that catch it: SIGUSR1's default
+    action would end a worker that installed no handler (not torchcomms', not Python's own),
+    and the summary would blame a signal nobody meant to stop it with."""
+    env = base_env(PID_DIR=str(tmp_path), IGNORE_TERM_RANKS="1", NO_USR1_RANKS="1")
+    agent = subprocess.Popen(
+        launcher_cmd("--nproc-per-node", "2", "--grace-period", "2", worker("sleeper.py")),
+        env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        read_pids(tmp_path, 2)
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=60)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    assert agent.returncode == 128 + signal.SIGTERM, err
+    rows = {ln.split()[0]: ln for ln in err.splitlines() if ln.startswith(("0 ", "1 "))}
+    assert "SIGKILL" in rows["1"] and "SIGUSR1" not in err, err
+
+
+def test_a_stopped_rank_is_the_root_cause_not_the_ranks_stopped_because_of_it(tmp_path):
+    """Policy ``fail``: a rank stopped by SIGSTOP is reported failed while its process lives
+    on (it ends only at the SIGKILL after the grace period); the healthy rank that the policy
+    stopped with SIGTERM ended earlier, but it is not the cause."""
+    env = base_env(PID_DIR=str(tmp_path))
+    agent = subprocess.Popen(
+        launcher_cmd("--nproc-per-node", "2", "--grace-period", "2", worker("sleeper.py")),
+        env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pids = read_pids(tmp_path, 2)
+        os.kill(pids[1], signal.SIGSTOP)
+        _, err = agent.communicate(timeout=120)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+        for pid in pids:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert "rank 1 is stopped; stopping the job" in err, err
+    assert "root cause: rank 1 on" in err, err
+    assert agent.returncode == 128 + signal.SIGKILL, err
+
+
+def test_a_signal_to_the_launcher_is_the_root_cause_not_a_worker_it_stopped(tmp_path):
+    """``scancel`` / Ctrl-C: the workers end by the signal the agent forwarded; none of them
+    failed on its own, so the summary names the signal, not whichever worker ended first."""
+    env = base_env(PID_DIR=str(tmp_path))
+    agent = subprocess.Popen(launcher_cmd("--nproc-per-node", "2", worker("sleeper.py")),
+                             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        read_pids(tmp_path, 2)
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=60)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    assert agent.returncode == 128 + signal.SIGTERM, err
+    assert "root cause: torchcomms-run received SIGTERM" in err, err
+    assert "<- root cause" not in err and "decorate the entry point" not in err, err

@@ -75,6 +75,17 @@ class KeyValueStore:
         """Drop ``key`` (nobody is woken)."""
         self.data.pop(key, None)
 
+    def drop_all_but(self, keep: tuple[str, ...]) -> int:
+        """Drop every value and queue whose key starts with none of the prefixes ``keep``
+        (nobody is woken); returns how many keys were dropped."""
+        doomed = [k for k in self.data if not k.startswith(keep)]
+        for key in doomed:
+            del self.data[key]
+        queues = [k for k in self._queues if not k.startswith(keep)]
+        for key in queues:
+            del self._queues[key]
+        return len(doomed) + len(queues)
+
     def park_events(self, identity: bytes, req: Request) -> None:
         """Park an ``events`` request until an event it asks for is published."""
         self.event_waiters.append(self.park(identity, req, []))

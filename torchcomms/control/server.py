@@ -37,7 +37,7 @@ from .arguments import check_server_args
 from .auth import ServerAuthenticator
 from .errors import ControlArgumentError, ControlClosedError, ControlError, ControlUnavailableError
 from .event_log import EventLog
-from .events import Event, EventSchemaError, event_key, validate_event
+from .events import EVENT_KEY_PREFIX, Event, EventSchemaError, event_key, validate_event
 from .kvstore import KeyValueStore, Waiter
 from .membership import Members
 from .protocol import Limits, ProtocolViolation, Request
@@ -213,6 +213,10 @@ class StoreServer:
         except (EventSchemaError, ProtocolViolation) as exc:
             raise ControlArgumentError(f"cannot publish {topic!r}: {exc}") from None
         return self._run_in_loop(lambda: self._publish(topic, payload).seq, timeout)
+
+    def drop_keys_except(self, keep: tuple[str, ...], timeout: float = 10.0) -> int:
+        """Drop the keys under none of the prefixes ``keep`` nor the event log's; how many."""
+        return int(self._run_in_loop(lambda: self._store.drop_all_but((*keep, EVENT_KEY_PREFIX)), timeout))
 
     def _run_in_loop(self, fn: Callable[[], Any], timeout: float) -> Any:
         if self._thread is None or self._stopping or not self._thread.is_alive():

@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from torchcomms.core.comm_core import CommCore
 
 _TOPICS = ["rank_failed", "node_lost"]
+#: the ``rank_failed`` reason of a rank whose process exited 0 without a normal interpreter
+#: exit (``os._exit``): it is gone, so agreements and engine builds do not wait for it and a
+#: lost connection to it is attributed to it, but its communicators are not broken: a peer's op
+#: that it completed before leaving (a broadcast it rooted) completes
+LEFT = "left"
 
 
 class FailureMonitor:
@@ -117,6 +122,8 @@ class FailureMonitor:
             if me:
                 self.expelled = how
             self._changed.notify_all()
+        if how == LEFT and not me:
+            return
         for comm in comms:
             if me:
                 comm.expel(how)

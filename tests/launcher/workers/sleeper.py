@@ -1,5 +1,6 @@
 """Writes its pid, then sleeps. IGNORE_TERM_RANKS=1,2 ignore SIGTERM and SIGINT (hung);
-SIGUSR1 writes <rank>.usr1 (stands in for a flight-recorder dump). EXIT_RANK/EXIT_CODE
+SIGUSR1 writes <rank>.usr1 (stands in for a flight-recorder dump), except on NO_USR1_RANKS
+(SIGUSR1's default action, as in a program that dumps nothing). EXIT_RANK/EXIT_CODE
 make one rank exit with that code after EXIT_AFTER seconds. SLEEP bounds the sleep."""
 import os
 import signal
@@ -18,7 +19,8 @@ def on_usr1(signum, frame):
     (out / f"{rank}.usr1").write_text("dump")
 
 
-signal.signal(signal.SIGUSR1, on_usr1)
+if str(rank) not in os.environ.get("NO_USR1_RANKS", "").split(","):
+    signal.signal(signal.SIGUSR1, on_usr1)
 (out / f"{rank}.pid.tmp").write_text(str(os.getpid()))
 os.replace(out / f"{rank}.pid.tmp", out / f"{rank}.pid")
 print(f"rank {rank} pid {os.getpid()} ready", flush=True)
