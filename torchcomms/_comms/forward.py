@@ -44,6 +44,16 @@ def _timeout(ms: int | None) -> timedelta | None:
     return None if ms is None else timedelta(milliseconds=ms)
 
 
+def _group_timeout(comm: Any, timeout: timedelta) -> None:
+    """A new group's timeout (``new_group`` / ``split_group``'s ``timeout``) becomes its
+    communicator's default for every later op, as on c10d's own backends; c10d's default in its
+    place leaves the communicator's (``TORCHCOMM_TIMEOUT_SECONDS``, or inherited on a split)."""
+    from torchcomms.setup.bootstrap import c10d_default_timeout
+
+    if timeout.total_seconds() > 0 and not c10d_default_timeout(timeout):
+        comm.set_timeout(timeout)
+
+
 class WorkGroup:
     """Several works seen as one (multi-tensor and coalesced c10d calls)."""
 
@@ -272,6 +282,8 @@ class CommForwarder:
             self.comm.split([], "c10d-device-alias", timeout=_timeout(timeout))
             return first[1]
         child = self._split(ranks, timeout)
+        if child is not None and timeout is not None:
+            _group_timeout(child, _timeout(timeout))
         self._last_split = (key, child)
         return child
 
