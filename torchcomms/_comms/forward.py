@@ -218,6 +218,16 @@ class CommForwarder:
     def barrier(self, timeout: int | None) -> Any:
         return self._track([self.comm.barrier(True, timeout=_timeout(timeout))])
 
+    def monitored_barrier(self, timeout: int | None, wait_all_ranks: bool) -> None:
+        """c10d's ``monitored_barrier`` (blocking; see :mod:`torchcomms._comms.monitored`).
+        c10d's default timeout in place of none given means the communicator's."""
+        from torchcomms._comms.monitored import monitored_barrier
+        from torchcomms.setup.bootstrap import c10d_default_timeout
+
+        t = _timeout(timeout)
+        monitored_barrier(self.comm, None if t is None or c10d_default_timeout(t) else t, wait_all_ranks)
+        self._last_split = None
+
     # --- point to point (c10d's tag is not part of the torchcomms API; order matches) -------
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
         return self._p2p_op("send", tensors, dst)

@@ -313,6 +313,11 @@ class BackendWrapper : public c10d::Backend {
     return issue(c10d::OpType::BARRIER, {}, "barrier", to(o.timeout));
   }
 
+  // c10d's monitored_barrier (gloo's contract: raises naming the ranks that did not arrive).
+  void monitoredBarrier(const c10d::BarrierOptions& o, bool waitAllRanks) override {
+    call("monitored_barrier", to(o.timeout), waitAllRanks);
+  }
+
   c10::intrusive_ptr<c10d::Backend> split(
       const c10::intrusive_ptr<c10d::Store>& /*store*/, const std::vector<int>& ranks,
       const c10::intrusive_ptr<Options>& opts) override {
