@@ -49,3 +49,36 @@ def future_keeps_nothing() -> dict[str, Any]:
     dist.destroy_process_group()
     out["futures_threads_left"] = [th.name for th in threading.enumerate() if th.name.startswith(FUTURES_THREAD)]
     return out
+
+
+def failed_future_rethrows() -> dict[str, Any]:
+    """Rank 0's all-reduce times out (rank 1 never joins it, and leaves once rank 0 is done):
+    its future's error, asked for again and again, and through a ``then`` callback."""
+    from datetime import timedelta
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=3))
+    store = dist.distributed_c10d._get_default_store()
+    out: dict[str, Any] = {}
+    if dist.get_rank() == 0:
+        work = dist.all_reduce(torch.ones(4), async_op=True)
+        fut = work.get_future()
+        seen: list[str] = []
+        for ask in (fut.wait, fut.wait, fut.value, fut.wait):
+            try:
+                ask()
+                seen.append("no error")
+            except Exception as e:  # noqa: BLE001 - reported to the test
+                seen.append(type(e).__name__)
+        chained = fut.then(lambda f: f.value())
+        try:
+            chained.wait()
+            out["then"] = "no error"
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            out["then"] = f"{type(e).__name__}: {e}"
+        out["seen"] = seen
+        out["exception"] = type(work.exception()).__name__
+        store.set("tc-test/done", "1")
+    else:
+        store.wait(["tc-test/done"], timedelta(seconds=60))
+    dist.destroy_process_group()
+    return out
