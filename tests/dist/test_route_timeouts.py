@@ -28,3 +28,10 @@ def test_a_peer_that_never_arrives_ends_at_init_process_groups_timeout() -> None
     env = dict(ROUTE, TORCHCOMM_TIMEOUT_SECONDS="600")
     results = run_ranks(2, f"{WORKERS}:peer_never_arrives", {"init_s": 3.0}, timeout=150, env=env)
     assert results[0].value["error"] == "CommTimeoutError", results[0].value
+
+
+def test_set_pg_timeout_sets_the_communicators_timeout() -> None:
+    # torch's _set_pg_timeout calls _set_default_timeout on the group's _BackendWrapper, which
+    # our C++ class did not bind: AttributeError
+    for res in run_ranks(2, f"{WORKERS}:set_pg_timeout", timeout=120, env=ROUTE):
+        assert res.value == {"world": 5.0, "group": 6.0, "sum": [2.0, 2.0]}, res.value

@@ -48,3 +48,19 @@ def peer_never_arrives(init_s: float) -> dict[str, Any]:
             pass
     dist.destroy_process_group()
     return out
+
+
+def set_pg_timeout() -> dict[str, Any]:
+    """c10d's ``_set_pg_timeout`` (what torchtitan calls after its first step) on the world and
+    on a subgroup."""
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    dist.init_process_group("gloo")
+    g = dist.new_group([0, 1])
+    _set_pg_timeout(timedelta(seconds=5))
+    _set_pg_timeout(timedelta(seconds=6), g)
+    t = torch.ones(2)
+    dist.all_reduce(t, group=g)
+    out = {"world": _comm_timeout_s(dist.group.WORLD), "group": _comm_timeout_s(g), "sum": t.tolist()}
+    dist.destroy_process_group()
+    return out

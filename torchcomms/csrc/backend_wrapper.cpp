@@ -444,5 +444,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "A c10d Backend over a torchcomms communicator: every op goes through the communicator's dispatch path.")
       .def(py::init([](py::object comm) { return c10::make_intrusive<torchcomms_ext::BackendWrapper>(comm); }),
            py::arg("comm"))
-      .def("get_comm", &torchcomms_ext::BackendWrapper::getComm, "The communicator this backend forwards to.");
+      .def("get_comm", &torchcomms_ext::BackendWrapper::getComm, "The communicator this backend forwards to.")
+      // c10d's _set_pg_timeout(timeout, group) calls this on the group's backends (on
+      // ProcessGroupGloo / ProcessGroupNCCL, which bind it, and on this class by name)
+      .def(
+          "_set_default_timeout",
+          [](torchcomms_ext::BackendWrapper& self, const py::object& timeout) {
+            auto ms = static_cast<int64_t>(timeout.attr("total_seconds")().cast<double>() * 1000.0);
+            self.setTimeout(std::chrono::milliseconds(ms));
+          },
+          py::arg("timeout"),
+          "The communicator's timeout for every later op (a datetime.timedelta).");
 }
