@@ -151,6 +151,10 @@ class CommForwarder:
     # --- collectives ---------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], red: tuple, timeout: int | None) -> Any:
         op, t = reduce_op(red), _timeout(timeout)
+        if any(x.layout is torch.sparse_coo for x in tensors):  # c10d's gloo sums them (DDP's sparse grads)
+            from torchcomms._comms.sparse import all_reduce_sparse
+
+            return self._track([w for x in tensors for w in all_reduce_sparse(self.comm, x, op, t)])
         return self._track([self.comm.all_reduce(x, op, True, timeout=t) for x in tensors])
 
     def broadcast(self, tensors: list[torch.Tensor], root: int, root_tensor: int, timeout: int | None) -> Any:
