@@ -44,6 +44,16 @@ def _timeout(ms: int | None) -> timedelta | None:
     return None if ms is None else timedelta(milliseconds=ms)
 
 
+def _group_timeout(comm: Any, timeout: timedelta) -> None:
+    """A new group's timeout (``new_group`` / ``split_group``'s ``timeout``) becomes its
+    communicator's default for every later op, as on c10d's own backends; c10d's default in its
+    place leaves the communicator's (``TORCHCOMM_TIMEOUT_SECONDS``, or inherited on a split)."""
+    from torchcomms.setup.bootstrap import c10d_default_timeout
+
+    if timeout.total_seconds() > 0 and not c10d_default_timeout(timeout):
+        comm.set_timeout(timeout)
+
+
 class WorkGroup:
     """Several works seen as one (multi-tensor and coalesced c10d calls)."""
 
@@ -112,6 +122,7 @@ class CommForwarder:
         self._coalesced: list[Any] | None = None
         self._p2p: list[tuple[str, torch.Tensor, int, DeferredP2P]] = []
         self._done_queue: queue.SimpleQueue[tuple[Any, Callable[[BaseException | None], None]]] | None = None
+        self._done_thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._split_names: dict[str, int] = {}
         self._last_split: tuple[tuple[str, tuple[int, ...]], Any] | None = None
@@ -140,6 +151,10 @@ class CommForwarder:
     # --- collectives ---------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], red: tuple, timeout: int | None) -> Any:
         op, t = reduce_op(red), _timeout(timeout)
+        if any(x.layout is torch.sparse_coo for x in tensors):  # c10d's gloo sums them (DDP's sparse grads)
+            from torchcomms._comms.sparse import all_reduce_sparse
+
+            return self._track([w for x in tensors for w in all_reduce_sparse(self.comm, x, op, t)])
         return self._track([self.comm.all_reduce(x, op, True, timeout=t) for x in tensors])
 
     def broadcast(self, tensors: list[torch.Tensor], root: int, root_tensor: int, timeout: int | None) -> Any:
@@ -207,6 +222,16 @@ class CommForwarder:
     def barrier(self, timeout: int | None) -> Any:
         return self._track([self.comm.barrier(True, timeout=_timeout(timeout))])
 
+    def monitored_barrier(self, timeout: int | None, wait_all_ranks: bool) -> None:
+        """c10d's ``monitored_barrier`` (blocking; see :mod:`torchcomms._comms.monitored`).
+        c10d's default timeout in place of none given means the communicator's."""
+        from torchcomms._comms.monitored import monitored_barrier
+        from torchcomms.setup.bootstrap import c10d_default_timeout
+
+        t = _timeout(timeout)
+        monitored_barrier(self.comm, None if t is None or c10d_default_timeout(t) else t, wait_all_ranks)
+        self._last_split = None
+
     # --- point to point (c10d's tag is not part of the torchcomms API; order matches) -------
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
         return self._p2p_op("send", tensors, dst)
@@ -270,9 +295,33 @@ class CommForwarder:
         if first is not None and first[0] == key:
             self.comm.split([], "c10d-device-alias", timeout=_timeout(timeout))
             return first[1]
+        self._refuse_bad_members(ranks, timeout)
         child = self._split(ranks, timeout)
+        if child is not None and timeout is not None:
+            _group_timeout(child, _timeout(timeout))
         self._last_split = (key, child)
         return child
+
+    def _refuse_bad_members(self, ranks: list[int], timeout: int | None) -> None:
+        """Raises ``CommValueError`` for a member list with a rank out of range or twice
+        (``new_group([0, 5])``), after taking part in the split as a non-member once per device
+        type of the group, as c10d's non-member path for that group does on the ranks it left
+        out: raised before that, those ranks waited in the split until the timeout and the
+        parent communicator was broken."""
+        size = self.comm.get_size()
+        wrong = sorted({r for r in ranks if not 0 <= r < size})
+        if not wrong and len(set(ranks)) == len(ranks):
+            return
+        from torch.distributed import distributed_c10d as c10d
+
+        from torchcomms.errors import CommValueError
+
+        aliases = len(c10d._get_default_group()._device_types) if c10d.is_initialized() else 1
+        for _ in range(max(1, aliases)):
+            self.comm.split([], "c10d-refused-split", timeout=_timeout(timeout))
+        what = f"ranks {wrong} out of range for a group of {size}" if wrong else "a rank listed twice"
+        raise CommValueError(f"cannot make a group of ranks {list(ranks)}: {what}", comm=self.comm.get_name(),
+                             op="split")
 
     def _split(self, ranks: list[int], timeout: int | None) -> Any:
         # The new communicator's name must be the same on every member (its engine meets under
@@ -297,9 +346,12 @@ class CommForwarder:
             self.comm.finalize()
         except CommError:
             self.comm.abort()
-        q = self._done_queue
+        q, thread = self._done_queue, self._done_thread
         if q is not None:
             q.put(None)  # type: ignore[arg-type]
+        if thread is not None and thread is not threading.current_thread():
+            # ended here, not during the interpreter's finalization (see _complete_loop)
+            thread.join(self._timeout_s)
 
     # --- futures ----------------------------------------------------------------------------
     def on_done(self, work: Any, done: Callable[[BaseException | None], None]) -> None:
@@ -310,20 +362,28 @@ class CommForwarder:
         with self._lock:
             if self._done_queue is None:
                 self._done_queue = queue.SimpleQueue()
-                threading.Thread(target=self._complete_loop, args=(self._done_queue,), daemon=True,
-                                 name=f"torchcomms-c10d-futures:{self.comm.get_name()}").start()
+                self._done_thread = threading.Thread(
+                    target=self._complete_loop, args=(self._done_queue,), daemon=True,
+                    name=f"torchcomms-c10d-futures:{self.comm.get_name()}")
+                self._done_thread.start()
         self._done_queue.put((work, done))
 
     @staticmethod
     def _complete_loop(q: queue.SimpleQueue) -> None:
+        """Completes queued futures in order. It keeps no reference to a completed one while it
+        waits for the next: ``done`` holds c10d's future and the op's output tensors, and a
+        daemon thread that let go of them only when the interpreter was finalizing did so through
+        a C++ destructor that the interpreter ended with ``pthread_exit`` (SIGABRT at exit)."""
         while True:
             item = q.get()
             if item is None:
                 return
             work, done = item
+            del item
             try:
                 work.wait()
                 error = None
             except BaseException as e:  # noqa: BLE001 - handed to the future, not swallowed
                 error = e
             done(error)
+            del work, done, error

@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/utils/pybind.h>
 
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <tuple>
@@ -41,10 +42,57 @@ void dropPy(py::object& obj) {
   }
 }
 
-// The current Python error as an exception_ptr that, rethrown into Python, restores it.
+// A Python exception object in a C++ exception, rethrown into Python (by the translator the
+// module registers) as that same object, as often as it is rethrown: a c10 future rethrows its
+// error on every wait() and value(), and a py::error_already_set can be restored only once
+// (the second wait() on a failed op's future ended the process: "restore() called a second
+// time", std::terminate). The object is dropped with the GIL, or leaked once Python is gone.
+class PyErrorValue : public std::exception {
+ public:
+  explicit PyErrorValue(const py::object& exc)
+      : exc_(new py::object(exc), dropHeld),
+        what_(py::str(py::type::handle_of(exc).attr("__name__")).cast<std::string>() + ": " +
+              py::str(exc).cast<std::string>()) {}
+
+  const char* what() const noexcept override {
+    return what_.c_str();
+  }
+
+  PyObject* ptr() const {
+    return exc_->ptr();
+  }
+
+ private:
+  static void dropHeld(py::object* obj) {
+    dropPy(*obj);
+    delete obj;
+  }
+
+  std::shared_ptr<py::object> exc_;
+  std::string what_;
+};
+
+// A Python exception (GIL held) as an exception_ptr that raises it wherever it reaches Python.
 std::exception_ptr asExceptionPtr(const py::object& exc) {
+  return std::make_exception_ptr(PyErrorValue(exc));
+}
+
+// A Python exception (GIL held) as a py::error_already_set: restored into Python once, as the
+// very object (torch's Work.exception() binding hands it back typed). Only for an exception_ptr
+// made anew for each caller, never one stored and rethrown again (see PyErrorValue).
+std::exception_ptr asRestoredOnce(const py::object& exc) {
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
   return std::make_exception_ptr(py::error_already_set());
+}
+
+void translatePyErrorValue(std::exception_ptr p) {
+  try {
+    if (p) {
+      std::rethrow_exception(p);
+    }
+  } catch (const PyErrorValue& e) {
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(e.ptr())), e.ptr());
+  }
 }
 
 // A reduce op as plain values (no Python objects, so it can be built without the GIL):
@@ -94,7 +142,7 @@ class ForwardedWork : public c10d::Work {
   std::exception_ptr exception() const override {
     py::gil_scoped_acquire gil;
     py::object exc = work_.attr("exception")();
-    return exc.is_none() ? nullptr : asExceptionPtr(exc);
+    return exc.is_none() ? nullptr : asRestoredOnce(exc);
   }
 
   // Blocks until the op ends; never past the op's deadline. Raises the op's typed error.
@@ -313,6 +361,11 @@ class BackendWrapper : public c10d::Backend {
     return issue(c10d::OpType::BARRIER, {}, "barrier", to(o.timeout));
   }
 
+  // c10d's monitored_barrier (gloo's contract: raises naming the ranks that did not arrive).
+  void monitoredBarrier(const c10d::BarrierOptions& o, bool waitAllRanks) override {
+    call("monitored_barrier", to(o.timeout), waitAllRanks);
+  }
+
   c10::intrusive_ptr<c10d::Backend> split(
       const c10::intrusive_ptr<c10d::Store>& /*store*/, const std::vector<int>& ranks,
       const c10::intrusive_ptr<Options>& opts) override {
@@ -385,10 +438,21 @@ class BackendWrapper : public c10d::Backend {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module_::import("torch._C._distributed_c10d");  // registers c10d::Backend, our base
+  py::register_exception_translator(&torchcomms_ext::translatePyErrorValue);
   py::class_<torchcomms_ext::BackendWrapper, c10d::Backend, c10::intrusive_ptr<torchcomms_ext::BackendWrapper>>(
       m, "_BackendWrapper",
       "A c10d Backend over a torchcomms communicator: every op goes through the communicator's dispatch path.")
       .def(py::init([](py::object comm) { return c10::make_intrusive<torchcomms_ext::BackendWrapper>(comm); }),
            py::arg("comm"))
-      .def("get_comm", &torchcomms_ext::BackendWrapper::getComm, "The communicator this backend forwards to.");
+      .def("get_comm", &torchcomms_ext::BackendWrapper::getComm, "The communicator this backend forwards to.")
+      // c10d's _set_pg_timeout(timeout, group) calls this on the group's backends (on
+      // ProcessGroupGloo / ProcessGroupNCCL, which bind it, and on this class by name)
+      .def(
+          "_set_default_timeout",
+          [](torchcomms_ext::BackendWrapper& self, const py::object& timeout) {
+            auto ms = static_cast<int64_t>(timeout.attr("total_seconds")().cast<double>() * 1000.0);
+            self.setTimeout(std::chrono::milliseconds(ms));
+          },
+          py::arg("timeout"),
+          "The communicator's timeout for every later op (a datetime.timedelta).");
 }

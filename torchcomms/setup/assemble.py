@@ -53,6 +53,8 @@ def assemble_comm(
         group = bootstrap.c10d_group_being_made()
         if group is not None:  # a torch.distributed subgroup: its own ranks, not the job's
             rank, size, global_ranks = group
+    if timeout is None and store is not None:  # init_process_group(timeout=...) on the route
+        timeout = bootstrap.c10d_group_timeout()
     deferred = _deferred(hints, enable_reconfigure, name)
     cfg = settings()
     timeout_td = timeout if timeout is not None else timedelta(seconds=cfg.timeout_s)

@@ -66,6 +66,21 @@ def discover_rank_size(env: dict[str, str] | None = None) -> tuple[int, int, str
 _C10D_HELPER = ("_new_process_group_helper", "torch.distributed.distributed_c10d")
 
 
+def _c10d_helper_locals(max_depth: int) -> dict[str, Any] | None:
+    """The local variables of c10d's ``_new_process_group_helper`` when it is among the
+    ``max_depth`` callers of the caller, else ``None``."""
+    import inspect
+
+    frame = inspect.currentframe()
+    for _ in range(max_depth + 1):
+        frame = frame.f_back if frame is not None else None
+        if frame is None:
+            return None
+        if (frame.f_code.co_name, frame.f_globals.get("__name__")) == _C10D_HELPER:
+            return frame.f_locals
+    return None
+
+
 def c10d_group_being_made(max_depth: int = 8) -> tuple[int, int, tuple[int, ...]] | None:
     """(group rank, group size, global ranks) when ``new_comm`` is called by c10d's
     ``_new_process_group_helper`` for a subgroup (``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1``), else
@@ -73,23 +88,37 @@ def c10d_group_being_made(max_depth: int = 8) -> tuple[int, int, tuple[int, ...]
     ``new_group`` makes subgroups that way (2.13 splits the default group instead), the rank and
     size from the environment are the job's, and a subgroup's members waited in its rendezvous
     for ranks outside it. The helper's own arguments say which ranks the group has."""
-    import inspect
+    f = _c10d_helper_locals(max_depth)
+    if f is None:
+        return None
+    ranks = f.get("global_ranks_in_group")
+    rank, size = f.get("group_rank"), f.get("group_size")
+    if not ranks or not isinstance(rank, int) or not isinstance(size, int):
+        return None  # the default group (no ranks listed): the environment's
+    if len(ranks) != size or not 0 <= rank < size:
+        return None
+    return rank, size, tuple(int(g) for g in ranks)
 
-    frame = inspect.currentframe()
-    for _ in range(max_depth):
-        frame = frame.f_back if frame is not None else None
-        if frame is None:
-            return None
-        if (frame.f_code.co_name, frame.f_globals.get("__name__")) == _C10D_HELPER:
-            f = frame.f_locals
-            ranks = f.get("global_ranks_in_group")
-            rank, size = f.get("group_rank"), f.get("group_size")
-            if not ranks or not isinstance(rank, int) or not isinstance(size, int):
-                return None  # the default group (no ranks listed): the environment's
-            if len(ranks) != size or not 0 <= rank < size:
-                return None
-            return rank, size, tuple(int(g) for g in ranks)
-    return None
+
+def c10d_default_timeout(timeout: timedelta) -> bool:
+    """Whether ``timeout`` is one of c10d's defaults (``init_process_group``, ``new_group`` and
+    ``split_group`` put one in place of a timeout not given): those leave a communicator's
+    own default (``TORCHCOMM_TIMEOUT_SECONDS``) in place."""
+    from torch.distributed import constants
+
+    return timeout in (constants.default_pg_timeout, constants.default_pg_nccl_timeout)
+
+
+def c10d_group_timeout(max_depth: int = 8) -> timedelta | None:
+    """The timeout given to ``init_process_group`` (or to a subgroup c10d makes through its
+    process-group helper) when ``new_comm`` is called by that helper, else ``None``. c10d passes
+    no timeout to ``new_comm``; its helper's own argument has it. ``None`` too for c10d's
+    default (:func:`c10d_default_timeout`)."""
+    f = _c10d_helper_locals(max_depth)
+    timeout = None if f is None else f.get("timeout")
+    if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0 or c10d_default_timeout(timeout):
+        return None
+    return timeout
 
 
 def local_rank(env: dict[str, str] | None = None) -> int:

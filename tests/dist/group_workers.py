@@ -1,0 +1,28 @@
+"""Rank bodies: making ``torch.distributed`` groups on our communicators."""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def bad_member_list(ranks: list[int]) -> dict[str, Any]:
+    """``new_group(ranks)`` with a rank out of range, then the world and a good subgroup."""
+    dist.init_process_group("gloo", timeout=timedelta(seconds=20))
+    out: dict[str, Any] = {}
+    try:
+        g = dist.new_group(ranks)
+        out["new_group"] = "non-member" if g == dist.GroupMember.NON_GROUP_MEMBER else "member"
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        out["new_group"] = type(e).__name__
+        out["mro"] = [c.__name__ for c in type(e).__mro__]
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    g = dist.new_group([0, 1])
+    u = torch.ones(1)
+    dist.all_reduce(u, group=g)
+    out["after"] = [t.item(), u.item()]
+    dist.destroy_process_group()
+    return out

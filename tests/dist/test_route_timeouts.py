@@ -1,0 +1,37 @@
+"""Timeouts given to ``torch.distributed`` on the route (TORCH_DISTRIBUTED_USE_TORCHCOMMS=1).
+
+c10d passes no timeout to ``new_comm``: ``init_process_group(timeout=5s)`` gave a communicator
+with the 600 s default (an all-reduce whose peer never came ended after 40 s, when the peer
+left, with PeerFailureError; c10d's gloo raised after 5.0 s), and ``new_group(timeout=7s)`` a
+communicator with its parent's. Given timeouts are the communicators' now; c10d's defaults
+(put in place of a timeout not given) leave ``TORCHCOMM_TIMEOUT_SECONDS``."""
+from __future__ import annotations
+
+from tests.helpers.ranks import run_ranks
+
+ROUTE = {"TORCH_DISTRIBUTED_USE_TORCHCOMMS": "1", "TORCHCOMM_ABORT_ON_ERROR": "0",
+         "TORCHCOMM_TIMEOUT_SECONDS": "45"}
+WORKERS = "tests.dist.timeout_workers"
+
+
+def test_init_process_group_and_new_group_timeouts_are_the_communicators() -> None:
+    for res in run_ranks(2, f"{WORKERS}:group_timeouts", {"init_s": 3.0, "group_s": 4.0}, timeout=120, env=ROUTE):
+        assert res.value == {"world": 3.0, "given": 4.0, "plain": 3.0, "env": 45.0}, res.value
+
+
+def test_no_timeout_given_keeps_the_communicator_default() -> None:
+    for res in run_ranks(2, f"{WORKERS}:group_timeouts", {"init_s": None, "group_s": 4.0}, timeout=120, env=ROUTE):
+        assert res.value == {"world": 45.0, "given": 4.0, "plain": 45.0, "env": 45.0}, res.value
+
+
+def test_a_peer_that_never_arrives_ends_at_init_process_groups_timeout() -> None:
+    env = dict(ROUTE, TORCHCOMM_TIMEOUT_SECONDS="600")
+    results = run_ranks(2, f"{WORKERS}:peer_never_arrives", {"init_s": 3.0}, timeout=150, env=env)
+    assert results[0].value["error"] == "CommTimeoutError", results[0].value
+
+
+def test_set_pg_timeout_sets_the_communicators_timeout() -> None:
+    # torch's _set_pg_timeout calls _set_default_timeout on the group's _BackendWrapper, which
+    # our C++ class did not bind: AttributeError
+    for res in run_ranks(2, f"{WORKERS}:set_pg_timeout", timeout=120, env=ROUTE):
+        assert res.value == {"world": 5.0, "group": 6.0, "sum": [2.0, 2.0]}, res.value
