@@ -103,6 +103,9 @@ class Checker:
             raise self.type_error(op, f"ReduceOp.AVG needs a numeric tensor, got {dtype}")
         elif t is RedOpType.PREMUL_SUM and not (dtype.is_floating_point or dtype.is_complex):
             raise self.type_error(op, f"ReduceOp.PREMUL_SUM needs a floating-point tensor, got {dtype}")
+        elif (t is RedOpType.MIN or t is RedOpType.MAX) and dtype.is_complex:
+            # no engine orders complex numbers: gloo and MPI fail it in the engine, breaking the communicator
+            raise self.type_error(op, f"{red!r} needs a real tensor (complex numbers have no order), got {dtype}")
 
     # --- tensors ---------------------------------------------------------------------------
     def tensor(self, op: str, name: str, t: Any) -> None:

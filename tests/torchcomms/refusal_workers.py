@@ -1,0 +1,40 @@
+"""Rank code for the engine-neutral refusal tests: arguments an engine cannot take are refused
+on every rank before anything leaves the process, and the communicator goes on working."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import torchcomms
+from tests.torchcomms.workers import engine
+from torchcomms import ReduceOp
+
+
+def _refused(call: Any) -> str:
+    """The name of the error ``call()`` raised, with its message; ``"returned"`` if none."""
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 - the test compares the error's type
+        return f"{type(e).__name__}: {e}"
+    return "returned"
+
+
+def complex_order_ops() -> dict[str, Any]:
+    """MIN and MAX of complex tensors (complex numbers have no order) in every reducing
+    collective, then an all_reduce SUM that must still work on the same communicator."""
+    comm = torchcomms.new_comm(engine(), torch.device("cpu"), "complex-order")
+    n = comm.get_size()
+    out: dict[str, Any] = {}
+    for dt in (torch.complex64, torch.complex128):
+        for op in (ReduceOp.MIN, ReduceOp.MAX):
+            x = torch.ones(4, dtype=dt)
+            out[f"all_reduce {dt} {op}"] = _refused(lambda: comm.all_reduce(x, op, False))
+            out[f"reduce {dt} {op}"] = _refused(lambda: comm.reduce(x, 0, op, False))
+            out[f"reduce_scatter_single {dt} {op}"] = _refused(
+                lambda: comm.reduce_scatter_single(torch.empty(4, dtype=dt), torch.ones(4 * n, dtype=dt), op, False))
+    t = torch.ones(3, dtype=torch.complex64)
+    comm.all_reduce(t, ReduceOp.SUM, False)
+    out["sum_after"] = [t.real.tolist(), t.imag.tolist()]
+    comm.finalize()
+    return out
