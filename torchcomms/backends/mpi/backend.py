@@ -33,6 +33,7 @@ from torchcomms.backends.mpi import engine as mpi_engine
 from torchcomms.backends.mpi.buffers import MPI_DTYPES, Buffers
 from torchcomms.backends.mpi.engine_thread import EngineThread
 from torchcomms.backends.mpi.hints import UNEVEN, collective_paths
+from torchcomms.backends.mpi.p2p import Arrivals, send_tag
 from torchcomms.backends.mpi.progress import RequestProgress, blocking_wait
 from torchcomms.backends.mpi.recovery import agree_flag, shrink_comm
 from torchcomms.errors import CommValueError
@@ -240,10 +241,12 @@ class MpiBackend(TorchCommBackend):
 
     # --- helpers -----------------------------------------------------------------------------
     def _start(self, call: Callable[[], Any], keep: Any = None, finish: Callable[[], None] | None = None,
-               thread: EngineThread | None = None, status: Any = None) -> EngineHandle:
+               thread: EngineThread | None = None, status: Any = None,
+               arrivals: Arrivals | None = None) -> EngineHandle:
         """Start the nonblocking MPI call(s) of one op on the caller's thread (with ``thread``:
         only if nothing is queued there, else as a job there that waits for them); ``keep``
-        holds its buffers until it ends."""
+        holds its buffers until it ends. ``arrivals``: the op's receives, whose messages are
+        checked (a longer one fails in MPI, a shorter or other-dtype one after it ended)."""
         try:
             started, reqs = (True, call()) if thread is None else thread.start_inline(call)
         except self.MPI.Exception as e:
@@ -256,6 +259,9 @@ class MpiBackend(TorchCommBackend):
             reqs = [reqs]
         self._last_reqs = reqs
         on_error = self._on_error
+        if arrivals is not None:
+            checked = arrivals
+            on_error = lambda e: checked.truncation(e) or self._on_error(e)  # noqa: E731
         return EngineHandle.waitable(
             [blocking_wait(self.MPI, reqs, on_error, status)],
             lambda: [self._progress.submit(reqs, self, keep, on_error, status)],
@@ -301,25 +307,41 @@ class MpiBackend(TorchCommBackend):
         return unpack
 
     # --- point to point ----------------------------------------------------------------------
+    # A send's tag carries its dtype and a receive takes any tag from its source, so that the
+    # receiver can check the message's dtype and size (see :mod:`.p2p`).
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> EngineHandle:
-        return self._start(lambda: self._comm.Isend(self._buf.spec(tensor), dst, tag), tensor)
+        return self._start(lambda: self._comm.Isend(self._buf.spec(tensor), dst, send_tag(tag, tensor)), tensor)
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> EngineHandle:
-        return self._start(lambda: self._comm.Irecv(self._buf.spec(tensor), src, tag), tensor)
+        status = self.MPI.Status()
+        arrivals = Arrivals(self.MPI, [(tensor, status)], self.ctx.rank, self.ctx.name, "recv")
+        return self._start(lambda: self._comm.Irecv(self._buf.spec(tensor), src, self.MPI.ANY_TAG), tensor,
+                           finish=arrivals.verify, status=status, arrivals=arrivals)
 
     def recv_any_source(self, tensor: torch.Tensor, tag: int, found: Callable[[int], None]) -> EngineHandle:
         """``MPI_Irecv`` from ``MPI_ANY_SOURCE``; the sender, read from the request's status once
         it completed, is passed to ``found`` before the op is reported done. MPI's own matching
         keeps messages from one sender in order, whatever receives are posted."""
         status = self.MPI.Status()
-        return self._start(lambda: self._comm.Irecv(self._buf.spec(tensor), self.MPI.ANY_SOURCE, tag), tensor,
-                           finish=lambda: found(status.Get_source()), status=status)
+        arrivals = Arrivals(self.MPI, [(tensor, status)], self.ctx.rank, self.ctx.name, "recv")
+
+        def finish() -> None:
+            found(status.Get_source())
+            arrivals.verify()
+
+        return self._start(lambda: self._comm.Irecv(self._buf.spec(tensor), self.MPI.ANY_SOURCE, self.MPI.ANY_TAG),
+                           tensor, finish=finish, status=status, arrivals=arrivals)
 
     def batch_p2p(self, ops: list[tuple[bool, torch.Tensor, int]], tag: int) -> EngineHandle:
-        c, spec = self._comm, self._buf.spec
+        c, spec, any_tag = self._comm, self._buf.spec, self.MPI.ANY_TAG
+        statuses = [self.MPI.Status() for _ in ops]
+        arrivals = Arrivals(self.MPI, [(t, st) for (is_send, t, _), st in zip(ops, statuses) if not is_send],
+                            self.ctx.rank, self.ctx.name, "batch_p2p")
         return self._start(
-            lambda: [c.Isend(spec(t), p, tag) if is_send else c.Irecv(spec(t), p, tag) for is_send, t, p in ops],
-            ops)
+            lambda: [c.Isend(spec(t), p, send_tag(tag, t)) if is_send else c.Irecv(spec(t), p, any_tag)
+                     for is_send, t, p in ops],
+            ops, finish=arrivals.verify if arrivals.recvs else None, status=statuses,
+            arrivals=arrivals if arrivals.recvs else None)
 
     # --- collectives -------------------------------------------------------------------------
     def broadcast(self, tensor: torch.Tensor, root: int) -> EngineHandle:

@@ -71,19 +71,24 @@ class Completion:
 
 
 def _check_status(requests: list[Any], status: Any) -> None:
-    if status is not None and len(requests) != 1:
-        raise ValueError("a status is kept for one request only")
+    """``status``: ``None``, one ``MPI.Status`` (of the one request), or a list of one per request."""
+    if status is not None and len(requests) != (len(status) if isinstance(status, list) else 1):
+        raise ValueError("a status is kept for one request, or a list of them for one each")
 
 
 def blocking_wait(MPI: Any, requests: list[Any], on_error: OnError,  # noqa: N803
                   status: Any = None) -> Callable[[float], bool]:
     """A ``BlockingWait`` over ``requests``: polls them for at most the given seconds; True once
     all completed, False if they still run; raises ``on_error(error)`` when one failed. With
-    ``status`` (one request only), the completed request's ``MPI.Status`` is written there."""
+    ``status`` (one request's ``MPI.Status``, or a list of one per request), the completed
+    requests' statuses are written there."""
     # one request: Test (Testall hides the request's own error class behind MPI_ERR_IN_STATUS)
     _check_status(requests, status)
     test: Callable[[], bool]
-    if len(requests) == 1:
+    if isinstance(status, list):
+        testall_statuses = MPI.Request.Testall
+        test = lambda: testall_statuses(requests, status)  # noqa: E731
+    elif len(requests) == 1:
         req = requests[0]
         test = req.Test if status is None else (lambda: req.Test(status))  # the bound method: one call a poll
     else:
@@ -138,7 +143,7 @@ class RequestProgress:
     def submit(self, requests: list[Any], owner: object, keep: Any, on_error: OnError,
                status: Any = None) -> Completion:
         """Drive ``requests`` to completion; the returned future completes then. With ``status``
-        (one request only), the request's ``MPI.Status`` is written there first."""
+        (as for :func:`blocking_wait`), the requests' statuses are written there first."""
         _check_status(requests, status)
         fut = Completion()
         with self._cond:
@@ -171,7 +176,9 @@ class RequestProgress:
             ended: list[tuple[_Pending, BaseException | None]] = []
             for p in batch:
                 try:
-                    if p.requests[0].Test(p.status) if p.status is not None else testall(p.requests):
+                    st = p.status
+                    if (testall(p.requests) if st is None else testall(p.requests, st) if isinstance(st, list)
+                            else p.requests[0].Test(st)):
                         ended.append((p, None))
                 except mpi_exception as e:
                     ended.append((p, p.on_error(e)))
