@@ -290,3 +290,35 @@ def collective_paths(hints: dict[str, str] | None = None, libnbc_allreduce: str 
     return {"thread_after_small": thread_after_small, "thread_after_large": thread_after_large,
             "thread_after_large_reduce": thread_after_large_reduce, "sums_ok": sums_ok,
             "libnbc_allreduce": os.environ.get(engine.LIBNBC_ALLREDUCE_VAR)}
+
+
+def counts_past_int_max() -> dict[str, Any]:
+    """Ops whose MPI count (a C int) would be past 2**31 - 1 elements, on uint8 tensors that are
+    never written (``torch.empty`` of untouched pages costs no memory): each one's error, then an
+    all_reduce that must still work on the same communicator."""
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "big-counts", timeout=timedelta(seconds=60))
+    r, n = comm.get_rank(), comm.get_size()
+    big = 2**31 + 8
+
+    def outcome(call: Any) -> str:
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 - the test reads the error's type and message
+            return f"{type(e).__name__}: {e}"
+        return "returned"
+
+    t = torch.empty(big, dtype=torch.uint8)
+    out = {
+        "all_reduce": outcome(lambda: comm.all_reduce(t, ReduceOp.MAX, False)),
+        "broadcast": outcome(lambda: comm.broadcast(t, 0, False)),
+        "reduce": outcome(lambda: comm.reduce(t, 0, ReduceOp.MAX, False)),
+        "all_to_all_v_single": outcome(lambda: comm.all_to_all_v_single(
+            torch.empty(big, dtype=torch.uint8), t, [big if q == r else 0 for q in range(n)],
+            [big if q == r else 0 for q in range(n)], False)),
+        "p2p": outcome(lambda: comm.send(t, 1, False) if r == 0 else comm.recv(t, 0, False)),
+    }
+    x = torch.ones(4)
+    comm.all_reduce(x, ReduceOp.SUM, False)
+    out["sum_after"] = x.tolist()
+    comm.finalize()
+    return out

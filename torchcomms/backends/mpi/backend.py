@@ -30,7 +30,7 @@ import torch
 
 from torchcomms.backends.base import BackendCapabilities, BackendContext, EngineHandle, TorchCommBackend, avg_finish
 from torchcomms.backends.mpi import engine as mpi_engine
-from torchcomms.backends.mpi.buffers import MPI_DTYPES, Buffers
+from torchcomms.backends.mpi.buffers import MPI_DTYPES, Buffers, too_many_elements
 from torchcomms.backends.mpi.engine_thread import EngineThread
 from torchcomms.backends.mpi.hints import UNEVEN, collective_paths
 from torchcomms.backends.mpi.p2p import Arrivals, send_tag
@@ -249,11 +249,11 @@ class MpiBackend(TorchCommBackend):
         checked (a longer one fails in MPI, a shorter or other-dtype one after it ended)."""
         try:
             started, reqs = (True, call()) if thread is None else thread.start_inline(call)
-        except self.MPI.Exception as e:
-            raise self._on_error(e) from None
+        except (self.MPI.Exception, OverflowError) as e:
+            raise (too_many_elements(keep, self.ctx.name) or self._on_error(e)) from None
         if not started:
             assert thread is not None
-            job = thread.submit(lambda: call().Wait(), keep)
+            job = thread.submit(self._counted(lambda: call().Wait(), keep), keep)
             return EngineHandle.waitable([job.wait], lambda: [job.future()], finish)
         if not isinstance(reqs, list):
             reqs = [reqs]
@@ -281,8 +281,22 @@ class MpiBackend(TorchCommBackend):
         if self._thread is None:
             self._thread = EngineThread(self.ctx.name, self._on_error, self.MPI.Exception)
         method = getattr(self._comm, name[1].upper() + name[2:])  # "Iallreduce" -> "Allreduce"
-        job = self._thread.submit(lambda: method(*args), keep)
+        job = self._thread.submit(self._counted(lambda: method(*args), keep), keep)
         return EngineHandle.waitable([job.wait], lambda: [job.future()], finish)
+
+    def _counted(self, call: Callable[[], Any], keep: Any) -> Callable[[], Any]:
+        """``call`` for the engine thread, whose failure on a buffer past MPI's count limit
+        raises that (a ``CommValueError``) instead of MPI's bare ``MPI_ERR_ARG``/``MPI_ERR_COUNT``."""
+        def run() -> Any:
+            try:
+                return call()
+            except (self.MPI.Exception, OverflowError):
+                err = too_many_elements(keep, self.ctx.name)
+                if err is None:
+                    raise
+                raise err from None
+
+        return run
 
     def _avg(self, t: torch.Tensor, op: ReduceOp) -> Callable[[], None] | None:
         return avg_finish(t, op, self.ctx.size)
