@@ -146,3 +146,17 @@ def test_agree_without_ulfm_or_store_names_what_is_missing() -> None:
         v = res.value
         assert v["raised"] == "BackendError", v
         assert "mpiexec --with-ft ulfm" in v["message"] and "torchcomms-run" in v["message"], v
+
+
+@pytest.mark.skipif(not ulfm_available(), reason="this mpiexec has no ULFM (--with-ft ulfm)")
+@pytest.mark.parametrize("kind", ["async", "batch"])
+def test_ulfm_peer_failure_in_an_async_op_or_a_batch_is_a_peer_failure(kind: str) -> None:
+    """Ops of several requests, or driven by the progress thread, are polled with MPI_Testall,
+    which reports a failed request as MPI_ERR_IN_STATUS: the request's own error (a failed or
+    revoked peer) must still make the op a PeerFailureError, not a BackendError."""
+    with MpiJob(3, "tests.mpi.workers:killed_peer_in", {"kind": kind}, ulfm=True) as job:
+        results = job.results_of([0, 1], timeout=120)
+    for res in results:
+        v = res.value
+        assert v is not None, (res.error, res.stderr[-3000:])
+        assert v["raised"] == "PeerFailureError", v

@@ -322,3 +322,29 @@ def counts_past_int_max() -> dict[str, Any]:
     out["sum_after"] = x.tolist()
     comm.finalize()
     return out
+
+
+def killed_peer_in(kind: str) -> dict[str, Any]:
+    """The last rank kills itself (SIGKILL) while the others wait in an op of ``kind`` on it:
+    ``"async"`` (an all_reduce issued with async_op=True, then wait()) or ``"batch"`` (a batch of
+    a send to it and a receive from it). Each survivor returns its error's type and message."""
+    import signal
+
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), f"killed-{kind}", timeout=timedelta(seconds=30),
+                               abort_process_on_timeout_or_error=False)
+    r, n = comm.get_rank(), comm.get_size()
+    comm.barrier(False)
+    if r == n - 1:
+        time.sleep(0.5)  # the others are in the op by then (they fail the same way if not)
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        if kind == "async":
+            comm.all_reduce(torch.ones(8), ReduceOp.SUM, True).wait()
+        else:
+            batch = comm.batch_op_create()
+            batch.send(torch.ones(4), n - 1)
+            batch.recv(torch.empty(4), n - 1)
+            batch.issue(False)
+    except torchcomms.CommError as e:
+        return {"raised": type(e).__name__, "message": str(e)}
+    return {"raised": None}
