@@ -160,3 +160,15 @@ def test_ulfm_peer_failure_in_an_async_op_or_a_batch_is_a_peer_failure(kind: str
         v = res.value
         assert v is not None, (res.error, res.stderr[-3000:])
         assert v["raised"] == "PeerFailureError", v
+
+
+@pytest.mark.skipif(not ulfm_available(), reason="this mpiexec has no ULFM (--with-ft ulfm)")
+@pytest.mark.parametrize("timed_out_first", [False, True], ids=["aborted", "timed-out-then-aborted"])
+def test_ulfm_op_on_a_communicator_a_peer_revoked_is_a_peer_failure(timed_out_first: bool) -> None:
+    """A peer aborted (revoked) the communicator, after its own op timed out or not: the others'
+    next op fails as a peer failure, whichever error MPI's libnbc schedule reports it with
+    (it reports a revoke met inside a started collective as MPI_ERR_OTHER)."""
+    results = run_mpi_ranks(2, "tests.mpi.workers:op_after_a_peer_aborted",
+                            {"numel": 16, "timed_out_first": timed_out_first}, ulfm=True, timeout=120)
+    v = results[1].value
+    assert v["raised"] == "PeerFailureError", v

@@ -348,3 +348,32 @@ def killed_peer_in(kind: str) -> dict[str, Any]:
     except torchcomms.CommError as e:
         return {"raised": type(e).__name__, "message": str(e)}
     return {"raised": None}
+
+
+def op_after_a_peer_aborted(numel: int, timed_out_first: bool) -> dict[str, Any]:
+    """Rank 0 aborts the communicator (under ULFM: revokes it), with ``timed_out_first`` after its
+    all_reduce timed out alone (the request stays pending in MPI), and tells the others through
+    the job's directory; each other rank then starts an all_reduce of ``numel`` floats on it and
+    returns its error's type and message."""
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "peer-aborted", timeout=timedelta(seconds=30),
+                               abort_process_on_timeout_or_error=False)
+    r = comm.get_rank()
+    comm.all_reduce(torch.ones(numel), ReduceOp.SUM, False)
+    done = Path(os.environ["TC_GROUP_DIR"]) / "aborted"
+    if r == 0:
+        if timed_out_first:
+            try:
+                comm.all_reduce(torch.ones(numel), ReduceOp.SUM, False, timeout=timedelta(seconds=1))
+            except torchcomms.CommTimeoutError:
+                pass
+        comm.abort()
+        done.touch()
+        return {"raised": None}
+    while not done.exists():
+        time.sleep(0.005)
+    time.sleep(0.2)  # the revoke reaches this process meanwhile (or during the op: the same outcome)
+    try:
+        comm.all_reduce(torch.ones(numel), ReduceOp.SUM, False)
+    except torchcomms.CommError as e:
+        return {"raised": type(e).__name__, "message": str(e)}
+    return {"raised": None}

@@ -203,9 +203,20 @@ class MpiBackend(TorchCommBackend):
         """An MPI error of one of this communicator's ops: a peer's failure revokes the
         communicator, so that peers blocked in other ops on it are released too."""
         wrapped = mpi_engine.wrap_mpi_error(self.MPI, error)
+        if wrapped.kind != "peer" and self._revoked():
+            # libnbc reports a revoke met inside a started collective as MPI_ERR_OTHER
+            return mpi_engine.MpiEngineError(f"the communicator was revoked by a peer (ULFM): {wrapped}",
+                                             getattr(self.MPI, "ERR_REVOKED", None), "peer")
         if wrapped.kind == "peer":
             self._revoke()
         return wrapped
+
+    def _revoked(self) -> bool:
+        """True when ULFM revoked this communicator (a peer aborted it, or failed)."""
+        try:
+            return bool(self._ft and self._comm is not None and self._comm.Is_revoked())
+        except Exception:  # noqa: BLE001 - freed
+            return False
 
     def split(self, ctx: BackendContext) -> MpiBackend:
         """``MPI_Comm_create_group`` over the members (``ctx.global_ranks``), called by the members only."""
