@@ -35,6 +35,22 @@ def avg_finish(t: torch.Tensor, op: ReduceOp, size: int) -> Callable[[], None] |
     return lambda: t.div_(size, rounding_mode="trunc")
 
 
+def premul_scaled(t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+    """The input a PREMUL_SUM sends: a copy of ``t`` multiplied by the op's factor, in ``t``'s
+    dtype (a one-element tensor factor would otherwise promote a half tensor to the factor's
+    dtype, which the engine then reduces as ``t``'s); other ops send ``t`` itself."""
+    if op.type is not RedOpType.PREMUL_SUM:
+        return t
+    return torch.mul(t, premul_factor(op)).to(t.dtype)
+
+
+def premul_factor(op: ReduceOp) -> Any:
+    """A PREMUL_SUM's factor as a scalar or a 0-dim tensor, which scales a tensor in place
+    whatever its shape and dtype (a one-element tensor of shape ``(1,)`` cannot scale a 0-dim one)."""
+    f = op.factor
+    return f.reshape(()) if isinstance(f, torch.Tensor) else f
+
+
 class EngineHandle:
     """Completion of one engine operation.
 

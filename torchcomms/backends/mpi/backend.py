@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from torchcomms.backends.base import BackendCapabilities, BackendContext, EngineHandle, TorchCommBackend, avg_finish
+from torchcomms.backends.base import (BackendCapabilities, BackendContext, EngineHandle, TorchCommBackend, avg_finish,
+                                      premul_factor, premul_scaled)
 from torchcomms.backends.mpi import engine as mpi_engine
 from torchcomms.backends.mpi.buffers import MPI_DTYPES, Buffers, too_many_elements
 from torchcomms.backends.mpi.engine_thread import EngineThread
@@ -312,12 +313,7 @@ class MpiBackend(TorchCommBackend):
     def _avg(self, t: torch.Tensor, op: ReduceOp) -> Callable[[], None] | None:
         return avg_finish(t, op, self.ctx.size)
 
-    @staticmethod
-    def _scaled(t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
-        """The input a PREMUL_SUM sends (a scaled copy); other ops send ``t`` itself."""
-        if op.type is RedOpType.PREMUL_SUM:
-            return t * op.factor  # type: ignore[operator]
-        return t
+    _scaled = staticmethod(premul_scaled)  # the input a PREMUL_SUM sends (a scaled copy, t's dtype)
 
     @staticmethod
     def _pack(ts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
@@ -375,7 +371,7 @@ class MpiBackend(TorchCommBackend):
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> EngineHandle:
         red = op.type
         if red is RedOpType.PREMUL_SUM:
-            tensor.mul_(op.factor)  # type: ignore[arg-type]  # in place: the result overwrites it
+            tensor.mul_(premul_factor(op))  # in place: the result overwrites it
         return self._coll("Iallreduce", tensor.nbytes,
                           (self.MPI.IN_PLACE, self._buf.spec(tensor), self._buf.op(red, tensor.dtype)), tensor,
                           self._avg(tensor, op) if red is RedOpType.AVG else None)
@@ -384,7 +380,7 @@ class MpiBackend(TorchCommBackend):
         mop = self._buf.op(op.type, tensor.dtype)
         if self.ctx.rank == root:
             if op.type is RedOpType.PREMUL_SUM:
-                tensor.mul_(op.factor)  # type: ignore[arg-type]
+                tensor.mul_(premul_factor(op))
             return self._coll("Ireduce", tensor.nbytes, (self.MPI.IN_PLACE, self._buf.spec(tensor), mop, root), tensor,
                               self._avg(tensor, op))
         src = self._scaled(tensor, op)  # a non-root's tensor is left as it was
