@@ -38,3 +38,26 @@ def complex_order_ops() -> dict[str, Any]:
     out["sum_after"] = [t.real.tolist(), t.imag.tolist()]
     comm.finalize()
     return out
+
+
+def all_to_all_in_place() -> dict[str, Any]:
+    """all_to_all_single and all_to_all_v_single whose output is their input (or overlaps it),
+    at a size under and over the engines' eager limits; then a correct all_to_all_single on the
+    same communicator."""
+    comm = torchcomms.new_comm(engine(), torch.device("cpu"), "a2a-in-place")
+    r, n = comm.get_rank(), comm.get_size()
+    out: dict[str, Any] = {}
+    for numel in (4, 1 << 16):
+        t = torch.arange(n * numel, dtype=torch.float32) + 100 * r
+        out[f"single same {numel}"] = _refused(lambda: comm.all_to_all_single(t, t, False))
+        big = torch.zeros(n * numel + 1)
+        out[f"single overlapping {numel}"] = _refused(
+            lambda: comm.all_to_all_single(big[1:], big[:-1], False))
+        rows = t.view(n * numel, 1)
+        out[f"v same {numel}"] = _refused(lambda: comm.all_to_all_v_single(rows, rows, [numel] * n, [numel] * n, False))
+    x = torch.arange(2 * n, dtype=torch.float32) + 100 * r
+    y = torch.empty(2 * n)
+    comm.all_to_all_single(y, x, False)
+    out["after"] = y.tolist()
+    comm.finalize()
+    return out

@@ -13,3 +13,14 @@ def test_min_max_of_complex_tensors_are_refused_before_the_engine(launch: Launch
         for case, got in v.items():
             assert got.startswith("CommTypeError") and "complex" in got, (case, got)
         assert sum_after == [[2.0, 2.0, 2.0], [0.0, 0.0, 0.0]], sum_after
+
+
+def test_all_to_all_whose_output_overlaps_its_input_is_refused(launch: Launch) -> None:
+    """Both engines wrote over input rows not yet sent (a wrong result, no error)."""
+    for res in launch(2, "tests.torchcomms.refusal_workers:all_to_all_in_place"):
+        v = res.value
+        after = v.pop("after")
+        assert len(v) == 6, v
+        for case, got in v.items():
+            assert got.startswith("CommValueError") and "overlap" in got, (case, got)
+        assert after == ([0.0, 1.0, 100.0, 101.0] if res.rank == 0 else [2.0, 3.0, 102.0, 103.0]), after

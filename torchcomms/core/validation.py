@@ -214,9 +214,20 @@ class Checker:
         self.reduce_op(op, red, output.dtype)
         return ins
 
+    def not_overlapping(self, op: str, output: _Tensor, input: _Tensor) -> None:
+        """``output`` and ``input`` (contiguous) share no memory: an all-to-all writes rows of its
+        output before it has sent every row of its input, so in place it sends overwritten rows."""
+        if output.numel() == 0 or input.numel() == 0:
+            return
+        o, i = output.data_ptr(), input.data_ptr()
+        if o < i + input.nbytes and i < o + output.nbytes:
+            raise self.value_error(op, "output and input overlap in memory; an all-to-all cannot run in place "
+                                       "(pass an output tensor of its own)")
+
     def all_to_all_single(self, output: Any, input: Any) -> None:
         op = "all_to_all_single"
         self.pair(op, output, input)
+        self.not_overlapping(op, output, input)
         if output.numel() != input.numel():
             raise self.value_error(op, f"output has {output.numel()} elements but input has {input.numel()}")
         if input.numel() % self.size:
@@ -225,6 +236,7 @@ class Checker:
     def all_to_all_v_single(self, output: Any, input: Any, out_sizes: Any, in_sizes: Any) -> tuple[list[int], list[int]]:
         op = "all_to_all_v_single"
         self.pair(op, output, input)
+        self.not_overlapping(op, output, input)
         if input.dim() == 0 or output.dim() == 0:
             raise self.value_error(op, "input and output must have at least one dimension to split along")
         if input.shape[1:] != output.shape[1:]:
