@@ -377,3 +377,19 @@ def op_after_a_peer_aborted(numel: int, timed_out_first: bool) -> dict[str, Any]
     except torchcomms.CommError as e:
         return {"raised": type(e).__name__, "message": str(e)}
     return {"raised": None}
+
+
+def hints_per_rank(hints: dict[str, dict[str, str]], split_hints: dict[str, dict[str, str]] | None = None) -> str:
+    """A communicator made with ``hints[str(rank)]`` (then, with ``split_hints``, a split of it
+    over every rank with ``split_hints[str(rank)]``) and one all_reduce on it: ``"ok"`` or the
+    error's type and message."""
+    r = os.environ["OMPI_COMM_WORLD_RANK"]
+    try:
+        comm = torchcomms.new_comm("mpi", torch.device("cpu"), "per-rank-hints", timeout=timedelta(seconds=20),
+                                   hints=hints[r])
+        if split_hints is not None:
+            comm = comm.split(list(range(comm.get_size())), "per-rank-split", hints=split_hints[r])
+        comm.all_reduce(torch.ones(16), ReduceOp.SUM, False)
+    except torchcomms.CommError as e:
+        return f"{type(e).__name__}: {e}"
+    return "ok"

@@ -33,7 +33,7 @@ from torchcomms.backends.base import (BackendCapabilities, BackendContext, Engin
 from torchcomms.backends.mpi import engine as mpi_engine
 from torchcomms.backends.mpi.buffers import MPI_DTYPES, Buffers, too_many_elements
 from torchcomms.backends.mpi.engine_thread import EngineThread
-from torchcomms.backends.mpi.hints import UNEVEN, collective_paths
+from torchcomms.backends.mpi.hints import UNEVEN, describe_signature, path_signature, paths_differ
 from torchcomms.backends.mpi.p2p import Arrivals, send_tag
 from torchcomms.backends.mpi.progress import RequestProgress, blocking_wait
 from torchcomms.backends.mpi.recovery import agree_flag, shrink_comm
@@ -100,9 +100,10 @@ class MpiBackend(TorchCommBackend):
     def is_available(cls) -> bool:
         return mpi_engine.mpi4py_installed()
 
-    def __init__(self, ctx: BackendContext, comm: Any = None) -> None:
+    def __init__(self, ctx: BackendContext, comm: Any = None, paths_agreed: bool = False) -> None:
         super().__init__(ctx)
         self._comm = comm  # set by split/shrink; made from MPI_COMM_WORLD by init() otherwise
+        self._paths_agreed = paths_agreed  # the ranks' hints were compared already (a shrink keeps them)
 
     # --- lifecycle ---------------------------------------------------------------------------
     def init(self) -> None:
@@ -132,8 +133,35 @@ class MpiBackend(TorchCommBackend):
                     comm=self.ctx.name, op="new_comm")
             _allreduce_keeps_pace(MPI, world, self.ctx.name)  # before Dup, which uses the nonblocking all-reduce
             self._comm = world.Dup()
-        self._paths = collective_paths(self.ctx.hints, self.ctx.name, _RUNTIME.get("allreduce_keeps_pace", False))
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self._paths = self._agree_on_paths()
+
+    def _agree_on_paths(self) -> Any:
+        """This communicator's collective paths (:mod:`.hints`), compared across its ranks
+        (collective, as its creation is): MPI's nonblocking collectives never match its blocking
+        ones, so ranks whose hints route an op differently would hang in it until its deadline.
+        Raises ``CommValueError`` on every rank, naming each rank's hints, instead."""
+        MPI = self.MPI  # noqa: N806
+        sig, paths, invalid = path_signature(self.ctx.hints, self.ctx.name,
+                                             _RUNTIME.get("allreduce_keeps_pace", False))
+        if self._paths_agreed and invalid is None:
+            return paths
+        n = self._comm.Get_size()
+        every = array.array("q", [0]) * (len(sig) * n)
+        try:
+            self._comm.Allgather([array.array("q", sig), MPI.INT64_T], [every, MPI.INT64_T])
+        except MPI.Exception as e:
+            raise self._on_error(e) from None
+        if invalid is not None:
+            raise invalid
+        sigs = [list(every[i * len(sig):(i + 1) * len(sig)]) for i in range(n)]
+        if paths_differ(sigs):
+            shown = ", ".join(f"rank {r}: {describe_signature(s)}" for r, s in enumerate(sigs))
+            raise CommValueError(
+                f"the ranks' hints route collectives differently ({shown}); MPI's nonblocking collectives never "
+                "match its blocking ones, so every rank must pass the same mpi.collectives and "
+                "mpi.nonblocking_max_bytes hints", comm=self.ctx.name, op="new_comm")
+        return paths
 
     def version(self) -> str:
         return mpi_engine.library_version(_runtime()[0])
@@ -243,7 +271,7 @@ class MpiBackend(TorchCommBackend):
         """The survivors' communicator (ULFM) and their job ranks; see :func:`.recovery.shrink_comm`."""
         comm, survivors = shrink_comm(self.MPI, self._comm, self._ft, list(self.ctx.global_ranks), deadline)
         ctx = dataclasses.replace(self.ctx, rank=comm.Get_rank(), size=comm.Get_size(), global_ranks=tuple(survivors))
-        child = MpiBackend(ctx, comm)
+        child = MpiBackend(ctx, comm, paths_agreed=True)
         child.init()
         return child, survivors
 
