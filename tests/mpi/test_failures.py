@@ -172,3 +172,14 @@ def test_ulfm_op_on_a_communicator_a_peer_revoked_is_a_peer_failure(timed_out_fi
                             {"numel": 16, "timed_out_first": timed_out_first}, ulfm=True, timeout=120)
     v = results[1].value
     assert v["raised"] == "PeerFailureError", v
+
+
+def test_new_comm_that_a_peer_does_not_join_times_out_and_the_job_goes_on() -> None:
+    """new_comm's timeout bounds the MPI communicator's creation: rank 0 gave up after it (it
+    waited until rank 1 came, however late, before), and the ranks' next communicator works."""
+    results = run_mpi_ranks(2, "tests.mpi.workers:new_comm_with_a_late_peer", timeout=120)
+    for res in results:
+        v = res.value
+        assert v["third_sum"] == [2.0] * 4, v
+    assert results[0].value["second"].startswith("CommTimeoutError"), results[0].value
+    assert "new_comm" in results[0].value["second"], results[0].value

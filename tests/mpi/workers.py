@@ -393,3 +393,29 @@ def hints_per_rank(hints: dict[str, dict[str, str]], split_hints: dict[str, dict
     except torchcomms.CommError as e:
         return f"{type(e).__name__}: {e}"
     return "ok"
+
+
+def new_comm_with_a_late_peer() -> dict[str, Any]:
+    """Rank 1 creates its second communicator only after rank 0's creation of it timed out
+    (``new_comm(timeout=2 s)``); both then create a third one and all-reduce on it."""
+    first = torchcomms.new_comm("mpi", torch.device("cpu"), "first", timeout=timedelta(seconds=30))
+    r = first.get_rank()
+    flag = Path(os.environ["TC_GROUP_DIR"]) / "rank0-gave-up"
+    out: dict[str, Any] = {}
+    if r == 1:
+        while not flag.exists():
+            time.sleep(0.005)
+    try:
+        torchcomms.new_comm("mpi", torch.device("cpu"), "second", timeout=timedelta(seconds=2))
+        out["second"] = "ok"
+    except torchcomms.CommError as e:
+        out["second"] = f"{type(e).__name__}: {e}"
+    if r == 0:
+        flag.touch()
+    third = torchcomms.new_comm("mpi", torch.device("cpu"), "third", timeout=timedelta(seconds=30))
+    t = torch.ones(4)
+    third.all_reduce(t, ReduceOp.SUM, False)
+    out["third_sum"] = t.tolist()
+    third.finalize()
+    first.finalize()
+    return out

@@ -22,6 +22,7 @@ import array
 import atexit
 import dataclasses
 import sys
+import time
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -53,16 +54,18 @@ def _runtime() -> tuple[Any, Buffers, RequestProgress]:
     return _RUNTIME["MPI"], _RUNTIME["buffers"], _RUNTIME["progress"]
 
 
-def _allreduce_keeps_pace(MPI: Any, world: Any, name: str) -> bool:  # noqa: N803
+def _allreduce_keeps_pace(MPI: Any, world: Any, name: str, wait: Callable[[Any, Any, str], None]) -> bool:  # noqa: N803
     """Whether the nonblocking all-reduce keeps pace with the blocking one (see
     :func:`.engine.nonblocking_allreduce_keeps_pace`), found once, as the first world
     communicator is made (collective), from every rank's libnbc algorithm: ranks whose choices
     differ are refused, as their nonblocking all-reduces would never match (Open MPI's own
-    ``MPI_Comm_dup`` runs one: it would hang there)."""
+    ``MPI_Comm_dup`` runs one: it would hang there). ``wait(request, buffers, what)`` waits for
+    the all-gather, bounded."""
     if "allreduce_keeps_pace" not in _RUNTIME:
-        mine = mpi_engine.libnbc_allreduce_choice()
+        own = array.array("i", [mpi_engine.libnbc_allreduce_choice()])
         choices = array.array("i", [0]) * world.Get_size()
-        world.Allgather([array.array("i", [mine]), MPI.INT], [choices, MPI.INT])
+        wait(world.Iallgather([own, MPI.INT], [choices, MPI.INT]), (own, choices), "the ranks' first all-gather")
+        mine = own[0]
         if len(set(choices)) > 1:
             shown = ", ".join(f"rank {r}: {c if c >= 0 else 'unreadable'}" for r, c in enumerate(choices))
             raise CommValueError(
@@ -131,12 +134,35 @@ class MpiBackend(TorchCommBackend):
                     f"launcher with 'mpiexec -n {self.ctx.size} torchcomms-run --backend mpi script.py' (plain "
                     "torchcomms-run starts ranks that are not one MPI job)",
                     comm=self.ctx.name, op="new_comm")
-            _allreduce_keeps_pace(MPI, world, self.ctx.name)  # before Dup, which uses the nonblocking all-reduce
-            self._comm = world.Dup()
+            # every step is MPI's nonblocking call, waited for until the deadline: a rank that does not create
+            # this communicator (stopped, or creating others first) must not hold this one past its timeout
+            deadline = time.monotonic() + self.ctx.timeout.total_seconds()
+            wait = lambda req, keep, what: self._await(req, keep, deadline, what)  # noqa: E731
+            _allreduce_keeps_pace(MPI, world, self.ctx.name, wait)  # before Idup, which uses the nonblocking all-reduce
+            comm, req = world.Idup()
+            wait(req, comm, "MPI_Comm_idup")
+            self._comm = comm
+        else:
+            deadline = time.monotonic() + self.ctx.timeout.total_seconds()
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
-        self._paths = self._agree_on_paths()
+        self._paths = self._agree_on_paths(deadline)
 
-    def _agree_on_paths(self) -> Any:
+    def _await(self, req: Any, keep: Any, deadline: float, what: str) -> None:
+        """Poll ``req``, a step of making this communicator, until ``deadline``. Past it the
+        request and ``keep`` (its buffers) are abandoned, as MPI may still complete them once the
+        late ranks come, and the step fails as a timeout."""
+        try:
+            if blocking_wait(self.MPI, [req], self._on_error)(max(0.0, deadline - time.monotonic())):
+                return
+        except self.MPI.Exception as e:  # raised by the call that started it
+            raise self._on_error(e) from None
+        self._progress.abandoned.append((req, keep))
+        raise mpi_engine.MpiEngineError(
+            f"{what} did not complete within {self.ctx.timeout.total_seconds():g} s: a rank has not created this "
+            "communicator (every rank creates its communicators in the same order; a stopped or failed rank "
+            "never does)", kind="timeout")
+
+    def _agree_on_paths(self, deadline: float) -> Any:
         """This communicator's collective paths (:mod:`.hints`), compared across its ranks
         (collective, as its creation is): MPI's nonblocking collectives never match its blocking
         ones, so ranks whose hints route an op differently would hang in it until its deadline.
@@ -148,10 +174,12 @@ class MpiBackend(TorchCommBackend):
             return paths
         n = self._comm.Get_size()
         every = array.array("q", [0]) * (len(sig) * n)
+        mine = array.array("q", sig)
         try:
-            self._comm.Allgather([array.array("q", sig), MPI.INT64_T], [every, MPI.INT64_T])
+            req = self._comm.Iallgather([mine, MPI.INT64_T], [every, MPI.INT64_T])
         except MPI.Exception as e:
             raise self._on_error(e) from None
+        self._await(req, (mine, every), deadline, "the ranks' comparison of their hints")
         if invalid is not None:
             raise invalid
         sigs = [list(every[i * len(sig):(i + 1) * len(sig)]) for i in range(n)]
