@@ -61,3 +61,54 @@ def premul_sum(dtypes: list[str]) -> dict[str, Any]:
             check(f"reduce_scatter_v {lab}", out, [vins[q][r] for q in range(n)])
     comm.finalize()
     return {"wrong": wrong, "checks": checks}
+
+
+def on_parameters() -> dict[str, Any]:
+    """AVG, PREMUL_SUM and list outputs on tensors that require grad (``nn.Parameter``s, outside
+    ``torch.no_grad()``), as a user averaging parameters does: the engines' local steps (the
+    scaling, the division, the copy into list outputs) must not trip autograd's in-place checks.
+    Returns each op's values (or error) and whether the communicator still works."""
+    comm = torchcomms.new_comm(engine(), torch.device("cpu"), "params")
+    r, n = comm.get_rank(), comm.get_size()
+    out: dict[str, Any] = {}
+
+    def param(value: float, numel: int = 4) -> torch.nn.Parameter:
+        return torch.nn.Parameter(torch.full((numel,), value))
+
+    def run(name: str, call: Any) -> None:
+        try:
+            out[name] = call()
+        except Exception as e:  # noqa: BLE001 - the test reads the error
+            out[name] = f"{type(e).__name__}: {e}"
+
+    def all_reduce(op: ReduceOp) -> list[float]:
+        p = param(float(r + 1))
+        comm.all_reduce(p, op, False)
+        return p.tolist()
+
+    def reduce_avg() -> list[float] | None:
+        p = param(float(r + 1))
+        comm.reduce(p, 0, ReduceOp.AVG, False)
+        return p.tolist() if r == 0 else None
+
+    def all_gather() -> list[list[float]]:
+        outs = [param(0.0) for _ in range(n)]
+        comm.all_gather(outs, torch.full((4,), float(r + 1)), False)
+        return [o.tolist() for o in outs]
+
+    def reduce_scatter_avg() -> list[float]:
+        p = param(0.0)
+        comm.reduce_scatter(p, [torch.full((4,), float(r + 1)) for _ in range(n)], ReduceOp.AVG, False)
+        return p.tolist()
+
+    run("all_reduce AVG", lambda: all_reduce(ReduceOp.AVG))
+    run("all_reduce PREMUL_SUM", lambda: all_reduce(ReduceOp.PREMUL_SUM(0.5)))
+    run("reduce AVG", reduce_avg)
+    if engine() == "mpi":  # gloo's are c10d's, whose own copies into the outputs raise (a BackendError)
+        run("all_gather", all_gather)
+        run("reduce_scatter AVG", reduce_scatter_avg)
+    t = torch.ones(2)
+    comm.all_reduce(t, ReduceOp.SUM, False)
+    out["sum_after"] = t.tolist()
+    comm.finalize()
+    return out

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from torchcomms.backends import exit_release
 from torchcomms.backends.base import (BackendCapabilities, BlockingWait, EngineHandle, TorchCommBackend, avg_finish,
-                                      premul_factor, premul_scaled)
+                                      premul_in_place, premul_scaled)
 from torchcomms.backends.gloo_p2p import FramedRecv, FramedSend
 from torchcomms.backends.gloo_sockets import EngineSockets
 from torchcomms.config import settings
@@ -357,8 +357,7 @@ class GlooBackend(TorchCommBackend):
             self._pending.pop(key, None)
 
     def _prescale(self, t: torch.Tensor, op: ReduceOp) -> None:
-        if op.type is RedOpType.PREMUL_SUM:
-            t.mul_(premul_factor(op))
+        premul_in_place(t, op)
 
     def _avg_finish(self, t: torch.Tensor, op: ReduceOp) -> Callable[[], None] | None:
         return avg_finish(t, op, self.ctx.size)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from torchcomms.backends.base import (BackendCapabilities, BackendContext, EngineHandle, TorchCommBackend, avg_finish,
-                                      premul_factor, premul_scaled)
+                                      premul_in_place, premul_scaled)
 from torchcomms.backends.mpi import engine as mpi_engine
 from torchcomms.backends.mpi.buffers import MPI_DTYPES, Buffers, too_many_elements
 from torchcomms.backends.mpi.engine_thread import EngineThread
@@ -427,7 +427,7 @@ class MpiBackend(TorchCommBackend):
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> EngineHandle:
         red = op.type
         if red is RedOpType.PREMUL_SUM:
-            tensor.mul_(premul_factor(op))  # in place: the result overwrites it
+            premul_in_place(tensor, op)  # in place: the result overwrites it
         return self._coll("Iallreduce", tensor.nbytes,
                           (self.MPI.IN_PLACE, self._buf.spec(tensor), self._buf.op(red, tensor.dtype)), tensor,
                           self._avg(tensor, op) if red is RedOpType.AVG else None)
@@ -435,8 +435,7 @@ class MpiBackend(TorchCommBackend):
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp) -> EngineHandle:
         mop = self._buf.op(op.type, tensor.dtype)
         if self.ctx.rank == root:
-            if op.type is RedOpType.PREMUL_SUM:
-                tensor.mul_(premul_factor(op))
+            premul_in_place(tensor, op)
             return self._coll("Ireduce", tensor.nbytes, (self.MPI.IN_PLACE, self._buf.spec(tensor), mop, root), tensor,
                               self._avg(tensor, op))
         src = self._scaled(tensor, op)  # a non-root's tensor is left as it was
