@@ -183,3 +183,16 @@ def test_new_comm_that_a_peer_does_not_join_times_out_and_the_job_goes_on() -> N
         assert v["third_sum"] == [2.0] * 4, v
     assert results[0].value["second"].startswith("CommTimeoutError"), results[0].value
     assert "new_comm" in results[0].value["second"], results[0].value
+
+
+@pytest.mark.skipif(not ulfm_available(), reason="this mpiexec has no ULFM (--with-ft ulfm)")
+def test_ulfm_new_comm_over_a_world_with_a_dead_rank_is_a_peer_failure() -> None:
+    """MPI_Comm_idup of a world with a failed process fails with MPI_ERR_INTERN in Open MPI 5.0
+    (its blocking MPI_Comm_dup with MPI_ERR_PROC_FAILED): either way the creation is refused as a
+    peer failure, typed."""
+    with MpiJob(3, "tests.mpi.workers:new_comm_after_a_death", ulfm=True) as job:
+        results = job.results_of([0, 1], timeout=120)
+    for res in results:
+        v = res.value
+        assert v is not None, (res.error, res.stderr[-3000:])
+        assert v["raised"] == "PeerFailureError", v

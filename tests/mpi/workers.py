@@ -419,3 +419,25 @@ def new_comm_with_a_late_peer() -> dict[str, Any]:
     third.finalize()
     first.finalize()
     return out
+
+
+def new_comm_after_a_death() -> dict[str, Any]:
+    """The last rank kills itself (SIGKILL) once every rank passed a barrier; the others, once
+    their communicator saw the failure, create a new communicator over the MPI world."""
+    import signal
+
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "before-death", timeout=timedelta(seconds=30),
+                               abort_process_on_timeout_or_error=False)
+    r, n = comm.get_rank(), comm.get_size()
+    comm.barrier(False)
+    if r == n - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        comm.barrier(False)
+    except torchcomms.CommError:
+        pass  # the failure is known here
+    try:
+        torchcomms.new_comm("mpi", torch.device("cpu"), "after-death", timeout=timedelta(seconds=30))
+    except Exception as e:  # noqa: BLE001 - the test reads the error's type
+        return {"raised": type(e).__name__, "message": str(e)}
+    return {"raised": None}

@@ -137,30 +137,52 @@ class MpiBackend(TorchCommBackend):
             # every step is MPI's nonblocking call, waited for until the deadline: a rank that does not create
             # this communicator (stopped, or creating others first) must not hold this one past its timeout
             deadline = time.monotonic() + self.ctx.timeout.total_seconds()
-            wait = lambda req, keep, what: self._await(req, keep, deadline, what)  # noqa: E731
+            wait = lambda req, keep, what: self._await(req, keep, deadline, what, world)  # noqa: E731
             _allreduce_keeps_pace(MPI, world, self.ctx.name, wait)  # before Idup, which uses the nonblocking all-reduce
-            comm, req = world.Idup()
-            wait(req, comm, "MPI_Comm_idup")
+            try:
+                comm, req = world.Idup()
+            except MPI.Exception as e:
+                raise self._creation_error(e, world) from None
+            self._await(req, comm, deadline, "MPI_Comm_idup", world)
             self._comm = comm
         else:
             deadline = time.monotonic() + self.ctx.timeout.total_seconds()
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
         self._paths = self._agree_on_paths(deadline)
 
-    def _await(self, req: Any, keep: Any, deadline: float, what: str) -> None:
-        """Poll ``req``, a step of making this communicator, until ``deadline``. Past it the
-        request and ``keep`` (its buffers) are abandoned, as MPI may still complete them once the
-        late ranks come, and the step fails as a timeout."""
-        try:
-            if blocking_wait(self.MPI, [req], self._on_error)(max(0.0, deadline - time.monotonic())):
-                return
-        except self.MPI.Exception as e:  # raised by the call that started it
-            raise self._on_error(e) from None
+    def _await(self, req: Any, keep: Any, deadline: float, what: str, parent: Any = None) -> None:
+        """Poll ``req``, a step of making this communicator (from ``parent``: this one by
+        default), until ``deadline``. Past it the request and ``keep`` (its buffers) are
+        abandoned, as MPI may still complete them once the late ranks come, and the step fails
+        as a timeout."""
+        on_error = lambda e: self._creation_error(e, parent if parent is not None else self._comm)  # noqa: E731
+        if blocking_wait(self.MPI, [req], on_error)(max(0.0, deadline - time.monotonic())):
+            return
         self._progress.abandoned.append((req, keep))
         raise mpi_engine.MpiEngineError(
             f"{what} did not complete within {self.ctx.timeout.total_seconds():g} s: a rank has not created this "
             "communicator (every rank creates its communicators in the same order; a stopped or failed rank "
             "never does)", kind="timeout")
+
+    def _creation_error(self, error: BaseException, parent: Any) -> BaseException:
+        """The error of a step of making this communicator from ``parent``. Under ULFM a failed
+        process of ``parent`` makes it a peer failure, whatever MPI's error class (Open MPI 5.0's
+        ``MPI_Comm_idup`` reports it as ``MPI_ERR_INTERN``)."""
+        wrapped = self._on_error(error)
+        if not self._ft or getattr(wrapped, "kind", "") == "peer":
+            return wrapped
+        try:
+            group = parent.Get_failed()
+            failed = group.Get_size()
+            group.Free()
+        except Exception:  # noqa: BLE001 - no ULFM query here
+            return wrapped
+        if not failed:
+            return wrapped
+        return mpi_engine.MpiEngineError(
+            f"{failed} process(es) of the MPI job failed (reported by ULFM), so this communicator cannot be made over "
+            f"them ({wrapped}); shrink a communicator that had them, or make this one over the survivors",
+            getattr(wrapped, "error_class", None), "peer")
 
     def _agree_on_paths(self, deadline: float) -> Any:
         """This communicator's collective paths (:mod:`.hints`), compared across its ranks
@@ -178,7 +200,7 @@ class MpiBackend(TorchCommBackend):
         try:
             req = self._comm.Iallgather([mine, MPI.INT64_T], [every, MPI.INT64_T])
         except MPI.Exception as e:
-            raise self._on_error(e) from None
+            raise self._creation_error(e, self._comm) from None
         self._await(req, (mine, every), deadline, "the ranks' comparison of their hints")
         if invalid is not None:
             raise invalid
