@@ -22,7 +22,6 @@ import array
 import atexit
 import dataclasses
 import sys
-import time
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +33,8 @@ from torchcomms.backends.base import (BackendCapabilities, BackendContext, Engin
 from torchcomms.backends.mpi import engine as mpi_engine
 from torchcomms.backends.mpi.buffers import MPI_DTYPES, Buffers, too_many_elements
 from torchcomms.backends.mpi.engine_thread import EngineThread
-from torchcomms.backends.mpi.hints import UNEVEN, describe_signature, path_signature, paths_differ
+from torchcomms.backends.mpi.creation import CreationSteps
+from torchcomms.backends.mpi.hints import UNEVEN
 from torchcomms.backends.mpi.p2p import Arrivals, send_tag
 from torchcomms.backends.mpi.progress import RequestProgress, blocking_wait
 from torchcomms.backends.mpi.recovery import agree_flag, shrink_comm
@@ -54,17 +54,17 @@ def _runtime() -> tuple[Any, Buffers, RequestProgress]:
     return _RUNTIME["MPI"], _RUNTIME["buffers"], _RUNTIME["progress"]
 
 
-def _allreduce_keeps_pace(MPI: Any, world: Any, name: str, wait: Callable[[Any, Any, str], None]) -> bool:  # noqa: N803
+def _allreduce_keeps_pace(MPI: Any, world: Any, name: str, steps: CreationSteps) -> bool:  # noqa: N803
     """Whether the nonblocking all-reduce keeps pace with the blocking one (see
     :func:`.engine.nonblocking_allreduce_keeps_pace`), found once, as the first world
     communicator is made (collective), from every rank's libnbc algorithm: ranks whose choices
     differ are refused, as their nonblocking all-reduces would never match (Open MPI's own
-    ``MPI_Comm_dup`` runs one: it would hang there). ``wait(request, buffers, what)`` waits for
-    the all-gather, bounded."""
+    ``MPI_Comm_dup`` runs one: it would hang there). The all-gather is one of ``steps``, bounded."""
     if "allreduce_keeps_pace" not in _RUNTIME:
         own = array.array("i", [mpi_engine.libnbc_allreduce_choice()])
         choices = array.array("i", [0]) * world.Get_size()
-        wait(world.Iallgather([own, MPI.INT], [choices, MPI.INT]), (own, choices), "the ranks' first all-gather")
+        req = steps.start(lambda: world.Iallgather([own, MPI.INT], [choices, MPI.INT]), world)
+        steps.wait(req, (own, choices), "the ranks' first all-gather", world)
         mine = own[0]
         if len(set(choices)) > 1:
             shown = ", ".join(f"rank {r}: {c if c >= 0 else 'unreadable'}" for r, c in enumerate(choices))
@@ -123,6 +123,9 @@ class MpiBackend(TorchCommBackend):
                 "the mpi backend needs MPI_THREAD_MULTIPLE, but MPI was initialised with a lower thread level "
                 "(initialise it through torchcomms, or set mpi4py.rc.thread_level = 'multiple' first)",
                 comm=self.ctx.name, op="new_comm")
+        # each step is MPI's nonblocking call, bounded by the creation's timeout (see .creation)
+        steps = CreationSteps(MPI, self.ctx.name, self.ctx.timeout.total_seconds(), self._ft, self._on_error,
+                              self._progress.abandoned)
         if self._comm is None:
             world = MPI.COMM_WORLD
             if (world.Get_rank(), world.Get_size()) != (self.ctx.rank, self.ctx.size):
@@ -134,84 +137,13 @@ class MpiBackend(TorchCommBackend):
                     f"launcher with 'mpiexec -n {self.ctx.size} torchcomms-run --backend mpi script.py' (plain "
                     "torchcomms-run starts ranks that are not one MPI job)",
                     comm=self.ctx.name, op="new_comm")
-            # every step is MPI's nonblocking call, waited for until the deadline: a rank that does not create
-            # this communicator (stopped, or creating others first) must not hold this one past its timeout
-            deadline = time.monotonic() + self.ctx.timeout.total_seconds()
-            wait = lambda req, keep, what: self._await(req, keep, deadline, what, world)  # noqa: E731
-            _allreduce_keeps_pace(MPI, world, self.ctx.name, wait)  # before Idup, which uses the nonblocking all-reduce
-            try:
-                comm, req = world.Idup()
-            except MPI.Exception as e:
-                raise self._creation_error(e, world) from None
-            self._await(req, comm, deadline, "MPI_Comm_idup", world)
+            _allreduce_keeps_pace(MPI, world, self.ctx.name, steps)  # before Idup, which uses the nonblocking all-reduce
+            comm, req = steps.start(world.Idup, world)
+            steps.wait(req, comm, "MPI_Comm_idup", world)
             self._comm = comm
-        else:
-            deadline = time.monotonic() + self.ctx.timeout.total_seconds()
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
-        self._paths = self._agree_on_paths(deadline)
-
-    def _await(self, req: Any, keep: Any, deadline: float, what: str, parent: Any = None) -> None:
-        """Poll ``req``, a step of making this communicator (from ``parent``: this one by
-        default), until ``deadline``. Past it the request and ``keep`` (its buffers) are
-        abandoned, as MPI may still complete them once the late ranks come, and the step fails
-        as a timeout."""
-        on_error = lambda e: self._creation_error(e, parent if parent is not None else self._comm)  # noqa: E731
-        if blocking_wait(self.MPI, [req], on_error)(max(0.0, deadline - time.monotonic())):
-            return
-        self._progress.abandoned.append((req, keep))
-        raise mpi_engine.MpiEngineError(
-            f"{what} did not complete within {self.ctx.timeout.total_seconds():g} s: a rank has not created this "
-            "communicator (every rank creates its communicators in the same order; a stopped or failed rank "
-            "never does)", kind="timeout")
-
-    def _creation_error(self, error: BaseException, parent: Any) -> BaseException:
-        """The error of a step of making this communicator from ``parent``. Under ULFM a failed
-        process of ``parent`` makes it a peer failure, whatever MPI's error class (Open MPI 5.0's
-        ``MPI_Comm_idup`` reports it as ``MPI_ERR_INTERN``)."""
-        wrapped = self._on_error(error)
-        if not self._ft or getattr(wrapped, "kind", "") == "peer":
-            return wrapped
-        try:
-            group = parent.Get_failed()
-            failed = group.Get_size()
-            group.Free()
-        except Exception:  # noqa: BLE001 - no ULFM query here
-            return wrapped
-        if not failed:
-            return wrapped
-        return mpi_engine.MpiEngineError(
-            f"{failed} process(es) of the MPI job failed (reported by ULFM), so this communicator cannot be made over "
-            f"them ({wrapped}); shrink a communicator that had them, or make this one over the survivors",
-            getattr(wrapped, "error_class", None), "peer")
-
-    def _agree_on_paths(self, deadline: float) -> Any:
-        """This communicator's collective paths (:mod:`.hints`), compared across its ranks
-        (collective, as its creation is): MPI's nonblocking collectives never match its blocking
-        ones, so ranks whose hints route an op differently would hang in it until its deadline.
-        Raises ``CommValueError`` on every rank, naming each rank's hints, instead."""
-        MPI = self.MPI  # noqa: N806
-        sig, paths, invalid = path_signature(self.ctx.hints, self.ctx.name,
-                                             _RUNTIME.get("allreduce_keeps_pace", False))
-        if self._paths_agreed and invalid is None:
-            return paths
-        n = self._comm.Get_size()
-        every = array.array("q", [0]) * (len(sig) * n)
-        mine = array.array("q", sig)
-        try:
-            req = self._comm.Iallgather([mine, MPI.INT64_T], [every, MPI.INT64_T])
-        except MPI.Exception as e:
-            raise self._creation_error(e, self._comm) from None
-        self._await(req, (mine, every), deadline, "the ranks' comparison of their hints")
-        if invalid is not None:
-            raise invalid
-        sigs = [list(every[i * len(sig):(i + 1) * len(sig)]) for i in range(n)]
-        if paths_differ(sigs):
-            shown = ", ".join(f"rank {r}: {describe_signature(s)}" for r, s in enumerate(sigs))
-            raise CommValueError(
-                f"the ranks' hints route collectives differently ({shown}); MPI's nonblocking collectives never "
-                "match its blocking ones, so every rank must pass the same mpi.collectives and "
-                "mpi.nonblocking_max_bytes hints", comm=self.ctx.name, op="new_comm")
-        return paths
+        self._paths = steps.agree_on_paths(self._comm, self.ctx.hints, _RUNTIME.get("allreduce_keeps_pace", False),
+                                           self._paths_agreed)
 
     def version(self) -> str:
         return mpi_engine.library_version(_runtime()[0])
