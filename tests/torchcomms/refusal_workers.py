@@ -61,3 +61,25 @@ def all_to_all_in_place() -> dict[str, Any]:
     out["after"] = y.tolist()
     comm.finalize()
     return out
+
+
+def conjugate_views() -> dict[str, Any]:
+    """Complex tensors that are conjugate views (``x.conj()``: a flag on the tensor, its memory
+    holds the unconjugated values) given to collectives: refused; then a broadcast of a resolved one."""
+    comm = torchcomms.new_comm(engine(), torch.device("cpu"), "conj-views")
+    n = comm.get_size()
+    x = torch.tensor([1 + 2j, 3 + 4j], dtype=torch.complex64)
+    v = x.conj()
+    out: dict[str, Any] = {
+        "all_gather_single input": _refused(lambda: comm.all_gather_single(torch.empty(2 * n, dtype=x.dtype), v,
+                                                                           False)),
+        "all_gather_single output": _refused(lambda: comm.all_gather_single(torch.empty(2 * n, dtype=x.dtype).conj(),
+                                                                            x, False)),
+        "broadcast": _refused(lambda: comm.broadcast(x.clone().conj(), 0, False)),
+        "all_reduce": _refused(lambda: comm.all_reduce(x.clone().conj(), ReduceOp.SUM, False)),
+    }
+    got = v.resolve_conj() if comm.get_rank() == 0 else torch.zeros(2, dtype=x.dtype)
+    comm.broadcast(got, 0, False)  # (gloo's complex all-gathers fail inside c10d: 'Invalid scalar type')
+    out["resolved"] = [[z.real, z.imag] for z in got.tolist()]
+    comm.finalize()
+    return out

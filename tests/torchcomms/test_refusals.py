@@ -24,3 +24,14 @@ def test_all_to_all_whose_output_overlaps_its_input_is_refused(launch: Launch) -
         for case, got in v.items():
             assert got.startswith("CommValueError") and "overlap" in got, (case, got)
         assert after == ([0.0, 1.0, 100.0, 101.0] if res.rank == 0 else [2.0, 3.0, 102.0, 103.0]), after
+
+
+def test_conjugate_views_are_refused(launch: Launch) -> None:
+    """A conjugate view's memory holds the unconjugated values: mpi sent those (an all_gather of
+    x.conj() gathered x, no error), gloo failed inside c10d ('Invalid scalar type') and broke the
+    communicator. Refused before the engine; .resolve_conj() copies of them work."""
+    for res in launch(2, "tests.torchcomms.refusal_workers:conjugate_views"):
+        v = res.value
+        assert v.pop("resolved") == [[1.0, -2.0], [3.0, -4.0]], v
+        for case, got in v.items():
+            assert got.startswith("CommValueError") and "resolve_conj" in got, (case, got)

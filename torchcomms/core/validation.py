@@ -118,6 +118,9 @@ class Checker:
             raise self.value_error(op, f"{name} is on {dev}, but this communicator's device is {self.device}")
         if not t.is_contiguous():
             raise self.value_error(op, f"{name} must be contiguous (call .contiguous()); got strides {t.stride()}")
+        if t.dtype.is_complex and t.is_conj():
+            # its memory holds the unconjugated values, which an engine would send (or receive into)
+            raise self.value_error(op, f"{name} is a conjugate view (x.conj()); call .resolve_conj() first")
         if self.dtypes is not None and t.dtype not in self.dtypes:
             raise self.type_error(op, f"{name} has dtype {t.dtype}, which this backend does not support")
 
