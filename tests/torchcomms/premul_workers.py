@@ -65,8 +65,9 @@ def premul_sum(dtypes: list[str]) -> dict[str, Any]:
 
 def on_parameters() -> dict[str, Any]:
     """AVG, PREMUL_SUM and list outputs on tensors that require grad (``nn.Parameter``s, outside
-    ``torch.no_grad()``), as a user averaging parameters does: the engines' local steps (the
-    scaling, the division, the copy into list outputs) must not trip autograd's in-place checks.
+    ``torch.no_grad()``), as a user averaging parameters does, and on tensors made under
+    ``torch.inference_mode()``: the engines' local steps (the scaling, the division, the copy into
+    list outputs) must not trip torch's in-place checks.
     Returns each op's values (or error) and whether the communicator still works."""
     comm = torchcomms.new_comm(engine(), torch.device("cpu"), "params")
     r, n = comm.get_rank(), comm.get_size()
@@ -102,6 +103,15 @@ def on_parameters() -> dict[str, Any]:
         return p.tolist()
 
     run("all_reduce AVG", lambda: all_reduce(ReduceOp.AVG))
+
+    def inference_avg(op: ReduceOp) -> list[float]:
+        with torch.inference_mode():  # e.g. a metric computed in evaluation, averaged outside it
+            t = torch.full((4,), float(r + 1))
+        comm.all_reduce(t, op, False)
+        return t.tolist()
+
+    run("inference AVG", lambda: inference_avg(ReduceOp.AVG))
+    run("inference PREMUL_SUM", lambda: inference_avg(ReduceOp.PREMUL_SUM(0.5)))
     run("all_reduce PREMUL_SUM", lambda: all_reduce(ReduceOp.PREMUL_SUM(0.5)))
     run("reduce AVG", reduce_avg)
     if engine() == "mpi":  # gloo's are c10d's, whose own copies into the outputs raise (a BackendError)

@@ -41,16 +41,17 @@ def premul_scaled(t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
     dtype, which the engine then reduces as ``t``'s); other ops send ``t`` itself."""
     if op.type is not RedOpType.PREMUL_SUM:
         return t
-    with torch.no_grad():  # the engine's own step, as the collective is: not for autograd
+    with torch.inference_mode():  # the engine's own step, as the collective is: not for autograd
         return torch.mul(t, premul_factor(op)).to(t.dtype)
 
 
 def premul_in_place(t: torch.Tensor, op: ReduceOp) -> None:
     """Scale ``t`` by a PREMUL_SUM's factor in place (the all-reduce and the reduce root send
-    ``t`` itself); nothing for other ops. Outside autograd, as the engine's writes into ``t``
-    are: ``t`` may be a parameter that requires grad."""
+    ``t`` itself); nothing for other ops. Outside autograd and its in-place checks, as the
+    engine's writes into ``t`` are: ``t`` may be a parameter that requires grad, or a tensor
+    made under ``torch.inference_mode()``."""
     if op.type is RedOpType.PREMUL_SUM:
-        with torch.no_grad():
+        with torch.inference_mode():
             t.mul_(premul_factor(op))
 
 
@@ -240,8 +241,9 @@ class EngineHandle:
         if error is None and self._finish is not None:
             try:
                 # the engine's local step (AVG's division, a copy into list outputs) writes the
-                # op's outputs as the engine does: outside autograd (they may require grad)
-                with torch.no_grad():
+                # op's outputs as the engine does: outside autograd (they may require grad, or be
+                # inference tensors, which only inference mode may write in place)
+                with torch.inference_mode():
                     self._finish()
             except BaseException as e:  # noqa: BLE001
                 return e
