@@ -22,3 +22,11 @@ def test_every_declared_dtype_reduces_correctly(world: int) -> None:
             got = res.value[path]
             assert got["failures"] == [], (path, got["failures"][:5])
             assert got["checks"] >= 60, (path, got["checks"])
+
+
+def test_counts_past_mpis_int_limit_are_refused_with_a_value_error() -> None:
+    for res in run_mpi_ranks(2, "tests.mpi.workers:counts_past_int_max", timeout=180):
+        v = res.value
+        assert v.pop("sum_after") == [2.0] * 4, v
+        for op, got in v.items():
+            assert got.startswith("CommValueError") and "2147483656 elements" in got and "2147483647" in got, (op, got)

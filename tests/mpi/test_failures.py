@@ -146,3 +146,53 @@ def test_agree_without_ulfm_or_store_names_what_is_missing() -> None:
         v = res.value
         assert v["raised"] == "BackendError", v
         assert "mpiexec --with-ft ulfm" in v["message"] and "torchcomms-run" in v["message"], v
+
+
+@pytest.mark.skipif(not ulfm_available(), reason="this mpiexec has no ULFM (--with-ft ulfm)")
+@pytest.mark.parametrize("kind", ["async", "batch"])
+def test_ulfm_peer_failure_in_an_async_op_or_a_batch_is_a_peer_failure(kind: str) -> None:
+    """Ops of several requests, or driven by the progress thread, are polled with MPI_Testall,
+    which reports a failed request as MPI_ERR_IN_STATUS: the request's own error (a failed or
+    revoked peer) must still make the op a PeerFailureError, not a BackendError."""
+    with MpiJob(3, "tests.mpi.workers:killed_peer_in", {"kind": kind}, ulfm=True) as job:
+        results = job.results_of([0, 1], timeout=120)
+    for res in results:
+        v = res.value
+        assert v is not None, (res.error, res.stderr[-3000:])
+        assert v["raised"] == "PeerFailureError", v
+
+
+@pytest.mark.skipif(not ulfm_available(), reason="this mpiexec has no ULFM (--with-ft ulfm)")
+@pytest.mark.parametrize("timed_out_first", [False, True], ids=["aborted", "timed-out-then-aborted"])
+def test_ulfm_op_on_a_communicator_a_peer_revoked_is_a_peer_failure(timed_out_first: bool) -> None:
+    """A peer aborted (revoked) the communicator, after its own op timed out or not: the others'
+    next op fails as a peer failure, whichever error MPI's libnbc schedule reports it with
+    (it reports a revoke met inside a started collective as MPI_ERR_OTHER)."""
+    results = run_mpi_ranks(2, "tests.mpi.workers:op_after_a_peer_aborted",
+                            {"numel": 16, "timed_out_first": timed_out_first}, ulfm=True, timeout=120)
+    v = results[1].value
+    assert v["raised"] == "PeerFailureError", v
+
+
+def test_new_comm_that_a_peer_does_not_join_times_out_and_the_job_goes_on() -> None:
+    """new_comm's timeout bounds the MPI communicator's creation: rank 0 gave up after it (it
+    waited until rank 1 came, however late, before), and the ranks' next communicator works."""
+    results = run_mpi_ranks(2, "tests.mpi.workers:new_comm_with_a_late_peer", timeout=120)
+    for res in results:
+        v = res.value
+        assert v["third_sum"] == [2.0] * 4, v
+    assert results[0].value["second"].startswith("CommTimeoutError"), results[0].value
+    assert "new_comm" in results[0].value["second"], results[0].value
+
+
+@pytest.mark.skipif(not ulfm_available(), reason="this mpiexec has no ULFM (--with-ft ulfm)")
+def test_ulfm_new_comm_over_a_world_with_a_dead_rank_is_a_peer_failure() -> None:
+    """MPI_Comm_idup of a world with a failed process fails with MPI_ERR_INTERN in Open MPI 5.0
+    (its blocking MPI_Comm_dup with MPI_ERR_PROC_FAILED): either way the creation is refused as a
+    peer failure, typed."""
+    with MpiJob(3, "tests.mpi.workers:new_comm_after_a_death", ulfm=True) as job:
+        results = job.results_of([0, 1], timeout=120)
+    for res in results:
+        v = res.value
+        assert v is not None, (res.error, res.stderr[-3000:])
+        assert v["raised"] == "PeerFailureError", v

@@ -40,3 +40,24 @@ def test_ranks_whose_allreduce_algorithms_differ_are_refused_with_the_choices_na
         assert rank.error is not None and rank.error["type"] == "CommValueError", rank
         assert "rank 0: 3, rank 1: 2" in rank.error["message"], rank.error
         assert "coll_libnbc_iallreduce_algorithm" in rank.error["message"], rank.error
+
+
+@pytest.mark.parametrize(("hints", "split_hints", "named"), [
+    ({"0": {"mpi.collectives": "blocking"}, "1": {}}, None, "rank 0: mpi.collectives=blocking, rank 1: no path hint"),
+    ({"0": {"mpi.nonblocking_max_bytes": "8"}, "1": {"mpi.nonblocking_max_bytes": "1024"}}, None,
+     "rank 0: mpi.nonblocking_max_bytes=8, rank 1: mpi.nonblocking_max_bytes=1024"),
+    ({"0": {"mpi.collectives": "sometimes"}, "1": {}}, None, "mpi.collectives='sometimes'"),
+    ({"0": {}, "1": {}}, {"0": {}, "1": {"mpi.collectives": "blocking"}},
+     "rank 0: no path hint, rank 1: mpi.collectives=blocking"),
+], ids=["mode", "bound", "invalid-on-one", "split"])
+def test_ranks_whose_path_hints_differ_are_refused_at_creation_with_each_named(
+        hints: dict, split_hints: dict | None, named: str) -> None:
+    """MPI's nonblocking collectives never match its blocking ones: ranks routing one op
+    differently hung until the op's deadline ('did not complete within 20 s'). The communicator
+    is refused at creation on every rank instead (a rank whose hint is invalid names it; the
+    others must not wait for it)."""
+    results = run_mpi_ranks(2, "tests.mpi.workers:hints_per_rank", {"hints": hints, "split_hints": split_hints},
+                            timeout=120)
+    for res in results:
+        assert res.value.startswith("CommValueError"), res.value
+    assert any(named in res.value for res in results), [res.value for res in results]

@@ -290,3 +290,154 @@ def collective_paths(hints: dict[str, str] | None = None, libnbc_allreduce: str 
     return {"thread_after_small": thread_after_small, "thread_after_large": thread_after_large,
             "thread_after_large_reduce": thread_after_large_reduce, "sums_ok": sums_ok,
             "libnbc_allreduce": os.environ.get(engine.LIBNBC_ALLREDUCE_VAR)}
+
+
+def counts_past_int_max() -> dict[str, Any]:
+    """Ops whose MPI count (a C int) would be past 2**31 - 1 elements, on uint8 tensors that are
+    never written (``torch.empty`` of untouched pages costs no memory): each one's error, then an
+    all_reduce that must still work on the same communicator."""
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "big-counts", timeout=timedelta(seconds=60))
+    r, n = comm.get_rank(), comm.get_size()
+    big = 2**31 + 8
+
+    def outcome(call: Any) -> str:
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 - the test reads the error's type and message
+            return f"{type(e).__name__}: {e}"
+        return "returned"
+
+    t = torch.empty(big, dtype=torch.uint8)
+    out = {
+        "all_reduce": outcome(lambda: comm.all_reduce(t, ReduceOp.MAX, False)),
+        "broadcast": outcome(lambda: comm.broadcast(t, 0, False)),
+        "reduce": outcome(lambda: comm.reduce(t, 0, ReduceOp.MAX, False)),
+        "all_to_all_v_single": outcome(lambda: comm.all_to_all_v_single(
+            torch.empty(big, dtype=torch.uint8), t, [big if q == r else 0 for q in range(n)],
+            [big if q == r else 0 for q in range(n)], False)),
+        "p2p": outcome(lambda: comm.send(t, 1, False) if r == 0 else comm.recv(t, 0, False)),
+    }
+    x = torch.ones(4)
+    comm.all_reduce(x, ReduceOp.SUM, False)
+    out["sum_after"] = x.tolist()
+    comm.finalize()
+    return out
+
+
+def killed_peer_in(kind: str) -> dict[str, Any]:
+    """The last rank kills itself (SIGKILL) while the others wait in an op of ``kind`` on it:
+    ``"async"`` (an all_reduce issued with async_op=True, then wait()) or ``"batch"`` (a batch of
+    a send to it and a receive from it). Each survivor returns its error's type and message."""
+    import signal
+
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), f"killed-{kind}", timeout=timedelta(seconds=30),
+                               abort_process_on_timeout_or_error=False)
+    r, n = comm.get_rank(), comm.get_size()
+    comm.barrier(False)
+    if r == n - 1:
+        time.sleep(0.5)  # the others are in the op by then (they fail the same way if not)
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        if kind == "async":
+            comm.all_reduce(torch.ones(8), ReduceOp.SUM, True).wait()
+        else:
+            batch = comm.batch_op_create()
+            batch.send(torch.ones(4), n - 1)
+            batch.recv(torch.empty(4), n - 1)
+            batch.issue(False)
+    except torchcomms.CommError as e:
+        return {"raised": type(e).__name__, "message": str(e)}
+    return {"raised": None}
+
+
+def op_after_a_peer_aborted(numel: int, timed_out_first: bool) -> dict[str, Any]:
+    """Rank 0 aborts the communicator (under ULFM: revokes it), with ``timed_out_first`` after its
+    all_reduce timed out alone (the request stays pending in MPI), and tells the others through
+    the job's directory; each other rank then starts an all_reduce of ``numel`` floats on it and
+    returns its error's type and message."""
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "peer-aborted", timeout=timedelta(seconds=30),
+                               abort_process_on_timeout_or_error=False)
+    r = comm.get_rank()
+    comm.all_reduce(torch.ones(numel), ReduceOp.SUM, False)
+    done = Path(os.environ["TC_GROUP_DIR"]) / "aborted"
+    if r == 0:
+        if timed_out_first:
+            try:
+                comm.all_reduce(torch.ones(numel), ReduceOp.SUM, False, timeout=timedelta(seconds=1))
+            except torchcomms.CommTimeoutError:
+                pass
+        comm.abort()
+        done.touch()
+        return {"raised": None}
+    while not done.exists():
+        time.sleep(0.005)
+    time.sleep(0.2)  # the revoke reaches this process meanwhile (or during the op: the same outcome)
+    try:
+        comm.all_reduce(torch.ones(numel), ReduceOp.SUM, False)
+    except torchcomms.CommError as e:
+        return {"raised": type(e).__name__, "message": str(e)}
+    return {"raised": None}
+
+
+def hints_per_rank(hints: dict[str, dict[str, str]], split_hints: dict[str, dict[str, str]] | None = None) -> str:
+    """A communicator made with ``hints[str(rank)]`` (then, with ``split_hints``, a split of it
+    over every rank with ``split_hints[str(rank)]``) and one all_reduce on it: ``"ok"`` or the
+    error's type and message."""
+    r = os.environ["OMPI_COMM_WORLD_RANK"]
+    try:
+        comm = torchcomms.new_comm("mpi", torch.device("cpu"), "per-rank-hints", timeout=timedelta(seconds=20),
+                                   hints=hints[r])
+        if split_hints is not None:
+            comm = comm.split(list(range(comm.get_size())), "per-rank-split", hints=split_hints[r])
+        comm.all_reduce(torch.ones(16), ReduceOp.SUM, False)
+    except torchcomms.CommError as e:
+        return f"{type(e).__name__}: {e}"
+    return "ok"
+
+
+def new_comm_with_a_late_peer() -> dict[str, Any]:
+    """Rank 1 creates its second communicator only after rank 0's creation of it timed out
+    (``new_comm(timeout=2 s)``); both then create a third one and all-reduce on it."""
+    first = torchcomms.new_comm("mpi", torch.device("cpu"), "first", timeout=timedelta(seconds=30))
+    r = first.get_rank()
+    flag = Path(os.environ["TC_GROUP_DIR"]) / "rank0-gave-up"
+    out: dict[str, Any] = {}
+    if r == 1:
+        while not flag.exists():
+            time.sleep(0.005)
+    try:
+        torchcomms.new_comm("mpi", torch.device("cpu"), "second", timeout=timedelta(seconds=2))
+        out["second"] = "ok"
+    except torchcomms.CommError as e:
+        out["second"] = f"{type(e).__name__}: {e}"
+    if r == 0:
+        flag.touch()
+    third = torchcomms.new_comm("mpi", torch.device("cpu"), "third", timeout=timedelta(seconds=30))
+    t = torch.ones(4)
+    third.all_reduce(t, ReduceOp.SUM, False)
+    out["third_sum"] = t.tolist()
+    third.finalize()
+    first.finalize()
+    return out
+
+
+def new_comm_after_a_death() -> dict[str, Any]:
+    """The last rank kills itself (SIGKILL) once every rank passed a barrier; the others, once
+    their communicator saw the failure, create a new communicator over the MPI world."""
+    import signal
+
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "before-death", timeout=timedelta(seconds=30),
+                               abort_process_on_timeout_or_error=False)
+    r, n = comm.get_rank(), comm.get_size()
+    comm.barrier(False)
+    if r == n - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        comm.barrier(False)
+    except torchcomms.CommError:
+        pass  # the failure is known here
+    try:
+        torchcomms.new_comm("mpi", torch.device("cpu"), "after-death", timeout=timedelta(seconds=30))
+    except Exception as e:  # noqa: BLE001 - the test reads the error's type
+        return {"raised": type(e).__name__, "message": str(e)}
+    return {"raised": None}

@@ -7,10 +7,12 @@ from datetime import timedelta
 import torch
 
 import torchcomms
+from tests.torchcomms.workers import engine
 
 
 def _comm(name: str = "mm") -> torchcomms.TorchComm:
-    comm = torchcomms.new_comm("gloo", "cpu", name, timeout=timedelta(seconds=30))
+    """A communicator of the engine under test (``TC_BACKEND``, gloo by default)."""
+    comm = torchcomms.new_comm(engine(), "cpu", name, timeout=timedelta(seconds=30))
     comm.barrier(False)
     return comm
 
@@ -79,3 +81,29 @@ def wrong_all_gather_size() -> str:
     if r == 0:
         time.sleep(6)
     return res
+
+
+def batch_p2p(sent: list[int], expected: list[int]) -> str:
+    """Rank 0 sends one float32 tensor per entry of ``sent`` in a batch (then a recv of one
+    element); rank 1 receives them in a batch into buffers of ``expected`` sizes (and sends one)."""
+    comm = _comm()
+    t = timedelta(seconds=10)
+    batch = comm.batch_op_create()
+    if comm.get_rank() == 0:
+        for n in sent:
+            batch.send(torch.ones(n), 1)
+        batch.recv(torch.empty(1), 1)
+    else:
+        batch.send(torch.ones(1), 0)
+        for n in expected:
+            batch.recv(torch.empty(n), 0)
+    return _outcome(lambda: batch.issue(False, torchcomms.BatchP2POptions(timeout=t)))
+
+
+def recv_any_source(sent: int, expected: int) -> str:
+    """Rank 1 sends ``sent`` float32 elements; rank 0 receives from any source into ``expected``."""
+    comm = _comm()
+    t = timedelta(seconds=10)
+    if comm.get_rank() == 1:
+        return _outcome(lambda: comm.send(torch.ones(sent), 0, False, timeout=t))
+    return _outcome(lambda: comm.recv_any_source(torch.empty(expected), False, timeout=t))

@@ -1,9 +1,11 @@
-"""Calls that do not fit together raise typed errors on real gloo ranks; none aborts in C++."""
+"""Calls that do not fit together raise typed errors on real ranks (gloo; the point-to-point
+cases on each engine, through the ``launch`` fixture); none aborts in C++."""
 from __future__ import annotations
 
 import pytest
 
 from tests.helpers.ranks import RankGroup
+from tests.torchcomms.conftest import Launch
 
 WORKERS = "tests.torchcomms.mismatch_workers"
 
@@ -25,9 +27,10 @@ def _run(n: int, target: str, kwargs: dict | None = None, timeout: float = 90, e
     ([8], "float32", [8], "float64", "posted a buffer for 8 elements of torch.float64"),
     ([2, 4], "int32", [8], "float32", "rank 0 sent 8 elements of torch.int32"),
 ])
-def test_p2p_mismatch_raises_on_the_receiver(sent, sent_dtype, expected, expected_dtype, words) -> None:
-    sender, receiver = _run(2, "p2p", dict(sent=sent, sent_dtype=sent_dtype, expected=expected,
-                                           expected_dtype=expected_dtype))
+def test_p2p_mismatch_raises_on_the_receiver(sent, sent_dtype, expected, expected_dtype, words,
+                                             launch: Launch) -> None:
+    sender, receiver = [r.value for r in launch(2, f"{WORKERS}:p2p", dict(
+        sent=sent, sent_dtype=sent_dtype, expected=expected, expected_dtype=expected_dtype))]
     assert sender == "ok"
     assert receiver.startswith("CollectiveMismatchError") and words in receiver, receiver
 
@@ -45,11 +48,24 @@ def test_p2p_same_shape_different_view_is_fine(env) -> None:
                 env=env) == ["ok", "ok"]
 
 
+def test_p2p_same_shape_different_view_is_fine_on_each_engine(launch: Launch) -> None:
+    assert [r.value for r in launch(2, f"{WORKERS}:p2p", dict(sent=[2, 4], sent_dtype="float32", expected=[8],
+                                                             expected_dtype="float32"))] == ["ok", "ok"]
+
+
+SIZES = [3, 1, 5, 2, 7, 1, 4, 6, 2, 9]
+IN_ORDER = [[float(i)] for i in range(len(SIZES))] + [[float(10 + i)] for i in range(len(SIZES))]
+
+
 @pytest.mark.parametrize("env", [None, CHECK], ids=["default", "check"])
 def test_p2p_receives_from_one_peer_land_in_order(env) -> None:
-    sizes = [3, 1, 5, 2, 7, 1, 4, 6, 2, 9]
-    _, got = _run(2, "p2p_in_order", dict(sizes=sizes), env=env)
-    assert got == [[float(i)] for i in range(len(sizes))] + [[float(10 + i)] for i in range(len(sizes))]
+    _, got = _run(2, "p2p_in_order", dict(sizes=SIZES), env=env)
+    assert got == IN_ORDER
+
+
+def test_p2p_receives_from_one_peer_land_in_order_on_each_engine(launch: Launch) -> None:
+    _, got = [r.value for r in launch(2, f"{WORKERS}:p2p_in_order", dict(sizes=SIZES))]
+    assert got == IN_ORDER
 
 
 def test_inconsistent_split_lists_raise_on_every_rank() -> None:
@@ -68,3 +84,21 @@ def test_local_argument_error_never_blames_its_peer() -> None:
     bad, peer = _run(2, "wrong_all_gather_size")
     assert bad.startswith("CommValueError") and "output must hold" in bad, bad
     assert peer.startswith("CommTimeoutError"), peer  # rank 0 did not fail: nobody is blamed
+
+
+@pytest.mark.parametrize("sent,expected,words", [
+    ([4, 3], [4, 5], "rank 0 sent 3 elements of torch.float32 but rank 1 posted a buffer for 5"),
+    ([4, 3], [4, 2], "rank 0 sent 3 elements of torch.float32 but rank 1 posted a buffer for 2"),
+], ids=["shorter", "longer"])
+def test_batch_p2p_mismatch_raises_on_the_receiver(sent, expected, words, launch: Launch) -> None:
+    sender, receiver = [r.value for r in launch(2, f"{WORKERS}:batch_p2p", dict(sent=sent, expected=expected))]
+    assert sender == "ok"
+    assert receiver.startswith("CollectiveMismatchError") and words in receiver, receiver
+
+
+@pytest.mark.parametrize("sent,expected", [(3, 5), (5, 3)], ids=["shorter", "longer"])
+def test_recv_any_source_mismatch_raises_on_the_receiver(sent, expected, launch: Launch) -> None:
+    receiver, sender = [r.value for r in launch(2, f"{WORKERS}:recv_any_source", dict(sent=sent, expected=expected))]
+    assert sender == "ok"
+    words = f"rank 1 sent {sent} elements of torch.float32 but rank 0 posted a buffer for {expected}"
+    assert receiver.startswith("CollectiveMismatchError") and words in receiver, receiver

@@ -35,6 +35,33 @@ def avg_finish(t: torch.Tensor, op: ReduceOp, size: int) -> Callable[[], None] |
     return lambda: t.div_(size, rounding_mode="trunc")
 
 
+def premul_scaled(t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+    """The input a PREMUL_SUM sends: a copy of ``t`` multiplied by the op's factor, in ``t``'s
+    dtype (a one-element tensor factor would otherwise promote a half tensor to the factor's
+    dtype, which the engine then reduces as ``t``'s); other ops send ``t`` itself."""
+    if op.type is not RedOpType.PREMUL_SUM:
+        return t
+    with torch.inference_mode():  # the engine's own step, as the collective is: not for autograd
+        return torch.mul(t, premul_factor(op)).to(t.dtype)
+
+
+def premul_in_place(t: torch.Tensor, op: ReduceOp) -> None:
+    """Scale ``t`` by a PREMUL_SUM's factor in place (the all-reduce and the reduce root send
+    ``t`` itself); nothing for other ops. Outside autograd and its in-place checks, as the
+    engine's writes into ``t`` are: ``t`` may be a parameter that requires grad, or a tensor
+    made under ``torch.inference_mode()``."""
+    if op.type is RedOpType.PREMUL_SUM:
+        with torch.inference_mode():
+            t.mul_(premul_factor(op))
+
+
+def premul_factor(op: ReduceOp) -> Any:
+    """A PREMUL_SUM's factor as a scalar or a 0-dim tensor, which scales a tensor in place
+    whatever its shape and dtype (a one-element tensor of shape ``(1,)`` cannot scale a 0-dim one)."""
+    f = op.factor
+    return f.reshape(()) if isinstance(f, torch.Tensor) else f
+
+
 class EngineHandle:
     """Completion of one engine operation.
 
@@ -213,7 +240,11 @@ class EngineHandle:
     def _run_finish(self, error: BaseException | None) -> BaseException | None:
         if error is None and self._finish is not None:
             try:
-                self._finish()
+                # the engine's local step (AVG's division, a copy into list outputs) writes the
+                # op's outputs as the engine does: outside autograd (they may require grad, or be
+                # inference tensors, which only inference mode may write in place)
+                with torch.inference_mode():
+                    self._finish()
             except BaseException as e:  # noqa: BLE001
                 return e
         return error

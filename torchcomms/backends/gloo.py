@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 from torchcomms.backends import exit_release
-from torchcomms.backends.base import BackendCapabilities, BlockingWait, EngineHandle, TorchCommBackend, avg_finish
+from torchcomms.backends.base import (BackendCapabilities, BlockingWait, EngineHandle, TorchCommBackend, avg_finish,
+                                      premul_in_place, premul_scaled)
 from torchcomms.backends.gloo_p2p import FramedRecv, FramedSend
 from torchcomms.backends.gloo_sockets import EngineSockets
 from torchcomms.config import settings
@@ -356,15 +357,14 @@ class GlooBackend(TorchCommBackend):
             self._pending.pop(key, None)
 
     def _prescale(self, t: torch.Tensor, op: ReduceOp) -> None:
-        if op.type is RedOpType.PREMUL_SUM:
-            t.mul_(op.factor)  # type: ignore[arg-type]
+        premul_in_place(t, op)
 
     def _avg_finish(self, t: torch.Tensor, op: ReduceOp) -> Callable[[], None] | None:
         return avg_finish(t, op, self.ctx.size)
 
     def _scaled_copies(self, ts: list[torch.Tensor], op: ReduceOp) -> list[torch.Tensor]:
         if op.type is RedOpType.PREMUL_SUM:
-            return [t * op.factor for t in ts]  # type: ignore[operator]
+            return [premul_scaled(t, op) for t in ts]
         return ts
 
     # point to point (framed: see gloo_p2p) ---------------------------------------------------
@@ -453,7 +453,7 @@ class GlooBackend(TorchCommBackend):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp) -> EngineHandle:
         opts = dist.ReduceScatterOptions()
         opts.reduceOp = _C10D_OPS[op.type]
-        src = input * op.factor if op.type is RedOpType.PREMUL_SUM else input  # type: ignore[operator]
+        src = premul_scaled(input, op)
         return self._handle([self._pg._reduce_scatter_base(output, src, opts)], self._avg_finish(output, op))
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:

@@ -103,6 +103,9 @@ class Checker:
             raise self.type_error(op, f"ReduceOp.AVG needs a numeric tensor, got {dtype}")
         elif t is RedOpType.PREMUL_SUM and not (dtype.is_floating_point or dtype.is_complex):
             raise self.type_error(op, f"ReduceOp.PREMUL_SUM needs a floating-point tensor, got {dtype}")
+        elif (t is RedOpType.MIN or t is RedOpType.MAX) and dtype.is_complex:
+            # no engine orders complex numbers: gloo and MPI fail it in the engine, breaking the communicator
+            raise self.type_error(op, f"{red!r} needs a real tensor (complex numbers have no order), got {dtype}")
 
     # --- tensors ---------------------------------------------------------------------------
     def tensor(self, op: str, name: str, t: Any) -> None:
@@ -115,6 +118,9 @@ class Checker:
             raise self.value_error(op, f"{name} is on {dev}, but this communicator's device is {self.device}")
         if not t.is_contiguous():
             raise self.value_error(op, f"{name} must be contiguous (call .contiguous()); got strides {t.stride()}")
+        if t.dtype.is_complex and t.is_conj():
+            # its memory holds the unconjugated values, which an engine would send (or receive into)
+            raise self.value_error(op, f"{name} is a conjugate view (x.conj()); call .resolve_conj() first")
         if self.dtypes is not None and t.dtype not in self.dtypes:
             raise self.type_error(op, f"{name} has dtype {t.dtype}, which this backend does not support")
 
@@ -211,9 +217,20 @@ class Checker:
         self.reduce_op(op, red, output.dtype)
         return ins
 
+    def not_overlapping(self, op: str, output: _Tensor, input: _Tensor) -> None:
+        """``output`` and ``input`` (contiguous) share no memory: an all-to-all writes rows of its
+        output before it has sent every row of its input, so in place it sends overwritten rows."""
+        if output.numel() == 0 or input.numel() == 0:
+            return
+        o, i = output.data_ptr(), input.data_ptr()
+        if o < i + input.nbytes and i < o + output.nbytes:
+            raise self.value_error(op, "output and input overlap in memory; an all-to-all cannot run in place "
+                                       "(pass an output tensor of its own)")
+
     def all_to_all_single(self, output: Any, input: Any) -> None:
         op = "all_to_all_single"
         self.pair(op, output, input)
+        self.not_overlapping(op, output, input)
         if output.numel() != input.numel():
             raise self.value_error(op, f"output has {output.numel()} elements but input has {input.numel()}")
         if input.numel() % self.size:
@@ -222,6 +239,7 @@ class Checker:
     def all_to_all_v_single(self, output: Any, input: Any, out_sizes: Any, in_sizes: Any) -> tuple[list[int], list[int]]:
         op = "all_to_all_v_single"
         self.pair(op, output, input)
+        self.not_overlapping(op, output, input)
         if input.dim() == 0 or output.dim() == 0:
             raise self.value_error(op, "input and output must have at least one dimension to split along")
         if input.shape[1:] != output.shape[1:]:

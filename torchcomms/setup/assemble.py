@@ -155,7 +155,11 @@ def _init_engine(engine: TorchCommBackend, deadline: float, store_words: str, se
     when it rendezvous through a store, which may stop answering. An engine that is ready only
     after the deadline is aborted, never used. Raises a typed error."""
     if not type(engine).needs_store(engine.ctx.size):
-        engine.init()
+        try:
+            engine.init()  # bounded by the engine itself (MPI: its nonblocking calls, polled until the timeout)
+        except Exception as e:  # noqa: BLE001 - the engine may throw anything
+            kind = "" if isinstance(e, CommError) else engine.classify_error(e)
+            raise error_map.engine_start_error(e, kind, store_words, secs, where) from None
         return
     try:
         call_until("the engine's rendezvous", engine.init, deadline, thread_name=f"torchcomms-init-{engine.ctx.name}",

@@ -28,11 +28,14 @@ from typing import Any
 
 import torch
 
-from torchcomms.backends.base import BackendCapabilities, BackendContext, EngineHandle, TorchCommBackend, avg_finish
+from torchcomms.backends.base import (BackendCapabilities, BackendContext, EngineHandle, TorchCommBackend, avg_finish,
+                                      premul_in_place, premul_scaled)
 from torchcomms.backends.mpi import engine as mpi_engine
-from torchcomms.backends.mpi.buffers import MPI_DTYPES, Buffers
+from torchcomms.backends.mpi.buffers import MPI_DTYPES, Buffers, too_many_elements
 from torchcomms.backends.mpi.engine_thread import EngineThread
-from torchcomms.backends.mpi.hints import UNEVEN, collective_paths
+from torchcomms.backends.mpi.creation import CreationSteps
+from torchcomms.backends.mpi.hints import UNEVEN
+from torchcomms.backends.mpi.p2p import Arrivals, send_tag
 from torchcomms.backends.mpi.progress import RequestProgress, blocking_wait
 from torchcomms.backends.mpi.recovery import agree_flag, shrink_comm
 from torchcomms.errors import CommValueError
@@ -51,16 +54,18 @@ def _runtime() -> tuple[Any, Buffers, RequestProgress]:
     return _RUNTIME["MPI"], _RUNTIME["buffers"], _RUNTIME["progress"]
 
 
-def _allreduce_keeps_pace(MPI: Any, world: Any, name: str) -> bool:  # noqa: N803
+def _allreduce_keeps_pace(MPI: Any, world: Any, name: str, steps: CreationSteps) -> bool:  # noqa: N803
     """Whether the nonblocking all-reduce keeps pace with the blocking one (see
     :func:`.engine.nonblocking_allreduce_keeps_pace`), found once, as the first world
     communicator is made (collective), from every rank's libnbc algorithm: ranks whose choices
     differ are refused, as their nonblocking all-reduces would never match (Open MPI's own
-    ``MPI_Comm_dup`` runs one: it would hang there)."""
+    ``MPI_Comm_dup`` runs one: it would hang there). The all-gather is one of ``steps``, bounded."""
     if "allreduce_keeps_pace" not in _RUNTIME:
-        mine = mpi_engine.libnbc_allreduce_choice()
+        own = array.array("i", [mpi_engine.libnbc_allreduce_choice()])
         choices = array.array("i", [0]) * world.Get_size()
-        world.Allgather([array.array("i", [mine]), MPI.INT], [choices, MPI.INT])
+        req = steps.start(lambda: world.Iallgather([own, MPI.INT], [choices, MPI.INT]), world)
+        steps.wait(req, (own, choices), "the ranks' first all-gather", world)
+        mine = own[0]
         if len(set(choices)) > 1:
             shown = ", ".join(f"rank {r}: {c if c >= 0 else 'unreadable'}" for r, c in enumerate(choices))
             raise CommValueError(
@@ -98,9 +103,10 @@ class MpiBackend(TorchCommBackend):
     def is_available(cls) -> bool:
         return mpi_engine.mpi4py_installed()
 
-    def __init__(self, ctx: BackendContext, comm: Any = None) -> None:
+    def __init__(self, ctx: BackendContext, comm: Any = None, paths_agreed: bool = False) -> None:
         super().__init__(ctx)
         self._comm = comm  # set by split/shrink; made from MPI_COMM_WORLD by init() otherwise
+        self._paths_agreed = paths_agreed  # the ranks' hints were compared already (a shrink keeps them)
 
     # --- lifecycle ---------------------------------------------------------------------------
     def init(self) -> None:
@@ -117,6 +123,9 @@ class MpiBackend(TorchCommBackend):
                 "the mpi backend needs MPI_THREAD_MULTIPLE, but MPI was initialised with a lower thread level "
                 "(initialise it through torchcomms, or set mpi4py.rc.thread_level = 'multiple' first)",
                 comm=self.ctx.name, op="new_comm")
+        # each step is MPI's nonblocking call, bounded by the creation's timeout (see .creation)
+        steps = CreationSteps(MPI, self.ctx.name, self.ctx.timeout.total_seconds(), self._ft, self._on_error,
+                              self._progress.abandoned)
         if self._comm is None:
             world = MPI.COMM_WORLD
             if (world.Get_rank(), world.Get_size()) != (self.ctx.rank, self.ctx.size):
@@ -128,10 +137,13 @@ class MpiBackend(TorchCommBackend):
                     f"launcher with 'mpiexec -n {self.ctx.size} torchcomms-run --backend mpi script.py' (plain "
                     "torchcomms-run starts ranks that are not one MPI job)",
                     comm=self.ctx.name, op="new_comm")
-            _allreduce_keeps_pace(MPI, world, self.ctx.name)  # before Dup, which uses the nonblocking all-reduce
-            self._comm = world.Dup()
-        self._paths = collective_paths(self.ctx.hints, self.ctx.name, _RUNTIME.get("allreduce_keeps_pace", False))
+            _allreduce_keeps_pace(MPI, world, self.ctx.name, steps)  # before Idup, which uses the nonblocking all-reduce
+            comm, req = steps.start(world.Idup, world)
+            steps.wait(req, comm, "MPI_Comm_idup", world)
+            self._comm = comm
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self._paths = steps.agree_on_paths(self._comm, self.ctx.hints, _RUNTIME.get("allreduce_keeps_pace", False),
+                                           self._paths_agreed)
 
     def version(self) -> str:
         return mpi_engine.library_version(_runtime()[0])
@@ -202,9 +214,20 @@ class MpiBackend(TorchCommBackend):
         """An MPI error of one of this communicator's ops: a peer's failure revokes the
         communicator, so that peers blocked in other ops on it are released too."""
         wrapped = mpi_engine.wrap_mpi_error(self.MPI, error)
+        if wrapped.kind != "peer" and self._revoked():
+            # libnbc reports a revoke met inside a started collective as MPI_ERR_OTHER
+            return mpi_engine.MpiEngineError(f"the communicator was revoked by a peer (ULFM): {wrapped}",
+                                             getattr(self.MPI, "ERR_REVOKED", None), "peer")
         if wrapped.kind == "peer":
             self._revoke()
         return wrapped
+
+    def _revoked(self) -> bool:
+        """True when ULFM revoked this communicator (a peer aborted it, or failed)."""
+        try:
+            return bool(self._ft and self._comm is not None and self._comm.Is_revoked())
+        except Exception:  # noqa: BLE001 - freed
+            return False
 
     def split(self, ctx: BackendContext) -> MpiBackend:
         """``MPI_Comm_create_group`` over the members (``ctx.global_ranks``), called by the members only."""
@@ -230,7 +253,7 @@ class MpiBackend(TorchCommBackend):
         """The survivors' communicator (ULFM) and their job ranks; see :func:`.recovery.shrink_comm`."""
         comm, survivors = shrink_comm(self.MPI, self._comm, self._ft, list(self.ctx.global_ranks), deadline)
         ctx = dataclasses.replace(self.ctx, rank=comm.Get_rank(), size=comm.Get_size(), global_ranks=tuple(survivors))
-        child = MpiBackend(ctx, comm)
+        child = MpiBackend(ctx, comm, paths_agreed=True)
         child.init()
         return child, survivors
 
@@ -240,22 +263,27 @@ class MpiBackend(TorchCommBackend):
 
     # --- helpers -----------------------------------------------------------------------------
     def _start(self, call: Callable[[], Any], keep: Any = None, finish: Callable[[], None] | None = None,
-               thread: EngineThread | None = None, status: Any = None) -> EngineHandle:
+               thread: EngineThread | None = None, status: Any = None,
+               arrivals: Arrivals | None = None) -> EngineHandle:
         """Start the nonblocking MPI call(s) of one op on the caller's thread (with ``thread``:
         only if nothing is queued there, else as a job there that waits for them); ``keep``
-        holds its buffers until it ends."""
+        holds its buffers until it ends. ``arrivals``: the op's receives, whose messages are
+        checked (a longer one fails in MPI, a shorter or other-dtype one after it ended)."""
         try:
             started, reqs = (True, call()) if thread is None else thread.start_inline(call)
-        except self.MPI.Exception as e:
-            raise self._on_error(e) from None
+        except (self.MPI.Exception, OverflowError) as e:
+            raise (too_many_elements(keep, self.ctx.name) or self._on_error(e)) from None
         if not started:
             assert thread is not None
-            job = thread.submit(lambda: call().Wait(), keep)
+            job = thread.submit(self._counted(lambda: call().Wait(), keep), keep)
             return EngineHandle.waitable([job.wait], lambda: [job.future()], finish)
         if not isinstance(reqs, list):
             reqs = [reqs]
         self._last_reqs = reqs
         on_error = self._on_error
+        if arrivals is not None:
+            checked = arrivals
+            on_error = lambda e: checked.truncation(e) or self._on_error(e)  # noqa: E731
         return EngineHandle.waitable(
             [blocking_wait(self.MPI, reqs, on_error, status)],
             lambda: [self._progress.submit(reqs, self, keep, on_error, status)],
@@ -275,18 +303,27 @@ class MpiBackend(TorchCommBackend):
         if self._thread is None:
             self._thread = EngineThread(self.ctx.name, self._on_error, self.MPI.Exception)
         method = getattr(self._comm, name[1].upper() + name[2:])  # "Iallreduce" -> "Allreduce"
-        job = self._thread.submit(lambda: method(*args), keep)
+        job = self._thread.submit(self._counted(lambda: method(*args), keep), keep)
         return EngineHandle.waitable([job.wait], lambda: [job.future()], finish)
+
+    def _counted(self, call: Callable[[], Any], keep: Any) -> Callable[[], Any]:
+        """``call`` for the engine thread, whose failure on a buffer past MPI's count limit
+        raises that (a ``CommValueError``) instead of MPI's bare ``MPI_ERR_ARG``/``MPI_ERR_COUNT``."""
+        def run() -> Any:
+            try:
+                return call()
+            except (self.MPI.Exception, OverflowError):
+                err = too_many_elements(keep, self.ctx.name)
+                if err is None:
+                    raise
+                raise err from None
+
+        return run
 
     def _avg(self, t: torch.Tensor, op: ReduceOp) -> Callable[[], None] | None:
         return avg_finish(t, op, self.ctx.size)
 
-    @staticmethod
-    def _scaled(t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
-        """The input a PREMUL_SUM sends (a scaled copy); other ops send ``t`` itself."""
-        if op.type is RedOpType.PREMUL_SUM:
-            return t * op.factor  # type: ignore[operator]
-        return t
+    _scaled = staticmethod(premul_scaled)  # the input a PREMUL_SUM sends (a scaled copy, t's dtype)
 
     @staticmethod
     def _pack(ts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
@@ -301,25 +338,41 @@ class MpiBackend(TorchCommBackend):
         return unpack
 
     # --- point to point ----------------------------------------------------------------------
+    # A send's tag carries its dtype and a receive takes any tag from its source, so that the
+    # receiver can check the message's dtype and size (see :mod:`.p2p`).
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> EngineHandle:
-        return self._start(lambda: self._comm.Isend(self._buf.spec(tensor), dst, tag), tensor)
+        return self._start(lambda: self._comm.Isend(self._buf.spec(tensor), dst, send_tag(tag, tensor)), tensor)
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> EngineHandle:
-        return self._start(lambda: self._comm.Irecv(self._buf.spec(tensor), src, tag), tensor)
+        status = self.MPI.Status()
+        arrivals = Arrivals(self.MPI, [(tensor, status)], self.ctx.rank, self.ctx.name, "recv")
+        return self._start(lambda: self._comm.Irecv(self._buf.spec(tensor), src, self.MPI.ANY_TAG), tensor,
+                           finish=arrivals.verify, status=status, arrivals=arrivals)
 
     def recv_any_source(self, tensor: torch.Tensor, tag: int, found: Callable[[int], None]) -> EngineHandle:
         """``MPI_Irecv`` from ``MPI_ANY_SOURCE``; the sender, read from the request's status once
         it completed, is passed to ``found`` before the op is reported done. MPI's own matching
         keeps messages from one sender in order, whatever receives are posted."""
         status = self.MPI.Status()
-        return self._start(lambda: self._comm.Irecv(self._buf.spec(tensor), self.MPI.ANY_SOURCE, tag), tensor,
-                           finish=lambda: found(status.Get_source()), status=status)
+        arrivals = Arrivals(self.MPI, [(tensor, status)], self.ctx.rank, self.ctx.name, "recv")
+
+        def finish() -> None:
+            found(status.Get_source())
+            arrivals.verify()
+
+        return self._start(lambda: self._comm.Irecv(self._buf.spec(tensor), self.MPI.ANY_SOURCE, self.MPI.ANY_TAG),
+                           tensor, finish=finish, status=status, arrivals=arrivals)
 
     def batch_p2p(self, ops: list[tuple[bool, torch.Tensor, int]], tag: int) -> EngineHandle:
-        c, spec = self._comm, self._buf.spec
+        c, spec, any_tag = self._comm, self._buf.spec, self.MPI.ANY_TAG
+        statuses = [self.MPI.Status() for _ in ops]
+        arrivals = Arrivals(self.MPI, [(t, st) for (is_send, t, _), st in zip(ops, statuses) if not is_send],
+                            self.ctx.rank, self.ctx.name, "batch_p2p")
         return self._start(
-            lambda: [c.Isend(spec(t), p, tag) if is_send else c.Irecv(spec(t), p, tag) for is_send, t, p in ops],
-            ops)
+            lambda: [c.Isend(spec(t), p, send_tag(tag, t)) if is_send else c.Irecv(spec(t), p, any_tag)
+                     for is_send, t, p in ops],
+            ops, finish=arrivals.verify if arrivals.recvs else None, status=statuses,
+            arrivals=arrivals if arrivals.recvs else None)
 
     # --- collectives -------------------------------------------------------------------------
     def broadcast(self, tensor: torch.Tensor, root: int) -> EngineHandle:
@@ -328,7 +381,7 @@ class MpiBackend(TorchCommBackend):
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> EngineHandle:
         red = op.type
         if red is RedOpType.PREMUL_SUM:
-            tensor.mul_(op.factor)  # type: ignore[arg-type]  # in place: the result overwrites it
+            premul_in_place(tensor, op)  # in place: the result overwrites it
         return self._coll("Iallreduce", tensor.nbytes,
                           (self.MPI.IN_PLACE, self._buf.spec(tensor), self._buf.op(red, tensor.dtype)), tensor,
                           self._avg(tensor, op) if red is RedOpType.AVG else None)
@@ -336,8 +389,7 @@ class MpiBackend(TorchCommBackend):
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp) -> EngineHandle:
         mop = self._buf.op(op.type, tensor.dtype)
         if self.ctx.rank == root:
-            if op.type is RedOpType.PREMUL_SUM:
-                tensor.mul_(op.factor)  # type: ignore[arg-type]
+            premul_in_place(tensor, op)
             return self._coll("Ireduce", tensor.nbytes, (self.MPI.IN_PLACE, self._buf.spec(tensor), mop, root), tensor,
                               self._avg(tensor, op))
         src = self._scaled(tensor, op)  # a non-root's tensor is left as it was

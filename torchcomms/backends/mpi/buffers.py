@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from torchcomms.errors import CommValueError
 from torchcomms.types import RedOpType
 
 #: dtypes this backend moves; the value is the name of MPI's datatype for it
@@ -109,3 +110,29 @@ def _half_reducer(red: RedOpType, dtype: torch.dtype):  # type: ignore[no-untype
         combine(src, dst, out=dst)
 
     return reduce
+
+
+#: the largest count or displacement one MPI call takes (MPI's counts are C ints; Open MPI 5 has
+#: no large-count calls)
+MPI_INT_MAX = 2**31 - 1
+
+
+def _tensors(keep: Any) -> list[torch.Tensor]:
+    if isinstance(keep, torch.Tensor):
+        return [keep]
+    if isinstance(keep, (tuple, list)):
+        return [t for item in keep for t in _tensors(item)]
+    return []
+
+
+def too_many_elements(keep: Any, comm: str) -> CommValueError | None:
+    """The error of an MPI call that failed on the buffers ``keep`` (a tensor, or tuples and
+    lists holding them) because one holds more elements than an MPI count or displacement can
+    express, else ``None``. Asked only once a call failed: a buffer past the limit is fine where
+    MPI counts it per rank (an all-gather's output)."""
+    big = max((t.numel() for t in _tensors(keep)), default=0)
+    if big <= MPI_INT_MAX:
+        return None
+    return CommValueError(
+        f"a buffer of this op holds {big} elements, and MPI takes at most {MPI_INT_MAX} elements per count or "
+        "displacement (a C int) in one call: split the op into smaller ones", comm=comm)

@@ -69,3 +69,39 @@ def collective_paths(hints: dict[str, str], name: str, allreduce_keeps_pace: boo
         raise CommValueError(f"hint mpi.nonblocking_max_bytes={raw!r}: expected a byte count >= 0, without "
                              "mpi.collectives", comm=name, op="new_comm")
     return CollectivePaths(int(raw))
+
+
+#: mpi4py's nonblocking collectives the backend calls (``CollectivePaths.limit`` of each)
+METHODS = ("Ibarrier", "Ibcast", "Iallreduce", "Ireduce", "Iallgather", "Iallgatherv", "Ireduce_scatter",
+           "Ireduce_scatter_block", "Ialltoall", "Ialltoallv", "Iscatter", "Igather")
+_MODE_CODES = {None: 0, "blocking": 1, "nonblocking": 2}
+_INVALID = -3
+
+
+def path_signature(hints: dict[str, str], name: str, allreduce_keeps_pace: bool
+                   ) -> tuple[list[int], CollectivePaths | None, CommValueError | None]:
+    """(``[mode, bytes, limit...]``: this rank's path hints and the limit of each of
+    :data:`METHODS` they give, as ints for the ranks to compare; the paths; the error of invalid
+    hints). Ranks route every collective alike exactly when their limits are equal."""
+    mode, raw = hints.get("mpi.collectives"), hints.get("mpi.nonblocking_max_bytes")
+    codes = [_MODE_CODES.get(mode, 3), -1 if raw is None else int(raw) if raw.isdigit() else -2]
+    try:
+        paths = collective_paths(hints, name, allreduce_keeps_pace)
+    except CommValueError as e:
+        return codes + [_INVALID] * (1 + len(METHODS)), None, e
+    return codes + [paths.default] + [paths.limit(m) for m in METHODS], paths, None
+
+
+def describe_signature(sig: list[int]) -> str:
+    """The path hints behind a :func:`path_signature`, for messages."""
+    mode = {1: "blocking", 2: "nonblocking", 3: "an invalid value"}.get(sig[0])
+    parts = [f"mpi.collectives={mode}"] if mode else []
+    if sig[1] != -1:
+        parts.append(f"mpi.nonblocking_max_bytes={sig[1] if sig[1] >= 0 else 'an invalid value'}")
+    return " and ".join(parts) or "no path hint"
+
+
+def paths_differ(sigs: list[list[int]]) -> bool:
+    """Whether ranks of these signatures would route some collective differently (or one has
+    invalid hints)."""
+    return any(s[2:] != sigs[0][2:] or s[2] == _INVALID for s in sigs)

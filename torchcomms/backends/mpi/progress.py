@@ -71,24 +71,43 @@ class Completion:
 
 
 def _check_status(requests: list[Any], status: Any) -> None:
-    if status is not None and len(requests) != 1:
-        raise ValueError("a status is kept for one request only")
+    """``status``: ``None``, one ``MPI.Status`` (of the one request), or a list of one per request."""
+    if status is not None and len(requests) != (len(status) if isinstance(status, list) else 1):
+        raise ValueError("a status is kept for one request, or a list of them for one each")
+
+
+def request_test(MPI: Any, requests: list[Any], status: Any = None) -> Callable[[], bool]:  # noqa: N803
+    """One poll of ``requests``: True once all completed; a failed request raises its own MPI
+    error (``MPI_Testall`` reports any failure as ``MPI_ERR_IN_STATUS``, which would hide a
+    peer's failure behind a bare engine error). With ``status`` (one request's ``MPI.Status``,
+    or a list of one per request), the completed requests' statuses are written there."""
+    _check_status(requests, status)
+    if len(requests) == 1 and not isinstance(status, list):
+        req = requests[0]
+        return req.Test if status is None else (lambda: req.Test(status))  # the bound method: one call a poll
+    statuses = status if isinstance(status, list) else [MPI.Status() for _ in requests]
+    testall, in_status, unfailed = MPI.Request.Testall, MPI.ERR_IN_STATUS, (MPI.SUCCESS, MPI.ERR_PENDING)
+
+    def test() -> bool:
+        try:
+            return testall(requests, statuses)
+        except MPI.Exception as e:
+            if e.Get_error_class() != in_status:
+                raise
+            code = next((c for c in (st.Get_error() for st in statuses) if c not in unfailed), None)
+            if code is None:
+                raise
+            raise MPI.Exception(code) from None
+
+    return test
 
 
 def blocking_wait(MPI: Any, requests: list[Any], on_error: OnError,  # noqa: N803
                   status: Any = None) -> Callable[[float], bool]:
     """A ``BlockingWait`` over ``requests``: polls them for at most the given seconds; True once
-    all completed, False if they still run; raises ``on_error(error)`` when one failed. With
-    ``status`` (one request only), the completed request's ``MPI.Status`` is written there."""
-    # one request: Test (Testall hides the request's own error class behind MPI_ERR_IN_STATUS)
-    _check_status(requests, status)
-    test: Callable[[], bool]
-    if len(requests) == 1:
-        req = requests[0]
-        test = req.Test if status is None else (lambda: req.Test(status))  # the bound method: one call a poll
-    else:
-        testall = MPI.Request.Testall
-        test = lambda: testall(requests)  # noqa: E731
+    all completed, False if they still run; raises ``on_error(error)`` when one failed (its own
+    MPI error, see :func:`request_test`). ``status`` as for :func:`request_test`."""
+    test = request_test(MPI, requests, status)
     yield_ = os.sched_yield
 
     def wait(timeout_s: float) -> bool:
@@ -110,16 +129,16 @@ def blocking_wait(MPI: Any, requests: list[Any], on_error: OnError,  # noqa: N80
 
 
 class _Pending:
-    __slots__ = ("requests", "future", "owner", "keep", "on_error", "status")
+    __slots__ = ("requests", "future", "owner", "keep", "on_error", "test")
 
     def __init__(self, requests: list[Any], future: Completion, owner: object, keep: Any,
-                 on_error: OnError, status: Any = None) -> None:
+                 on_error: OnError, test: Callable[[], bool]) -> None:
         self.requests = requests
         self.future = future
         self.owner = owner
         self.keep = keep  # the buffers MPI reads or writes until the requests complete
         self.on_error = on_error
-        self.status = status  # one request's MPI.Status, written when it completes
+        self.test = test  # one poll of the requests (see request_test)
 
 
 class RequestProgress:
@@ -138,11 +157,11 @@ class RequestProgress:
     def submit(self, requests: list[Any], owner: object, keep: Any, on_error: OnError,
                status: Any = None) -> Completion:
         """Drive ``requests`` to completion; the returned future completes then. With ``status``
-        (one request only), the request's ``MPI.Status`` is written there first."""
-        _check_status(requests, status)
+        (as for :func:`blocking_wait`), the requests' statuses are written there first."""
+        test = request_test(self._MPI, requests, status)
         fut = Completion()
         with self._cond:
-            self._pending.append(_Pending(requests, fut, owner, keep, on_error, status))
+            self._pending.append(_Pending(requests, fut, owner, keep, on_error, test))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="torchcomms-mpi-progress", daemon=True)
                 self._thread.start()
@@ -159,7 +178,6 @@ class RequestProgress:
         return mine
 
     def _loop(self) -> None:
-        testall = self._MPI.Request.Testall
         mpi_exception = self._MPI.Exception
         idle = 0
         while True:
@@ -171,7 +189,7 @@ class RequestProgress:
             ended: list[tuple[_Pending, BaseException | None]] = []
             for p in batch:
                 try:
-                    if p.requests[0].Test(p.status) if p.status is not None else testall(p.requests):
+                    if p.test():
                         ended.append((p, None))
                 except mpi_exception as e:
                     ended.append((p, p.on_error(e)))
