@@ -55,6 +55,22 @@ def mpi_available() -> bool:
 
 
 @functools.lru_cache(maxsize=1)
+def open_mpi_major() -> int | None:
+    """The major version of this ``mpiexec``'s Open MPI (``mpiexec --version``), None for another MPI."""
+    import re
+
+    exe = mpiexec()
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"Open MPI\)? (\d+)\.", out)
+    return int(m.group(1)) if m else None
+
+
+@functools.lru_cache(maxsize=1)
 def ulfm_available() -> bool:
     """Whether this ``mpiexec`` runs a job with ``--with-ft ulfm`` (Open MPI 5's wheel does; older
     system Open MPIs refuse the option)."""

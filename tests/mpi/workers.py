@@ -412,7 +412,12 @@ def new_comm_with_a_late_peer() -> dict[str, Any]:
         out["second"] = f"{type(e).__name__}: {e}"
     if r == 0:
         flag.touch()
-    third = torchcomms.new_comm("mpi", torch.device("cpu"), "third", timeout=timedelta(seconds=30))
+    try:
+        third = torchcomms.new_comm("mpi", torch.device("cpu"), "third", timeout=timedelta(seconds=30))
+    except torchcomms.CommError as e:
+        out["third"] = f"{type(e).__name__}: {e}"
+        first.finalize()
+        return out
     t = torch.ones(4)
     third.all_reduce(t, ReduceOp.SUM, False)
     out["third_sum"] = t.tolist()

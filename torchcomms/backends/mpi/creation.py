@@ -4,8 +4,10 @@ Each step (the all-gather of the ranks' libnbc choices, ``MPI_Comm_idup``, the c
 ranks' path hints) is MPI's nonblocking call polled until one deadline: a rank that does not make
 the communicator (stopped, failed without ULFM, or making its communicators in another order)
 must not hold the others past ``new_comm``'s timeout. A step given up on is kept with its buffers
-(MPI completes it once the late rank comes, so the ranks' later communicators still match in
-order) and fails as a timeout.
+and fails as a timeout. On Open MPI 5, MPI completes it once the late rank comes, so the ranks'
+later communicators still match in order; Open MPI 4.1's ``MPI_Comm_idup`` given up on does not
+match the late rank's, and the ranks' next creation times out as well (measured on the GPU host,
+``tests/mpi/test_failures.py``).
 """
 from __future__ import annotations
 
