@@ -408,10 +408,12 @@ class GlooBackend(TorchCommBackend):
         return EngineHandle(futs)
 
     # collectives -----------------------------------------------------------------------------
+    # Ops that move data without reducing it send a complex tensor's real view: c10d's gloo
+    # refuses complex tensors in its gathers and all-to-alls ("Invalid scalar type").
     def broadcast(self, tensor: torch.Tensor, root: int) -> EngineHandle:
         opts = dist.BroadcastOptions()
         opts.rootRank = root
-        return self._handle([self._pg.broadcast([tensor], opts)])
+        return self._handle([self._pg.broadcast([_real(tensor)], opts)])
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> EngineHandle:
         self._prescale(tensor, op)
@@ -428,7 +430,7 @@ class GlooBackend(TorchCommBackend):
         return self._handle([self._pg.reduce([tensor], opts)], finish)
 
     def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> EngineHandle:
-        return self._handle([self._pg.allgather([tensor_list], [tensor])])
+        return self._handle([self._pg.allgather([[_real(t) for t in tensor_list]], [_real(tensor)])])
 
     def all_gather_v(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> EngineHandle:
         tensor_list[self.ctx.rank].copy_(tensor)
@@ -436,11 +438,11 @@ class GlooBackend(TorchCommBackend):
         for r, t in enumerate(tensor_list):
             opts = dist.BroadcastOptions()
             opts.rootRank = r
-            works.append(self._pg.broadcast([t], opts))
+            works.append(self._pg.broadcast([_real(t)], opts))
         return self._handle(works)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
-        return self._handle([self._pg._allgather_base(output, input)])
+        return self._handle([self._pg._allgather_base(_real(output), _real(input))])
 
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp) -> EngineHandle:
         opts = dist.ReduceScatterOptions()
@@ -457,12 +459,13 @@ class GlooBackend(TorchCommBackend):
         return self._handle([self._pg._reduce_scatter_base(output, src, opts)], self._avg_finish(output, op))
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
-        return self._handle([self._pg.alltoall_base(output, input, [], [], dist.AllToAllOptions())])
+        return self._handle([self._pg.alltoall_base(_real(output), _real(input), [], [], dist.AllToAllOptions())])
 
     def all_to_all_v_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                             input_split_sizes: list[int]) -> EngineHandle:
         return self._handle(
-            [self._pg.alltoall_base(output, input, output_split_sizes, input_split_sizes, dist.AllToAllOptions())]
+            [self._pg.alltoall_base(_real(output), _real(input), output_split_sizes, input_split_sizes,
+                                    dist.AllToAllOptions())]
         )
 
     def all_to_all(self, output_list: list[torch.Tensor], input_list: list[torch.Tensor]) -> EngineHandle:
@@ -477,7 +480,7 @@ class GlooBackend(TorchCommBackend):
             for t, piece in zip(output_list, recv.split(out_splits)):
                 t.copy_(piece.view(t.shape))
 
-        work = self._pg.alltoall_base(recv, send, out_splits, [t.numel() for t in input_list],
+        work = self._pg.alltoall_base(_real(recv), _real(send), out_splits, [t.numel() for t in input_list],
                                       dist.AllToAllOptions())
         return self._handle([work], unpack)
 
@@ -487,13 +490,20 @@ class GlooBackend(TorchCommBackend):
     def scatter(self, output: torch.Tensor, input_list: list[torch.Tensor] | None, root: int) -> EngineHandle:
         opts = dist.ScatterOptions()
         opts.rootRank = root
-        return self._handle([self._pg.scatter([output], [input_list] if input_list is not None else [], opts)])
+        ins = [[_real(t) for t in input_list]] if input_list is not None else []
+        return self._handle([self._pg.scatter([_real(output)], ins, opts)])
 
     def gather(self, output_list: list[torch.Tensor] | None, input: torch.Tensor, root: int) -> EngineHandle:
         opts = dist.GatherOptions()
         opts.rootRank = root
-        return self._handle([self._pg.gather([output_list] if output_list is not None else [], [input], opts)])
+        outs = [[_real(t) for t in output_list]] if output_list is not None else []
+        return self._handle([self._pg.gather(outs, [_real(input)], opts)])
 
+
+
+def _real(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or its real view (a last dimension of 2) when it is complex."""
+    return torch.view_as_real(t) if t.is_complex() else t
 
 
 # Engines of broken communicators, and the c10d works of their ops still pending then: kept
