@@ -107,7 +107,8 @@ def blocking_wait(MPI: Any, requests: list[Any], on_error: OnError,  # noqa: N80
     """A ``BlockingWait`` over ``requests``: polls them for at most the given seconds; True once
     all completed, False if they still run; raises ``on_error(error)`` when one failed (its own
     MPI error, see :func:`request_test`). ``status`` as for :func:`request_test`."""
-    test = request_test(MPI, requests, status)
+    # one request and no status (every collective): its bound Test inline, as request_test would
+    test = requests[0].Test if status is None and len(requests) == 1 else request_test(MPI, requests, status)
     yield_ = os.sched_yield
 
     def wait(timeout_s: float) -> bool:
