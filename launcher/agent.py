@@ -39,6 +39,7 @@ from .control_plane import ControlPlane, lost
 from .decider import Decider
 from .exceptions import LauncherError, UsageError
 from .follower import Follower
+from .orphans import become_subreaper
 from .output import Console
 from .rendezvous import JoinRecord, Plan, host_round, join_round, wait_plan
 from .rounds import Decision, Round
@@ -122,6 +123,7 @@ class Agent:
 
     def run(self) -> int:
         self._install_signal_handlers()
+        become_subreaper()  # what a worker leaves behind is ended with its group (see .orphans)
         try:
             self._setup()
             return self._run_rounds()

@@ -33,6 +33,7 @@ from torchcomms.control.host_process import process_state
 from .catchers import catches, group_members
 from .env import WorkerPlacement
 from .exceptions import WorkerStartError
+from .orphans import end_adopted
 from .output import STDERR, STDOUT, OutputPump
 
 __all__ = ["WorkerSpec", "WorkerResult", "Worker", "WorkerGroup", "ProcessHandle",
@@ -362,6 +363,8 @@ class WorkerGroup:
         left = [w for w in pending if self.abandon(w)]
         for w in self.workers:
             w.signal_group(signal.SIGKILL)  # children forked just before the leader died
+        end_adopted({w.pid for w in self.workers})  # and those that left the workers' groups
+        for w in self.workers:
             if w.spec.output is not None and not w.abandoned:  # its pipes may never close
                 w.spec.output.join(timeout=2.0)
         return left

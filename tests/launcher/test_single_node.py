@@ -330,3 +330,28 @@ def test_a_signal_to_the_launcher_is_the_root_cause_not_a_worker_it_stopped(tmp_
     assert agent.returncode == 128 + signal.SIGTERM, err
     assert "root cause: torchcomms-run received SIGTERM" in err, err
     assert "<- root cause" not in err and "decorate the entry point" not in err, err
+
+
+@pytest.mark.parametrize("ends", ["worker exits 0", "launcher stopped by SIGTERM"])
+def test_a_workers_descendant_in_a_session_of_its_own_does_not_outlive_the_job(tmp_path, ends):
+    """The launcher adopts what its workers leave behind (a child subreaper): a program a worker
+    started with ``start_new_session=True`` escapes the worker's process group, which is all the
+    launcher used to stop, and ran on under init after the job."""
+    stay = ends != "worker exits 0"
+    env = base_env(PID_DIR=str(tmp_path), STAY="1" if stay else "0")
+    agent = subprocess.Popen(launcher_cmd("--nproc-per-node", "2", worker("starts_daemon.py")), env=env, cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    daemons: list[int] = []
+    try:
+        daemons = read_pids(tmp_path, 2)
+        if stay:
+            agent.send_signal(signal.SIGTERM)
+        out, _ = agent.communicate(timeout=60)
+        assert agent.returncode == (128 + signal.SIGTERM if stay else 0), out
+        assert not [p for p in daemons if pid_alive(p)], f"left running: {daemons}\n{out}"
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+        for p in daemons:
+            if pid_alive(p):
+                os.kill(p, signal.SIGKILL)
