@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from .procfs import processes_where
+
 __all__ = ["catches", "group_members"]
 
 
@@ -27,19 +29,4 @@ def catches(pid: int, sig: int) -> bool:
 
 def group_members(pgid: int) -> list[int]:
     """The processes of process group ``pgid`` now (best effort: a process may come or go)."""
-    members = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return members
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid):
-            members.append(int(name))
-    return members
+    return processes_where("pgrp", pgid)

@@ -12,6 +12,8 @@ import signal
 import time
 from collections.abc import Collection
 
+from .procfs import processes_where
+
 __all__ = ["become_subreaper", "is_subreaper", "children", "end_adopted"]
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -37,23 +39,8 @@ def is_subreaper() -> bool:
 
 
 def children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` now (from ``/proc``; best effort, as they come and go)."""
-    found = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return found
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 1 and fields[1] == str(pid):
-            found.append(int(name))
-    return found
+    """The processes whose parent is ``pid`` now (best effort, as they come and go)."""
+    return processes_where("ppid", pid)
 
 
 def end_adopted(own: Collection[int], wait_s: float = 2.0) -> list[int]:

@@ -202,3 +202,18 @@ def netns_hosts(request: pytest.FixtureRequest) -> Iterator[list[NetHost]]:
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)
         for i in range(count):
             subprocess.run(["ip", "link", "del", f"v{tag}{i}"], capture_output=True)
+
+
+def sigterm_once_started(directory: Path, workers: int, *launcher_args: str, env: dict[str, str]) -> tuple[int, str]:
+    """Run the launcher, send it SIGTERM once ``workers`` workers wrote their pid files in
+    ``directory``, and return its exit code and stderr."""
+    agent = subprocess.Popen(launcher_cmd(*launcher_args), env=env, cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        read_pids(directory, workers)
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=60)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    return agent.returncode, err

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (REPO, base_env, launcher_cmd, pid_alive, read_pids, run_launcher, wait_for,
-                      worker)
+from conftest import (REPO, base_env, launcher_cmd, pid_alive, read_pids, run_launcher, sigterm_once_started,
+                      wait_for, worker)
 
 
 def test_exit_code_of_root_cause_propagates(tmp_path):
@@ -275,17 +275,9 @@ def test_stopping_a_worker_that_dumps_nothing_does_not_kill_it_with_sigusr1(tmp_
     action would end a worker that installed no handler (not torchcomms', not Python's own),
     and the summary would blame a signal nobody meant to stop it with."""
     env = base_env(PID_DIR=str(tmp_path), IGNORE_TERM_RANKS="1", NO_USR1_RANKS="1")
-    agent = subprocess.Popen(
-        launcher_cmd("--nproc-per-node", "2", "--grace-period", "2", worker("sleeper.py")),
-        env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        read_pids(tmp_path, 2)
-        agent.send_signal(signal.SIGTERM)
-        _, err = agent.communicate(timeout=60)
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-    assert agent.returncode == 128 + signal.SIGTERM, err
+    rc, err = sigterm_once_started(tmp_path, 2, "--nproc-per-node", "2", "--grace-period", "2", worker("sleeper.py"),
+                                   env=env)
+    assert rc == 128 + signal.SIGTERM, err
     rows = {ln.split()[0]: ln for ln in err.splitlines() if ln.startswith(("0 ", "1 "))}
     assert "SIGKILL" in rows["1"] and "SIGUSR1" not in err, err
 
@@ -316,18 +308,9 @@ def test_a_stopped_rank_is_the_root_cause_not_the_ranks_stopped_because_of_it(tm
 def test_a_signal_to_the_launcher_is_the_root_cause_not_a_worker_it_stopped(tmp_path):
     """``scancel`` / Ctrl-C: the workers end by the signal the agent forwarded; none of them
     failed on its own, so the summary names the signal, not whichever worker ended first."""
-    env = base_env(PID_DIR=str(tmp_path))
-    agent = subprocess.Popen(launcher_cmd("--nproc-per-node", "2", worker("sleeper.py")),
-                             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-    try:
-        read_pids(tmp_path, 2)
-        agent.send_signal(signal.SIGTERM)
-        _, err = agent.communicate(timeout=60)
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-    assert agent.returncode == 128 + signal.SIGTERM, err
+    rc, err = sigterm_once_started(tmp_path, 2, "--nproc-per-node", "2", worker("sleeper.py"),
+                                   env=base_env(PID_DIR=str(tmp_path)))
+    assert rc == 128 + signal.SIGTERM, err
     assert "root cause: torchcomms-run received SIGTERM" in err, err
     assert "<- root cause" not in err and "decorate the entry point" not in err, err
 
