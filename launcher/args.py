@@ -269,6 +269,9 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         close = difflib.get_close_matches(on_failure, FAILURE_POLICIES, n=1)
         hint = f"; did you mean {close[0]}?" if close else ""
         raise UsageError(f"--on-failure must be restart, shrink or fail, got {on_failure!r}{hint}")
+    if on_failure == "fail" and max_restarts > 0:
+        raise UsageError(f"--max-restarts {max_restarts} has no effect with --on-failure fail (which ends the job "
+                         "at the first failure): use --on-failure restart or shrink, or drop --max-restarts")
     if ns.start_method not in START_METHODS:
         raise UsageError(f"--start-method must be one of {', '.join(START_METHODS)}")
     if ns.start_method != "spawn":

@@ -152,3 +152,10 @@ def test_a_local_rank_this_node_does_not_have_is_refused(flag, value):
     nothing for it: refused, naming the local ranks there are."""
     with pytest.raises(UsageError, match=rf"{flag}: .*local rank 2 .*--nproc-per-node 2 \(local ranks 0-1\)"):
         parse_args(["--nproc-per-node", "2", flag, value, "x.py"], {})
+
+
+def test_restarts_with_the_fail_policy_are_refused():
+    """``--on-failure fail`` never restarts: a restart count beside it was ignored without a word."""
+    with pytest.raises(UsageError, match=r"--max-restarts 2 has no effect with --on-failure fail"):
+        parse_args(["--on-failure", "fail", "--max-restarts", "2", "x.py"], {})
+    assert parse_args(["--on-failure", "fail", "--max-restarts", "0", "x.py"], {}).on_failure == "fail"
