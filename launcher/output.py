@@ -104,6 +104,9 @@ class StreamRoute:
 
 #: how much of what a detached worker's pipe still holds is read (a pipe holds 64 KiB by default)
 DRAIN_LIMIT_BYTES = 1 << 20
+#: the shortest interval between two console lines of one stream's progress state: text that a
+#: worker rewrites in place with a carriage return and no newline (a progress bar)
+PROGRESS_INTERVAL_S = 1.0
 
 
 class _Stream:
@@ -116,6 +119,8 @@ class _Stream:
         log = route.log_file
         self.log = open(log, "ab", buffering=0) if log else None  # noqa: SIM115
         self.partial = b""
+        self.progress: bytes | None = None  # the latest progress state not yet shown
+        self.progress_at = float("-inf")  # when one was last shown
 
     def close(self) -> None:
         for f in (self.log, self.pipe):
@@ -157,7 +162,11 @@ class OutputPump:
                 s = streams[pipe.fileno()] = _Stream(stream, pipe, self._routes[stream])
                 sel.register(pipe.fileno(), selectors.EVENT_READ, s)
             while streams:
-                for key, _ in sel.select():
+                waiting = [s for s in streams.values() if s.progress is not None]
+                events = sel.select(PROGRESS_INTERVAL_S / 4 if waiting else None)
+                for s in waiting:
+                    self._show_progress(s, time.monotonic())
+                for key, _ in events:
                     if key.fd == wake_r:
                         self._drain(streams)
                         return  # detached
@@ -211,13 +220,33 @@ class OutputPump:
         if not s.route.to_console:
             return
         *lines, s.partial = (s.partial + chunk).split(b"\n")
+        if lines:
+            s.progress = None  # a line ended: what it says is newer than any progress state
         for line in lines:
+            if b"\r" in line:  # as a terminal shows it: the text after the last carriage return
+                line = next((seg for seg in reversed(line.split(b"\r")) if seg), b"")
             self._console.worker_line(s.stream, self._prefix, line + b"\n", self._meta)
+        if b"\r" in s.partial:
+            # rewritten in place and no newline yet (a progress bar): the latest complete state
+            # is shown, at most once per PROGRESS_INTERVAL_S, instead of waiting for the newline
+            done, s.partial = s.partial.rsplit(b"\r", 1)
+            latest = next((seg for seg in reversed(done.split(b"\r")) if seg), None)
+            if latest is not None:
+                s.progress = latest
+                self._show_progress(s, time.monotonic())
+
+    def _show_progress(self, s: _Stream, now: float) -> None:
+        if s.progress is not None and now - s.progress_at >= PROGRESS_INTERVAL_S:
+            self._console.worker_line(s.stream, self._prefix, s.progress + b"\n", self._meta)
+            s.progress, s.progress_at = None, now
 
     def _finish(self, s: _Stream) -> None:
-        if s.partial and s.route.to_console:  # a last line without its newline
-            self._console.worker_line(s.stream, self._prefix, s.partial, self._meta)
-        s.partial = b""
+        if s.route.to_console:
+            if s.partial:  # a last line without its newline
+                self._console.worker_line(s.stream, self._prefix, s.partial, self._meta)
+            elif s.progress is not None:  # the last progress state not shown yet
+                self._console.worker_line(s.stream, self._prefix, s.progress + b"\n", self._meta)
+        s.partial, s.progress = b"", None
         s.close()
 
     def join(self, timeout: float | None = None) -> None:

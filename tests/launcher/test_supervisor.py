@@ -210,3 +210,26 @@ def test_detach_keeps_what_the_pipes_already_hold(tmp_path) -> None:
         out.go.set()
         os.close(out_w)
         os.close(err_w)
+
+
+def test_a_progress_bar_shows_before_its_newline_and_the_log_keeps_its_bytes(tmp_path) -> None:
+    """Text rewritten in place with carriage returns (a progress bar) was held until a newline
+    came, which for a bar is when it finished: its latest state is shown as a line meanwhile
+    (at most once per PROGRESS_INTERVAL_S); the log file keeps the bytes as written."""
+    out, err = io.BytesIO(), io.BytesIO()
+    pump = OutputPump(Console(out=out, err=err), "[w]", {"rank": 0},
+                      {STDOUT: StreamRoute(True, tmp_path / "out.log"), STDERR: StreamRoute(True, None)})
+    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+    pump.start({STDOUT: os.fdopen(out_r, "rb", buffering=0), STDERR: os.fdopen(err_r, "rb", buffering=0)})
+    try:
+        os.write(out_w, b"\rstep 1/3")
+        os.write(out_w, b"\rstep 2/3\r")
+        assert wait_for(lambda: b"[w] step 2/3\n" in out.getvalue(), timeout=20), out.getvalue()
+        os.write(out_w, b"step 3/3\rdone\n")
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+        pump.join(timeout=20)
+    shown = out.getvalue()
+    assert shown.endswith(b"[w] done\n") and b"\r" not in shown, shown
+    assert (tmp_path / "out.log").read_bytes() == b"\rstep 1/3\rstep 2/3\rstep 3/3\rdone\n"
