@@ -65,6 +65,7 @@ class Engine:
         return self._record("_allgather_base", opts)
 
     def _reduce_scatter_base(self, out: torch.Tensor, inp: torch.Tensor, opts: Any) -> Work:
+        self.sent = inp
         return self._record("_reduce_scatter_base", opts)
 
     def alltoall_base(self, out: torch.Tensor, inp: torch.Tensor, o: list[int], i: list[int], opts: Any) -> Work:
@@ -143,6 +144,20 @@ def test_premul_sum_is_a_scale_then_a_sum() -> None:
     b.all_reduce(t, ReduceOp.PREMUL_SUM(0.5), async_op=False)
     assert torch.equal(t, torch.ones(4))
     assert b._pg.calls[0][1].reduceOp == dist.ReduceOp.SUM
+    b._poller.stop()
+
+
+def test_premul_sum_with_a_one_element_tensor_factor_keeps_the_dtype_and_scales_a_0_dim_tensor() -> None:
+    """The factor ``torch.tensor([0.5])`` (float32, shape (1,)) promoted a bfloat16 input's scaled
+    copy to float32, and could not scale a 0-dim tensor in place (the engines share one helper)."""
+    b = backend()
+    half = ReduceOp.PREMUL_SUM(torch.tensor([0.5]))
+    b.reduce_scatter_single(torch.empty(4, dtype=torch.bfloat16), torch.full((4,), 2.0, dtype=torch.bfloat16), half,
+                            async_op=False)
+    assert b._pg.sent.dtype == torch.bfloat16 and torch.equal(b._pg.sent, torch.ones(4, dtype=torch.bfloat16))
+    t = torch.tensor(2.0)
+    b.all_reduce(t, half, async_op=False)
+    assert torch.equal(t, torch.tensor(1.0))
     b._poller.stop()
 
 

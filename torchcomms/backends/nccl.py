@@ -44,7 +44,8 @@ import torch
 import torch.distributed as dist
 
 from torchcomms.backends import exit_release
-from torchcomms.backends.base import BackendCapabilities, BackendContext, EngineHandle, TorchCommBackend
+from torchcomms.backends.base import (BackendCapabilities, BackendContext, EngineHandle, TorchCommBackend,
+                                      premul_in_place, premul_scaled)
 from torchcomms.backends.nccl_completion import CompletionPoller, CurrentStreamWork, EngineFailed, StreamOrderedHandle
 from torchcomms.config import settings
 from torchcomms.types import RedOpType, ReduceOp
@@ -128,13 +129,15 @@ def _reduce_op(op: ReduceOp) -> Any:
 
 
 def _scaled(t: torch.Tensor, op: ReduceOp, in_place: bool) -> torch.Tensor:
-    """PREMUL_SUM's input: ``t`` times the factor, on the current stream (the op waits on it);
-    any other op's ``t`` as it is. c10d's native PREMUL_SUM (``_make_nccl_premul_sum``) gave
-    wrong results on the H200 (torch 2.11, NCCL 2.28.9, one rank): zeros from a bfloat16
-    all-reduce, an unscaled float32 reduce-scatter."""
-    if op.type is not RedOpType.PREMUL_SUM:
-        return t
-    return t.mul_(op.factor) if in_place else t * op.factor  # type: ignore[operator]
+    """PREMUL_SUM's input: ``t`` times the factor, on the current stream (the op waits on it),
+    in ``t`` itself or in a copy of its dtype (the engines' shared helpers); any other op's ``t``
+    as it is. c10d's native PREMUL_SUM (``_make_nccl_premul_sum``) gave wrong results on the H200
+    (torch 2.11, NCCL 2.28.9, one rank): zeros from a bfloat16 all-reduce, an unscaled float32
+    reduce-scatter."""
+    if not in_place:
+        return premul_scaled(t, op)
+    premul_in_place(t, op)
+    return t
 
 
 def _options(kind: Any, async_op: bool, **fields: Any) -> Any:
@@ -379,7 +382,7 @@ class NcclBackend(TorchCommBackend):
         if opts is None:
             opts = self._cached(("all_reduce", t, async_op), dist.AllreduceOptions, async_op, reduceOp=_reduce_op(op))
         if t is RedOpType.PREMUL_SUM:
-            tensor.mul_(op.factor)  # type: ignore[arg-type]
+            premul_in_place(tensor, op)
         return self._issue(async_op, self._pg.allreduce, [tensor], opts)
 
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, *, async_op: bool = True) -> EngineHandle:
