@@ -356,9 +356,6 @@ class GlooBackend(TorchCommBackend):
         with self._pending_lock:
             self._pending.pop(key, None)
 
-    def _prescale(self, t: torch.Tensor, op: ReduceOp) -> None:
-        premul_in_place(t, op)
-
     def _avg_finish(self, t: torch.Tensor, op: ReduceOp) -> Callable[[], None] | None:
         return avg_finish(t, op, self.ctx.size)
 
@@ -416,13 +413,13 @@ class GlooBackend(TorchCommBackend):
         return self._handle([self._pg.broadcast([_real(tensor)], opts)])
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> EngineHandle:
-        self._prescale(tensor, op)
+        premul_in_place(tensor, op)
         opts = dist.AllreduceOptions()
         opts.reduceOp = _C10D_OPS[op.type]
         return self._handle([self._pg.allreduce([tensor], opts)], self._avg_finish(tensor, op))
 
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp) -> EngineHandle:
-        self._prescale(tensor, op)
+        premul_in_place(tensor, op)
         opts = dist.ReduceOptions()
         opts.reduceOp = _C10D_OPS[op.type]
         opts.rootRank = root

@@ -323,8 +323,6 @@ class MpiBackend(TorchCommBackend):
     def _avg(self, t: torch.Tensor, op: ReduceOp) -> Callable[[], None] | None:
         return avg_finish(t, op, self.ctx.size)
 
-    _scaled = staticmethod(premul_scaled)  # the input a PREMUL_SUM sends (a scaled copy, t's dtype)
-
     @staticmethod
     def _pack(ts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         return torch.cat([t.reshape(-1) for t in ts]) if ts else torch.empty(0, dtype=dtype)
@@ -392,7 +390,7 @@ class MpiBackend(TorchCommBackend):
             premul_in_place(tensor, op)
             return self._coll("Ireduce", tensor.nbytes, (self.MPI.IN_PLACE, self._buf.spec(tensor), mop, root), tensor,
                               self._avg(tensor, op))
-        src = self._scaled(tensor, op)  # a non-root's tensor is left as it was
+        src = premul_scaled(tensor, op)  # a non-root's tensor is left as it was
         return self._coll("Ireduce", src.nbytes, (self._buf.spec(src), None, mop, root), src)
 
     def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> EngineHandle:
@@ -415,14 +413,14 @@ class MpiBackend(TorchCommBackend):
         return self.reduce_scatter_single(output, self._pack(input_list, output.dtype), op)
 
     def reduce_scatter_v(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp) -> EngineHandle:
-        flat = self._scaled(self._pack(input_list, output.dtype), op)
+        flat = premul_scaled(self._pack(input_list, output.dtype), op)
         counts = [t.numel() for t in input_list]
         mop = self._buf.op(op.type, output.dtype)
         return self._coll("Ireduce_scatter", flat.nbytes, (self._buf.spec(flat), self._buf.spec(output), counts, mop),
                           (flat, output), self._avg(output, op))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp) -> EngineHandle:
-        src = self._scaled(input, op)
+        src = premul_scaled(input, op)
         mop = self._buf.op(op.type, output.dtype)
         return self._coll("Ireduce_scatter_block", src.nbytes, (self._buf.spec(src), self._buf.spec(output), mop),
                           (src, output), self._avg(output, op))
