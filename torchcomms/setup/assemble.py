@@ -47,14 +47,15 @@ def assemble_comm(
     hints = dict(hints or {})
     rank, size, _src = bootstrap.discover_rank_size()
     global_ranks = None
+    helper = bootstrap.c10d_helper_call() if store is not None else None  # made by torch.distributed
     if "rank" in hints or "size" in hints:  # fake backend / tests may pin their own world
         rank, size = int(hints.get("rank", rank)), int(hints.get("size", size))
-    elif store is not None:
-        group = bootstrap.c10d_group_being_made()
+    elif helper is not None:
+        group = bootstrap.c10d_group_being_made(helper)
         if group is not None:  # a torch.distributed subgroup: its own ranks, not the job's
             rank, size, global_ranks = group
-    if timeout is None and store is not None:  # init_process_group(timeout=...) on the route
-        timeout = bootstrap.c10d_group_timeout()
+    if timeout is None and helper is not None:  # init_process_group(timeout=...) on the route
+        timeout = bootstrap.c10d_group_timeout(helper)
     deferred = _deferred(hints, enable_reconfigure, name)
     cfg = settings()
     timeout_td = timeout if timeout is not None else timedelta(seconds=cfg.timeout_s)

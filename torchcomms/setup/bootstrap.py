@@ -66,9 +66,12 @@ def discover_rank_size(env: dict[str, str] | None = None) -> tuple[int, int, str
 _C10D_HELPER = ("_new_process_group_helper", "torch.distributed.distributed_c10d")
 
 
-def _c10d_helper_locals(max_depth: int) -> dict[str, Any] | None:
+def c10d_helper_call(max_depth: int = 8) -> dict[str, Any] | None:
     """The local variables of c10d's ``_new_process_group_helper`` when it is among the
-    ``max_depth`` callers of the caller, else ``None``."""
+    ``max_depth`` callers of the caller (``new_comm`` called by c10d for a process group,
+    ``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1``), else ``None``. c10d passes only a name and a store
+    to ``new_comm``; the helper's own arguments say the rest (:func:`c10d_group_being_made`,
+    :func:`c10d_group_timeout`)."""
     import inspect
 
     frame = inspect.currentframe()
@@ -81,18 +84,14 @@ def _c10d_helper_locals(max_depth: int) -> dict[str, Any] | None:
     return None
 
 
-def c10d_group_being_made(max_depth: int = 8) -> tuple[int, int, tuple[int, ...]] | None:
-    """(group rank, group size, global ranks) when ``new_comm`` is called by c10d's
-    ``_new_process_group_helper`` for a subgroup (``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1``), else
-    ``None``. c10d passes only a name and a store to ``new_comm``: on torch 2.11, whose
-    ``new_group`` makes subgroups that way (2.13 splits the default group instead), the rank and
-    size from the environment are the job's, and a subgroup's members waited in its rendezvous
-    for ranks outside it. The helper's own arguments say which ranks the group has."""
-    f = _c10d_helper_locals(max_depth)
-    if f is None:
-        return None
-    ranks = f.get("global_ranks_in_group")
-    rank, size = f.get("group_rank"), f.get("group_size")
+def c10d_group_being_made(helper: dict[str, Any]) -> tuple[int, int, tuple[int, ...]] | None:
+    """(group rank, group size, global ranks) of the subgroup c10d's helper call ``helper``
+    (:func:`c10d_helper_call`) makes, else ``None`` (the default group: the environment's). On
+    torch 2.11, whose ``new_group`` makes subgroups that way (2.13 splits the default group
+    instead), the rank and size from the environment are the job's, and a subgroup's members
+    waited in its rendezvous for ranks outside it."""
+    ranks = helper.get("global_ranks_in_group")
+    rank, size = helper.get("group_rank"), helper.get("group_size")
     if not ranks or not isinstance(rank, int) or not isinstance(size, int):
         return None  # the default group (no ranks listed): the environment's
     if len(ranks) != size or not 0 <= rank < size:
@@ -109,13 +108,11 @@ def c10d_default_timeout(timeout: timedelta) -> bool:
     return timeout in (constants.default_pg_timeout, constants.default_pg_nccl_timeout)
 
 
-def c10d_group_timeout(max_depth: int = 8) -> timedelta | None:
+def c10d_group_timeout(helper: dict[str, Any]) -> timedelta | None:
     """The timeout given to ``init_process_group`` (or to a subgroup c10d makes through its
-    process-group helper) when ``new_comm`` is called by that helper, else ``None``. c10d passes
-    no timeout to ``new_comm``; its helper's own argument has it. ``None`` too for c10d's
-    default (:func:`c10d_default_timeout`)."""
-    f = _c10d_helper_locals(max_depth)
-    timeout = None if f is None else f.get("timeout")
+    process-group helper), from the helper call ``helper`` (:func:`c10d_helper_call`): c10d
+    passes no timeout to ``new_comm``. ``None`` for c10d's default (:func:`c10d_default_timeout`)."""
+    timeout = helper.get("timeout")
     if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0 or c10d_default_timeout(timeout):
         return None
     return timeout
