@@ -124,7 +124,7 @@ class ControlPlane:
     def reset_worker_keys(self) -> int:
         """On the rendezvous host, between a round and its restart: drop every key the
         previous round's workers left (their communicators' rendezvous, agreement decisions,
-        the user's own keys), keeping the launcher's own (``keep``) and the event log. A
+        the user's own keys), keeping the launcher's own (under ``torchcomms-run/``) and the event log. A
         restarted group then meets in a store as fresh as the first attempt's, as under
         torchrun, whose store each attempt's rank 0 hosts anew. Returns how many were dropped."""
         assert self.server is not None, "only the rendezvous host resets the store"
