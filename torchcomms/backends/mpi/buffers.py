@@ -34,6 +34,8 @@ _DATATYPES: dict[torch.dtype, str] = {
     torch.complex128: "C_DOUBLE_COMPLEX",
 }
 MPI_DTYPES = frozenset(_DATATYPES)
+#: the same dtypes in one fixed order (a point-to-point tag carries the index, see .p2p)
+DTYPE_ORDER = tuple(_DATATYPES)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 _MPI_OPS = {

@@ -14,13 +14,12 @@ from typing import Any
 
 import torch
 
+from torchcomms.backends.mpi.buffers import DTYPE_ORDER
 from torchcomms.core.errors import CollectiveMismatchError
 
 #: tags per torchcomms tag: one per dtype code
 TAG_STRIDE = 16
-_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
-           torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128)
-_CODES = {d: i for i, d in enumerate(_DTYPES)}
+_CODES = {d: i for i, d in enumerate(DTYPE_ORDER)}
 
 
 def send_tag(tag: int, t: torch.Tensor) -> int:
@@ -29,8 +28,8 @@ def send_tag(tag: int, t: torch.Tensor) -> int:
 
 
 def _describe(code: int, nbytes: int) -> str:
-    if 0 <= code < len(_DTYPES):
-        dt = _DTYPES[code]
+    if 0 <= code < len(DTYPE_ORDER):
+        dt = DTYPE_ORDER[code]
         return f"{nbytes // dt.itemsize} elements of {dt}"
     return f"{nbytes} bytes of an unknown dtype"
 
