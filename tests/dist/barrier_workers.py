@@ -7,10 +7,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tests.dist.store_sync import done_through_the_store
+
 
 def monitored(wait_all_ranks: bool) -> dict[str, Any]:
     """Every rank passes three monitored barriers; then only rank 0 enters one (3 s), while the
-    others wait for it to be done through the store."""
+    others wait for it to be done through the store (rank 0, the store's host, leaves last)."""
     dist.init_process_group("gloo")
     store = dist.distributed_c10d._get_default_store()
     dist.monitored_barrier(timeout=timedelta(seconds=60))
@@ -26,8 +28,6 @@ def monitored(wait_all_ranks: bool) -> dict[str, Any]:
         except Exception as e:  # noqa: BLE001 - reported to the test
             out.update(error=type(e).__name__, mro=[c.__name__ for c in type(e).__mro__], message=str(e),
                        missing=getattr(e, "missing_ranks", None))
-        store.set("tc-test/done", "1")
-    else:
-        store.wait(["tc-test/done"], timedelta(seconds=120))
+    done_through_the_store(store, timedelta(seconds=120))
     dist.destroy_process_group()
     return out

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tests.dist.store_sync import done_through_the_store
 from tests.helpers.torch_versions import TORCH_2_13
 
 FUTURES_THREAD = "torchcomms-c10d-futures:"
@@ -80,8 +81,6 @@ def failed_future_rethrows() -> dict[str, Any]:
         out["seen"] = seen
         if TORCH_2_13:  # torch 2.11's binding of Work.exception cannot return an exception_ptr
             out["exception"] = type(work.exception()).__name__
-        store.set("tc-test/done", "1")
-    else:
-        store.wait(["tc-test/done"], timedelta(seconds=60))
+    done_through_the_store(store, timedelta(seconds=60))
     dist.destroy_process_group()
     return out
