@@ -103,6 +103,21 @@ def test_clean_stop_is_not_a_failure(server: StoreServer, secret: bytes,
     assert inbox.empty()
 
 
+def test_a_stop_without_deregistering_leaves_the_member_to_the_silence_check(
+        server: StoreServer, secret: bytes, client: ControlClient) -> None:
+    """``heartbeat_stop(deregister=False)``: the beats stop and the server, which still holds
+    the member, reports its silence."""
+    inbox = collect(client, ["rank_failed"])
+    member = ControlClient(server.address, secret, timeout=10.0)
+    try:
+        member.heartbeat_start("rank/4", 0.1)
+        member.heartbeat_stop("rank/4", deregister=False)
+        topic, payload = inbox.get(timeout=LIMIT + MARGIN)
+        assert (topic, payload["rank"], payload["reason"]) == ("rank_failed", 4, "heartbeat")
+    finally:
+        member.close()
+
+
 def test_node_member_reports_node_lost(server: StoreServer, secret: bytes,
                                        client: ControlClient) -> None:
     inbox = collect(client, ["node_lost"])

@@ -3,6 +3,7 @@ times per rank) while others run; healthy workers are never restarted."""
 
 from __future__ import annotations
 
+import pytest
 from conftest import base_env, run_launcher, worker
 
 
@@ -26,10 +27,12 @@ def test_without_max_restarts_shrink_restarts_nobody(tmp_path):
     assert " restarted (pid " not in proc.stderr and proc.returncode == 0, proc.stderr
 
 
-def test_rank_leaving_by_os_exit_0_does_not_hold_the_survivors_shrink():
-    """A worker that exits 0 without finalizing (``os._exit``) is gone for good: the survivors'
-    ``agree`` and ``shrink`` leave it out instead of waiting for it until their timeout."""
-    env = base_env(TORCHCOMM_TIMEOUT_SECONDS="60", TORCHCOMM_LOG_EVENTS="0")
+@pytest.mark.parametrize("leave_by", ["os_exit", "sys_exit"])
+def test_rank_leaving_with_exit_code_0_does_not_hold_the_survivors_shrink(leave_by: str):
+    """A worker that exits 0 without finalizing (``os._exit``, or a normal exit with its
+    communicator open) is gone for good: the survivors' ``agree`` and ``shrink`` leave it out
+    instead of waiting for it until their timeout."""
+    env = base_env(TORCHCOMM_TIMEOUT_SECONDS="60", TORCHCOMM_LOG_EVENTS="0", LEAVE_BY=leave_by)
     proc = run_launcher("--nproc-per-node", "3", "--on-failure", "shrink",
                         worker("leaves_unclean.py"), env=env, timeout=240)
     for rank in (0, 2):

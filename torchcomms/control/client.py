@@ -335,12 +335,14 @@ class ControlClient:
         heartbeat.start()
 
     def heartbeat_stop(self, member: str | None = None, *,
-                       timeout: float | timedelta | None = None) -> None:
+                       timeout: float | timedelta | None = None, deregister: bool = True) -> None:
         """Stop heartbeats (of ``member``, or all) and deregister them from the server, so
         that a clean exit is not reported as a failure (``timeout``: for the deregistration,
         default the client's, at most 5 s). A heartbeat whose last beat went unanswered is
         deregistered within one heartbeat interval instead: its server is stopped, hung or
-        gone, and an exit must not wait the whole timeout on it."""
+        gone, and an exit must not wait the whole timeout on it. With ``deregister=False``
+        only the beats stop: the server keeps the member, whose silence it then reports (or
+        whose supervisor forgets it, as for a process that ended without deregistering)."""
         budget = seconds(timeout, "timeout")
         budget = min(self.timeout, 5.0) if budget is None else budget
         with self._lock:
@@ -350,6 +352,8 @@ class ControlClient:
             raise ControlArgumentError(f"no heartbeats are running for {member!r}")
         for heartbeat in stopping:
             heartbeat.stop()
+            if not deregister:
+                continue
             wait = min(budget, heartbeat.interval) if heartbeat.failing else budget
             self._call("heartbeat_stop", {"member": heartbeat.member}, budget=wait)
 

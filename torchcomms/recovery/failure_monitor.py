@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchcomms.config import settings
 from torchcomms.control.host_process import host_running_check
+from torchcomms.core.state import CommState
 
 if TYPE_CHECKING:
     from torchcomms.core.comm_core import CommCore
@@ -27,6 +28,7 @@ _TOPICS = ["rank_failed", "node_lost"]
 #: lost connection to it is attributed to it, but its communicators are not broken: a peer's op
 #: that it completed before leaving (a broadcast it rooted) completes
 LEFT = "left"
+_CLOSED = frozenset({CommState.FINALIZED, CommState.SHRUNK, CommState.EXPELLED})
 
 
 class FailureMonitor:
@@ -188,12 +190,24 @@ class FailureMonitor:
             return ("control_lost", self.control_lost)
         return None
 
+    def open_communicators(self) -> list[str]:
+        """Names of the watched communicators that peers may still wait for this rank in: all
+        but those it finalized, that a shrink replaced, or that it was expelled from."""
+        with self._lock:
+            comms = list(self._comms)
+        return [c.name for c in comms if c.state not in _CLOSED]
+
     def stop(self) -> None:
-        """Stop heartbeats (deregistered: a clean exit is not a failure) and the subscription."""
+        """Stop heartbeats and the subscription (``atexit``). The heartbeat is deregistered (a
+        clean exit is not a failure) unless a communicator is still open: the peers may still
+        wait for this rank in it, so it leaves the way ``os._exit`` does, registered, and the
+        launcher that sees the exit publishes it as gone (reason ``left``, under
+        ``--on-failure shrink``) so that survivors' agreements and shrinks stop waiting for it."""
         try:
             if self._heartbeat:
                 self._heartbeat = False
-                self._client.heartbeat_stop(f"rank/{self.global_rank}", timeout=self._deregister_s)
+                self._client.heartbeat_stop(f"rank/{self.global_rank}", timeout=self._deregister_s,
+                                            deregister=not self.open_communicators())
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
         try:

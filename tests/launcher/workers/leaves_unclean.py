@@ -1,9 +1,12 @@
-"""Three ranks all-reduce ones each step; rank 1 leaves by ``os._exit(0)`` at step 3, without
-finalizing (its communicator open, its heartbeat still registered). The survivors' all-reduce
+"""Three ranks all-reduce ones each step; rank 1 leaves at step 3 with exit code 0, without
+finalizing its communicator: by ``os._exit(0)`` (``LEAVE_BY=os_exit``, the default: its heartbeat
+still registered) or by a normal interpreter exit (``LEAVE_BY=sys_exit``: ``sys.exit(0)``, which
+runs the ``atexit`` hooks). The survivors' all-reduce
 fails; they agree the step failed, shrink and redo it, then print their world and the last sum.
 Under ``torchcomms-run`` the agent sees rank 1's exit: the survivors' agreement must not wait
 for a vote that can never come."""
 import os
+import sys
 
 import torch
 
@@ -15,6 +18,8 @@ me = comm.get_rank()
 step, total = 0, float("nan")
 while step < 6:
     if me == 1 and step == 3:
+        if os.environ.get("LEAVE_BY", "os_exit") == "sys_exit":
+            sys.exit(0)
         os._exit(0)
     t = torch.ones(1)
     ok = True
