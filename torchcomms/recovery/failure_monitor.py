@@ -200,9 +200,11 @@ class FailureMonitor:
     def stop(self) -> None:
         """Stop heartbeats and the subscription (``atexit``). The heartbeat is deregistered (a
         clean exit is not a failure) unless a communicator is still open: the peers may still
-        wait for this rank in it, so it leaves the way ``os._exit`` does, registered, and the
+        wait for this rank in it, so it leaves the way ``os._exit`` does, registered: the
         launcher that sees the exit publishes it as gone (reason ``left``, under
-        ``--on-failure shrink``) so that survivors' agreements and shrinks stop waiting for it."""
+        ``--on-failure shrink``), and a control plane hosted without the launcher reports its
+        silence (reason ``heartbeat``), so that survivors' agreements and shrinks stop waiting
+        for it."""
         try:
             if self._heartbeat:
                 self._heartbeat = False
