@@ -86,6 +86,17 @@ def ulfm_available() -> bool:
     return proc.returncode == 0
 
 
+def rank_env(group_dir: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of an MPI test rank whose group directory (``TC_GROUP_DIR``) is
+    ``group_dir``: this process's, less other launchers' variables, plus ``env``."""
+    e = {k: v for k, v in os.environ.items() if k not in _FOREIGN}
+    e.setdefault(*ONE_THREAD_EACH)
+    e.update(PYTHONPATH=child_pythonpath(), TC_GROUP_DIR=str(group_dir), TC_BACKEND="mpi",
+             TORCHCOMM_FR_DUMP_TEMP_FILE=str(group_dir / "fr_rank_"))
+    e.update(env or {})
+    return e
+
+
 class MpiJob:
     """One ``mpiexec`` job of ``n`` ranks; a context manager that never leaves it (or its
     directory) behind."""
@@ -94,11 +105,7 @@ class MpiJob:
                  ulfm: bool = False) -> None:
         self.n = n
         self.dir = Path(tempfile.mkdtemp(prefix="tc-mpi-"))
-        e = {k: v for k, v in os.environ.items() if k not in _FOREIGN}
-        e.setdefault(*ONE_THREAD_EACH)
-        e.update(PYTHONPATH=child_pythonpath(), TC_GROUP_DIR=str(self.dir), TC_BACKEND="mpi",
-                 TORCHCOMM_FR_DUMP_TEMP_FILE=str(self.dir / "fr_rank_"))
-        e.update(env or {})
+        e = rank_env(self.dir, env)
         args = [mpiexec() or "mpiexec", "-n", str(n), "--oversubscribe"]
         if ulfm:
             args += ["--with-ft", "ulfm"]
@@ -171,22 +178,7 @@ class MpiJob:
         self._kill_ranks()
 
     def _kill_ranks(self) -> None:
-        """SIGKILL every rank process still alive: mpiexec's daemons start ranks outside its
-        process group, and a rank it left behind (a stopped one, say) would outlive the test."""
-        killed = []
-        for path in self.dir.glob("pid*"):
-            try:
-                pid = int(path.read_text())
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"mpi_rank_main" not in f.read():
-                        continue  # the rank is gone and its pid reused
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            except (ValueError, OSError):
-                pass
-        deadline = time.monotonic() + 10
-        while any(process_running(p) for p in killed) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        kill_ranks(self.dir, b"mpi_rank_main")
 
     def __enter__(self) -> MpiJob:
         return self
@@ -194,6 +186,26 @@ class MpiJob:
     def __exit__(self, *exc: object) -> None:
         self.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def kill_ranks(job_dir: Path, marker: bytes) -> None:
+    """SIGKILL every rank process of ``job_dir`` (its ``pid<r>`` files) still alive: mpiexec's
+    daemons start ranks outside its process group, and a rank it left behind (a stopped one,
+    say) would outlive the test. ``marker`` is in the command line of every rank of the job."""
+    killed = []
+    for path in job_dir.glob("pid*"):
+        try:
+            pid = int(path.read_text())
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker not in f.read():
+                    continue  # the rank is gone and its pid reused
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except (ValueError, OSError):
+            pass
+    deadline = time.monotonic() + 10
+    while any(process_running(p) for p in killed) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def process_running(pid: int) -> bool:
