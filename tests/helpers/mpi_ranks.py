@@ -4,6 +4,9 @@ The counterpart of :mod:`tests.helpers.ranks` for ranks that must be one MPI job
 runs ``module:function(**kwargs)`` under ``mpiexec -n N`` and its result comes back as a
 ``RankResult``. Ranks get their rank and size from Open MPI (``OMPI_COMM_WORLD_*``); the
 runner's TORCHCOMM_/torchrun variables are removed so they cannot override it.
+``run_mpi_ranks`` runs a healthy target on this process's rank pool (:mod:`tests.helpers.mpi_pool`:
+jobs kept between tests, each target on ranks put back as fresh); ``MpiJob`` is always a job of
+its own.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.mpi_pool import pool_enabled, run_in_pool
 from tests.helpers.paths import REPO, child_pythonpath
 from tests.helpers.ranks import ONE_THREAD_EACH, RankResult
 
@@ -218,10 +222,17 @@ def process_running(pid: int) -> bool:
 
 
 def run_mpi_ranks(n: int, target: str, kwargs: dict[str, Any] | None = None, timeout: float = 120.0,
-                  env: dict[str, str] | None = None, ulfm: bool = False) -> list[RankResult]:
-    """Run ``target`` on an ``n``-rank MPI job; asserts every rank succeeded."""
-    with MpiJob(n, target, kwargs, env, ulfm) as job:
-        results = job.wait(timeout)
+                  env: dict[str, str] | None = None, ulfm: bool = False, pool: bool = True) -> list[RankResult]:
+    """Run ``target`` on an ``n``-rank MPI job; asserts every rank succeeded. Without ``env``
+    or ``ulfm``, the job is this process's pool job for ``n`` ranks (see
+    :mod:`tests.helpers.mpi_pool`); ``pool=False``: a job of its own (for a target that depends
+    on MPI's initialisation)."""
+    results = None
+    if pool and not env and not ulfm and pool_enabled():
+        results = run_in_pool(n, target, kwargs, timeout, rank_env(Path("<per-target>")))
+    if results is None:
+        with MpiJob(n, target, kwargs, env, ulfm) as job:
+            results = job.wait(timeout)
     bad = [r for r in results if r.error is not None]
     assert not bad and results[0].returncode == 0, "\n".join(
         f"rank {r.rank}: rc={r.returncode} error={r.error}" for r in bad) + "\n" + results[0].stderr
