@@ -2,7 +2,7 @@
 only when it needs a job of its own.
 
 A pool job (``mpiexec -n N python -m tests.helpers.mpi_pool DIR``) is started on first use by
-each pytest process for each job size and environment, and serves one target after
+each pytest process for each job size, environment and CPU set, and serves one target after
 another. Each rank connects to the test process's socket ``DIR/ctl`` and reads requests from it,
 one JSON line each (``{"seq", "target", "kwargs", "dir", "env"}`` or ``{"exit": how}``; JSON
 only, nothing is unpickled): for a request it puts its process state back as it was at its start
@@ -312,10 +312,13 @@ _AT_EXIT: list[bool] = []
 def run_in_pool(n: int, target: str, kwargs: dict[str, Any] | None, timeout: float,
                 env: dict[str, str]) -> list[RankResult] | None:
     """``target``'s results on this process's pool job for ``n`` ranks and ``env`` (the job's
-    environment, its per-target variables aside); ``None`` when that job is busy (another
-    thread runs a target there: the caller starts a job of its own)."""
+    environment, its per-target variables aside) and the calling thread's CPUs (which a job's
+    processes inherit: a test in a ``cpu_load.oversubscribed`` block confines them); ``None``
+    when that job is busy (another thread runs a target there: the caller starts a job of its
+    own)."""
     per_target = {k: env[k] for k in PER_TARGET if k in env}
-    key = (os.getpid(), n, frozenset((k, v) for k, v in env.items() if k not in PER_TARGET))
+    key = (os.getpid(), n, frozenset((k, v) for k, v in env.items() if k not in PER_TARGET),
+           frozenset(os.sched_getaffinity(0)))
     with _POOLS_LOCK:
         pool = _POOLS.pop(key, None)
         if pool is None or not pool.alive():

@@ -93,3 +93,7 @@ def _blocked_in_a_pool_target() -> int:
 
 def pid() -> int:
     return os.getpid()
+
+
+def cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0))

@@ -123,6 +123,21 @@ def test_a_hung_target_is_killed_at_its_timeout_and_the_next_request_works():
     assert set(_pids(run_mpi_ranks(2, f"{W}:pid"))).isdisjoint(before)
 
 
+def test_ranks_run_on_the_cpus_of_the_thread_that_asked_as_a_fresh_jobs_would():
+    # A job's processes inherit the CPUs of the thread that starts it; a test confined to some
+    # (cpu_load.oversubscribed) must get ranks confined alike, not the pool's job from before.
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs")
+    assert [r.value for r in run_mpi_ranks(2, f"{W}:cpus")] == [allowed] * 2
+    os.sched_setaffinity(0, {allowed[-1]})
+    try:
+        assert [r.value for r in run_mpi_ranks(2, f"{W}:cpus")] == [[allowed[-1]]] * 2
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert [r.value for r in run_mpi_ranks(2, f"{W}:cpus")] == [allowed] * 2
+
+
 def test_the_switch_turns_the_pool_off(monkeypatch):
     monkeypatch.setenv(mpi_pool.POOL_ENV, "0")
     pools = mpi_pool.pool_pids()
