@@ -327,10 +327,12 @@ def run_in_pool(n: int, target: str, kwargs: dict[str, Any] | None, timeout: flo
                 _AT_EXIT.append(True)
                 atexit.register(close_all)
         _POOLS[key] = pool
-        while len(_POOLS) > KEEP:
-            _close_quietly(_POOLS.pop(next(iter(_POOLS))))
-        if not pool.lock.acquire(blocking=False):
-            return None
+        evicted = [_POOLS.pop(next(iter(_POOLS))) for _ in range(len(_POOLS) - KEEP)]
+        busy = not pool.lock.acquire(blocking=False)
+    for old in evicted:  # outside the registry's lock: one may still run another thread's target
+        _close_quietly(old)
+    if busy:
+        return None
     try:
         results = pool.run(target, kwargs, timeout, per_target)
     except BaseException:
