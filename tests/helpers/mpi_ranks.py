@@ -4,6 +4,9 @@ The counterpart of :mod:`tests.helpers.ranks` for ranks that must be one MPI job
 runs ``module:function(**kwargs)`` under ``mpiexec -n N`` and its result comes back as a
 ``RankResult``. Ranks get their rank and size from Open MPI (``OMPI_COMM_WORLD_*``); the
 runner's TORCHCOMM_/torchrun variables are removed so they cannot override it.
+``run_mpi_ranks`` runs a healthy target on this process's rank pool (:mod:`tests.helpers.mpi_pool`:
+jobs kept between tests, each target on ranks put back as fresh); ``MpiJob`` is always a job of
+its own.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.mpi_pool import pool_enabled, run_in_pool
 from tests.helpers.paths import REPO, child_pythonpath
 from tests.helpers.ranks import ONE_THREAD_EACH, RankResult
 
@@ -86,6 +90,17 @@ def ulfm_available() -> bool:
     return proc.returncode == 0
 
 
+def rank_env(group_dir: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of an MPI test rank whose group directory (``TC_GROUP_DIR``) is
+    ``group_dir``: this process's, less other launchers' variables, plus ``env``."""
+    e = {k: v for k, v in os.environ.items() if k not in _FOREIGN}
+    e.setdefault(*ONE_THREAD_EACH)
+    e.update(PYTHONPATH=child_pythonpath(), TC_GROUP_DIR=str(group_dir), TC_BACKEND="mpi",
+             TORCHCOMM_FR_DUMP_TEMP_FILE=str(group_dir / "fr_rank_"))
+    e.update(env or {})
+    return e
+
+
 class MpiJob:
     """One ``mpiexec`` job of ``n`` ranks; a context manager that never leaves it (or its
     directory) behind."""
@@ -94,11 +109,7 @@ class MpiJob:
                  ulfm: bool = False) -> None:
         self.n = n
         self.dir = Path(tempfile.mkdtemp(prefix="tc-mpi-"))
-        e = {k: v for k, v in os.environ.items() if k not in _FOREIGN}
-        e.setdefault(*ONE_THREAD_EACH)
-        e.update(PYTHONPATH=child_pythonpath(), TC_GROUP_DIR=str(self.dir), TC_BACKEND="mpi",
-                 TORCHCOMM_FR_DUMP_TEMP_FILE=str(self.dir / "fr_rank_"))
-        e.update(env or {})
+        e = rank_env(self.dir, env)
         args = [mpiexec() or "mpiexec", "-n", str(n), "--oversubscribe"]
         if ulfm:
             args += ["--with-ft", "ulfm"]
@@ -171,22 +182,7 @@ class MpiJob:
         self._kill_ranks()
 
     def _kill_ranks(self) -> None:
-        """SIGKILL every rank process still alive: mpiexec's daemons start ranks outside its
-        process group, and a rank it left behind (a stopped one, say) would outlive the test."""
-        killed = []
-        for path in self.dir.glob("pid*"):
-            try:
-                pid = int(path.read_text())
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"mpi_rank_main" not in f.read():
-                        continue  # the rank is gone and its pid reused
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            except (ValueError, OSError):
-                pass
-        deadline = time.monotonic() + 10
-        while any(process_running(p) for p in killed) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        kill_ranks(self.dir, b"mpi_rank_main")
 
     def __enter__(self) -> MpiJob:
         return self
@@ -194,6 +190,26 @@ class MpiJob:
     def __exit__(self, *exc: object) -> None:
         self.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def kill_ranks(job_dir: Path, marker: bytes) -> None:
+    """SIGKILL every rank process of ``job_dir`` (its ``pid<r>`` files) still alive: mpiexec's
+    daemons start ranks outside its process group, and a rank it left behind (a stopped one,
+    say) would outlive the test. ``marker`` is in the command line of every rank of the job."""
+    killed = []
+    for path in job_dir.glob("pid*"):
+        try:
+            pid = int(path.read_text())
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker not in f.read():
+                    continue  # the rank is gone and its pid reused
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except (ValueError, OSError):
+            pass
+    deadline = time.monotonic() + 10
+    while any(process_running(p) for p in killed) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def process_running(pid: int) -> bool:
@@ -206,10 +222,17 @@ def process_running(pid: int) -> bool:
 
 
 def run_mpi_ranks(n: int, target: str, kwargs: dict[str, Any] | None = None, timeout: float = 120.0,
-                  env: dict[str, str] | None = None, ulfm: bool = False) -> list[RankResult]:
-    """Run ``target`` on an ``n``-rank MPI job; asserts every rank succeeded."""
-    with MpiJob(n, target, kwargs, env, ulfm) as job:
-        results = job.wait(timeout)
+                  env: dict[str, str] | None = None, ulfm: bool = False, pool: bool = True) -> list[RankResult]:
+    """Run ``target`` on an ``n``-rank MPI job; asserts every rank succeeded. Without ``env``
+    or ``ulfm``, the job is this process's pool job for ``n`` ranks (see
+    :mod:`tests.helpers.mpi_pool`); ``pool=False``: a job of its own (for a target that depends
+    on MPI's initialisation)."""
+    results = None
+    if pool and not env and not ulfm and pool_enabled():
+        results = run_in_pool(n, target, kwargs, timeout, rank_env(Path("<per-target>")))
+    if results is None:
+        with MpiJob(n, target, kwargs, env, ulfm) as job:
+            results = job.wait(timeout)
     bad = [r for r in results if r.error is not None]
     assert not bad and results[0].returncode == 0, "\n".join(
         f"rank {r.rank}: rc={r.returncode} error={r.error}" for r in bad) + "\n" + results[0].stderr

@@ -19,8 +19,10 @@ pytestmark = pytest.mark.skipif(not mpi_available(), reason="mpi4py or mpiexec i
 ], ids=["default", "bound-64k", "blocking"])
 def test_collectives_run_on_the_callers_thread_where_mpi_nonblocking_keeps_pace(
         hints: dict[str, str] | None, small_on_thread: bool, large_on_thread: bool) -> None:
+    # a job of its own (not the rank pool's, whose ranks initialised MPI before their first
+    # target): the target unsets the libnbc choice before MPI starts, to see torchcomms make it
     for rank in run_mpi_ranks(2, "tests.mpi.workers:collective_paths", {"hints": hints, "libnbc_allreduce": ""},
-                              timeout=120):
+                              timeout=120, pool=False):
         res = rank.value
         assert res["libnbc_allreduce"] == "3", res  # chosen by torchcomms as it initialised MPI
         assert res["thread_after_small"] is small_on_thread, res
