@@ -240,8 +240,6 @@ def serve() -> None:
     that their own session's ``killpg`` reaches, not the zygote)."""
     import torch  # noqa: F401 - what every rank would import first
     import torch.distributed  # noqa: F401
-    import torch.distributed.checkpoint  # noqa: F401
-    import torch.distributed.fsdp  # noqa: F401 - FSDP ranks' heaviest import (~0.8 s of CPU: dynamo)
 
     import torchcomms  # noqa: F401
     from tests.helpers import rank_main  # noqa: F401
