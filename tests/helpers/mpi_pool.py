@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.helpers.ranks import RankResult
+from tests.helpers.ranks import NO_RESULT, RankResult
 
 #: "0": every MPI test starts a job of its own
 POOL_ENV = "TC_TEST_MPI_POOL"
@@ -232,14 +232,7 @@ class RankPool:
         return failure
 
     def _result(self, r: int, tdir: Path, returncode: int | None, offset: int) -> RankResult:
-        out = tdir / f"rank{r}.json"
-        res = RankResult(rank=r, returncode=returncode, stderr=self.output(offset))
-        if out.exists():
-            data = json.loads(out.read_text())
-            res.value, res.error, res.elapsed = data.get("value"), data.get("error"), data.get("elapsed", 0.0)
-        else:
-            res.error = {"type": "NoResult", "message": "the rank wrote no result"}
-        return res
+        return RankResult.read(tdir / f"rank{r}.json", r, returncode, self.output(offset), NO_RESULT)
 
     def output(self, offset: int = 0) -> str:
         """The job's log since ``offset`` (its last 6000 characters)."""

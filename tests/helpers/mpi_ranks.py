@@ -24,7 +24,7 @@ from typing import Any
 
 from tests.helpers.mpi_pool import pool_enabled, run_in_pool
 from tests.helpers.paths import REPO, child_pythonpath
-from tests.helpers.ranks import ONE_THREAD_EACH, RankResult
+from tests.helpers.ranks import NO_RESULT, ONE_THREAD_EACH, RankResult
 
 #: variables of other launchers that must not reach an MPI rank
 _FOREIGN = ("TORCHCOMM_RANK", "TORCHCOMM_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
@@ -163,14 +163,7 @@ class MpiJob:
         return [self._result(r) for r in range(self.n)]
 
     def _result(self, r: int) -> RankResult:
-        out = self.dir / f"rank{r}.json"
-        res = RankResult(rank=r, returncode=self.proc.returncode, stderr=self.output())
-        if out.exists():
-            data = json.loads(out.read_text())
-            res.value, res.error, res.elapsed = data.get("value"), data.get("error"), data.get("elapsed", 0.0)
-        else:
-            res.error = {"type": "NoResult", "message": "the rank wrote no result"}
-        return res
+        return RankResult.read(self.dir / f"rank{r}.json", r, self.proc.returncode, self.output(), NO_RESULT)
 
     def kill(self) -> None:
         if self.proc.poll() is None:

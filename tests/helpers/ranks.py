@@ -34,6 +34,8 @@ from tests.helpers.zygote import ForkedRank, fork_ranks_enabled, zygote_for
 #: waiting for each other: tests/fsdp2/test_fsdp2_ranks.py took 130-141 s on the 2-core VM
 #: against 79-86 s with one thread each.
 ONE_THREAD_EACH = ("OMP_NUM_THREADS", "1")
+#: the error of a rank that wrote no result (``RankResult.read``'s ``missing`` for jobs whose every rank must)
+NO_RESULT = {"type": "NoResult", "message": "the rank wrote no result"}
 
 
 @dataclass
@@ -48,6 +50,19 @@ class RankResult:
 
     def ok(self) -> bool:
         return self.returncode == 0 and self.error is None
+
+    @classmethod
+    def read(cls, out: Path, rank: int, returncode: int | None, stderr: str,
+             missing: dict[str, Any] | None = None) -> RankResult:
+        """``rank``'s result as ``rank_main`` wrote it to ``out``; ``missing``: its error when
+        it wrote none."""
+        res = cls(rank=rank, returncode=returncode, stderr=stderr)
+        if out.exists():
+            data = json.loads(out.read_text())
+            res.value, res.error, res.elapsed = data.get("value"), data.get("error"), data.get("elapsed", 0.0)
+        else:
+            res.error = None if missing is None else dict(missing)
+        return res
 
 
 class RankGroup:
@@ -158,14 +173,7 @@ class RankGroup:
         p = self.procs[r]
         log = self.dir / f"rank{r}.log"
         err = log.read_text(errors="replace") if log.exists() else ""
-        out = self.dir / f"rank{r}.json"
-        res = RankResult(rank=r, returncode=p.returncode, stderr=err)
-        if out.exists():
-            data = json.loads(out.read_text())
-            res.value = data.get("value")
-            res.error = data.get("error")
-            res.elapsed = data.get("elapsed", 0.0)
-        return res
+        return RankResult.read(self.dir / f"rank{r}.json", r, p.returncode, err)
 
     def kill_all(self) -> None:
         for p in self.procs:
