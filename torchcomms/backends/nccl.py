@@ -123,21 +123,14 @@ def _c10d_timing(on: bool, exclusive: bool = True) -> Iterator[None]:
 
 
 def _reduce_op(op: ReduceOp) -> Any:
-    if op.type is RedOpType.PREMUL_SUM:
-        return dist.ReduceOp.SUM  # the caller scaled the input (see _scaled)
-    return _C10D_OPS[op.type]
-
-
-def _scaled(t: torch.Tensor, op: ReduceOp, in_place: bool) -> torch.Tensor:
-    """PREMUL_SUM's input: ``t`` times the factor, on the current stream (the op waits on it),
-    in ``t`` itself or in a copy of its dtype (the engines' shared helpers); any other op's ``t``
-    as it is. c10d's native PREMUL_SUM (``_make_nccl_premul_sum``) gave wrong results on the H200
-    (torch 2.11, NCCL 2.28.9, one rank): zeros from a bfloat16 all-reduce, an unscaled float32
+    """c10d's reduce op for ``op``. PREMUL_SUM is a SUM whose caller scaled the input first
+    (``premul_in_place`` / ``premul_scaled``, on the current stream, which the op waits on):
+    c10d's native PREMUL_SUM (``_make_nccl_premul_sum``) gave wrong results on the H200 (torch
+    2.11, NCCL 2.28.9, one rank): zeros from a bfloat16 all-reduce, an unscaled float32
     reduce-scatter."""
-    if not in_place:
-        return premul_scaled(t, op)
-    premul_in_place(t, op)
-    return t
+    if op.type is RedOpType.PREMUL_SUM:
+        return dist.ReduceOp.SUM
+    return _C10D_OPS[op.type]
 
 
 def _options(kind: Any, async_op: bool, **fields: Any) -> Any:
@@ -388,7 +381,7 @@ class NcclBackend(TorchCommBackend):
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, *, async_op: bool = True) -> EngineHandle:
         opts = self._cached(("reduce", op.type, root, async_op), dist.ReduceOptions, async_op, reduceOp=_reduce_op(op),
                             rootRank=root)
-        tensor = _scaled(tensor, op, True)
+        premul_in_place(tensor, op)
         return self._issue(async_op, self._pg.reduce, [tensor], opts)
 
     def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True) -> EngineHandle:
@@ -407,7 +400,7 @@ class NcclBackend(TorchCommBackend):
                        async_op: bool = True) -> EngineHandle:
         opts = self._cached(("reduce_scatter", op.type, async_op), dist.ReduceScatterOptions, async_op,
                             reduceOp=_reduce_op(op))
-        inputs = [_scaled(t, op, False) for t in input_list]
+        inputs = [premul_scaled(t, op) for t in input_list]
         return self._issue(async_op, self._pg.reduce_scatter, [output], [inputs], opts)
 
     reduce_scatter_v = reduce_scatter
@@ -416,7 +409,7 @@ class NcclBackend(TorchCommBackend):
                               async_op: bool = True) -> EngineHandle:
         opts = self._cached(("reduce_scatter", op.type, async_op), dist.ReduceScatterOptions, async_op,
                             reduceOp=_reduce_op(op))
-        input = _scaled(input, op, False)
+        input = premul_scaled(input, op)
         return self._issue(async_op, self._pg._reduce_scatter_base, output, input, opts)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, *, async_op: bool = True) -> EngineHandle:
