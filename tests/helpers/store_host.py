@@ -7,6 +7,7 @@ The TCPStore's host is a one-rank :class:`~tests.helpers.ranks.RankGroup` runnin
 instead of paying ``import torch`` again (~1.9 s of CPU a host)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -18,19 +19,19 @@ from pathlib import Path
 
 from tests.helpers.paths import REPO
 from tests.helpers.ports import free_port
+from tests.helpers.rank_sync import GROUP_DIR_ENV
 from tests.helpers.ranks import RankGroup
 
 _READY_S = 120.0  # a loaded 2-core box starting the host
 
 
-def tcp_store_host(port: int, ready: str) -> None:
-    """Rank body: host a TCPStore on ``port``, write its address to ``ready`` once it listens,
-    then wait to be killed."""
+def tcp_store_host(port: int) -> None:
+    """Rank body: host a TCPStore on ``port``, mark its group's directory ``ready`` once it
+    listens, then wait to be killed."""
     import torch.distributed as dist
 
     _store = dist.TCPStore("127.0.0.1", port, 1, True, timeout=timedelta(seconds=120), wait_for_workers=False)
-    Path(ready + ".tmp").write_text(f"tcp://127.0.0.1:{port}")
-    Path(ready + ".tmp").rename(ready)
+    (Path(os.environ[GROUP_DIR_ENV]) / "ready").touch()
     time.sleep(3600)
 
 
@@ -53,18 +54,16 @@ class HostProcess:
         self._group.kill_all()
 
 
-def _start_tcp_host(tmp: Path) -> tuple[HostProcess, str]:
+def _start_tcp_host() -> tuple[HostProcess, int]:
+    """The TCPStore's host, listening once this returns, and its port."""
     port = free_port()
-    ready = tmp / "tcp_store_host.addr"
-    group = RankGroup(1, "tests.helpers.store_host:tcp_store_host", {"port": port, "ready": str(ready)})
-    deadline = time.monotonic() + _READY_S
-    while not ready.exists():
-        if group.procs[0].poll() is not None or time.monotonic() >= deadline:
-            group.kill_all()
-            raise AssertionError(f"the TCPStore host never listened on port {port}:\n"
-                                 + (group.dir / "rank0.log").read_text(errors="replace")[-3000:])
-        time.sleep(0.01)
-    return HostProcess(group), ready.read_text()
+    group = RankGroup(1, "tests.helpers.store_host:tcp_store_host", {"port": port})
+    try:
+        group.wait_ready(group.dir, timeout=_READY_S)
+    except BaseException:
+        group.kill_all()
+        raise
+    return HostProcess(group), port
 
 
 def start_store_host(kind: str, tmp: Path) -> tuple[subprocess.Popen[bytes] | HostProcess, dict[str, str]]:
@@ -73,8 +72,8 @@ def start_store_host(kind: str, tmp: Path) -> tuple[subprocess.Popen[bytes] | Ho
     environment that points ranks at it (``tmp``: their ready folder). The caller kills it."""
     host: subprocess.Popen[bytes] | HostProcess
     if kind == "tcp":
-        host, addr = _start_tcp_host(tmp)
-        env = {"TC_STORE_PORT": addr.rsplit(":", 1)[1]}
+        host, port = _start_tcp_host()
+        addr, env = f"tcp://127.0.0.1:{port}", {"TC_STORE_PORT": str(port)}
     else:
         secret = tmp / "secret"
         cmd = [sys.executable, "-m", "torchcomms.control", "--new-secret-file", str(secret)]
