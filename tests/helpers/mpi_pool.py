@@ -37,7 +37,6 @@ import json
 import os
 import select
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -75,8 +74,7 @@ class RankPool:
     """The test side of one pool job of ``n`` ranks."""
 
     def __init__(self, n: int, env: dict[str, str]) -> None:
-        from tests.helpers.mpi_ranks import mpiexec, mpiexec_env
-        from tests.helpers.paths import REPO
+        from tests.helpers.mpi_ranks import start_job
 
         self.n = n
         self.dir = Path(tempfile.mkdtemp(prefix="tc-mpipool-"))
@@ -90,11 +88,7 @@ class RankPool:
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(str(self.dir / _CONTROL))
         self._server.listen(n)
-        args = [mpiexec() or "mpiexec", "-n", str(n), "--oversubscribe", sys.executable, "-m",
-                "tests.helpers.mpi_pool", str(self.dir)]
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(args, cwd=REPO, env=mpiexec_env(env, self.dir), stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = start_job(n, ["tests.helpers.mpi_pool", str(self.dir)], env, self.dir)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -277,15 +271,9 @@ class RankPool:
         return self.proc.returncode
 
     def _stop(self) -> None:
-        if self.alive():
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(10)
-        from tests.helpers.mpi_ranks import kill_ranks
+        from tests.helpers.mpi_ranks import end_job
 
-        kill_ranks(self.dir, _MARKER)
+        end_job(self.proc, self.dir, _MARKER)
 
     def _end(self) -> None:
         for conn in self._conns.values():

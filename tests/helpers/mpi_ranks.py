@@ -109,15 +109,9 @@ class MpiJob:
                  ulfm: bool = False) -> None:
         self.n = n
         self.dir = Path(tempfile.mkdtemp(prefix="tc-mpi-"))
-        e = rank_env(self.dir, env)
-        args = [mpiexec() or "mpiexec", "-n", str(n), "--oversubscribe"]
-        if ulfm:
-            args += ["--with-ft", "ulfm"]
-        args += [sys.executable, "-m", "tests.helpers.mpi_rank_main", target, json.dumps(kwargs or {}), str(self.dir)]
         self.log = self.dir / "mpiexec.log"
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(args, cwd=REPO, env=mpiexec_env(e, self.dir), stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = start_job(n, ["tests.helpers.mpi_rank_main", target, json.dumps(kwargs or {}), str(self.dir)],
+                              rank_env(self.dir, env), self.dir, ulfm)
 
     def pid_of(self, rank: int, timeout: float = 120.0) -> int:
         """The process id of ``rank`` (written by the rank once it started)."""
@@ -166,16 +160,7 @@ class MpiJob:
         return RankResult.read(self.dir / f"rank{r}.json", r, self.proc.returncode, self.output(), NO_RESULT)
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(10)
-        self._kill_ranks()
-
-    def _kill_ranks(self) -> None:
-        kill_ranks(self.dir, b"mpi_rank_main")
+        end_job(self.proc, self.dir, b"mpi_rank_main")
 
     def __enter__(self) -> MpiJob:
         return self
@@ -183,6 +168,29 @@ class MpiJob:
     def __exit__(self, *exc: object) -> None:
         self.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def start_job(n: int, module_args: list[str], env: dict[str, str], job_dir: Path,
+              ulfm: bool = False) -> subprocess.Popen[bytes]:
+    """``mpiexec -n n python -m <module_args>`` (with ``--with-ft ulfm`` if asked) in a session of
+    its own, its session directory and output (``mpiexec.log``) in ``job_dir``."""
+    args = [mpiexec() or "mpiexec", "-n", str(n), "--oversubscribe", *(["--with-ft", "ulfm"] if ulfm else []),
+            sys.executable, "-m", *module_args]
+    with open(job_dir / "mpiexec.log", "ab") as log:
+        return subprocess.Popen(args, cwd=REPO, env=mpiexec_env(env, job_dir), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def end_job(proc: subprocess.Popen[bytes], job_dir: Path, marker: bytes) -> None:
+    """SIGKILL a job's ``mpiexec`` (its process group) if it still runs, then every rank of the
+    job still alive (:func:`kill_ranks`)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+    kill_ranks(job_dir, marker)
 
 
 def kill_ranks(job_dir: Path, marker: bytes) -> None:
