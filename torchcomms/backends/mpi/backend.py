@@ -22,6 +22,7 @@ import array
 import atexit
 import dataclasses
 import sys
+import threading
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -31,11 +32,11 @@ import torch
 from torchcomms.backends.base import (BackendCapabilities, BackendContext, EngineHandle, TorchCommBackend, avg_finish,
                                       premul_in_place, premul_scaled)
 from torchcomms.backends.mpi import engine as mpi_engine
-from torchcomms.backends.mpi.buffers import MPI_DTYPES, Buffers, too_many_elements
+from torchcomms.backends.mpi.buffers import MPI_DTYPES, MPI_INT_MAX, Buffers, too_many_elements
 from torchcomms.backends.mpi.engine_thread import EngineThread
 from torchcomms.backends.mpi.creation import CreationSteps
 from torchcomms.backends.mpi.hints import UNEVEN
-from torchcomms.backends.mpi.p2p import Arrivals, send_tag
+from torchcomms.backends.mpi.p2p import Arrivals, ProbedRecv, mpi_requests, send_tag
 from torchcomms.backends.mpi.progress import RequestProgress, blocking_wait
 from torchcomms.backends.mpi.recovery import agree_flag, shrink_comm
 from torchcomms.errors import CommValueError
@@ -117,6 +118,10 @@ class MpiBackend(TorchCommBackend):
         self._aborted = False
         self._thread: EngineThread | None = None
         self._last_reqs: list[Any] = []  # the requests of the latest op started on the caller's thread
+        # per source, the latest receive (see .p2p.ProbedRecv): a later one from there takes a
+        # message only after it did
+        self._last_recv: dict[int, ProbedRecv] = {}
+        self._recv_lock = threading.Lock()
         self.capabilities = dataclasses.replace(type(self).capabilities, shrink=self._ft, agree=self._ft)
         if not mpi_engine.thread_level_ok(MPI):
             raise CommValueError(
@@ -191,7 +196,7 @@ class MpiBackend(TorchCommBackend):
         if self._thread is not None and self._thread.busy():
             return True
         try:
-            return any(reqs and not self.MPI.Request.Testall(reqs) for reqs in pending)
+            return any(live and not self.MPI.Request.Testall(live) for live in map(mpi_requests, pending))
         except self.MPI.Exception:
             return False  # ended, with an error
 
@@ -336,21 +341,43 @@ class MpiBackend(TorchCommBackend):
         return unpack
 
     # --- point to point ----------------------------------------------------------------------
-    # A send's tag carries its dtype and a receive takes any tag from its source, so that the
-    # receiver can check the message's dtype and size (see :mod:`.p2p`).
+    # A send's tag carries its dtype and a receive takes any tag from its source by a matched
+    # probe, so that the receiver can check the message's dtype and size before it posts a
+    # buffer (see :mod:`.p2p`).
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> EngineHandle:
         return self._start(lambda: self._comm.Isend(self._buf.spec(tensor), dst, send_tag(tag, tensor)), tensor)
+
+    def _probed_recv(self, tensor: torch.Tensor, src: int | None) -> ProbedRecv:
+        """A receive from ``src`` (``None``: any source), after the latest receive that a
+        message it could take could also match. A buffer MPI cannot count is refused here: its
+        receive would otherwise fail only once a message came, and no sender sends one."""
+        if tensor.numel() > MPI_INT_MAX:
+            raise too_many_elements(tensor, self.ctx.name)  # type: ignore[misc]
+        with self._recv_lock:
+            if src is None:
+                after = [r for r in set(self._last_recv.values()) if not r.matched]
+                src = self.MPI.ANY_SOURCE
+                op = ProbedRecv(self.MPI, self._comm, tensor, src, self._buf.spec, after)
+                for peer in range(self.ctx.size):
+                    if peer != self.ctx.rank:
+                        self._last_recv[peer] = op
+                return op
+            last = self._last_recv.get(src)
+            op = ProbedRecv(self.MPI, self._comm, tensor, src, self._buf.spec,
+                            [last] if last is not None and not last.matched else [])
+            self._last_recv[src] = op
+            return op
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> EngineHandle:
         status = self.MPI.Status()
         arrivals = Arrivals(self.MPI, [(tensor, status)], self.ctx.rank, self.ctx.name, "recv")
-        return self._start(lambda: self._comm.Irecv(self._buf.spec(tensor), src, self.MPI.ANY_TAG), tensor,
+        return self._start(lambda: self._probed_recv(tensor, src), tensor,
                            finish=arrivals.verify, status=status, arrivals=arrivals)
 
     def recv_any_source(self, tensor: torch.Tensor, tag: int, found: Callable[[int], None]) -> EngineHandle:
-        """``MPI_Irecv`` from ``MPI_ANY_SOURCE``; the sender, read from the request's status once
-        it completed, is passed to ``found`` before the op is reported done. MPI's own matching
-        keeps messages from one sender in order, whatever receives are posted."""
+        """A receive from ``MPI_ANY_SOURCE``; the sender, read from the request's status once
+        it completed, is passed to ``found`` before the op is reported done. Every receive issued
+        after it takes its message only after this one took its own."""
         status = self.MPI.Status()
         arrivals = Arrivals(self.MPI, [(tensor, status)], self.ctx.rank, self.ctx.name, "recv")
 
@@ -358,16 +385,16 @@ class MpiBackend(TorchCommBackend):
             found(status.Get_source())
             arrivals.verify()
 
-        return self._start(lambda: self._comm.Irecv(self._buf.spec(tensor), self.MPI.ANY_SOURCE, self.MPI.ANY_TAG),
-                           tensor, finish=finish, status=status, arrivals=arrivals)
+        return self._start(lambda: self._probed_recv(tensor, None), tensor, finish=finish, status=status,
+                           arrivals=arrivals)
 
     def batch_p2p(self, ops: list[tuple[bool, torch.Tensor, int]], tag: int) -> EngineHandle:
-        c, spec, any_tag = self._comm, self._buf.spec, self.MPI.ANY_TAG
+        c, spec = self._comm, self._buf.spec
         statuses = [self.MPI.Status() for _ in ops]
         arrivals = Arrivals(self.MPI, [(t, st) for (is_send, t, _), st in zip(ops, statuses) if not is_send],
                             self.ctx.rank, self.ctx.name, "batch_p2p")
         return self._start(
-            lambda: [c.Isend(spec(t), p, send_tag(tag, t)) if is_send else c.Irecv(spec(t), p, any_tag)
+            lambda: [c.Isend(spec(t), p, send_tag(tag, t)) if is_send else self._probed_recv(t, p)
                      for is_send, t, p in ops],
             ops, finish=arrivals.verify if arrivals.recvs else None, status=statuses,
             arrivals=arrivals if arrivals.recvs else None)

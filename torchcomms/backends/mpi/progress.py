@@ -86,6 +86,8 @@ def request_test(MPI: Any, requests: list[Any], status: Any = None) -> Callable[
         req = requests[0]
         return req.Test if status is None else (lambda: req.Test(status))  # the bound method: one call a poll
     statuses = status if isinstance(status, list) else [MPI.Status() for _ in requests]
+    if not all(isinstance(r, MPI.Request) for r in requests):
+        return _each_test(requests, statuses)
     testall, in_status, unfailed = MPI.Request.Testall, MPI.ERR_IN_STATUS, (MPI.SUCCESS, MPI.ERR_PENDING)
 
     def test() -> bool:
@@ -98,6 +100,20 @@ def request_test(MPI: Any, requests: list[Any], status: Any = None) -> Callable[
             if code is None:
                 raise
             raise MPI.Exception(code) from None
+
+    return test
+
+
+def _each_test(requests: list[Any], statuses: list[Any]) -> Callable[[], bool]:
+    """One poll of requests of which some are request-like objects (``p2p.ProbedRecv``), which
+    ``MPI_Testall`` does not take: each not yet completed one tested on its own, its status kept
+    once it completed (a completed MPI request is a null one, whose next test would blank it)."""
+    left = list(range(len(requests)))
+
+    def test() -> bool:
+        nonlocal left
+        left = [i for i in left if not requests[i].Test(statuses[i])]
+        return not left
 
     return test
 
