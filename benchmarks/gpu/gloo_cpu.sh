@@ -19,7 +19,7 @@ if [[ " $STEPS " == *" p2p "* ]]; then
   echo "p2p_frame_bench rc=$?"; tail -12 "$OUT/p2p_frame.txt"
 fi
 if [[ " $STEPS " == *" route "* ]]; then
-  timeout 200 python3 benchmarks/dist_bench.py --iters 20 --steps 10 --small-iters 200 > "$OUT/dist.txt" 2>&1
+  timeout 200 python3 benchmarks/dist_bench.py --iters "${ROUTE_ITERS:-20}" --steps 10 --small-iters 200 > "$OUT/dist.txt" 2>&1
   echo "dist_bench rc=$?"; tail -15 "$OUT/dist.txt"
 fi
 uptime | tee -a "$OUT/host.txt"
