@@ -107,3 +107,11 @@ def recv_any_source(sent: int, expected: int) -> str:
     if comm.get_rank() == 1:
         return _outcome(lambda: comm.send(torch.ones(sent), 0, False, timeout=t))
     return _outcome(lambda: comm.recv_any_source(torch.empty(expected), False, timeout=t))
+
+
+def all_reduce_sizes(sizes: list[int]) -> str:
+    """Each rank all-reduces a float32 tensor of its own ``sizes[rank]`` elements (3 s deadline)."""
+    comm = _comm()
+    n = sizes[comm.get_rank()]
+    return _outcome(lambda: comm.all_reduce(torch.ones(n), torchcomms.ReduceOp.SUM, False,
+                                            timeout=timedelta(seconds=3)))

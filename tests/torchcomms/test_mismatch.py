@@ -121,3 +121,16 @@ def test_recv_any_source_mismatch_raises_on_the_receiver(sent, expected, launch:
     assert sender == "ok"
     words = f"rank 1 sent {sent} elements of torch.float32 but rank 0 posted a buffer for {expected}"
     assert receiver.startswith("CollectiveMismatchError") and words in receiver, receiver
+
+
+def test_mpi_collective_whose_message_does_not_fit_raises_a_mismatch_not_a_backend_error() -> None:
+    """Small enough for MPI's eager path (above it Open MPI writes past the buffer first: the
+    message says so, and only the check mode avoids it)."""
+    pytest.importorskip("mpi4py")
+    from tests.helpers.mpi_ranks import run_mpi_ranks
+
+    short, long = [r.value for r in run_mpi_ranks(2, f"{WORKERS}:all_reduce_sizes", dict(sizes=[4, 8]))]
+    # the rank with the smaller buffer receives the longer message
+    assert short.startswith("CollectiveMismatchError") and "longer than this rank's buffer" in short, short
+    assert "TORCHCOMM_CHECK_COLLECTIVES=1" in short, short
+    assert long.startswith(("CommTimeoutError", "CollectiveMismatchError")), long

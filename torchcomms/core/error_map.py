@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from torchcomms.core.errors import (
     BackendError,
+    CollectiveMismatchError,
     CommAbortedError,
     CommError,
     CommTimeoutError,
@@ -35,12 +36,15 @@ class FailureWitness(Protocol):
 
 def engine_error(kind: str, error: BaseException, timeout_s: float, where: Mapping[str, Any]) -> CommError:
     """The typed error of an engine's ``error``, as its backend classified it (``kind``:
-    ``"timeout"``, ``"peer"`` or anything else)."""
+    ``"timeout"``, ``"peer"``, ``"mismatch"`` (a message that did not fit the buffer posted for
+    it: the ranks' calls differ) or anything else)."""
     msg = f"engine error: {error}".strip()
     if kind == "timeout":
         return CommTimeoutError(msg, timeout_s=timeout_s, **where)
     if kind == "peer":
         return PeerFailureError(msg, detected_by="engine", **where)
+    if kind == "mismatch":
+        return CollectiveMismatchError(msg, **where)
     return BackendError(msg, **where)
 
 

@@ -268,12 +268,10 @@ class MpiBackend(TorchCommBackend):
 
     # --- helpers -----------------------------------------------------------------------------
     def _start(self, call: Callable[[], Any], keep: Any = None, finish: Callable[[], None] | None = None,
-               thread: EngineThread | None = None, status: Any = None,
-               arrivals: Arrivals | None = None) -> EngineHandle:
+               thread: EngineThread | None = None, status: Any = None) -> EngineHandle:
         """Start the nonblocking MPI call(s) of one op on the caller's thread (with ``thread``:
         only if nothing is queued there, else as a job there that waits for them); ``keep``
-        holds its buffers until it ends. ``arrivals``: the op's receives, whose messages are
-        checked (a longer one fails in MPI, a shorter or other-dtype one after it ended)."""
+        holds its buffers until it ends."""
         try:
             started, reqs = (True, call()) if thread is None else thread.start_inline(call)
         except (self.MPI.Exception, OverflowError) as e:
@@ -286,9 +284,6 @@ class MpiBackend(TorchCommBackend):
             reqs = [reqs]
         self._last_reqs = reqs
         on_error = self._on_error
-        if arrivals is not None:
-            checked = arrivals
-            on_error = lambda e: checked.truncation(e) or self._on_error(e)  # noqa: E731
         return EngineHandle.waitable(
             [blocking_wait(self.MPI, reqs, on_error, status)],
             lambda: [self._progress.submit(reqs, self, keep, on_error, status)],
@@ -371,8 +366,7 @@ class MpiBackend(TorchCommBackend):
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> EngineHandle:
         status = self.MPI.Status()
         arrivals = Arrivals(self.MPI, [(tensor, status)], self.ctx.rank, self.ctx.name, "recv")
-        return self._start(lambda: self._probed_recv(tensor, src), tensor,
-                           finish=arrivals.verify, status=status, arrivals=arrivals)
+        return self._start(lambda: self._probed_recv(tensor, src), tensor, finish=arrivals.verify, status=status)
 
     def recv_any_source(self, tensor: torch.Tensor, tag: int, found: Callable[[int], None]) -> EngineHandle:
         """A receive from ``MPI_ANY_SOURCE``; the sender, read from the request's status once
@@ -385,8 +379,7 @@ class MpiBackend(TorchCommBackend):
             found(status.Get_source())
             arrivals.verify()
 
-        return self._start(lambda: self._probed_recv(tensor, None), tensor, finish=finish, status=status,
-                           arrivals=arrivals)
+        return self._start(lambda: self._probed_recv(tensor, None), tensor, finish=finish, status=status)
 
     def batch_p2p(self, ops: list[tuple[bool, torch.Tensor, int]], tag: int) -> EngineHandle:
         c, spec = self._comm, self._buf.spec
@@ -396,8 +389,7 @@ class MpiBackend(TorchCommBackend):
         return self._start(
             lambda: [c.Isend(spec(t), p, send_tag(tag, t)) if is_send else self._probed_recv(t, p)
                      for is_send, t, p in ops],
-            ops, finish=arrivals.verify if arrivals.recvs else None, status=statuses,
-            arrivals=arrivals if arrivals.recvs else None)
+            ops, finish=arrivals.verify if arrivals.recvs else None, status=statuses)
 
     # --- collectives -------------------------------------------------------------------------
     def broadcast(self, tensor: torch.Tensor, root: int) -> EngineHandle:

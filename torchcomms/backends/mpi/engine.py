@@ -80,7 +80,7 @@ def library_version(MPI: Any) -> str:  # noqa: N803
 
 class MpiEngineError(RuntimeError):
     """An MPI call failed. ``error_class`` is MPI's error class (``MPI.ERR_*``) or ``None``;
-    ``kind`` is what the communicator makes of it: ``"peer"`` or ``"other"``."""
+    ``kind`` is what the communicator makes of it: ``"peer"``, ``"mismatch"`` or ``"other"``."""
 
     def __init__(self, message: str, error_class: int | None = None, kind: str = "other") -> None:
         super().__init__(message)
@@ -94,12 +94,22 @@ def peer_failure_classes(MPI: Any) -> frozenset[int]:  # noqa: N803
     return frozenset(getattr(MPI, n) for n in names if hasattr(MPI, n))
 
 
+#: MPI_ERR_TRUNCATE in a collective: a peer's message was longer than this rank's buffer
+_TRUNCATED = (
+    "a message of this collective was longer than this rank's buffer: the ranks called it with different sizes or "
+    "dtypes ({} (MPI error class {})). Above its eager size Open MPI has already written the message past the "
+    "buffer, so this process may not be safe to go on; TORCHCOMM_CHECK_COLLECTIVES=1 compares every rank's call "
+    "before any data moves and names each rank's")
+
+
 def wrap_mpi_error(MPI: Any, error: BaseException) -> MpiEngineError:  # noqa: N803
     """An ``MpiEngineError`` naming MPI's error class and saying whether a peer failed."""
     if isinstance(error, MpiEngineError):
         return error
     if isinstance(error, MPI.Exception):
         cls = error.Get_error_class()
+        if cls == MPI.ERR_TRUNCATE:
+            return MpiEngineError(_TRUNCATED.format(error.Get_error_string(), cls), cls, "mismatch")
         peer = cls in peer_failure_classes(MPI)
         what = "a peer process failed (reported by ULFM)" if peer else "the MPI call failed"
         return MpiEngineError(f"{what}: {error.Get_error_string()} (MPI error class {cls})", cls,

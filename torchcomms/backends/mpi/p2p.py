@@ -135,18 +135,3 @@ class Arrivals:
             err = self._mismatch(t, status)
             if err is not None:
                 raise err
-
-    def truncation(self, error: BaseException) -> CollectiveMismatchError | None:
-        """The mismatch behind an MPI error of these receives (``MPI_ERR_TRUNCATE``: a message
-        longer than its buffer), else ``None``. Of several requests, the truncated one's status
-        holds the error; one request's own status does not."""
-        MPI = self.MPI  # noqa: N806
-        if not isinstance(error, MPI.Exception) or error.Get_error_class() not in (MPI.ERR_TRUNCATE,
-                                                                                  MPI.ERR_IN_STATUS):
-            return None
-        for t, status in self.recvs:
-            if status.Get_error() == MPI.ERR_TRUNCATE:
-                return self._mismatch(t, status)
-        if error.Get_error_class() == MPI.ERR_TRUNCATE and len(self.recvs) == 1:
-            return self._mismatch(*self.recvs[0])
-        return None
