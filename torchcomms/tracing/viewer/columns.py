@@ -211,7 +211,7 @@ def int_or_none(v: Any) -> int | None:
         return None
     try:
         return int(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite float
         return None
 
 
@@ -220,7 +220,7 @@ def float_or_none(v: Any) -> float | None:
         return None
     try:
         return float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int past a float's range
         return None
 
 
@@ -314,7 +314,7 @@ def columns_of_entries(entries: list[Any], rank: int, ext_ops: Any, parse_entry:
             core = xv[6] if xv is not None else None
             if type(core) is not int:
                 core = int_or_none(core)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise malformed(i, f"is malformed ({exc.__class__.__name__}: {exc})") from None
         add_kind(k)
         add_state(sid)
