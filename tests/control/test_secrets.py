@@ -86,3 +86,19 @@ def test_parse_secret_rejects_bad_hex_and_short() -> None:
     with pytest.raises(ControlAuthError, match="at least 16"):
         parse_secret("abcd")
     assert parse_secret("  " + "ab" * 16 + "\n") == bytes([0xAB]) * 16
+
+
+def test_secret_file_replaces_a_link_at_its_path_instead_of_writing_through_it(tmp_path) -> None:
+    precious = tmp_path / "precious"
+    precious.write_text("keep me\n")
+    precious.chmod(0o644)
+    (tmp_path / "via-symlink").symlink_to(precious)
+    os.link(precious, tmp_path / "via-hardlink")
+    for name in ("via-symlink", "via-hardlink"):
+        secret = new_secret()
+        path = write_secret_file(tmp_path / name, secret)
+        assert not path.is_symlink() and os.stat(path).st_ino != os.stat(precious).st_ino
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert path.read_text() == secret.hex() + "\n"
+    assert precious.read_text() == "keep me\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious", "via-hardlink", "via-symlink"]

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import os
 import stat
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,13 +151,26 @@ def load_secret(env: Mapping[str, str] | None = None, *, required: bool = True) 
 
 
 def write_secret_file(path: str | os.PathLike[str], secret: bytes) -> Path:
-    """Write ``secret`` as hex to ``path``, readable by the owner only (mode 0600)."""
+    """Write ``secret`` as hex to ``path``, readable by the owner only (mode 0600).
+
+    The file is made new (a 0600 temporary file beside it, renamed over ``path``): a symlink or
+    a hard link already at ``path`` is replaced, never followed, so no other file is truncated
+    or handed the secret."""
     raw = _check_secret(secret)
     target = Path(path)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, stat.S_IRUSR | stat.S_IWUSR)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         os.fchmod(fd, stat.S_IRUSR | stat.S_IWUSR)
         os.write(fd, raw.hex().encode("ascii") + b"\n")
-    finally:
         os.close(fd)
+        fd = -1
+        os.replace(tmp, target)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
     return target
