@@ -202,7 +202,7 @@ def _name(name: str, value: Any, limits: Limits) -> str:
         raise _fail("protocol", f"field {name!r} must be a str, got {_type_name(value)}")
     if not value or len(value) > MAX_NAME_CHARS:
         raise _fail("protocol", f"field {name!r} must have 1..{MAX_NAME_CHARS} characters")
-    if any(ord(c) < 0x20 for c in value):
+    if not value.isprintable():
         raise _fail("protocol", f"field {name!r} must not contain control characters")
     return value
 
