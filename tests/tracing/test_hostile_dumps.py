@@ -137,3 +137,22 @@ def test_a_rank_past_any_job_and_ranks_that_are_not_ints_are_named(tmp_path: Pat
         path.write_bytes(pickle.dumps(bad))
         with pytest.raises(TraceInputError, match="ranks_0: pg_config of communicator 'c0': 'ranks' is not a list of ints"):
             load_dumps([path], workers=1)
+
+
+def test_durations_that_are_not_finite_are_dropped_and_the_json_report_stays_json(tmp_path: Path) -> None:
+    paths = write_job(tmp_path / "job", {r: [Rec("c0", (0, 1), r, "all_reduce", s).complete() for s in (1, 2, 3)]
+                                         for r in (0, 1)})
+    dump = pickle.loads(paths[0].read_bytes())
+    for entry, odd in zip(dump["entries"], (float("nan"), float("inf"), float("-inf"))):
+        entry["duration_ms"] = odd
+    paths[0].write_bytes(pickle.dumps(dump))
+    ts = load_dumps([tmp_path / "job"], workers=1)
+    assert [op.duration_ms for op in ts.dumps[0].ops] == [None, None, None]
+    res = _cli("analyze", "--json", str(tmp_path / "job"))
+    assert res.returncode == 0, res.stderr
+
+    def no_constants(word: str) -> None:
+        raise AssertionError(f"the report holds {word}, which is not JSON")
+
+    report = json.loads(res.stdout, parse_constant=no_constants)
+    assert report["ranks"] == [0, 1]

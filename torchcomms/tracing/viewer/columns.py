@@ -21,6 +21,8 @@ from torchcomms.tracing.fr_format import P2P_SEQ_BASE
 
 __all__ = ["Kind", "OpColumns", "columns_of_entries", "columns_of_ops"]
 
+_INF = float("inf")
+
 
 class Kind(NamedTuple):
     """What ops of one dump share (everything of an :class:`~.load.Op` but its numbers and state)."""
@@ -216,12 +218,15 @@ def int_or_none(v: Any) -> int | None:
 
 
 def float_or_none(v: Any) -> float | None:
+    """``v`` as a finite float, else None (NaN and infinities are no measurement, and the JSON
+    the viewer writes has no words for them)."""
     if v is None or isinstance(v, bool):
         return None
     try:
-        return float(v)
+        f = float(v)
     except (TypeError, ValueError, OverflowError):  # OverflowError: an int past a float's range
         return None
+    return f if -_INF < f < _INF else None
 
 
 # the entry's fields the columns read, in one C call when the entry has them all (what the
@@ -309,7 +314,7 @@ def columns_of_entries(entries: list[Any], rank: int, ext_ops: Any, parse_entry:
                 started = int_or_none(started)
             if type(completed) is not int:
                 completed = int_or_none(completed)
-            if type(duration) is not float:
+            if type(duration) is not float or not -_INF < duration < _INF:  # (false for NaN)
                 duration = float_or_none(duration)
             core = xv[6] if xv is not None else None
             if type(core) is not int:
