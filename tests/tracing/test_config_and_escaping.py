@@ -55,3 +55,11 @@ def test_hostile_names_cannot_drive_the_terminal(tmp_path: Path, capsys: pytest.
     assert run(["analyze", str(tmp_path / "a"), str(tmp_path / "b"), "--workers", "1"]) == 2
     err = capsys.readouterr().err
     assert "\x1b" not in err and "rank 2: other\\x1b[2J" in err
+
+
+def test_a_run_id_that_names_a_template_slot_stays_text(tmp_path: Path) -> None:
+    write_job(tmp_path, {r: [Rec("dp", (0, 1), r, "all_reduce", 1).complete()] for r in (0, 1)}, run_id="__DATA__")
+    ts = load_dumps([tmp_path])
+    page = render_html(ts, analyze(ts))
+    assert "<title>torchcomms trace — 2 ranks, run __DATA__</title>" in page
+    assert "<h1>torchcomms trace — 2 ranks, run __DATA__</h1>" in page  # not the page's data
