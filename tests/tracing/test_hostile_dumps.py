@@ -125,10 +125,10 @@ def test_odd_values_in_the_extension_are_dropped(tmp_path: Path, where: tuple[st
 def test_a_rank_past_any_job_and_ranks_that_are_not_ints_are_named(tmp_path: Path) -> None:
     dump = _good_dump(tmp_path)
     huge = copy.deepcopy(dump)
-    huge["torchcomms"]["rank"] = 2**70
+    huge["torchcomms"]["rank"] = 2**40
     path = tmp_path / "huge_0"
     path.write_bytes(pickle.dumps(huge))
-    with pytest.raises(TraceInputError, match=r"huge_0: rank 1180591620717411303424 is out of range"):
+    with pytest.raises(TraceInputError, match=r"huge_0: rank 1099511627776 is out of range"):
         load_dumps([path], workers=1)
     for ranks in ([None], [[1]], ["a", 1]):
         bad = copy.deepcopy(dump)
@@ -156,3 +156,51 @@ def test_durations_that_are_not_finite_are_dropped_and_the_json_report_stays_jso
 
     report = json.loads(res.stdout, parse_constant=no_constants)
     assert report["ranks"] == [0, 1]
+
+
+def test_json_with_an_integer_of_thousands_of_digits_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "digits_0"
+    path.write_text('{"version": "2.10", "entries": [], "pid": ' + "7" * 5000 + "}")
+    with pytest.raises(TraceInputError, match="digits_0: not a flight-recorder dump .*5000 digits"):
+        load_dumps([path], workers=1)
+    res = _cli("analyze", str(path))
+    assert res.returncode == 2 and "internal error" not in res.stderr and "digits_0" in res.stderr
+
+
+_HUGE = 10**5000  # more digits than Python turns into text
+
+
+@pytest.mark.parametrize("where", [("version",), ("torchcomms", "run_id"), ("torchcomms", "host"),
+                                   ("pg_config", "c0", "desc"), ("entries", 0, "profiling_name"),
+                                   ("entries", 0, "state"), ("torchcomms", "ops", "0", "error")])
+def test_an_integer_of_thousands_of_digits_for_a_name_is_refused(tmp_path: Path, where: tuple[Any, ...]) -> None:
+    dump = _good_dump(tmp_path)
+    node: Any = dump
+    for key in where[:-1]:
+        node = node[key]
+    node[where[-1]] = _HUGE
+    path = tmp_path / "digits_0"
+    path.write_bytes(pickle.dumps(dump))
+    with pytest.raises(TraceInputError, match="digits_0: .*Exceeds the limit"):
+        load_dumps([path], workers=1)
+
+
+@pytest.mark.parametrize("field,value", [("time_created_ns", _HUGE), ("time_discovered_completed_ns", -_HUGE),
+                                         ("input_sizes", [[_HUGE, 2**64, 4]]), ("timeout_ms", 2**600),
+                                         ("frames", [{"filename": _HUGE, "line": 2**600, "name": "f"}])],
+                         ids=["created", "completed", "sizes", "timeout", "frames"])
+def test_numbers_of_hundreds_of_digits_are_dropped_and_every_view_renders(tmp_path: Path, field: str, value: Any) -> None:
+    dump = _good_dump(tmp_path)
+    dump["entries"][0][field] = value
+    dump["torchcomms"]["rank"] = _HUGE  # the rank comes from the file name
+    path = tmp_path / "big_0"
+    path.write_bytes(pickle.dumps(dump))
+    ts = load_dumps([path], workers=1)
+    op = ts.dumps[0].ops[0]
+    assert op.created_ns is None or field != "time_created_ns"
+    assert op.input_sizes == [[4]] or field != "input_sizes"
+    assert op.frames == [{"name": "f"}] or field != "frames"
+    report = analyze(ts)
+    render_html(ts, report, None)
+    json.dumps(to_perfetto(ts, report))
+    assert _cli("analyze", str(path)).returncode == 0

@@ -38,6 +38,8 @@ MAX_VALUES_PER_BYTE, MIN_VALUE_BUDGET = 16, 1 << 20
 MAX_DUMP_DEPTH = 32
 #: ranks past this are not ranks of a job (and would not fit the analysis' int64 arrays)
 MAX_RANK = 2**31 - 1
+#: a tensor dimension is an int64 (torch's sizes)
+MAX_DIM = 2**63
 
 
 class TraceInputError(Exception):
@@ -210,6 +212,8 @@ def _read_raw(path: Path) -> dict[str, Any]:
             obj = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise TraceInputError(f"{path}: truncated or corrupt JSON dump ({exc.__class__.__name__}: {exc})") from None
+        except ValueError as exc:  # an integer of more digits than Python converts
+            raise TraceInputError(f"{path}: not a flight-recorder dump ({exc})") from None
         except RecursionError:
             raise TraceInputError(f"{path}: not a flight-recorder dump (its JSON nests too deeply to read)") from None
     elif data[:1] == b"\x80":
@@ -255,7 +259,8 @@ def _sizes(v: Any) -> list[list[int]]:
     out = []
     for s in v:
         if isinstance(s, (list, tuple)):
-            out.append([int(x) for x in s if isinstance(x, (int, float)) and not isinstance(x, bool)])
+            dims = (int_or_none(x) for x in s if isinstance(x, (int, float)) and not isinstance(x, bool))
+            out.append([d for d in dims if d is not None and 0 <= d < MAX_DIM])
     return out
 
 
@@ -264,7 +269,12 @@ def _strs(v: Any) -> list[str]:
 
 
 def _frames(v: Any) -> list[dict[str, Any]]:
-    return [f for f in (v or []) if isinstance(f, dict)]
+    """The call stack's frames, each with its str keys whose values are a str or an int."""
+    if not isinstance(v, (list, tuple)):
+        return []
+    return [{k: x for k, x in f.items() if isinstance(k, str) and (
+        isinstance(x, str) or (type(x) is int and int_or_none(x) is not None))}
+        for f in v if isinstance(f, dict)]
 
 
 def _parse_ranks(v: Any) -> list[int] | None:
@@ -288,6 +298,14 @@ def _parse_ranks(v: Any) -> list[int] | None:
 def parse_dump(obj: dict[str, Any], path: str, rank_hint: int | None,
                shared: SharedValues | None = None) -> RankDump:
     """Validate and normalise one decoded dump."""
+    try:
+        return _parse_dump(obj, path, rank_hint, shared)
+    except (ValueError, OverflowError) as exc:  # e.g. a name that is an int of 5,000 digits
+        raise TraceInputError(f"{path}: not a flight-recorder dump ({type(exc).__name__}: {exc})") from None
+
+
+def _parse_dump(obj: dict[str, Any], path: str, rank_hint: int | None,
+                shared: SharedValues | None) -> RankDump:
     if "entries" not in obj or "version" not in obj:
         missing = [k for k in ("version", "entries") if k not in obj]
         raise TraceInputError(f"{path}: not a flight-recorder dump (no {', '.join(missing)})")
