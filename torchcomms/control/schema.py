@@ -41,7 +41,7 @@ MAX_NAME_CHARS = 256
 
 @dataclass(frozen=True)
 class Limits:
-    """Size limits enforced on both sides of the wire.
+    """Size limits enforced on both sides of the wire (``max_store_bytes``: by the server).
 
     ``max_message_bytes`` bounds one request frame (checked explicitly, answered with a
     ``limit`` error); frames beyond ``hard_message_bytes`` are cut off by ZeroMQ itself
@@ -53,10 +53,12 @@ class Limits:
     max_keys_per_request: int = 100_000
     max_payload_bytes: int = 1024 * 1024
     message_overhead_bytes: int = 1024 * 1024
+    #: keys and values (queued items included) the server holds at most, all together
+    max_store_bytes: int = 4 * 1024**3
 
     def __post_init__(self) -> None:
         for name in ("max_key_bytes", "max_value_bytes", "max_keys_per_request",
-                     "max_payload_bytes", "message_overhead_bytes"):
+                     "max_payload_bytes", "message_overhead_bytes", "max_store_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")

@@ -394,7 +394,7 @@ class StoreServer:
         self.stats["events"] += 1
         if dropped is not None:
             self._store.pop(event_key(dropped.seq))
-        self._store.put(event_key(event.seq), proto.encode(event.to_wire()))
+        self._store.put(event_key(event.seq), proto.encode(event.to_wire()), bounded=False)
         self._store.wake_event_waiters(topic, self._history.after)
         _log.info("event %d %s %s", event.seq, topic, event.payload)
         return event
