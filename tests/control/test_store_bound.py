@@ -65,3 +65,18 @@ def test_the_servers_own_events_are_kept_when_the_store_is_full(
     seq = srv.publish("rank_failed", {"rank": 3, "reason": "exited"})
     assert [(s, t, p["rank"]) for s, t, p in client.events(0)] == [(seq, "rank_failed", 3)]
     assert client.publish("mine", {"note": "x" * 2000}) == seq + 1  # an event, not a user write
+
+
+def test_the_event_history_keeps_its_newest_records_within_its_byte_bound(secret: bytes) -> None:
+    limits = Limits(max_event_log_bytes=10_000)
+    with StoreServer("127.0.0.1", 0, secret, limits=limits) as srv, \
+            ControlClient(srv.address, secret, timeout=10.0) as client:
+        for i in range(30):
+            client.publish("note", {"i": i, "text": "x" * 1000})
+        kept = client.events(0)
+        assert [p["i"] for _, _, p in kept] == list(range(30 - len(kept), 30))
+        assert 5 <= len(kept) < 10  # ~1,050 bytes a record in 10,000
+        assert client.keys("events/") == [f"events/{s:08d}" for s, _, _ in kept]
+        assert _held(srv) < 10_000 + 200  # the records' keys besides
+        client.publish("big", {"text": "y" * 20_000})  # past the bound alone: still kept, alone
+        assert [t for _, t, _ in client.events(0)] == ["big"]
