@@ -84,6 +84,8 @@ CASES: list[tuple[Callable[[ControlClient], Any], str, Any]] = [
     (lambda c: c.events(0), "events", None),
     (lambda c: c.events(0), "events", [[1, "t"]]),
     (lambda c: c.heartbeat_forget("rank/1"), "heartbeat_stop", "yes"),
+    (lambda c: c.hello(), "hello", ["version", 1]),
+    (lambda c: c.subscribe(None, lambda topic, payload: None, since=None), "hello", {"version": 1}),
 ]
 
 

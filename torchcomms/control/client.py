@@ -297,7 +297,7 @@ class ControlClient:
         if not callable(callback):
             raise ControlArgumentTypeError("callback must be callable")
         if since is None:
-            since = int(self.hello()["last_event_seq"])
+            since = _expect("hello", self.hello().get("last_event_seq"), int)
         elif isinstance(since, bool) or not isinstance(since, int) or since < 0:
             raise ControlArgumentError(f"since must be an int >= 0 or None, got {since!r}")
         topic_list = check_topics(topics)
