@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from torchcomms.control.errors import ControlAuthError, ControlError, ControlUnavailableError
-from torchcomms.control.secrets import load_secret, new_secret, parse_secret, write_secret_file
+from torchcomms.control.secrets import load_secret, new_secret, read_secret_file, write_secret_file
 
 from .args import LaunchConfig
 from .control_plane import ControlPlane, lost
@@ -168,9 +168,8 @@ class Agent:
         cfg = self.cfg
         try:
             if cfg.job_secret_file:
-                text = Path(cfg.job_secret_file).read_text(encoding="ascii")
                 source = f"--job-secret-file {cfg.job_secret_file}"
-                return parse_secret(text, source=source), source
+                return read_secret_file(cfg.job_secret_file, source="--job-secret-file"), source
             secret = load_secret(self.environ, required=False)
         except (ControlAuthError, OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"cannot use the job secret: {exc}") from None

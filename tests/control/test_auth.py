@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -103,3 +104,48 @@ def test_silent_peer_is_reported_as_an_unanswered_handshake_not_a_refused_secret
                 c.ping()
             assert "the server is stopped or hung" in str(info.value)
             assert not isinstance(info.value, ControlAuthError)
+
+
+def test_refusals_are_logged_once_then_summed_up(caplog: pytest.LogCaptureFixture) -> None:
+    from torchcomms.control.auth import REFUSAL_LOG_INTERVAL_S, _SingleKeyProvider
+
+    now = [0.0]
+    provider = _SingleKeyProvider(b"A" * 40, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="torchcomms.control.auth"):
+        for _ in range(1000):
+            assert provider.callback("torchcomms-control", b"B" * 40) is False
+        now[0] = REFUSAL_LOG_INTERVAL_S
+        assert provider.callback("torchcomms-control", b"B" * 40) is False
+        assert provider.callback("torchcomms-control", b"A" * 40) is True
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "refused a client with an unknown CURVE key" in lines[0]
+    assert "refused 1000 clients with an unknown CURVE key (1001 in all)" in lines[1]
+    assert provider.refused == 1001
+
+
+def test_strangers_handshaking_over_and_over_are_one_log_line(secret: bytes, caplog: pytest.LogCaptureFixture,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twenty handshakes with wrong keys, one after another."""
+    from torchcomms.control import auth
+
+    monkeypatch.setattr(auth, "REFUSAL_LOG_INTERVAL_S", 1e9, raising=False)  # no summary in the test
+    ctx = zmq.Context()
+    try:
+        with caplog.at_level(logging.WARNING, logger="torchcomms.control.auth"), \
+                StoreServer("127.0.0.1", 0, secret) as srv:
+            for attempt in range(1, 21):
+                sock = ctx.socket(zmq.DEALER)
+                sock.linger = 0
+                sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+                sock.curve_serverkey = derive_keys(secret).server_public
+                sock.connect(srv.address)
+                deadline = time.monotonic() + 60
+                while srv.refused_handshakes < attempt and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                sock.close(0)
+                assert srv.refused_handshakes == attempt
+    finally:
+        ctx.term()
+    refusals = [r for r in caplog.records if "unknown CURVE key" in r.getMessage()]
+    assert len(refusals) == 1

@@ -146,6 +146,11 @@ def test_per_member_limit(secret: bytes) -> None:
 def test_heartbeat_argument_errors(client: ControlClient) -> None:
     with pytest.raises(ControlArgumentError, match="member"):
         client.heartbeat_start("", 0.1)
+    for odd in ("rank/1\n", "rank/1\x1b[2J", "rank/\u202e1"):  # forged log lines, terminal escapes
+        with pytest.raises(ControlArgumentError, match="member must not contain control characters"):
+            client.heartbeat_start(odd, 0.1)
+        with pytest.raises(ControlArgumentError, match="member must not contain control characters"):
+            client.heartbeat_forget(odd)
     with pytest.raises(ControlArgumentError, match="longer than the interval"):
         client.heartbeat_start("rank/0", 0.5, limit=0.2)
     with pytest.raises(ControlArgumentError, match="> 0"):

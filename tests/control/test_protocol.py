@@ -51,6 +51,9 @@ def test_valid_request_round_trips() -> None:
      "2 keys but 1 values"),
     ({"id": 1, "op": "publish", "topic": "t", "payload": []}, "protocol", "must be a map"),
     ({"id": 1, "op": "heartbeat", "member": ""}, "protocol", "1..256"),
+    ({"id": 1, "op": "heartbeat", "member": "rank/1\x9b2J"}, "protocol", "control characters"),
+    ({"id": 1, "op": "heartbeat_stop", "member": "rank/\u202e1"}, "protocol", "control characters"),
+    ({"id": 1, "op": "heartbeat", "member": "rank/1\x7f"}, "protocol", "control characters"),
     ({"id": 1, "op": "events", "since": -3}, "protocol", ">= 0"),
 ])
 def test_rejections(message: object, code: str, match: str) -> None:

@@ -86,3 +86,44 @@ def test_parse_secret_rejects_bad_hex_and_short() -> None:
     with pytest.raises(ControlAuthError, match="at least 16"):
         parse_secret("abcd")
     assert parse_secret("  " + "ab" * 16 + "\n") == bytes([0xAB]) * 16
+
+
+def test_secret_file_replaces_a_link_at_its_path_instead_of_writing_through_it(tmp_path) -> None:
+    precious = tmp_path / "precious"
+    precious.write_text("keep me\n")
+    precious.chmod(0o644)
+    (tmp_path / "via-symlink").symlink_to(precious)
+    os.link(precious, tmp_path / "via-hardlink")
+    for name in ("via-symlink", "via-hardlink"):
+        secret = new_secret()
+        path = write_secret_file(tmp_path / name, secret)
+        assert not path.is_symlink() and os.stat(path).st_ino != os.stat(precious).st_ino
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert path.read_text() == secret.hex() + "\n"
+    assert precious.read_text() == "keep me\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious", "via-hardlink", "via-symlink"]
+
+
+def test_a_secret_file_open_to_other_users_is_used_with_a_warning(tmp_path, caplog) -> None:
+    import logging
+
+    secret = new_secret()
+    path = write_secret_file(tmp_path / "secret", secret)
+    with caplog.at_level(logging.WARNING, logger="torchcomms.control.secrets"):
+        assert load_secret({ENV_SECRET_FILE: str(path)}) == secret
+        assert not caplog.records  # 0600: nothing to say
+        path.chmod(0o644)
+        assert load_secret({ENV_SECRET_FILE: str(path)}) == secret
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and str(path) in lines[0] and "mode 0644" in lines[0] and "chmod 600" in lines[0]
+    assert secret.hex() not in lines[0]
+
+
+def test_a_secret_file_of_megabytes_is_refused_unread(tmp_path) -> None:
+    from torchcomms.control.errors import ControlAuthError
+
+    path = tmp_path / "secret"
+    path.write_text("ab" * (1 << 20))  # valid hex: a 1 MiB "secret"
+    path.chmod(0o600)
+    with pytest.raises(ControlAuthError, match=r"holds more than 65536 bytes: not a hex secret"):
+        load_secret({ENV_SECRET_FILE: str(path)})

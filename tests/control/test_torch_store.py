@@ -8,7 +8,7 @@ import pytest
 import torch.distributed as dist
 
 from torchcomms.control.client import ControlClient
-from torchcomms.control.errors import ControlArgumentTypeError, ControlTimeoutError
+from torchcomms.control.errors import ControlArgumentError, ControlArgumentTypeError, ControlTimeoutError
 from torchcomms.control.server import StoreServer
 from torchcomms.control.store import ControlStore
 
@@ -96,6 +96,12 @@ def test_bad_arguments(client: ControlClient, store: ControlStore) -> None:
         ControlStore(client, timeout=5)  # type: ignore[arg-type]
     with pytest.raises(ControlArgumentTypeError, match="value must be bytes or str"):
         store.set("k", 3.5)  # type: ignore[arg-type]
+    with pytest.raises(ControlArgumentError, match="value as a list of ints must hold bytes"):
+        store.set("k", [1, 300])  # type: ignore[arg-type]
+    with pytest.raises(ControlArgumentError, match=r"values\[1\] as a list of ints must hold bytes"):
+        store.multi_set(["a", "b"], [[1], [-1]])  # type: ignore[list-item]
+    with pytest.raises(ControlArgumentTypeError, match="expected must be bytes or str, got list"):
+        store.compare_set("k", [True], b"x")  # type: ignore[arg-type]
 
 
 GLOO_RANK = """

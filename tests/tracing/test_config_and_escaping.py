@@ -39,3 +39,27 @@ def test_hostile_names_cannot_break_out_of_the_page(tmp_path: Path) -> None:
     assert "<img" not in page and page.count("</script>") == 2  # the data script and the code script
     data = page.split('<script id="trace-data" type="application/json">')[1].split("</script>")[0]
     assert json.loads(data)["ops"][0]["comm"] == evil
+
+
+def test_hostile_names_cannot_drive_the_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from torchcomms.tracing.viewer.cli import run
+
+    evil = "\x1b]0;owned\x07\x1b[2J\u202e[/]"  # retitle, clear the screen, reverse the line, close markup
+    write_job(tmp_path / "a", {r: [Rec(evil, (0, 1), r, "all_reduce", 1, sizes=[[r + 1]]).complete()]
+                               for r in (0, 1)}, run_id="job[/]\x1b[8m")
+    assert run(["analyze", str(tmp_path / "a"), "--workers", "1"]) == 1  # the size mismatch
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    assert "run job[/]\\x1b[8m" in out and "comm '\\x1b]0;owned\\x07\\x1b[2J\\u202e[/]'" in out
+    write_job(tmp_path / "b", {2: [Rec("dp", (0, 2), 2, "all_reduce", 1).complete()]}, run_id="other\x1b[2J")
+    assert run(["analyze", str(tmp_path / "a"), str(tmp_path / "b"), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "rank 2: other\\x1b[2J" in err
+
+
+def test_a_run_id_that_names_a_template_slot_stays_text(tmp_path: Path) -> None:
+    write_job(tmp_path, {r: [Rec("dp", (0, 1), r, "all_reduce", 1).complete()] for r in (0, 1)}, run_id="__DATA__")
+    ts = load_dumps([tmp_path])
+    page = render_html(ts, analyze(ts))
+    assert "<title>torchcomms trace — 2 ranks, run __DATA__</title>" in page
+    assert "<h1>torchcomms trace — 2 ranks, run __DATA__</h1>" in page  # not the page's data

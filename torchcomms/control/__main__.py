@@ -14,7 +14,7 @@ import threading
 
 from .errors import ControlError
 from .protocol import Limits
-from .secrets import ENV_SECRET, ENV_SECRET_FILE, load_secret, new_secret, parse_secret, \
+from .secrets import ENV_SECRET, ENV_SECRET_FILE, load_secret, new_secret, read_secret_file, \
     write_secret_file
 from .server import DEFAULT_HEARTBEAT_LIMIT_S, StoreServer
 
@@ -47,8 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             secret = new_secret()
             write_secret_file(args.new_secret_file, secret)
         elif args.secret_file:
-            with open(args.secret_file, encoding="ascii") as fh:
-                secret = parse_secret(fh.read(), source=f"secret file {args.secret_file!r}")
+            secret = read_secret_file(args.secret_file, source="--secret-file")
         else:
             secret = load_secret()
         server = StoreServer(args.host, args.port, secret, heartbeat_limit=args.heartbeat_limit,

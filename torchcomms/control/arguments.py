@@ -116,6 +116,8 @@ def check_member(member: Any) -> str:
     if not isinstance(member, str) or not member or len(member) > proto.MAX_NAME_CHARS:
         raise ControlArgumentError(f"member must be a non-empty str of at most "
                                    f"{proto.MAX_NAME_CHARS} characters, got {member!r}")
+    if not member.isprintable():
+        raise ControlArgumentError(f"member must not contain control characters, got {member!r}")
     return member
 
 

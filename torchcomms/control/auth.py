@@ -13,6 +13,8 @@ from __future__ import annotations
 import errno
 import logging
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -26,24 +28,46 @@ __all__ = ["ZAP_DOMAIN", "ServerAuthenticator", "configure_server_socket",
            "configure_client_socket", "HandshakeWatch", "MONITOR_EVENTS"]
 
 ZAP_DOMAIN = "torchcomms-control"
+#: refused handshakes are summed up in one warning at most this often
+REFUSAL_LOG_INTERVAL_S = 60.0
 
 _log = logging.getLogger("torchcomms.control.auth")
 
 
 class _SingleKeyProvider:
-    """ZAP credentials provider admitting one CURVE public key (Z85)."""
+    """ZAP credentials provider admitting one CURVE public key (Z85).
 
-    def __init__(self, allowed_public_z85: bytes) -> None:
+    The first refusal is logged; later ones are counted and logged as one summary with the
+    first refusal at least :data:`REFUSAL_LOG_INTERVAL_S` after the last line: a stranger can
+    open handshakes as fast as it likes, and each must not become a line in the agent's log
+    (``ServerAuthenticator.refused`` counts them all)."""
+
+    def __init__(self, allowed_public_z85: bytes,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._allowed = allowed_public_z85
         self.refused = 0
         self._lock = threading.Lock()
+        self._clock = clock
+        self._logged_at: float | None = None
+        self._unlogged = 0
 
     def callback(self, domain: str, key: bytes) -> bool:
         if key == self._allowed:
             return True
         with self._lock:
             self.refused += 1
-        _log.warning("control server refused a client with an unknown CURVE key")
+            now = self._clock()
+            if self._logged_at is not None and now - self._logged_at < REFUSAL_LOG_INTERVAL_S:
+                self._unlogged += 1
+                return False
+            first, more, total = self._logged_at is None, self._unlogged, self.refused
+            self._logged_at, self._unlogged = now, 0
+        if first:
+            _log.warning("control server refused a client with an unknown CURVE key (further "
+                         "refusals are summed up every %g s)", REFUSAL_LOG_INTERVAL_S)
+        else:
+            _log.warning("control server refused %d clients with an unknown CURVE key (%d in all)",
+                         more + 1, total)
         return False
 
 

@@ -54,6 +54,21 @@ DEFAULT_HEARTBEAT_INTERVAL_S = 0.25
 _log = logging.getLogger("torchcomms.control.client")
 
 
+def _expect(op: str, value: Any, kind: type, items: type | None = None) -> Any:
+    """``value``, the server's answer to ``op``, if it is a ``kind`` (of ``items``), else
+    :class:`ControlProtocolError`: a reply is input too (an int where bytes belong would
+    otherwise become ``bytes(n)``, n zero bytes)."""
+    def fits(v: Any, t: type) -> bool:
+        return isinstance(v, t) and (t is bool or not isinstance(v, bool))
+
+    if not fits(value, kind) or (items is not None and not all(fits(v, items) for v in value)):
+        of = f" of {items.__name__}" if items is not None else ""
+        raise ControlProtocolError(f"malformed {op} reply from the control server: expected "
+                                   f"{kind.__name__}{of}, got {type(value).__name__}")
+    return value
+
+
+
 class ControlClient:
     """Client of a :class:`~torchcomms.control.server.StoreServer` (thread-safe).
 
@@ -134,10 +149,8 @@ class ControlClient:
     def get(self, key: str, timeout: float | timedelta | None = None) -> bytes:
         """Return the value of ``key``, waiting up to ``timeout`` for it to be set."""
         wait, budget = self._wait_budget(timeout)
-        value = self._call("get", {"key": check_key(key, self.limits), "timeout": wait}, budget=budget)
-        if not isinstance(value, bytes):
-            raise ControlProtocolError("malformed get reply from the control server")
-        return value
+        return _expect("get", self._call("get", {"key": check_key(key, self.limits), "timeout": wait},
+                                         budget=budget), bytes)
 
     def add(self, key: str, delta: int) -> int:
         """Atomically add ``delta`` to the integer under ``key`` (0 if absent); returns it."""
@@ -145,8 +158,8 @@ class ControlClient:
             raise ControlArgumentTypeError(f"delta must be an int, got {type(delta).__name__}")
         if not proto.INT64_MIN <= delta <= proto.INT64_MAX:
             raise ControlArgumentError(f"delta {delta} is outside the int64 range")
-        value = self._call("add", {"key": check_key(key, self.limits), "delta": delta}, budget=self.timeout)
-        return int(value)
+        return _expect("add", self._call("add", {"key": check_key(key, self.limits), "delta": delta},
+                                         budget=self.timeout), int)
 
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
         """Set ``key`` to ``desired`` if it holds ``expected`` (or is absent and ``expected``
@@ -155,20 +168,22 @@ class ControlClient:
                                            "expected": check_value(expected, self.limits, "expected"),
                                            "desired": check_value(desired, self.limits, "desired")},
                            budget=self.timeout)
-        return bytes(value)
+        return _expect("compare_set", value, bytes)
 
     def delete(self, key: str) -> bool:
         """Delete ``key``; returns whether it existed."""
-        return bool(self._call("delete", {"key": check_key(key, self.limits)}, budget=self.timeout))
+        return _expect("delete", self._call("delete", {"key": check_key(key, self.limits)},
+                                            budget=self.timeout), bool)
 
     def delete_prefix(self, prefix: str) -> int:
         """Delete every key starting with ``prefix``; returns how many were deleted."""
-        return int(self._call("delete_prefix", {"prefix": check_prefix(prefix, self.limits)},
-                              budget=self.timeout))
+        return _expect("delete_prefix", self._call("delete_prefix", {"prefix": check_prefix(prefix, self.limits)},
+                                                   budget=self.timeout), int)
 
     def check(self, keys: str | Iterable[str]) -> bool:
         """Whether all ``keys`` are present (does not wait)."""
-        return bool(self._call("check", {"keys": check_key_list(keys, self.limits)}, budget=self.timeout))
+        return _expect("check", self._call("check", {"keys": check_key_list(keys, self.limits)},
+                                           budget=self.timeout), bool)
 
     def wait(self, keys: str | Iterable[str], timeout: float | timedelta | None = None) -> None:
         """Block until all ``keys`` are present; :class:`ControlTimeoutError` after
@@ -179,11 +194,11 @@ class ControlClient:
     def keys(self, prefix: str = "") -> list[str]:
         """All keys starting with ``prefix``, sorted."""
         value = self._call("keys", {"prefix": check_prefix(prefix, self.limits)}, budget=self.timeout)
-        return list(value)
+        return _expect("keys", value, list, str)
 
     def num_keys(self) -> int:
         """Number of keys in the store (event records under ``events/`` included)."""
-        return int(self._call("num_keys", {}, budget=self.timeout))
+        return _expect("num_keys", self._call("num_keys", {}, budget=self.timeout), int)
 
     def append(self, key: str, value: bytes) -> None:
         """Append ``value`` to the bytes under ``key`` (creating it if absent)."""
@@ -194,8 +209,13 @@ class ControlClient:
                   ) -> list[bytes]:
         """Values of all ``keys``, waiting up to ``timeout`` for all of them."""
         wait, budget = self._wait_budget(timeout)
-        return list(self._call("multi_get", {"keys": check_key_list(keys, self.limits), "timeout": wait},
-                               budget=budget))
+        key_list = check_key_list(keys, self.limits)
+        values = _expect("multi_get", self._call("multi_get", {"keys": key_list, "timeout": wait},
+                                                  budget=budget), list, bytes)
+        if len(values) != len(key_list):
+            raise ControlProtocolError(f"malformed multi_get reply from the control server: "
+                                       f"{len(values)} values for {len(key_list)} keys")
+        return values
 
     def multi_set(self, keys: Iterable[str], values: Iterable[bytes]) -> None:
         """Set several keys in one request."""
@@ -217,12 +237,13 @@ class ControlClient:
         if not isinstance(block, bool):
             raise ControlArgumentTypeError(f"block must be a bool, got {type(block).__name__}")
         wait, budget = self._wait_budget(timeout)
-        return bytes(self._call("queue_pop", {"key": check_key(key, self.limits), "block": block,
-                                              "timeout": wait}, budget=budget))
+        return _expect("queue_pop", self._call("queue_pop", {"key": check_key(key, self.limits), "block": block,
+                                                             "timeout": wait}, budget=budget), bytes)
 
     def queue_len(self, key: str) -> int:
         """Number of items in the queue ``key``."""
-        return int(self._call("queue_len", {"key": check_key(key, self.limits)}, budget=self.timeout))
+        return _expect("queue_len", self._call("queue_len", {"key": check_key(key, self.limits)},
+                                               budget=self.timeout), int)
 
     # ------------------------------------------------------------------ events
 
@@ -236,8 +257,8 @@ class ControlClient:
             proto.check_payload(payload, self.limits)
         except (EventSchemaError, ProtocolViolation) as exc:
             raise ControlArgumentError(f"cannot publish {topic!r}: {exc}") from None
-        return int(self._call("publish", {"topic": topic, "payload": payload},
-                              budget=self.timeout))
+        return _expect("publish", self._call("publish", {"topic": topic, "payload": payload},
+                                             budget=self.timeout), int)
 
     def events(self, since: int = 0, topics: str | Iterable[str] | None = None,
                timeout: float | timedelta | None = 0.0) -> list[tuple[int, str, dict[str, Any]]]:
@@ -250,10 +271,13 @@ class ControlClient:
         topic_list = check_topics(topics)
         if topic_list is not None:
             fields["topics"] = topic_list
-        items = self._call("events", fields, budget=budget)
+        items = _expect("events", self._call("events", fields, budget=budget), list)
         out = []
         for item in items:
-            event = Event.from_wire(item)
+            try:
+                event = Event.from_wire(item)
+            except EventSchemaError as exc:
+                raise ControlProtocolError(f"malformed events reply from the control server: {exc}") from None
             out.append((event.seq, event.topic, event.payload))
         return out
 
@@ -273,7 +297,7 @@ class ControlClient:
         if not callable(callback):
             raise ControlArgumentTypeError("callback must be callable")
         if since is None:
-            since = int(self.hello()["last_event_seq"])
+            since = _expect("hello", self.hello().get("last_event_seq"), int)
         elif isinstance(since, bool) or not isinstance(since, int) or since < 0:
             raise ControlArgumentError(f"since must be an int >= 0 or None, got {since!r}")
         topic_list = check_topics(topics)
@@ -363,8 +387,8 @@ class ControlClient:
         knew it."""
         check_member(member)
         budget = seconds(timeout, "timeout")
-        return bool(self._call("heartbeat_stop", {"member": member},
-                               budget=self.timeout if budget is None else budget))
+        return _expect("heartbeat_stop", self._call("heartbeat_stop", {"member": member},
+                                                    budget=self.timeout if budget is None else budget), bool)
 
     # ------------------------------------------------------------------ lifecycle
 

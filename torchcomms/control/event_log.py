@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from .events import Event
@@ -16,9 +17,14 @@ MAX_EVENTS_PER_REPLY = 1000
 
 
 class EventLog:
-    def __init__(self, max_events: int) -> None:
+    """Numbered events, at most ``max_events`` of them and ``max_bytes`` of their packed
+    records (the newest is always kept)."""
+
+    def __init__(self, max_events: int, max_bytes: int) -> None:
         self._max_events = max_events
-        self._events: deque[Event] = deque()
+        self._max_bytes = max_bytes
+        self._events: deque[tuple[Event, int]] = deque()
+        self._bytes = 0
         self._next_seq = 1
 
     @property
@@ -26,27 +32,36 @@ class EventLog:
         """The sequence number of the last event published (0 before the first)."""
         return self._next_seq - 1
 
-    def append(self, topic: str, payload: dict[str, Any], run_id: str) -> tuple[Event, Event | None]:
-        """Number and keep a new event (stamped with ``ts`` and ``run_id`` unless it has them);
-        returns it and the event dropped to make room, if any."""
+    def append(self, topic: str, payload: dict[str, Any], run_id: str,
+               size: Callable[[Event], int]) -> tuple[Event, list[Event]]:
+        """Number and keep a new event (stamped with ``ts`` and ``run_id`` unless it has them;
+        ``size(event)``: the bytes it takes); returns it and the oldest events dropped to make
+        room, if any."""
         payload = dict(payload)
         payload.setdefault("ts", time.time())
         payload.setdefault("run_id", run_id)
         event = Event(self._next_seq, topic, payload)
         self._next_seq += 1
-        self._events.append(event)
-        dropped = self._events.popleft() if len(self._events) > self._max_events else None
+        nbytes = size(event)
+        self._events.append((event, nbytes))
+        self._bytes += nbytes
+        dropped: list[Event] = []
+        while len(self._events) > 1 and (len(self._events) > self._max_events
+                                         or self._bytes > self._max_bytes):
+            old, old_bytes = self._events.popleft()
+            self._bytes -= old_bytes
+            dropped.append(old)
         return event, dropped
 
     def after(self, since: int, topics: list[str] | None) -> list[Event]:
         """Events after ``since`` (of ``topics``, or all), at most :data:`MAX_EVENTS_PER_REPLY`."""
-        if not self._events or since >= self._events[-1].seq:
+        if not self._events or since >= self._events[-1][0].seq:
             return []
-        first = self._events[0].seq
+        first = self._events[0][0].seq
         start = max(0, since + 1 - first)
         found: list[Event] = []
         for index in range(start, len(self._events)):
-            event = self._events[index]
+            event = self._events[index][0]
             if topics is None or event.topic in topics:
                 found.append(event)
                 if len(found) >= MAX_EVENTS_PER_REPLY:

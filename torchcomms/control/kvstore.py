@@ -66,24 +66,30 @@ class KeyValueStore:
         self._tiebreak = itertools.count()
         #: parked requests not answered yet
         self.pending = 0
+        #: bytes of the keys and values held (queued items included): see :meth:`_make_room`
+        self.held_bytes = 0
 
     def next_deadline(self) -> float | None:
         """The earliest deadline of a parked request, if any."""
         return self._deadlines[0][0] if self._deadlines else None
 
-    def pop(self, key: str) -> None:
-        """Drop ``key`` (nobody is woken)."""
-        self.data.pop(key, None)
+    def pop(self, key: str) -> bool:
+        """Drop ``key`` (nobody is woken); returns whether it was there."""
+        value = self.data.pop(key, None)
+        if value is None:
+            return False
+        self.held_bytes -= len(key) + len(value)
+        return True
 
     def drop_all_but(self, keep: tuple[str, ...]) -> int:
         """Drop every value and queue whose key starts with none of the prefixes ``keep``
         (nobody is woken); returns how many keys were dropped."""
         doomed = [k for k in self.data if not k.startswith(keep)]
         for key in doomed:
-            del self.data[key]
+            self.pop(key)
         queues = [k for k in self._queues if not k.startswith(keep)]
         for key in queues:
-            del self._queues[key]
+            self.held_bytes -= sum(map(len, self._queues.pop(key)))
         return len(doomed) + len(queues)
 
     def park_events(self, identity: bytes, req: Request) -> None:
@@ -118,8 +124,12 @@ class KeyValueStore:
         self._replies.ok(identity, req.id)
 
     def op_multi_set(self, identity: bytes, req: Request) -> None:
-        for key, value in zip(req.args["keys"], req.args["values"]):
-            self.put(key, value)
+        pairs = list(zip(req.args["keys"], req.args["values"]))
+        final = dict(pairs)  # a key given twice ends with its last value
+        self._make_room(f"{len(final)} keys",
+                        sum(self._growth(key, value) for key, value in final.items()))
+        for key, value in pairs:  # all or nothing: room was made for the end state
+            self.put(key, value, bounded=False)
         self._replies.ok(identity, req.id)
 
     def op_get(self, identity: bytes, req: Request) -> None:
@@ -173,14 +183,13 @@ class KeyValueStore:
         self._replies.ok(identity, req.id)
 
     def op_delete(self, identity: bytes, req: Request) -> None:
-        existed = self.data.pop(req.args["key"], None) is not None
-        self._replies.ok(identity, req.id, existed)
+        self._replies.ok(identity, req.id, self.pop(req.args["key"]))
 
     def op_delete_prefix(self, identity: bytes, req: Request) -> None:
         prefix = req.args["prefix"]
         doomed = [key for key in self.data if key.startswith(prefix)]
         for key in doomed:
-            del self.data[key]
+            self.pop(key)
         self._replies.ok(identity, req.id, len(doomed))
 
     def op_check(self, identity: bytes, req: Request) -> None:
@@ -194,8 +203,10 @@ class KeyValueStore:
         self._replies.ok(identity, req.id, len(self.data))
 
     def op_queue_push(self, identity: bytes, req: Request) -> None:
-        key = req.args["key"]
-        self._queues.setdefault(key, deque()).append(req.args["value"])
+        key, value = req.args["key"], req.args["value"]
+        self._make_room(f"an item of queue {key!r}", len(value))
+        self._queues.setdefault(key, deque()).append(value)
+        self.held_bytes += len(value)
         self._replies.ok(identity, req.id)
         self._serve_queue(key)
 
@@ -213,8 +224,28 @@ class KeyValueStore:
     def op_queue_len(self, identity: bytes, req: Request) -> None:
         self._replies.ok(identity, req.id, len(self._queues.get(req.args["key"], ())))
 
-    def put(self, key: str, value: bytes) -> None:
+    def _growth(self, key: str, value: bytes) -> int:
+        old = self.data.get(key)
+        return len(value) - len(old) if old is not None else len(key) + len(value)
+
+    def _make_room(self, what: str, growth: int) -> None:
+        """Refuse (a ``limit`` error) what would grow the store past ``Limits.max_store_bytes``:
+        a client storing without end would otherwise take the host's memory, and with it the
+        job's control plane."""
+        if growth > 0 and self.held_bytes + growth > self.limits.max_store_bytes:
+            raise ProtocolViolation(
+                "limit", f"storing {what} ({growth} bytes more) would pass the store's limit of "
+                         f"{self.limits.max_store_bytes} bytes (it holds {self.held_bytes}); "
+                         "delete keys or drain queues first")
+
+    def put(self, key: str, value: bytes, *, bounded: bool = True) -> None:
+        """Store ``value`` and wake whoever waits for ``key``. ``bounded=False`` is for the
+        server's own records (events), which are never refused."""
+        growth = self._growth(key, value)
+        if bounded:
+            self._make_room(f"key {key!r}", growth)
         self.data[key] = value
+        self.held_bytes += growth
         waiters = self.waiters_by_key.pop(key, None)
         if waiters:
             for waiter in waiters:
@@ -277,6 +308,7 @@ class KeyValueStore:
     def _pop_queue(self, key: str) -> bytes:
         items = self._queues[key]
         value = items.popleft()
+        self.held_bytes -= len(value)
         if not items:
             del self._queues[key]
         return value

@@ -41,7 +41,8 @@ MAX_NAME_CHARS = 256
 
 @dataclass(frozen=True)
 class Limits:
-    """Size limits enforced on both sides of the wire.
+    """Size limits enforced on both sides of the wire (``max_store_bytes`` and
+    ``max_event_log_bytes``: by the server).
 
     ``max_message_bytes`` bounds one request frame (checked explicitly, answered with a
     ``limit`` error); frames beyond ``hard_message_bytes`` are cut off by ZeroMQ itself
@@ -53,10 +54,15 @@ class Limits:
     max_keys_per_request: int = 100_000
     max_payload_bytes: int = 1024 * 1024
     message_overhead_bytes: int = 1024 * 1024
+    #: keys and values (queued items included) the server holds at most, all together
+    max_store_bytes: int = 4 * 1024**3
+    #: packed event records the server keeps for late subscribers (the oldest go first)
+    max_event_log_bytes: int = 256 * 1024**2
 
     def __post_init__(self) -> None:
         for name in ("max_key_bytes", "max_value_bytes", "max_keys_per_request",
-                     "max_payload_bytes", "message_overhead_bytes"):
+                     "max_payload_bytes", "message_overhead_bytes", "max_store_bytes",
+                     "max_event_log_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
@@ -202,7 +208,7 @@ def _name(name: str, value: Any, limits: Limits) -> str:
         raise _fail("protocol", f"field {name!r} must be a str, got {_type_name(value)}")
     if not value or len(value) > MAX_NAME_CHARS:
         raise _fail("protocol", f"field {name!r} must have 1..{MAX_NAME_CHARS} characters")
-    if any(ord(c) < 0x20 for c in value):
+    if not value.isprintable():
         raise _fail("protocol", f"field {name!r} must not contain control characters")
     return value
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import stat
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,7 @@ __all__ = [
     "derive_keys",
     "parse_secret",
     "load_secret",
+    "read_secret_file",
     "write_secret_file",
     "ENV_SECRET",
     "ENV_SECRET_FILE",
@@ -38,8 +41,12 @@ __all__ = [
 
 SECRET_BYTES = 32
 MIN_SECRET_BYTES = 16
+#: a secret file is read up to this size (a 32-byte secret is 65 bytes of hex and a newline)
+MAX_SECRET_FILE_BYTES = 64 * 1024
 ENV_SECRET = "TORCHCOMM_CONTROL_SECRET"
 ENV_SECRET_FILE = "TORCHCOMM_CONTROL_SECRET_FILE"
+
+_log = logging.getLogger("torchcomms.control.secrets")
 
 _SERVER_LABEL = b"torchcomms/control/curve/server/v1"
 _CLIENT_LABEL = b"torchcomms/control/curve/client/v1"
@@ -130,15 +137,7 @@ def load_secret(env: Mapping[str, str] | None = None, *, required: bool = True) 
     conf = settings(env)
     path = conf.control_secret_file
     if path:
-        try:
-            text = Path(path).read_text(encoding="ascii")
-        except OSError as exc:
-            raise ControlAuthError(
-                f"cannot read the job secret file {path!r} ({ENV_SECRET_FILE}): {exc}"
-            ) from exc
-        except UnicodeDecodeError:
-            raise ControlAuthError(f"job secret file {path!r} is not ASCII hex") from None
-        return parse_secret(text, source=f"job secret file {path!r}")
+        return read_secret_file(path, source=ENV_SECRET_FILE)
     value = conf.control_secret
     if value:
         return parse_secret(value, source=ENV_SECRET)
@@ -149,14 +148,47 @@ def load_secret(env: Mapping[str, str] | None = None, *, required: bool = True) 
     return None
 
 
+def read_secret_file(path: str | os.PathLike[str], *, source: str = "secret file") -> bytes:
+    """Read the hex secret in ``path`` (``source`` names where the path came from, for the
+    errors). A file that other users may read or write is used, with a warning: whoever reads
+    it can join the job's control plane."""
+    try:
+        with open(path, "rb") as fh:
+            mode = os.fstat(fh.fileno()).st_mode
+            data = fh.read(MAX_SECRET_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ControlAuthError(f"cannot read the job secret file {str(path)!r} ({source}): {exc}") from exc
+    if len(data) > MAX_SECRET_FILE_BYTES:
+        raise ControlAuthError(f"job secret file {str(path)!r} ({source}) holds more than "
+                               f"{MAX_SECRET_FILE_BYTES} bytes: not a hex secret")
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        _log.warning("the job secret file %r (%s) is open to other users (mode %04o): whoever "
+                     "reads it can join this job's control plane; make it readable by its owner "
+                     "only (chmod 600)", str(path), source, stat.S_IMODE(mode))
+    return parse_secret(data, source=f"job secret file {str(path)!r}")
+
+
 def write_secret_file(path: str | os.PathLike[str], secret: bytes) -> Path:
-    """Write ``secret`` as hex to ``path``, readable by the owner only (mode 0600)."""
+    """Write ``secret`` as hex to ``path``, readable by the owner only (mode 0600).
+
+    The file is made new (a 0600 temporary file beside it, renamed over ``path``): a symlink or
+    a hard link already at ``path`` is replaced, never followed, so no other file is truncated
+    or handed the secret."""
     raw = _check_secret(secret)
     target = Path(path)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, stat.S_IRUSR | stat.S_IWUSR)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         os.fchmod(fd, stat.S_IRUSR | stat.S_IWUSR)
         os.write(fd, raw.hex().encode("ascii") + b"\n")
-    finally:
         os.close(fd)
+        fd = -1
+        os.replace(tmp, target)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
     return target

@@ -111,7 +111,7 @@ class StoreServer:
         # State below is touched by the server thread only.
         self._store = KeyValueStore(self.limits, SocketReplies(self._send, self._send_error),
                                     max_pending)
-        self._history = EventLog(max_events)
+        self._history = EventLog(max_events, self.limits.max_event_log_bytes)
         self._members = Members(rank_silence)
         self.stats: dict[str, int] = {"requests": 0, "errors": 0, "events": 0}
 
@@ -390,11 +390,17 @@ class StoreServer:
     # ------------------------------------------------------------------ events
 
     def _publish(self, topic: str, payload: dict[str, Any]) -> Event:
-        event, dropped = self._history.append(topic, payload, self.run_id)
+        packed: list[bytes] = []
+
+        def size(event: Event) -> int:
+            packed.append(proto.encode(event.to_wire()))
+            return len(packed[0])
+
+        event, dropped = self._history.append(topic, payload, self.run_id, size)
         self.stats["events"] += 1
-        if dropped is not None:
-            self._store.pop(event_key(dropped.seq))
-        self._store.put(event_key(event.seq), proto.encode(event.to_wire()))
+        for old in dropped:
+            self._store.pop(event_key(old.seq))
+        self._store.put(event_key(event.seq), packed[0], bounded=False)
         self._store.wake_event_waiters(topic, self._history.after)
         _log.info("event %d %s %s", event.seq, topic, event.payload)
         return event

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torchcomms.config import settings
 from .client import ControlClient
 from .errors import (
+    ControlArgumentError,
     ControlArgumentTypeError,
     ControlError,
     ControlNoReplyError,
@@ -53,7 +54,9 @@ def _as_bytes(value: Any, name: str) -> bytes:
         return value.encode("utf-8")
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
-    if isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
+    if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if not all(0 <= v <= 255 for v in value):
+            raise ControlArgumentError(f"{name} as a list of ints must hold bytes (0..255)")
         return bytes(value)
     raise ControlArgumentTypeError(f"{name} must be bytes or str, got {type(value).__name__}")
 

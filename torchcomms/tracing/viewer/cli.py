@@ -7,12 +7,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 EXIT_CLEAN, EXIT_PROBLEMS, EXIT_UNUSABLE = 0, 1, 2
+
+# C0 and C1 controls, DEL, and the bidirectional overrides and isolates (which reorder what a
+# terminal shows: "Trojan Source")
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: object) -> str:
+    """``text`` with every control character written as its escape (``\\x1b``): names in a
+    dump are the dump writer's, and an escape sequence printed raw would drive the reader's
+    terminal (clear it, retitle it, hide a line)."""
+    return _UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], str(text))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,16 +86,19 @@ def _load(args: argparse.Namespace) -> Any:
 
 def _render_report(report: Any, out: Any, top: int = 10) -> None:
     from rich.console import Console
-    from rich.markup import escape
+    from rich.markup import escape as escape_markup
     from rich.table import Table
 
     from torchcomms.tracing.viewer.aggregate import group_ranks
     from torchcomms.tracing.viewer.analyze import fmt_ranks
 
+    def escape(text: object) -> str:  # what a dump wrote, shown as text only
+        return escape_markup(printable(text))
+
     con = Console(file=out, width=max(100, Console(file=out).width), highlight=False)
     head = f"[bold]{len(report.ranks)} ranks[/] ({fmt_ranks(report.ranks)}), {report.op_count} ops, {len(report.comms)} comms"
     if report.run_id:
-        head += f", run {report.run_id}"
+        head += f", run {escape(report.run_id)}"
     con.print(head)
     for note in report.notes:
         con.print(f"[dim]note: {escape(note)}[/]")
@@ -114,7 +129,7 @@ def _render_report(report: Any, out: Any, top: int = 10) -> None:
         for col in ("comm", "op", "seq", "ms", "bytes/rank"):
             t.add_column(col, justify="right")
         for s in report.slowest:
-            t.add_row(escape(s["comm"]), s["op"], str(s["seq"]), f"{s['duration_ms']:.3f}", str(s["bytes"]))
+            t.add_row(escape(s["comm"]), escape(s["op"]), str(s["seq"]), f"{s['duration_ms']:.3f}", str(s["bytes"]))
         con.print(t)
     if report.bandwidth:
         t = Table(title="Bandwidth", title_justify="left")
@@ -122,7 +137,7 @@ def _render_report(report: Any, out: Any, top: int = 10) -> None:
             t.add_column(col, justify="right")
         for b in report.bandwidth:
             t.add_row(
-                escape(b["comm"]), b["op"], str(b["bytes"]), str(b["count"]), f"{b['mean_ms']:.3f}",
+                escape(b["comm"]), escape(b["op"]), str(b["bytes"]), str(b["count"]), f"{b['mean_ms']:.3f}",
                 f"{b['algbw_gbps']:.3f}" if b["algbw_gbps"] is not None else "-",
                 f"{b['busbw_gbps']:.3f}" if b["busbw_gbps"] is not None else "-",
             )
@@ -147,7 +162,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     try:
         ts = _load(args)
     except TraceInputError as exc:
-        print(f"torchcomms-trace: unusable input: {exc}", file=sys.stderr)
+        print(f"torchcomms-trace: unusable input: {printable(exc)}", file=sys.stderr)
         return EXIT_UNUSABLE
     if args.command == "analyze":
         if args.top < 0:
@@ -186,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except SystemExit as exc:
         code = int(exc.code) if isinstance(exc.code, int) else EXIT_UNUSABLE
     except Exception as exc:  # noqa: BLE001 - the contract is one line, never a traceback
-        print(f"torchcomms-trace: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"torchcomms-trace: internal error: {type(exc).__name__}: {printable(exc)}", file=sys.stderr)
         code = EXIT_UNUSABLE
     sys.exit(code)
 

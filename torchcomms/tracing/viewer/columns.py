@@ -21,6 +21,11 @@ from torchcomms.tracing.fr_format import P2P_SEQ_BASE
 
 __all__ = ["Kind", "OpColumns", "columns_of_entries", "columns_of_ops"]
 
+_INF = float("inf")
+#: ints at or past this magnitude are no dump's numbers (times and sequence numbers past
+#: int64 are analysed exactly; one of thousands of digits could not even be printed)
+_INT_BOUND = 1 << 512
+
 
 class Kind(NamedTuple):
     """What ops of one dump share (everything of an :class:`~.load.Op` but its numbers and state)."""
@@ -207,21 +212,26 @@ class _Builder:
 
 
 def int_or_none(v: Any) -> int | None:
+    """``v`` as an int of fewer than 512 bits, else None (see ``_INT_BOUND``)."""
     if v is None or isinstance(v, bool):
         return None
     try:
-        return int(v)
-    except (TypeError, ValueError):
+        i = int(v)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite float
         return None
+    return i if -_INT_BOUND < i < _INT_BOUND else None
 
 
 def float_or_none(v: Any) -> float | None:
+    """``v`` as a finite float, else None (NaN and infinities are no measurement, and the JSON
+    the viewer writes has no words for them)."""
     if v is None or isinstance(v, bool):
         return None
     try:
-        return float(v)
-    except (TypeError, ValueError):
+        f = float(v)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int past a float's range
         return None
+    return f if -_INF < f < _INF else None
 
 
 # the entry's fields the columns read, in one C call when the entry has them all (what the
@@ -303,18 +313,18 @@ def columns_of_entries(entries: list[Any], rank: int, ext_ops: Any, parse_entry:
                 seq = int(seq)
             if is_p2p and x is not None and seq >= P2P_SEQ_BASE:
                 seq -= P2P_SEQ_BASE
-            if type(created) is not int:
+            if type(created) is not int or not -_INT_BOUND < created < _INT_BOUND:
                 created = int_or_none(created)
-            if type(started) is not int:
+            if type(started) is not int or not -_INT_BOUND < started < _INT_BOUND:
                 started = int_or_none(started)
-            if type(completed) is not int:
+            if type(completed) is not int or not -_INT_BOUND < completed < _INT_BOUND:
                 completed = int_or_none(completed)
-            if type(duration) is not float:
+            if type(duration) is not float or not -_INF < duration < _INF:  # (false for NaN)
                 duration = float_or_none(duration)
             core = xv[6] if xv is not None else None
-            if type(core) is not int:
+            if type(core) is not int or not -_INT_BOUND < core < _INT_BOUND:
                 core = int_or_none(core)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise malformed(i, f"is malformed ({exc.__class__.__name__}: {exc})") from None
         add_kind(k)
         add_state(sid)

@@ -30,6 +30,16 @@ _VERSION_RE = re.compile(r"^2\.\d+$")
 _RANK_SUFFIX_RE = re.compile(r"(\d+)(?:\.[A-Za-z]+)?$")
 _P2P_RE = re.compile(r"^(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)$")
 MAX_DUMP_BYTES = 2 << 30
+#: a dump's values, counted with every reference to a shared one, per byte of its pickle (and a
+#: floor for small files): a flight recorder's dump holds a few per byte; a pickle that refers to
+#: one list again and again ("billion laughs") holds many more per byte and is refused
+MAX_VALUES_PER_BYTE, MIN_VALUE_BUDGET = 16, 1 << 20
+#: how deep a dump's containers nest at most (a flight recorder's nest 5 levels deep)
+MAX_DUMP_DEPTH = 32
+#: ranks past this are not ranks of a job (and would not fit the analysis' int64 arrays)
+MAX_RANK = 2**31 - 1
+#: a tensor dimension is an int64 (torch's sizes)
+MAX_DIM = 2**63
 
 
 class TraceInputError(Exception):
@@ -202,6 +212,10 @@ def _read_raw(path: Path) -> dict[str, Any]:
             obj = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise TraceInputError(f"{path}: truncated or corrupt JSON dump ({exc.__class__.__name__}: {exc})") from None
+        except ValueError as exc:  # an integer of more digits than Python converts
+            raise TraceInputError(f"{path}: not a flight-recorder dump ({exc})") from None
+        except RecursionError:
+            raise TraceInputError(f"{path}: not a flight-recorder dump (its JSON nests too deeply to read)") from None
     elif data[:1] == b"\x80":
         try:
             obj = _SafeUnpickler(io.BytesIO(data)).load()
@@ -209,11 +223,34 @@ def _read_raw(path: Path) -> dict[str, Any]:
             raise TraceInputError(f"{path}: truncated pickle dump (ran out of data)") from None
         except (pickle.UnpicklingError, ValueError, TypeError, IndexError, KeyError, AttributeError, MemoryError) as exc:
             raise TraceInputError(f"{path}: corrupt pickle dump ({exc})") from None
+        _check_expansion(obj, path, MAX_VALUES_PER_BYTE * len(data) + MIN_VALUE_BUDGET)
     else:
         raise TraceInputError(f"{path}: not a flight-recorder dump (neither a pickle nor JSON)")
     if not isinstance(obj, dict):
         raise TraceInputError(f"{path}: not a flight-recorder dump (top level is {type(obj).__name__}, not a dict)")
     return obj
+
+
+def _check_expansion(obj: Any, path: Path, budget: int) -> None:
+    """Refuse a decoded pickle whose values, counted once per reference, exceed ``budget``, or
+    that nests deeper than :data:`MAX_DUMP_DEPTH` (a cycle never ends): a pickle can refer to
+    one object many times, so a file of a few hundred bytes can stand for a billion values,
+    which every later step (a ``str``, a JSON export, a loop over sizes) would expand. Walks
+    level by level with ``gc.get_referents`` (C): every reference is counted, none expanded
+    past the budget."""
+    level: list[Any] = [obj]
+    total = 1
+    for _ in range(MAX_DUMP_DEPTH):
+        level = gc.get_referents(*level)
+        total += len(level)
+        if total > budget:
+            raise TraceInputError(
+                f"{path}: not a flight-recorder dump (it refers to its own values so often that it "
+                f"stands for more than {budget} values; a dump of this size holds far fewer)")
+        if not level:
+            return
+    raise TraceInputError(f"{path}: not a flight-recorder dump (it nests deeper than {MAX_DUMP_DEPTH} levels, "
+                          "or refers to itself)")
 
 
 def _sizes(v: Any) -> list[list[int]]:
@@ -222,7 +259,8 @@ def _sizes(v: Any) -> list[list[int]]:
     out = []
     for s in v:
         if isinstance(s, (list, tuple)):
-            out.append([int(x) for x in s if isinstance(x, (int, float)) and not isinstance(x, bool)])
+            dims = (int_or_none(x) for x in s if isinstance(x, (int, float)) and not isinstance(x, bool))
+            out.append([d for d in dims if d is not None and 0 <= d < MAX_DIM])
     return out
 
 
@@ -231,12 +269,21 @@ def _strs(v: Any) -> list[str]:
 
 
 def _frames(v: Any) -> list[dict[str, Any]]:
-    return [f for f in (v or []) if isinstance(f, dict)]
+    """The call stack's frames, each with its str keys whose values are a str or an int."""
+    if not isinstance(v, (list, tuple)):
+        return []
+    return [{k: x for k, x in f.items() if isinstance(k, str) and (
+        isinstance(x, str) or (type(x) is int and int_or_none(x) is not None))}
+        for f in v if isinstance(f, dict)]
 
 
-def _parse_ranks(v: Any) -> list[int]:
+def _parse_ranks(v: Any) -> list[int] | None:
+    """A communicator's ranks (a list, or PyTorch's string of one); ``[]`` when unknown, ``None``
+    for a list that holds something other than ints."""
     if isinstance(v, (list, tuple)):
-        return [int(x) for x in v]
+        if not all(type(x) is int for x in v):
+            return None
+        return list(v)
     if isinstance(v, str):
         s = v.strip().strip("[]() ")
         if not s:
@@ -251,6 +298,14 @@ def _parse_ranks(v: Any) -> list[int]:
 def parse_dump(obj: dict[str, Any], path: str, rank_hint: int | None,
                shared: SharedValues | None = None) -> RankDump:
     """Validate and normalise one decoded dump."""
+    try:
+        return _parse_dump(obj, path, rank_hint, shared)
+    except (ValueError, OverflowError) as exc:  # e.g. a name that is an int of 5,000 digits
+        raise TraceInputError(f"{path}: not a flight-recorder dump ({type(exc).__name__}: {exc})") from None
+
+
+def _parse_dump(obj: dict[str, Any], path: str, rank_hint: int | None,
+                shared: SharedValues | None) -> RankDump:
     if "entries" not in obj or "version" not in obj:
         missing = [k for k in ("version", "entries") if k not in obj]
         raise TraceInputError(f"{path}: not a flight-recorder dump (no {', '.join(missing)})")
@@ -268,7 +323,11 @@ def parse_dump(obj: dict[str, Any], path: str, rank_hint: int | None,
         rank = rank_hint
     if rank is None or rank < 0:
         raise TraceInputError(f"{path}: cannot tell which rank wrote this dump (no rank inside, no number at the end of the file name)")
-    ext_comms = ext.get("comms", {}) if ext else {}
+    if rank > MAX_RANK:
+        raise TraceInputError(f"{path}: rank {rank} is out of range (at most {MAX_RANK})")
+    ext_comms = ext.get("comms") if ext else None
+    if not isinstance(ext_comms, dict):
+        ext_comms = {}
     comms: dict[str, CommMeta] = {}
     pg_config = obj.get("pg_config") or {}
     if isinstance(pg_config, dict):
@@ -279,7 +338,10 @@ def parse_dump(obj: dict[str, Any], path: str, rank_hint: int | None,
             backend = ""
             if isinstance(ext_comms.get(name), dict):
                 backend = str(ext_comms[name].get("backend", ""))
-            comms[name] = CommMeta(name, str(cfg.get("desc", name)), _parse_ranks(cfg.get("ranks")), backend)
+            ranks = _parse_ranks(cfg.get("ranks"))
+            if ranks is None:
+                raise TraceInputError(f"{path}: pg_config of communicator {name[:64]!r}: 'ranks' is not a list of ints")
+            comms[name] = CommMeta(name, str(cfg.get("desc", name)), ranks, backend)
     ext_ops = ext.get("ops", {}) if ext else {}
     shared = shared if shared is not None else SharedValues()
     ops = columns_of_entries(

@@ -1,0 +1,82 @@
+"""The store's memory is bounded: past ``Limits.max_store_bytes`` writes get a ``limit`` error,
+deletes and pops give the room back, and the server's own events are never refused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from torchcomms.control.client import ControlClient
+from torchcomms.control.errors import ControlLimitError
+from torchcomms.control.protocol import Limits
+from torchcomms.control.server import StoreServer
+
+BOUND = 10_000
+
+
+@pytest.fixture
+def bounded(secret: bytes) -> Iterator[tuple[StoreServer, ControlClient]]:
+    srv = StoreServer("127.0.0.1", 0, secret, limits=Limits(max_store_bytes=BOUND)).start()
+    client = ControlClient(srv.address, secret, timeout=10.0)
+    yield srv, client
+    client.close()
+    srv.stop()
+
+
+def _held(srv: StoreServer) -> int:
+    return int(srv._run_in_loop(lambda: srv._store.held_bytes, 10.0))
+
+
+def test_writes_past_the_bound_are_refused_and_deletes_give_room_back(
+        bounded: tuple[StoreServer, ControlClient]) -> None:
+    srv, client = bounded
+    for i in range(9):
+        client.set(f"k{i}", b"x" * 1000)  # 9 * (2 + 1000) bytes
+    assert _held(srv) == 9018
+    with pytest.raises(ControlLimitError, match=r"set failed: storing key 'k9' \(1002 bytes more\) would "
+                                                r"pass the store's limit of 10000 bytes \(it holds 9018\)"):
+        client.set("k9", b"x" * 1000)
+    with pytest.raises(ControlLimitError, match="append failed"):
+        client.append("k0", b"y" * 1000)
+    with pytest.raises(ControlLimitError, match="queue_push failed: .*an item of queue 'q'"):
+        client.queue_push("q", b"z" * 1000)
+    with pytest.raises(ControlLimitError, match="multi_set failed: .*2 keys"):
+        client.multi_set(["new1", "new2"], [b"a" * 500, b"b" * 500])
+    assert not client.check(["new1"]) and not client.check(["new2"])  # all or nothing
+    client.set("k0", b"small")  # an overwrite that shrinks is always taken
+    client.set("k9", b"x" * 995)
+    assert client.delete("k1")
+    assert client.delete_prefix("k") == 9
+    assert _held(srv) == 0
+    client.queue_push("q", b"z" * 6000)
+    with pytest.raises(ControlLimitError):
+        client.set("k", b"x" * 5000)
+    assert client.queue_pop("q") == b"z" * 6000
+    client.set("k", b"x" * 5000)
+    assert srv.drop_keys_except(()) == 1
+    assert _held(srv) == 0
+
+
+def test_the_servers_own_events_are_kept_when_the_store_is_full(
+        bounded: tuple[StoreServer, ControlClient]) -> None:
+    srv, client = bounded
+    client.set("fill", b"x" * (BOUND - 4))
+    seq = srv.publish("rank_failed", {"rank": 3, "reason": "exited"})
+    assert [(s, t, p["rank"]) for s, t, p in client.events(0)] == [(seq, "rank_failed", 3)]
+    assert client.publish("mine", {"note": "x" * 2000}) == seq + 1  # an event, not a user write
+
+
+def test_the_event_history_keeps_its_newest_records_within_its_byte_bound(secret: bytes) -> None:
+    limits = Limits(max_event_log_bytes=10_000)
+    with StoreServer("127.0.0.1", 0, secret, limits=limits) as srv, \
+            ControlClient(srv.address, secret, timeout=10.0) as client:
+        for i in range(30):
+            client.publish("note", {"i": i, "text": "x" * 1000})
+        kept = client.events(0)
+        assert [p["i"] for _, _, p in kept] == list(range(30 - len(kept), 30))
+        assert 5 <= len(kept) < 10  # ~1,050 bytes a record in 10,000
+        assert client.keys("events/") == [f"events/{s:08d}" for s, _, _ in kept]
+        assert _held(srv) < 10_000 + 200  # the records' keys besides
+        client.publish("big", {"text": "y" * 20_000})  # past the bound alone: still kept, alone
+        assert [t for _, t, _ in client.events(0)] == ["big"]
