@@ -90,7 +90,7 @@ def test_subscribers_that_asked_alike_share_one_packed_answer_with_the_same_byte
     replies = _Replies()
     store = KeyValueStore(Limits(), replies, max_pending=10_000)
     log = EventLog(100, 1 << 20)
-    log.append("rank_failed", {"rank": 3}, "run", lambda e: 1)  # seq 1: before every wait below
+    log.append("rank_failed", {"rank": 3}, "run")  # seq 1: before every wait below
     asks = [(0, ["rank_failed"]), (1, ["rank_failed"]), (0, None), (0, ["joined"])]
     for i, (since, topics) in enumerate(asks * 50):
         args: dict[str, Any] = {"since": since, "timeout": 60.0}
@@ -103,7 +103,7 @@ def test_subscribers_that_asked_alike_share_one_packed_answer_with_the_same_byte
         lookups.append((since, topics))
         return log.after(since, topics)
 
-    log.append("rank_failed", {"rank": 5}, "run", lambda e: 1)  # seq 2
+    log.append("rank_failed", {"rank": 5}, "run")  # seq 2
     store.wake_event_waiters("rank_failed", find)
     assert len(lookups) == 3  # one per distinct question, not one per subscriber
     for i, (since, topics) in enumerate(asks * 50):

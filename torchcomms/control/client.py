@@ -38,10 +38,11 @@ from .errors import (
     ControlError,
     ControlProtocolError,
 )
-from .events import Event, EventSchemaError, validate_event
+from .events import EventSchemaError, validate_event
 from .heartbeat import HeartbeatSender, heartbeat_budget
 from .host_process import host_running_check
 from .protocol import Limits, ProtocolViolation
+from .replies import decode_events, expect_reply, expect_values
 from .secrets import derive_keys
 from .subscription import DEFAULT_CONTROL_LOST_S, EventCallback, Subscription
 
@@ -52,21 +53,6 @@ DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_HEARTBEAT_INTERVAL_S = 0.25
 
 _log = logging.getLogger("torchcomms.control.client")
-
-
-def _expect(op: str, value: Any, kind: type, items: type | None = None) -> Any:
-    """``value``, the server's answer to ``op``, if it is a ``kind`` (of ``items``), else
-    :class:`ControlProtocolError`: a reply is input too (an int where bytes belong would
-    otherwise become ``bytes(n)``, n zero bytes)."""
-    def fits(v: Any, t: type) -> bool:
-        return isinstance(v, t) and (t is bool or not isinstance(v, bool))
-
-    if not fits(value, kind) or (items is not None and not all(fits(v, items) for v in value)):
-        of = f" of {items.__name__}" if items is not None else ""
-        raise ControlProtocolError(f"malformed {op} reply from the control server: expected "
-                                   f"{kind.__name__}{of}, got {type(value).__name__}")
-    return value
-
 
 
 class ControlClient:
@@ -149,7 +135,7 @@ class ControlClient:
     def get(self, key: str, timeout: float | timedelta | None = None) -> bytes:
         """Return the value of ``key``, waiting up to ``timeout`` for it to be set."""
         wait, budget = self._wait_budget(timeout)
-        return _expect("get", self._call("get", {"key": check_key(key, self.limits), "timeout": wait},
+        return expect_reply("get", self._call("get", {"key": check_key(key, self.limits), "timeout": wait},
                                          budget=budget), bytes)
 
     def add(self, key: str, delta: int) -> int:
@@ -158,7 +144,7 @@ class ControlClient:
             raise ControlArgumentTypeError(f"delta must be an int, got {type(delta).__name__}")
         if not proto.INT64_MIN <= delta <= proto.INT64_MAX:
             raise ControlArgumentError(f"delta {delta} is outside the int64 range")
-        return _expect("add", self._call("add", {"key": check_key(key, self.limits), "delta": delta},
+        return expect_reply("add", self._call("add", {"key": check_key(key, self.limits), "delta": delta},
                                          budget=self.timeout), int)
 
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
@@ -168,21 +154,21 @@ class ControlClient:
                                            "expected": check_value(expected, self.limits, "expected"),
                                            "desired": check_value(desired, self.limits, "desired")},
                            budget=self.timeout)
-        return _expect("compare_set", value, bytes)
+        return expect_reply("compare_set", value, bytes)
 
     def delete(self, key: str) -> bool:
         """Delete ``key``; returns whether it existed."""
-        return _expect("delete", self._call("delete", {"key": check_key(key, self.limits)},
+        return expect_reply("delete", self._call("delete", {"key": check_key(key, self.limits)},
                                             budget=self.timeout), bool)
 
     def delete_prefix(self, prefix: str) -> int:
         """Delete every key starting with ``prefix``; returns how many were deleted."""
-        return _expect("delete_prefix", self._call("delete_prefix", {"prefix": check_prefix(prefix, self.limits)},
+        return expect_reply("delete_prefix", self._call("delete_prefix", {"prefix": check_prefix(prefix, self.limits)},
                                                    budget=self.timeout), int)
 
     def check(self, keys: str | Iterable[str]) -> bool:
         """Whether all ``keys`` are present (does not wait)."""
-        return _expect("check", self._call("check", {"keys": check_key_list(keys, self.limits)},
+        return expect_reply("check", self._call("check", {"keys": check_key_list(keys, self.limits)},
                                            budget=self.timeout), bool)
 
     def wait(self, keys: str | Iterable[str], timeout: float | timedelta | None = None) -> None:
@@ -194,11 +180,11 @@ class ControlClient:
     def keys(self, prefix: str = "") -> list[str]:
         """All keys starting with ``prefix``, sorted."""
         value = self._call("keys", {"prefix": check_prefix(prefix, self.limits)}, budget=self.timeout)
-        return _expect("keys", value, list, str)
+        return expect_reply("keys", value, list, str)
 
     def num_keys(self) -> int:
         """Number of keys in the store (event records under ``events/`` included)."""
-        return _expect("num_keys", self._call("num_keys", {}, budget=self.timeout), int)
+        return expect_reply("num_keys", self._call("num_keys", {}, budget=self.timeout), int)
 
     def append(self, key: str, value: bytes) -> None:
         """Append ``value`` to the bytes under ``key`` (creating it if absent)."""
@@ -210,12 +196,8 @@ class ControlClient:
         """Values of all ``keys``, waiting up to ``timeout`` for all of them."""
         wait, budget = self._wait_budget(timeout)
         key_list = check_key_list(keys, self.limits)
-        values = _expect("multi_get", self._call("multi_get", {"keys": key_list, "timeout": wait},
-                                                  budget=budget), list, bytes)
-        if len(values) != len(key_list):
-            raise ControlProtocolError(f"malformed multi_get reply from the control server: "
-                                       f"{len(values)} values for {len(key_list)} keys")
-        return values
+        return expect_values("multi_get", self._call("multi_get", {"keys": key_list, "timeout": wait},
+                                                     budget=budget), len(key_list))
 
     def multi_set(self, keys: Iterable[str], values: Iterable[bytes]) -> None:
         """Set several keys in one request."""
@@ -237,12 +219,12 @@ class ControlClient:
         if not isinstance(block, bool):
             raise ControlArgumentTypeError(f"block must be a bool, got {type(block).__name__}")
         wait, budget = self._wait_budget(timeout)
-        return _expect("queue_pop", self._call("queue_pop", {"key": check_key(key, self.limits), "block": block,
+        return expect_reply("queue_pop", self._call("queue_pop", {"key": check_key(key, self.limits), "block": block,
                                                              "timeout": wait}, budget=budget), bytes)
 
     def queue_len(self, key: str) -> int:
         """Number of items in the queue ``key``."""
-        return _expect("queue_len", self._call("queue_len", {"key": check_key(key, self.limits)},
+        return expect_reply("queue_len", self._call("queue_len", {"key": check_key(key, self.limits)},
                                                budget=self.timeout), int)
 
     # ------------------------------------------------------------------ events
@@ -257,7 +239,7 @@ class ControlClient:
             proto.check_payload(payload, self.limits)
         except (EventSchemaError, ProtocolViolation) as exc:
             raise ControlArgumentError(f"cannot publish {topic!r}: {exc}") from None
-        return _expect("publish", self._call("publish", {"topic": topic, "payload": payload},
+        return expect_reply("publish", self._call("publish", {"topic": topic, "payload": payload},
                                              budget=self.timeout), int)
 
     def events(self, since: int = 0, topics: str | Iterable[str] | None = None,
@@ -271,15 +253,7 @@ class ControlClient:
         topic_list = check_topics(topics)
         if topic_list is not None:
             fields["topics"] = topic_list
-        items = _expect("events", self._call("events", fields, budget=budget), list)
-        out = []
-        for item in items:
-            try:
-                event = Event.from_wire(item)
-            except EventSchemaError as exc:
-                raise ControlProtocolError(f"malformed events reply from the control server: {exc}") from None
-            out.append((event.seq, event.topic, event.payload))
-        return out
+        return decode_events(self._call("events", fields, budget=budget))
 
     def subscribe(self, topics: str | Iterable[str] | None, callback: EventCallback, *,
                   since: int | None = 0,
@@ -297,7 +271,7 @@ class ControlClient:
         if not callable(callback):
             raise ControlArgumentTypeError("callback must be callable")
         if since is None:
-            since = _expect("hello", self.hello().get("last_event_seq"), int)
+            since = expect_reply("hello", self.hello().get("last_event_seq"), int)
         elif isinstance(since, bool) or not isinstance(since, int) or since < 0:
             raise ControlArgumentError(f"since must be an int >= 0 or None, got {since!r}")
         topic_list = check_topics(topics)
@@ -387,7 +361,7 @@ class ControlClient:
         knew it."""
         check_member(member)
         budget = seconds(timeout, "timeout")
-        return _expect("heartbeat_stop", self._call("heartbeat_stop", {"member": member},
+        return expect_reply("heartbeat_stop", self._call("heartbeat_stop", {"member": member},
                                                     budget=self.timeout if budget is None else budget), bool)
 
     # ------------------------------------------------------------------ lifecycle

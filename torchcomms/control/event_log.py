@@ -1,13 +1,14 @@
-"""The server's event history: numbered events, the oldest dropped past ``max_events``, and
-the lookup of "events after seq N" that long-polling subscribers (and late ones) ask for."""
+"""The server's event history: numbered events, the oldest dropped past ``max_events`` or
+``max_bytes``, and the lookup of "events after seq N" that long-polling subscribers (and late
+ones) ask for."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
+from . import protocol as proto
 from .events import Event
 
 __all__ = ["EventLog", "MAX_EVENTS_PER_REPLY"]
@@ -32,17 +33,16 @@ class EventLog:
         """The sequence number of the last event published (0 before the first)."""
         return self._next_seq - 1
 
-    def append(self, topic: str, payload: dict[str, Any], run_id: str,
-               size: Callable[[Event], int]) -> tuple[Event, list[Event]]:
-        """Number and keep a new event (stamped with ``ts`` and ``run_id`` unless it has them;
-        ``size(event)``: the bytes it takes); returns it and the oldest events dropped to make
-        room, if any."""
+    def append(self, topic: str, payload: dict[str, Any], run_id: str) -> tuple[Event, bytes, list[Event]]:
+        """Number and keep a new event (stamped with ``ts`` and ``run_id`` unless it has them);
+        returns it, its packed record and the oldest events dropped to make room, if any."""
         payload = dict(payload)
         payload.setdefault("ts", time.time())
         payload.setdefault("run_id", run_id)
         event = Event(self._next_seq, topic, payload)
         self._next_seq += 1
-        nbytes = size(event)
+        packed = proto.encode(event.to_wire())
+        nbytes = len(packed)
         self._events.append((event, nbytes))
         self._bytes += nbytes
         dropped: list[Event] = []
@@ -51,7 +51,7 @@ class EventLog:
             old, old_bytes = self._events.popleft()
             self._bytes -= old_bytes
             dropped.append(old)
-        return event, dropped
+        return event, packed, dropped
 
     def after(self, since: int, topics: list[str] | None) -> list[Event]:
         """Events after ``since`` (of ``topics``, or all), at most :data:`MAX_EVENTS_PER_REPLY`."""

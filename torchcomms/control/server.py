@@ -16,7 +16,6 @@ again, and the agent decides (see ``launcher/liveness.py``). A silent heartbeat 
 tells slow from dead: a starved box or a C call holding the GIL silences a healthy rank.
 """
 
-
 from __future__ import annotations
 
 import logging
@@ -386,21 +385,14 @@ class StoreServer:
         existed = self._members.forget(req.args["member"])
         self._send_ok(identity, req.id, existed)
 
-
     # ------------------------------------------------------------------ events
 
     def _publish(self, topic: str, payload: dict[str, Any]) -> Event:
-        packed: list[bytes] = []
-
-        def size(event: Event) -> int:
-            packed.append(proto.encode(event.to_wire()))
-            return len(packed[0])
-
-        event, dropped = self._history.append(topic, payload, self.run_id, size)
+        event, packed, dropped = self._history.append(topic, payload, self.run_id)
         self.stats["events"] += 1
         for old in dropped:
             self._store.pop(event_key(old.seq))
-        self._store.put(event_key(event.seq), packed[0], bounded=False)
+        self._store.put(event_key(event.seq), packed, bounded=False)
         self._store.wake_event_waiters(topic, self._history.after)
         _log.info("event %d %s %s", event.seq, topic, event.payload)
         return event
