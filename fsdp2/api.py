@@ -76,7 +76,7 @@ def fully_shard(module: nn.Module, comm: Any, *, reshard_after_forward: bool | i
     if offload_policy is not None:
         kwargs["offload_policy"] = offload_policy
     out = torch_fully_shard(module, mesh=comms.mesh, **kwargs)
-    _install(out, comms, overlap)
+    _install(out, comms, overlap, _post_forward_comm(comms, reshard_after_forward))
     if prefetch:
         order = [out] + [m for m in module.modules() if m is not module and isinstance(m, FSDPModule)]
         for i, m in enumerate(order[:-1]):
@@ -84,8 +84,18 @@ def fully_shard(module: nn.Module, comm: Any, *, reshard_after_forward: bool | i
     return out
 
 
-def _install(module: FSDPModule, comms: FSDPComms, overlap: bool) -> None:
-    module.set_custom_all_gather(CommAllGather(comms.all_gather))
+def _post_forward_comm(comms: FSDPComms, reshard_after_forward: bool | int | None) -> Any:
+    """The all-gather communicator of the smaller group ``reshard_after_forward=n`` reshards to
+    after forward (torch re-gathers over it in backward), or None when it is not an int between
+    1 and the shard size (torch has validated the value by now)."""
+    n = reshard_after_forward
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 < n < comms.shard_size:
+        return None
+    return comms.post_forward_comm(n)
+
+
+def _install(module: FSDPModule, comms: FSDPComms, overlap: bool, post_forward: Any = None) -> None:
+    module.set_custom_all_gather(CommAllGather(comms.all_gather, post_forward))
     rs = CommReduceScatter(comms.reduce_scatter, comms.reductions, lambda: _own_params(module), overlap)
     module.set_custom_reduce_scatter(rs)
     if comms.is_hsdp:

@@ -195,10 +195,14 @@ COPYING_ENGINES = frozenset({"gloo"})
 class CommAllGather(AllGather):
     """FSDP's parameter all-gather on ``comm``, always asynchronous: FSDP waits on the returned
     work right before it copies the parameters out. ``all_gather_single``, or on an engine of
-    :data:`COPYING_ENGINES` ``all_gather_v`` into the output's per-rank chunks."""
+    :data:`COPYING_ENGINES` ``all_gather_v`` into the output's per-rank chunks.
 
-    def __init__(self, comm: Any) -> None:
+    ``post_forward``: the communicator of the smaller group that ``reshard_after_forward=n``
+    reshards to; FSDP's backward re-gathers over that group (its size tells it apart)."""
+
+    def __init__(self, comm: Any, post_forward: Any = None) -> None:
         self.comm = comm
+        self.post_forward = post_forward
         self.into_chunks = comm.get_backend() in COPYING_ENGINES
 
     def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype,
@@ -207,11 +211,14 @@ class CommAllGather(AllGather):
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, async_op: bool = False) -> dist.Work | None:
-        _check_group(group, self.comm, "all-gather")
+        comm = self.comm
+        if self.post_forward is not None and group is not None and group.size() == self.post_forward.get_size():
+            comm = self.post_forward
+        _check_group(group, comm, "all-gather")
         if self.into_chunks:
-            chunks = list(output_tensor.chunk(self.comm.get_size()))
-            return CommWork(self.comm.all_gather_v(chunks, input_tensor, async_op=True))
-        return CommWork(self.comm.all_gather_single(output_tensor, input_tensor, async_op=True))
+            chunks = list(output_tensor.chunk(comm.get_size()))
+            return CommWork(comm.all_gather_v(chunks, input_tensor, async_op=True))
+        return CommWork(comm.all_gather_single(output_tensor, input_tensor, async_op=True))
 
 
 class CommReduceScatter(ReduceScatter):

@@ -38,6 +38,8 @@ class FSDPComms:
     global_mesh: DeviceMesh  # (replicate, shard), or 1-D (shard) for plain FSDP
     separate: bool
     reductions: Reductions = field(default_factory=Reductions)
+    #: the all-gather communicators of ``reshard_after_forward=n`` (n ranks each), by ``n``
+    post_forward: dict[int, Any] = field(default_factory=dict)
 
     @property
     def is_hsdp(self) -> bool:
@@ -71,9 +73,21 @@ class FSDPComms:
         mesh = global_mesh["shard"] if replicate_size > 1 else global_mesh
         return cls(parent, replicate_size, shard_size, ag, rs, ar, mesh, global_mesh, separate)
 
+    def post_forward_comm(self, size: int) -> Any:
+        """The communicator of this rank's post-forward group for ``reshard_after_forward=size``:
+        ``size`` consecutive ranks of the shard group, as torch's post-forward mesh (the shard
+        mesh viewed as ``(-1, size)``). Split from the all-gather communicator on first use
+        (collective over it then)."""
+        got = self.post_forward.get(size)
+        if got is None:
+            first = self.all_gather.get_rank() // size * size
+            got = self.post_forward[size] = self.all_gather.split(
+                list(range(first, first + size)), f"{self.all_gather.get_name()}.post_forward{size}")
+        return got
+
     def communicators(self) -> list[Any]:
         seen: list[Any] = []
-        for c in (self.all_gather, self.reduce_scatter, self.all_reduce):
+        for c in (self.all_gather, self.reduce_scatter, self.all_reduce, *self.post_forward.values()):
             if c is not None and all(c is not s for s in seen):
                 seen.append(c)
         return seen

@@ -77,21 +77,27 @@ def shard_stock(model: Llama, mesh: Any, **kw: Any) -> Llama:
     return model
 
 
-def numerics(steps: int = 20, replicate: int = 1, mp: bool = False, overlap: bool = True) -> dict[str, Any]:
+def numerics(steps: int = 20, replicate: int = 1, mp: bool = False, overlap: bool = True,
+             reshard_after_forward: bool | int = True) -> dict[str, Any]:
     """Train the tiny Llama with stock fully_shard (c10d gloo) and with fsdp2 from the same
-    initial weights and data; return both loss curves and max |Δ| of the final parameters."""
+    initial weights and data; return both loss curves, max |Δ| of the final parameters and
+    how many ops each of fsdp2's communicators ran."""
     rank = int(os.environ["RANK"])
     comm = world_comm()
-    ours = shard_ours(make_model(), comm, mp_policy=mp_policy(mp), replicate_size=replicate, overlap=overlap)
+    raf = {"reshard_after_forward": reshard_after_forward}
+    ours = shard_ours(make_model(), comm, mp_policy=mp_policy(mp), replicate_size=replicate, overlap=overlap, **raf)
     comms = fsdp2.comms_of(ours)
+    ran: dict[str, int] = {}
+    for c in comms.communicators():
+        c.register_pre_hook(lambda name, op_id, rec, c=c.get_name(): ran.__setitem__(c, ran.get(c, 0) + 1))
     data = batches(rank, steps)
     our_losses = train(ours, data)
     our_params = full_params(ours)
-    stock = shard_stock(make_model(), comms.global_mesh, mp_policy=mp_policy(mp))
+    stock = shard_stock(make_model(), comms.global_mesh, mp_policy=mp_policy(mp), **raf)
     stock_losses = train(stock, data)
     stock_params = full_params(stock)
     max_diff = max((our_params[n] - stock_params[n]).abs().max().item() for n in our_params)
-    return {"ours": our_losses, "stock": stock_losses, "max_param_diff": max_diff,
+    return {"ours": our_losses, "stock": stock_losses, "max_param_diff": max_diff, "ops": ran,
             "ours_digest": digest(our_params), "stock_digest": digest(stock_params)}
 
 

@@ -32,6 +32,19 @@ def test_fsdp_without_overlap_matches_stock_bitwise() -> None:
     _same_everywhere(run_ranks(2, f"{T}:numerics", {"steps": 20, "overlap": False}, timeout=240))
 
 
+def test_reshard_after_forward_to_a_smaller_group_matches_stock_bitwise() -> None:
+    # reshard_after_forward=2 on 4 ranks: after forward each module keeps its parameters sharded
+    # over 2 ranks, and backward re-gathers them over that pair (torch's post-forward mesh),
+    # which fsdp2 runs on a communicator split for it. It once raised FSDPCommError in the first
+    # backward (FSDP's group of 2 ranks on the 4-rank all-gather communicator).
+    res = run_ranks(4, f"{T}:numerics", {"steps": 4, "reshard_after_forward": 2}, timeout=240)
+    v = _same_everywhere(res)
+    # per step 3 modules (2 blocks + root, each given the int) gather over 4 ranks in forward
+    # and re-gather over the pair in backward
+    assert v["ops"]["world.fsdp.all_gather"] == 3 * 4, v["ops"]
+    assert v["ops"]["world.fsdp.all_gather.post_forward2"] == 3 * 4, v["ops"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mp", [False, True], ids=["fp32", "bf16-mp"])
 def test_hsdp_matches_stock_bitwise_over_8_steps(mp: bool) -> None:
