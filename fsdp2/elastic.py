@@ -279,13 +279,12 @@ class ElasticHSDP:
         assert self.model is not None, "call start() first"
         return list(self.model.parameters())
 
-    def _grads(self) -> list[torch.Tensor]:
-        """The local shards of this rank's gradients (zeros for parameters that got none)."""
-        params = self._params()
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        return [local_shard(p.grad) for p in params]
+    def _grads(self) -> tuple[list[nn.Parameter], list[torch.Tensor]]:
+        """The parameters that train (``requires_grad``) and the local shards of their gradients
+        (for one that got none in this step, zeros that are not assigned to it)."""
+        params = [p for p in self._params() if p.requires_grad]
+        return params, [local_shard(p.grad) if p.grad is not None else torch.zeros_like(local_shard(p))
+                        for p in params]
 
     def batch_indices(self, global_batch: int) -> range:
         """This rank's part of the step's global batch ``[step * B, (step + 1) * B)``, split
@@ -305,12 +304,16 @@ class ElasticHSDP:
                 self.replicate.abort()
         work.wait()
 
-    def _across_replicas(self, grads: list[torch.Tensor], op: torchcomms.ReduceOp) -> torch.Tensor | None:
-        """``grads`` flattened into one buffer and reduced (``op``) across the live replicas;
-        ``None`` when this replica is the only one (nothing to reduce)."""
+    def _across_replicas(self, params: list[nn.Parameter], grads: list[torch.Tensor],
+                         op: torchcomms.ReduceOp) -> torch.Tensor | None:
+        """``grads`` (of ``params``) flattened into one buffer, then one flag per parameter (1: it
+        has a gradient on this rank), reduced (``op``) across the live replicas; ``None`` when
+        this replica is the only one (nothing to reduce)."""
         if len(self.live) == 1:
             return None
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        flags = torch.tensor([float(p.grad is not None) for p in params],
+                             dtype=grads[0].dtype if grads else torch.float32)
+        flat = torch.cat([g.reshape(-1) for g in grads] + [flags])
         self._wait(self.replicate.all_reduce(flat, op, async_op=True))
         return flat
 
@@ -363,8 +366,8 @@ class ElasticHSDP:
                         passes.append((t0, time.time()))
                         computed = True
                         loss_sum += float(loss.detach()) * len(mine)
-                grads = self._grads()
-                flat = self._across_replicas(grads, torchcomms.ReduceOp.SUM)
+                params, grads = self._grads()
+                flat = self._across_replicas(params, grads, torchcomms.ReduceOp.SUM)
                 report = self._report(loss_sum)
             except torchcomms.CommError as e:
                 error = e
@@ -381,7 +384,7 @@ class ElasticHSDP:
             self.recovery_s = recovery_s
             event = "shrunk"
         if flat is not None:
-            _copy_flat(flat, grads)
+            _copy_flat(flat, params, grads)
         return self._apply(report, report[0].item() / global_batch, event, tuple(passes), recovery_s)
 
     def _incomplete_replicas(self, computed: bool) -> set[int]:
@@ -408,10 +411,10 @@ class ElasticHSDP:
             t0 = time.time()
             loss = forward_backward()
             passes = ((t0, time.time()),)
-            grads = self._grads()
-            flat = self._across_replicas(grads, torchcomms.ReduceOp.AVG)
+            params, grads = self._grads()
+            flat = self._across_replicas(params, grads, torchcomms.ReduceOp.AVG)
             if flat is not None:
-                _copy_flat(flat, grads)
+                _copy_flat(flat, params, grads)
             report = self._report(float(loss.detach()))
         except torchcomms.CommError as e:
             error = e
@@ -483,7 +486,16 @@ class ElasticHSDP:
         release_comms(self.comms)
 
 
-def _copy_flat(flat: torch.Tensor, grads: list[torch.Tensor]) -> None:
-    """Copy ``flat`` (the tensors of ``grads`` laid end to end) back into ``grads``."""
-    parts = flat.split([g.numel() for g in grads])
-    torch._foreach_copy_(grads, [c.view_as(g) for c, g in zip(parts, grads)])
+def _copy_flat(flat: torch.Tensor, params: list[nn.Parameter], grads: list[torch.Tensor]) -> None:
+    """Copy ``flat`` (the tensors of ``grads`` laid end to end, then a flag per parameter of
+    ``params``) back into the gradients: a parameter whose flag is 0 (no gradient on any live
+    replica) keeps none, as FSDP leaves it, so the optimizer skips it; one that got a gradient
+    elsewhere only is given one here."""
+    parts = flat.split([g.numel() for g in grads] + [len(params)])
+    for p, g, part, flag in zip(params, grads, parts, parts[-1].tolist()):
+        if flag == 0:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+            g = local_shard(p.grad)
+        g.copy_(part.view_as(g))

@@ -36,6 +36,7 @@ from tests.helpers.ranks import REPO
 
 EXAMPLE = REPO / "examples" / "train_elastic_fsdp.py"
 HEAL_KILLER = REPO / "tests" / "fsdp2" / "elastic_heal_killer.py"
+FROZEN_JOB = REPO / "tests" / "fsdp2" / "elastic_frozen_job.py"
 TIMEOUT_S = 30.0  # each communicator's op timeout in the job
 LIMIT_S = 200.0  # the whole job: a hang fails the test here, with the job's log (pytest-timeout's 300 s shows none)
 LOSS_RTOL = 1e-6  # the same ops in the same order: the losses agree to rounding (measured: bitwise on
@@ -177,6 +178,24 @@ def test_a_job_that_lost_every_replica_ends_with_a_clear_error_instead_of_waitin
          "--dim", "32", "--layers", "1"], env, 120)
     assert rc not in (0, None), f"the job ended with {rc} (None: still running after 120 s)\n{log[-30000:]}"
     assert "no replica is live to send the training state" in log, log[-4000:]
+
+
+def test_frozen_and_unused_parameters_stay_untouched() -> None:
+    """A parameter without a gradient (frozen, or not used by the forward) on every live replica
+    keeps none after the replica reduction, as FSDP leaves it: AdamW skips it. (They were given
+    zero gradients, so AdamW's weight decay moved them, by about 1e-3 in 3 steps.)"""
+    out = Path(tempfile.mkdtemp(prefix="tc-elastic-frozen-")) / "res"
+    env = dict(os.environ, TORCHCOMM_TRACING_DISABLE="1", PYTHONPATH=child_pythonpath())
+    rc, log = run_launcher_job(["--nproc-per-node", "4", "--no-summary", str(FROZEN_JOB), str(out)], env, LIMIT_S)
+    assert rc == 0, log[-6000:]
+    for r in range(4):
+        got = json.loads(Path(f"{out}.{r}").read_text())
+        untouched = {n: m for n, m in got["moved"].items() if n.startswith(("frozen.", "unused."))}
+        assert len(untouched) == 4 and all(m == 0.0 for m in untouched.values()), (r, got)
+        trained = [m for n, m in got["moved"].items() if n.startswith(("blocks.", "head."))]
+        assert len(trained) == 6 and all(m > 0.0 for m in trained), (r, got)
+        assert got["with_state"] == ["blocks.0.bias", "blocks.0.weight", "blocks.1.bias", "blocks.1.weight",
+                                     "head.bias", "head.weight"], (r, got)
 
 
 @pytest.mark.slow
