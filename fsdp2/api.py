@@ -100,7 +100,8 @@ def _install(module: FSDPModule, comms: FSDPComms, overlap: bool, post_forward: 
     module.set_custom_reduce_scatter(rs)
     if comms.is_hsdp:
         module.set_all_reduce_hook(ReplicaAllReduce(comms.all_reduce, rs, comms.reductions,
-                                                    lambda: gradient_divide_factor(module)))
+                                                    lambda: gradient_divide_factor(module),
+                                                    lambda: requires_all_reduce(module)))
     module._fsdp2_comms = comms  # type: ignore[attr-defined]
     module.register_forward_pre_hook(lambda *_: comms.reductions.new_pass())
 
@@ -110,6 +111,13 @@ def gradient_divide_factor(module: FSDPModule) -> float | None:
     parameter group and has no getter), or None."""
     group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
     return getattr(group, "gradient_divide_factor", None)
+
+
+def requires_all_reduce(module: FSDPModule) -> bool:
+    """What ``module.set_requires_all_reduce`` set (torch keeps it on the module's parameter
+    group as ``all_reduce_grads``; default True)."""
+    group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
+    return bool(getattr(group, "all_reduce_grads", True))
 
 
 def comms_of(module: nn.Module) -> FSDPComms:

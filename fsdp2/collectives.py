@@ -289,21 +289,46 @@ class ReplicaAllReduce:
     its all-reduce: AVG while no gradient divide factor is set (the shard group's reduction
     divided by its size), SUM once ``divide_factor()`` returns one (the whole division is then
     the reduce-scatter's PREMUL_SUM, or FSDP's pre/post-divide).
+
+    While ``all_reduce_grads()`` is false (the module's ``set_requires_all_reduce(False)``) the
+    replica step is skipped as in stock HSDP: the shard group's reductions are summed in
+    :attr:`partial` and added to the next one that is all-reduced. FSDP still accumulates what
+    this hook leaves in the output into the gradient, so the output is zeroed (the gradient
+    reads zeros until then, where stock leaves it unset).
     """
 
     def __init__(self, comm: Any, reduce_scatter: CommReduceScatter, reductions: Reductions,
-                 divide_factor: Callable[[], float | None] = lambda: None) -> None:
+                 divide_factor: Callable[[], float | None] = lambda: None,
+                 all_reduce_grads: Callable[[], bool] = lambda: True) -> None:
         self.comm = comm
         self.reduce_scatter = reduce_scatter
         self.reductions = reductions
         self.divide_factor = divide_factor
+        self.all_reduce_grads = all_reduce_grads
+        self.partial: torch.Tensor | None = None
 
     def __call__(self, reduce_output: torch.Tensor) -> None:
         last = self.reduce_scatter.last
         self.reduce_scatter.last = None
+        in_flight = last is not None and last[1]
+        if not self.all_reduce_grads():
+            if in_flight:
+                last[0].wait()
+            if self.partial is None:
+                self.partial = reduce_output.clone()
+            else:
+                self.partial += reduce_output
+            reduce_output.zero_()
+            return
+        partial, self.partial = self.partial, None
         op = torchcomms.ReduceOp.AVG if self.divide_factor() is None else torchcomms.ReduceOp.SUM
-        if last is not None and last[1]:  # the reduce-scatter is still in flight: chain after it
-            rs_work = last[0]
-            self.reductions.chain(rs_work, lambda: CommWork(self.comm.all_reduce(reduce_output, op, async_op=True)))
+
+        def issue() -> CommWork:
+            if partial is not None:
+                reduce_output.add_(partial)
+            return CommWork(self.comm.all_reduce(reduce_output, op, async_op=True))
+
+        if in_flight:  # the reduce-scatter is still in flight: chain after it
+            self.reductions.chain(last[0], issue)
         else:
-            self.comm.all_reduce(reduce_output, op, async_op=False)
+            issue().wait()

@@ -101,6 +101,37 @@ def numerics(steps: int = 20, replicate: int = 1, mp: bool = False, overlap: boo
             "ours_digest": digest(our_params), "stock_digest": digest(stock_params)}
 
 
+def accumulate_without_all_reduce(steps: int = 3, micro: int = 3) -> dict[str, Any]:
+    """HSDP gradient accumulation that reduce-scatters every microbatch but all-reduces across
+    replicas only on the last (``set_requires_all_reduce``), ours and stock from the same
+    weights and data: both loss curves, the final parameters and how many replica all-reduces
+    fsdp2 ran."""
+    rank = int(os.environ["RANK"])
+    comm = world_comm()
+    ours = shard_ours(make_model(), comm, replicate_size=2)
+    comms = fsdp2.comms_of(ours)
+    ran = [0]
+    comms.all_reduce.register_pre_hook(lambda name, op_id, rec: ran.__setitem__(0, ran[0] + 1))
+    stock = shard_stock(make_model(), comms.global_mesh)
+    data = batches(rank, steps * micro)
+    out: dict[str, Any] = {}
+    for name, model in (("ours", ours), ("stock", stock)):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+        losses = []
+        for step in range(steps):
+            for i, tok in enumerate(data[step * micro:(step + 1) * micro]):
+                model.set_requires_all_reduce(i == micro - 1)
+                loss = model(tok[:, :-1], tok[:, 1:])
+                loss.backward()
+                losses.append(loss.item())
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        out[name] = losses
+        out[f"{name}_digest"] = digest(full_params(model))
+    out["all_reduces"] = ran[0]
+    return out
+
+
 def fsdp_modules(model: torch.nn.Module) -> list[Any]:
     from torch.distributed.fsdp import FSDPModule
 

@@ -56,6 +56,18 @@ def test_hsdp_matches_stock_bitwise_over_8_steps(mp: bool) -> None:
     assert len(v["ours"]) == 8
 
 
+def test_hsdp_accumulation_without_replica_all_reduce_matches_stock_bitwise() -> None:
+    # set_requires_all_reduce(False) on all but the last of 3 microbatches: stock HSDP sums the
+    # reduce-scattered gradients and all-reduces them once. fsdp2 ran the replica all-reduce
+    # on every microbatch (3 x as many, other rounding: the last steps' losses differed).
+    res = run_ranks(4, f"{T}:accumulate_without_all_reduce", {"steps": 3, "micro": 3}, timeout=240)
+    for r in res:
+        v = r.value
+        assert v["ours"] == v["stock"] and v["ours_digest"] == v["stock_digest"], f"rank {r.rank}: {v}"
+        assert v["all_reduces"] == 3 * 3, v  # per step one per FSDP module (2 blocks + root)
+    assert len({r.value["ours_digest"] for r in res}) == 1
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("replicate", [1, 2], ids=["fsdp", "hsdp"])
 def test_gradient_divide_factor_premul_sum_matches_stock(replicate: int) -> None:
