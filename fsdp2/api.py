@@ -22,9 +22,17 @@ def fsdp_comms(comm: Any, *, replicate_size: int = 1, overlap: bool = True) -> F
         return comm
     if not hasattr(comm, "split") or not hasattr(comm, "get_name"):
         raise FSDPCommError(f"comm must be a torchcomms TorchComm or an FSDPComms, got {type(comm).__name__}")
+    if not isinstance(overlap, bool):
+        raise FSDPCommError(f"overlap must be a bool, got {overlap!r}")
     key = (comm.get_name(), replicate_size, overlap)
     got = _COMMS.get(key)
     if got is None or got.parent is not comm:
+        for (name, rep, ovl), other in _COMMS.items():
+            if name == key[0] and other.parent is comm:  # the split communicators' names are taken
+                raise FSDPCommError(
+                    f"communicator {name!r} already carries fsdp2's communicators for replicate_size={rep}, "
+                    f"overlap={ovl}; every fully_shard on it takes the same replicate_size and overlap (got "
+                    f"{replicate_size!r}, {overlap!r}); release_comms(fsdp2.comms_of(model)) first to change them")
         got = _COMMS[key] = FSDPComms.build(comm, replicate_size=replicate_size, separate=overlap)
     return got
 

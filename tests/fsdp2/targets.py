@@ -132,6 +132,25 @@ def accumulate_without_all_reduce(steps: int = 3, micro: int = 3) -> dict[str, A
     return out
 
 
+def conflicting_layouts() -> dict[str, Any]:
+    """The blocks sharded with the defaults, the root with ``overlap=False`` (then HSDP) on the
+    same communicator: the errors, then a model sharded both ways after ``release_comms``."""
+    comm = world_comm()
+    model = make_model()
+    for blk in model.blocks:
+        fsdp2.fully_shard(blk, comm)
+    out: dict[str, Any] = {}
+    for name, kw in (("overlap", {"overlap": False}), ("replicate", {"replicate_size": 2})):
+        try:
+            fsdp2.fully_shard(model, comm, **kw)
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            out[name] = [type(e).__name__, str(e)]
+    fsdp2.release_comms(fsdp2.comms_of(model.blocks[0]))
+    other = shard_ours(make_model(), comm, overlap=False)
+    out["after_release"] = len(train(other, batches(int(os.environ["RANK"]), 1)))
+    return out
+
+
 def fsdp_modules(model: torch.nn.Module) -> list[Any]:
     from torch.distributed.fsdp import FSDPModule
 

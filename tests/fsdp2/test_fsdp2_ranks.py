@@ -90,6 +90,19 @@ def test_gradient_divide_factor_premul_sum_matches_stock(replicate: int) -> None
         assert all(abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(v["ours"], v["stock"])), v
 
 
+def test_other_layout_on_the_same_communicator_is_refused_by_name() -> None:
+    # it failed in torchcomms' split with "a communicator named 'world.fsdp.all_gather' already
+    # exists", naming neither the argument nor the way out
+    for r in run_ranks(2, f"{T}:conflicting_layouts", timeout=180):
+        v = r.value
+        for arg, got in (("overlap", "1, False"), ("replicate", "2, True")):
+            kind, msg = v[arg]
+            assert kind == "FSDPCommError", v
+            assert "'world' already carries fsdp2's communicators for replicate_size=1, overlap=True" in msg, v
+            assert f"(got {got})" in msg and "release_comms" in msg, v
+        assert v["after_release"] == 1, v
+
+
 def test_all_gather_and_reduce_scatter_run_on_their_own_communicators() -> None:
     res = run_ranks(2, f"{T}:flight_record", {"steps": 2}, timeout=180)
     for r in res:

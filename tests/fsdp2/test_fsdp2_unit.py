@@ -43,6 +43,8 @@ def test_bad_arguments_raise_typed_errors() -> None:
             fsdp2.fully_shard(torch.nn.Linear(2, 2), comm, prefetch=-1)
         with pytest.raises(fsdp2.FSDPCommError, match="mesh"):
             fsdp2.fully_shard(torch.nn.Linear(2, 2), comm, mesh=None)
+        with pytest.raises(fsdp2.FSDPCommError, match="overlap must be a bool"):
+            fsdp2.fully_shard(torch.nn.Linear(2, 2), comm, overlap="no")
     finally:
         comm.finalize()
 
