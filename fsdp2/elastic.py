@@ -50,7 +50,7 @@ from fsdp2.api import fully_shard as _fully_shard
 from fsdp2.api import release_comms
 from fsdp2.collectives import FSDPCommError
 from fsdp2.elastic_batch import StepLedger, split_in_order
-from fsdp2.elastic_state import local_shard, receive_state, send_state, state_meta
+from fsdp2.elastic_state import check_scheduler, local_shard, receive_state, send_state, state_meta
 from fsdp2.groups import FSDPComms
 
 __all__ = ["ElasticHSDP", "ReplicaLostError", "StepResult"]
@@ -125,6 +125,7 @@ class ElasticHSDP:
         self.live: list[int] = []
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: Any = None
         #: a healed rank's timings (seconds): ready -> admitted, re-forming, receiving the state
         self.heal_times: dict[str, float] = {}
         self.recovery_s = 0.0  #: how long the last recovery took (shrink, re-forming)
@@ -182,7 +183,7 @@ class ElasticHSDP:
         self.cfg, self.live = cfg, list(live)
 
     def start(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
-              warm_up: Callable[[], torch.Tensor] | None = None) -> bool:
+              warm_up: Callable[[], torch.Tensor] | None = None, scheduler: Any = None) -> bool:
         """Join the job with ``model`` (sharded by :meth:`fully_shard`) and ``optimizer``: the
         first start of every rank forms the job (replica 0's parameters are broadcast to the
         others); a later start waits to be admitted at a step boundary and receives the
@@ -191,8 +192,14 @@ class ElasticHSDP:
         ``warm_up``: a forward on any sample, returning a loss (e.g. ``lambda: loss_of([0])``).
         A replacement back-propagates it once and drops the gradients before it says it is
         ready, so that the live replicas do not wait for its first, slower iteration (lazy
-        initialisation, first-touch allocations) in the step that admits it."""
-        self.model, self.optimizer = model, optimizer
+        initialisation, first-touch allocations) in the step that admits it.
+
+        ``scheduler``: the optimizer's LR scheduler (anything with ``step()`` and a JSON-able
+        ``state_dict()`` / ``load_state_dict()``). Each applied step steps it right after the
+        optimizer (the caller does not), and a replacement receives its state with the
+        optimizer's, so that every replica applies the same learning rate."""
+        check_scheduler(scheduler)
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         if self.incarnation == 1:  # every rank's first process: the job's start
             self._reform(0, list(range(self.n_replicas)))
             with torch.no_grad():
@@ -237,9 +244,10 @@ class ElasticHSDP:
             self._reform(int(rec["cfg"]), [int(r) for r in rec["live"]])
             self.step = int(rec["step"])
             t2 = time.monotonic()
-            receive_state(self.replicate, self.live.index(int(rec["source"])), self._params(), self.optimizer,
-                          json.loads(self.store.get(f"{self.ns}/cfg{rec['cfg']}/state/{self.shard_index}")))
-        except torchcomms.CommError as e:
+            meta = json.loads(self.store.get(f"{self.ns}/cfg{rec['cfg']}/state/{self.shard_index}"))
+            receive_state(self.replicate, self.live.index(int(rec["source"])), self._params(), self.optimizer, meta,
+                          self.scheduler)
+        except (torchcomms.CommError, ValueError) as e:  # (ValueError: a state layout this rank cannot take)
             error = e
         if not self.world.agree(error is None):  # the live ranks put their side of the heal to it too
             self._shrink_world()  # (they shrink: check in, then leave)
@@ -267,7 +275,7 @@ class ElasticHSDP:
                     {"cfg": cfg, "live": live, "step": self.step, "source": source}).encode())
         if self.replica == source:
             assert self.optimizer is not None
-            meta = state_meta(self._params(), self.optimizer)
+            meta = state_meta(self._params(), self.optimizer, self.scheduler)
             self.store.set(f"{self.ns}/cfg{cfg}/state/{self.shard_index}", json.dumps(meta).encode())
         self._reform(cfg, live)
         if self.replica == source:
@@ -432,6 +440,8 @@ class ElasticHSDP:
         opt = self.optimizer
         assert opt is not None
         opt.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         opt.zero_grad(set_to_none=True)
         applied, self.step = self.step, self.step + 1
         n = self.world.get_size()

@@ -52,7 +52,7 @@ BATCH = 8  # the example's default global batch
 
 def run_job(world: int, shard: int, *, fail_rank: int = -1, fail_step: int = 0, steps: int = 2000,
             stop_after_heal: int = AFTER_HEAL, max_restarts: int = 1, heal_victim: int = -1,
-            fail_at: str = "random", redo: bool = False) -> dict[str, Any]:
+            fail_at: str = "random", redo: bool = False, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix="tc-elastic-"))
     env = dict(os.environ, TORCHCOMM_TRACING_DISABLE="1", PYTHONPATH=child_pythonpath(),
                TC_HEAL_VICTIM=str(heal_victim), TC_SHARD=str(shard))
@@ -62,7 +62,7 @@ def run_job(world: int, shard: int, *, fail_rank: int = -1, fail_step: int = 0, 
          "--no-summary", str(script), "--shard", str(shard), "--steps", str(steps),
          "--stop-after-heal", str(stop_after_heal), "--fail-rank", str(fail_rank), "--fail-step", str(fail_step),
          "--fail-at", fail_at, "--step-sleep", str(STEP_SLEEP), "--timeout", str(TIMEOUT_S), "--dim", "32",
-         "--layers", "1", "--record", str(out / "rec"), *(["--redo"] if redo else [])], env, LIMIT_S)
+         "--layers", "1", "--record", str(out / "rec"), *(["--redo"] if redo else []), *extra], env, LIMIT_S)
     lines = {r: [json.loads(line) for line in (out / f"rec.{r}").read_text().splitlines()]
              for r in range(world) if (out / f"rec.{r}").exists()}
     records = {r: [d for d in ds if "step" in d] for r, ds in lines.items()}
@@ -144,6 +144,19 @@ def test_kill_in_step_zero_survivor_matches_one_replica_run_and_heals() -> None:
     for s in range(compared):
         got, want = by_step[s][survivor]["loss"], ref_loss[s]
         assert abs(got - want) <= LOSS_RTOL * abs(want), f"step {s}: {got} vs one-replica run {want}"
+
+
+def test_healed_replica_follows_the_live_lr_schedule() -> None:
+    """An LR schedule (LambdaLR, stepped after every applied step): the replacement receives
+    the scheduler's state with the optimizer's, so from its first step it applies the live
+    replicas' learning rate and the replicas stay bitwise identical (check_run). Its scheduler
+    started again from step 0: the replicas' parameters differed from the first step after
+    the heal."""
+    job = run_job(4, 2, fail_rank=3, fail_step=2, fail_at="forward", extra=("--lr-decay", "0.5"))
+    by_step = check_run(job, 4, 2, 3, 2)
+    for step, recs in by_step.items():  # the learning rate of the next step, on every rank that applied this one
+        want = 3e-3 / (1 + 0.5 * (step + 1))
+        assert all(abs(r["lr"] - want) <= 1e-12 for r in recs.values()), (step, recs)
 
 
 def test_make_up_pass_matches_redoing_the_step_with_one_replica_fewer() -> None:
