@@ -73,7 +73,8 @@ class StepResult:
     ``"healed"``, ``"heal failed"`` or ``None``). ``passes``: the wall-clock (``time.time()``)
     start and end of each forward + backward this rank ran for the step (``train_batch``: more
     than one after a failure, the make-up passes); ``recovery_s``: the time the step spent
-    recovering (shrink, re-forming), 0.0 without a failure."""
+    recovering (shrink, re-forming), 0.0 without a failure; ``grad_norm``: with ``max_grad_norm``,
+    the total norm of the step's gradient before clipping (as ``clip_grad_norm_`` returns it)."""
 
     applied: bool
     step: int
@@ -82,6 +83,7 @@ class StepResult:
     event: str | None = None
     passes: tuple[tuple[float, float], ...] = ()
     recovery_s: float = 0.0
+    grad_norm: float | None = None
 
 
 def _job_world() -> int:
@@ -336,7 +338,37 @@ class ElasticHSDP:
         self.world.all_reduce(report, torchcomms.ReduceOp.SUM, async_op=False)
         return report
 
-    def train_batch(self, loss_of: Callable[[list[int]], torch.Tensor], global_batch: int) -> StepResult:
+    def _total_norm(self, params: list[nn.Parameter], grads: list[torch.Tensor],
+                    flat: torch.Tensor | None) -> torch.Tensor:
+        """The 2-norm of the step's gradient as ``clip_grad_norm_`` computes it (torch's
+        ``get_total_norm`` over the DTensor gradients): ``flat``'s reduced parts, or with one
+        replica the gradients themselves; a collective on the shard communicator, so that it
+        runs before the step is put to ``agree``."""
+        from torch.distributed.tensor import DTensor
+
+        if flat is not None:
+            parts = flat.split([g.numel() for g in grads] + [len(params)])
+            local = [(p, part.view_as(g)) for p, g, part, flag in zip(params, grads, parts, parts[-1].tolist()) if flag]
+        else:
+            local = [(p, g) for p, g in zip(params, grads) if p.grad is not None]
+        tensors = [DTensor.from_local(t, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                      stride=p.stride()) if isinstance(p, DTensor) else t for p, t in local]
+        norm = torch.nn.utils.get_total_norm(tensors)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    def _clip(self, max_norm: float, norm: torch.Tensor) -> None:
+        """Scale the gradients by ``max_norm / norm`` where that is below 1 (torch's
+        ``clip_grads_with_norm_``; ``norm`` as a replicated DTensor beside DTensor gradients)."""
+        from torch.distributed.tensor import DTensor, Replicate
+
+        params = [p for p in self._params() if p.grad is not None]
+        if params and isinstance(params[0], DTensor):
+            norm = DTensor.from_local(norm, params[0].device_mesh, [Replicate()] * params[0].device_mesh.ndim,
+                                      run_check=False)
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+
+    def train_batch(self, loss_of: Callable[[list[int]], torch.Tensor], global_batch: int, *,
+                    max_grad_norm: float | None = None) -> StepResult:
         """Train step :attr:`step` on the samples ``[step * B, (step + 1) * B)`` of
         ``B = global_batch``, split in order over the live ranks. ``loss_of(indices)`` runs the
         forward on the listed samples and returns their mean loss; this method back-propagates it
@@ -351,11 +383,17 @@ class ElasticHSDP:
         from that step). A replica whose pass did not complete (an op timed out with every rank
         alive) drops its gradients and its samples are computed again. Raises
         :class:`ReplicaLostError` when this rank's replica left.
+
+        ``max_grad_norm``: clip the step's gradient to that total 2-norm before the optimizer
+        steps, as ``torch.nn.utils.clip_grad_norm_`` would (the norm is computed before the
+        step is agreed on; ``StepResult.grad_norm`` is it).
         """
         opt = self.optimizer
         assert opt is not None, "call start() first"
         ledger = StepLedger(self.step, global_batch, self.shard_size)  # (checks global_batch)
+        _check_max_norm(max_grad_norm)
         loss_sum, recovery_s, event = 0.0, 0.0, None
+        norm: torch.Tensor | None = None
         passes: list[tuple[float, float]] = []
         while True:
             error: BaseException | None = None
@@ -376,6 +414,8 @@ class ElasticHSDP:
                         loss_sum += float(loss.detach()) * len(mine)
                 params, grads = self._grads()
                 flat = self._across_replicas(params, grads, torchcomms.ReduceOp.SUM)
+                if max_grad_norm is not None:
+                    norm = self._total_norm(params, grads, flat)
                 report = self._report(loss_sum)
             except torchcomms.CommError as e:
                 error = e
@@ -393,7 +433,8 @@ class ElasticHSDP:
             event = "shrunk"
         if flat is not None:
             _copy_flat(flat, params, grads)
-        return self._apply(report, report[0].item() / global_batch, event, tuple(passes), recovery_s)
+        return self._apply(report, report[0].item() / global_batch, event, tuple(passes), recovery_s,
+                           (max_grad_norm, norm))
 
     def _incomplete_replicas(self, computed: bool) -> set[int]:
         """The live replicas in which some rank's pass of the step did not complete (agreed
@@ -403,16 +444,19 @@ class ElasticHSDP:
         self.world.all_reduce(flags, torchcomms.ReduceOp.SUM, async_op=False)
         return {r for r in self.live if flags[r].item() > 0}
 
-    def train_step(self, forward_backward: Callable[[], torch.Tensor]) -> StepResult:
+    def train_step(self, forward_backward: Callable[[], torch.Tensor], *,
+                   max_grad_norm: float | None = None) -> StepResult:
         """Run ``forward_backward()`` (returns the loss, gradients computed), average the
         gradients across the live replicas and apply the optimizer if every live rank agrees
         the step succeeded; else recover and return a result that is not applied: the caller
         redoes the step with the whole global batch (see the module docstring). For callers
         that split the data themselves; :meth:`train_batch` keeps the survivors' gradients and
         computes only the lost replicas' samples. Raises :class:`ReplicaLostError` when this
-        rank's replica left."""
+        rank's replica left. ``max_grad_norm``: as for :meth:`train_batch`."""
         opt = self.optimizer
         assert opt is not None, "call start() first"
+        _check_max_norm(max_grad_norm)
+        norm: torch.Tensor | None = None
         error: BaseException | None = None
         passes: tuple[tuple[float, float], ...] = ()
         try:
@@ -421,6 +465,8 @@ class ElasticHSDP:
             passes = ((t0, time.time()),)
             params, grads = self._grads()
             flat = self._across_replicas(params, grads, torchcomms.ReduceOp.AVG)
+            if max_grad_norm is not None:
+                norm = self._total_norm(params, grads, flat)
             if flat is not None:
                 _copy_flat(flat, params, grads)
             report = self._report(float(loss.detach()))
@@ -432,13 +478,19 @@ class ElasticHSDP:
             self._recover()
             self.recovery_s = time.monotonic() - t0
             return StepResult(False, self.step, None, tuple(self.live), "shrunk", passes, self.recovery_s)
-        return self._apply(report, report[0].item() / self.world.get_size(), None, passes, 0.0)
+        return self._apply(report, report[0].item() / self.world.get_size(), None, passes, 0.0,
+                           (max_grad_norm, norm))
 
     def _apply(self, report: torch.Tensor, loss: float, event: str | None, passes: tuple[tuple[float, float], ...],
-               recovery_s: float) -> StepResult:
-        """Step the optimizer (every live rank agreed), then admit the replicas ready to heal in."""
+               recovery_s: float, clip: tuple[float | None, torch.Tensor | None] = (None, None)) -> StepResult:
+        """Clip the gradients (``clip``: the max norm and the step's total norm), step the
+        optimizer (every live rank agreed), then admit the replicas ready to heal in."""
         opt = self.optimizer
         assert opt is not None
+        max_norm, norm = clip
+        if max_norm is not None and norm is not None:
+            self._clip(max_norm, norm)
+        grad_norm = None if norm is None else float(norm)
         opt.step()
         if self.scheduler is not None:
             self.scheduler.step()
@@ -456,9 +508,9 @@ class ElasticHSDP:
             if not self.world.agree(healed):  # joiners and live ranks alike: the heal failed somewhere
                 self.live = before
                 self._recover()  # the joining replicas leave; the step applied stays applied
-                return StepResult(True, applied, loss, tuple(self.live), "heal failed", passes, recovery_s)
+                return StepResult(True, applied, loss, tuple(self.live), "heal failed", passes, recovery_s, grad_norm)
             event = "healed"
-        return StepResult(True, applied, loss, tuple(self.live), event, passes, recovery_s)
+        return StepResult(True, applied, loss, tuple(self.live), event, passes, recovery_s, grad_norm)
 
     def _shrink_world(self) -> None:
         """Shrink the world to the survivors and wait until every survivor has its engine: a
@@ -494,6 +546,12 @@ class ElasticHSDP:
         for c in (self.world, self.replicate):
             c.finalize()
         release_comms(self.comms)
+
+
+def _check_max_norm(max_grad_norm: float | None) -> None:
+    if max_grad_norm is not None and (isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float))
+                                      or not max_grad_norm > 0):
+        raise FSDPCommError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}")
 
 
 def _copy_flat(flat: torch.Tensor, params: list[nn.Parameter], grads: list[torch.Tensor]) -> None:

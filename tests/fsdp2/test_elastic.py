@@ -37,6 +37,8 @@ from tests.helpers.ranks import REPO
 EXAMPLE = REPO / "examples" / "train_elastic_fsdp.py"
 HEAL_KILLER = REPO / "tests" / "fsdp2" / "elastic_heal_killer.py"
 FROZEN_JOB = REPO / "tests" / "fsdp2" / "elastic_frozen_job.py"
+CLIP_JOB = REPO / "tests" / "fsdp2" / "elastic_clip_job.py"
+CLIP_RTOL = 1e-5  # the replica reduction sums pre-scaled losses where FSDP averages: other rounding
 TIMEOUT_S = 30.0  # each communicator's op timeout in the job
 LIMIT_S = 200.0  # the whole job: a hang fails the test here, with the job's log (pytest-timeout's 300 s shows none)
 LOSS_RTOL = 1e-6  # the same ops in the same order: the losses agree to rounding (measured: bitwise on
@@ -209,6 +211,25 @@ def test_frozen_and_unused_parameters_stay_untouched() -> None:
         assert len(trained) == 6 and all(m > 0.0 for m in trained), (r, got)
         assert got["with_state"] == ["blocks.0.bias", "blocks.0.weight", "blocks.1.bias", "blocks.1.weight",
                                      "head.bias", "head.weight"], (r, got)
+
+
+def test_max_grad_norm_clips_as_clip_grad_norm_does() -> None:
+    """``train_batch(..., max_grad_norm=)`` against fsdp2 HSDP with ``clip_grad_norm_`` on the
+    same ranks, weights and samples: the norms it reports and the losses agree to rounding, and
+    every step was clipped. (Elastic HSDP had no way to clip: the optimizer steps inside
+    ``train_batch``.)"""
+    out = Path(tempfile.mkdtemp(prefix="tc-elastic-clip-")) / "res"
+    env = dict(os.environ, TORCHCOMM_TRACING_DISABLE="1", PYTHONPATH=child_pythonpath())
+    rc, log = run_launcher_job(["--nproc-per-node", "4", "--no-summary", str(CLIP_JOB), str(out)], env, LIMIT_S)
+    assert rc == 0, log[-6000:]
+    results = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(4)]
+    for got in results:
+        el, an = got["elastic"], got["anchor"]
+        assert len(el["norms"]) == len(an["norms"]) == 4, got
+        assert all(n > 0.05 for n in an["norms"]), got  # every step clipped
+        for a, b in zip(el["norms"] + el["losses"], an["norms"] + an["losses"]):
+            assert abs(a - b) <= CLIP_RTOL * abs(b), got
+    assert len({json.dumps(r["elastic"]) for r in results}) == 1  # every rank reports the same
 
 
 @pytest.mark.slow
