@@ -9,7 +9,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPoli
 from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
 from fsdp2.collectives import CommAllGather, CommReduceScatter, FSDPCommError, ReplicaAllReduce
-from fsdp2.groups import FSDPComms
+from fsdp2.groups import FSDPComms, split_names
 
 #: registry: the FSDPComms built for a parent communicator (by its name, unique per process)
 #: and layout, so that every fully_shard call on one model shares one set of split communicators
@@ -27,12 +27,14 @@ def fsdp_comms(comm: Any, *, replicate_size: int = 1, overlap: bool = True) -> F
     key = (comm.get_name(), replicate_size, overlap)
     got = _COMMS.get(key)
     if got is None or got.parent is not comm:
+        wanted = split_names(key[0], replicate_size, overlap) if isinstance(replicate_size, int) else set()
         for (name, rep, ovl), other in _COMMS.items():
-            if name == key[0] and other.parent is comm:  # the split communicators' names are taken
+            taken = wanted & split_names(name, rep, ovl)
+            if name == key[0] and other.parent is comm and taken:
                 raise FSDPCommError(
                     f"communicator {name!r} already carries fsdp2's communicators for replicate_size={rep}, "
-                    f"overlap={ovl}; every fully_shard on it takes the same replicate_size and overlap (got "
-                    f"{replicate_size!r}, {overlap!r}); release_comms(fsdp2.comms_of(model)) first to change them")
+                    f"overlap={ovl} ({', '.join(sorted(taken))}), which replicate_size={replicate_size!r}, "
+                    f"overlap={overlap!r} would split again; release_comms(fsdp2.comms_of(model)) first")
         got = _COMMS[key] = FSDPComms.build(comm, replicate_size=replicate_size, separate=overlap)
     return got
 

@@ -68,6 +68,7 @@ class FSDPComms:
         else:
             ag = rs = parent.split(shard_ranks, f"{base}.fsdp.shard")
         ar = parent.split(replica_ranks, f"{base}.fsdp.all_reduce") if replicate_size > 1 else None
+        assert {c.get_name() for c in (ag, rs, ar) if c is not None} == split_names(base, replicate_size, separate)
         dev = device_type or parent.get_device().type
         global_mesh = metadata_mesh(parent, dev, replicate_size, shard_size)
         mesh = global_mesh["shard"] if replicate_size > 1 else global_mesh
@@ -104,6 +105,12 @@ class FSDPComms:
         self.reductions.close()
         for c in self.communicators():
             c.abort()
+
+
+def split_names(base: str, replicate_size: int, separate: bool) -> set[str]:
+    """The names of the communicators :meth:`FSDPComms.build` splits from communicator ``base``."""
+    names = {f"{base}.fsdp.all_gather", f"{base}.fsdp.reduce_scatter"} if separate else {f"{base}.fsdp.shard"}
+    return names | ({f"{base}.fsdp.all_reduce"} if replicate_size > 1 else set())
 
 
 def metadata_mesh(parent: Any, device_type: str, replicate_size: int, shard_size: int) -> DeviceMesh:
