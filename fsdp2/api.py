@@ -78,6 +78,7 @@ def fully_shard(module: nn.Module, comm: Any, *, reshard_after_forward: bool | i
     if not isinstance(prefetch, int) or prefetch < 0:
         raise FSDPCommError(f"prefetch must be a non-negative int, got {prefetch!r}")
     comms = fsdp_comms(comm, replicate_size=replicate_size, overlap=overlap)
+    _check_post_forward(comms, reshard_after_forward)
     kwargs: dict[str, Any] = dict(torch_kwargs)
     if reshard_after_forward is not None:
         kwargs["reshard_after_forward"] = reshard_after_forward
@@ -92,6 +93,17 @@ def fully_shard(module: nn.Module, comm: Any, *, reshard_after_forward: bool | i
         for i, m in enumerate(order[:-1]):
             m.set_modules_to_forward_prefetch(order[i + 1:i + 1 + prefetch])
     return out
+
+
+def _check_post_forward(comms: FSDPComms, reshard_after_forward: bool | int | None) -> None:
+    """HSDP cannot reshard to a smaller group after forward: torch builds that group's mesh
+    from the shard mesh it is given, whose ranks differ between shard groups, so the ranks'
+    ``new_group`` calls disagree (they hung in ``fully_shard``)."""
+    n = reshard_after_forward
+    if comms.is_hsdp and isinstance(n, int) and not isinstance(n, bool) and 1 < n < comms.shard_size:
+        raise FSDPCommError(
+            f"reshard_after_forward={n} with replicate_size={comms.replicate_size}: HSDP reshards after forward "
+            f"to the whole shard group ({comms.shard_size} ranks, True) or not at all (False), not to {n} ranks")
 
 
 def _post_forward_comm(comms: FSDPComms, reshard_after_forward: bool | int | None) -> Any:

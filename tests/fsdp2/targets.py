@@ -101,6 +101,18 @@ def numerics(steps: int = 20, replicate: int = 1, mp: bool = False, overlap: boo
             "ours_digest": digest(our_params), "stock_digest": digest(stock_params)}
 
 
+def hsdp_post_forward_group() -> list[str]:
+    """HSDP (2 x 4) with ``reshard_after_forward=2``: the error ``fully_shard`` raises."""
+    comm = world_comm()
+    got: list[str] = []
+    try:
+        fsdp2.fully_shard(torch.nn.Linear(8, 8), comm, replicate_size=2, reshard_after_forward=2)
+    except Exception as e:  # noqa: BLE001 - the test inspects it
+        got = [type(e).__name__, str(e)]
+    comm.barrier(async_op=False)  # nobody exits (rank 0 hosts the store) while a peer still builds its mesh
+    return got
+
+
 def accumulate_without_all_reduce(steps: int = 3, micro: int = 3) -> dict[str, Any]:
     """HSDP gradient accumulation that reduce-scatters every microbatch but all-reduces across
     replicas only on the last (``set_requires_all_reduce``), ours and stock from the same

@@ -45,6 +45,16 @@ def test_reshard_after_forward_to_a_smaller_group_matches_stock_bitwise() -> Non
     assert v["ops"]["world.fsdp.all_gather.post_forward2"] == 3 * 4, v["ops"]
 
 
+def test_hsdp_reshard_after_forward_to_a_smaller_group_is_refused() -> None:
+    # 8 ranks as (replicate 2, shard 4), reshard_after_forward=2: torch builds the post-forward
+    # mesh from the shard mesh it is given, whose ranks differ between the shard groups, so their
+    # new_group calls disagree; fully_shard hung (and a split timed out) instead of raising
+    for r in run_ranks(8, f"{T}:hsdp_post_forward_group", timeout=240):
+        assert r.value == ["FSDPCommError", "reshard_after_forward=2 with replicate_size=2: HSDP reshards "
+                           "after forward to the whole shard group (4 ranks, True) or not at all (False), "
+                           "not to 2 ranks"], r.value
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mp", [False, True], ids=["fp32", "bf16-mp"])
 def test_hsdp_matches_stock_bitwise_over_8_steps(mp: bool) -> None:
