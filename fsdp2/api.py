@@ -75,6 +75,8 @@ def fully_shard(module: nn.Module, comm: Any, *, reshard_after_forward: bool | i
     """
     if "mesh" in torch_kwargs:
         raise FSDPCommError("fsdp2.fully_shard builds the mesh from comm; pass an FSDPComms to choose it")
+    if isinstance(module, FSDPModule):
+        raise FSDPCommError(f"{type(module).__name__} is sharded already: fully_shard applies once per module")
     if not isinstance(prefetch, int) or prefetch < 0:
         raise FSDPCommError(f"prefetch must be a non-negative int, got {prefetch!r}")
     comms = fsdp_comms(comm, replicate_size=replicate_size, overlap=overlap)

@@ -101,6 +101,19 @@ def numerics(steps: int = 20, replicate: int = 1, mp: bool = False, overlap: boo
             "ours_digest": digest(our_params), "stock_digest": digest(stock_params)}
 
 
+def sharded_twice() -> dict[str, Any]:
+    """``fully_shard`` on a module sharded already: the error; the model still trains."""
+    comm = world_comm()
+    model = shard_ours(make_model(), comm)
+    out: dict[str, Any] = {}
+    try:
+        fsdp2.fully_shard(model.blocks[0], comm)
+    except Exception as e:  # noqa: BLE001 - the test inspects it
+        out["error"] = [type(e).__name__, str(e)]
+    out["steps"] = len(train(model, batches(int(os.environ["RANK"]), 1)))
+    return out
+
+
 def hsdp_post_forward_group() -> list[str]:
     """HSDP (2 x 4) with ``reshard_after_forward=2``: the error ``fully_shard`` raises."""
     comm = world_comm()

@@ -114,6 +114,15 @@ def test_other_layout_on_the_same_communicator_is_refused_by_name() -> None:
         assert v["no_overlap"] == 1 and v["after_release"] == 1, v  # other names; or released first
 
 
+def test_sharding_a_module_twice_is_a_typed_error_naming_it() -> None:
+    # torch's fully_shard raised a bare AssertionError ("Each distinct composable distributed
+    # API can only be applied to a module once") after fsdp2 had split its communicators
+    for r in run_ranks(2, f"{T}:sharded_twice", timeout=180):
+        assert r.value["error"] == ["FSDPCommError", "FSDPBlock is sharded already: fully_shard applies once "
+                                    "per module"], r.value
+        assert r.value["steps"] == 1, r.value
+
+
 def test_all_gather_and_reduce_scatter_run_on_their_own_communicators() -> None:
     res = run_ranks(2, f"{T}:flight_record", {"steps": 2}, timeout=180)
     for r in res:
