@@ -19,6 +19,9 @@ _COMMS: dict[tuple[str, int, bool], FSDPComms] = {}
 def fsdp_comms(comm: Any, *, replicate_size: int = 1, overlap: bool = True) -> FSDPComms:
     """The :class:`FSDPComms` for ``comm`` (split on first use; collective then)."""
     if isinstance(comm, FSDPComms):
+        if replicate_size not in (1, comm.replicate_size):  # (1: the default, whatever comm's layout)
+            raise FSDPCommError(f"replicate_size={replicate_size!r} differs from the given FSDPComms' "
+                                f"{comm.replicate_size}: an FSDPComms carries its own layout")
         return comm
     if not hasattr(comm, "split") or not hasattr(comm, "get_name"):
         raise FSDPCommError(f"comm must be a torchcomms TorchComm or an FSDPComms, got {type(comm).__name__}")
