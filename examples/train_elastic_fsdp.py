@@ -58,6 +58,8 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--vocab", type=int, default=128)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr-decay", type=float, default=0.0,
+                   help="an LR schedule: lr / (1 + DECAY * step) (LambdaLR; ElasticHSDP steps it with each applied step)")
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--fail-step", type=int, default=10)
     p.add_argument("--fail-at", choices=("forward", "backward", "random"), default="backward")
@@ -85,6 +87,7 @@ def main() -> None:
         el.fully_shard(blk)
     el.fully_shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1.0 + args.lr_decay * s)) if args.lr_decay else None
     first_life = el.incarnation == 1
 
     def loss_on(indices: list[int] | range) -> torch.Tensor:
@@ -92,7 +95,7 @@ def main() -> None:
         return model(x[:, :-1], x[:, 1:])
 
     per_rank = max(1, -(-args.batch // (el.n_replicas * args.shard)))  # a step's part with every replica live
-    if not el.start(model, opt, warm_up=lambda: loss_on(range(per_rank))):
+    if not el.start(model, opt, warm_up=lambda: loss_on(range(per_rank)), scheduler=sched):
         print(f"[rank {el.rank}] the job finished before this replica was admitted", flush=True)
         return
     end = args.steps
@@ -148,7 +151,8 @@ def main() -> None:
             digest = h.hexdigest()
             record.write(json.dumps({"step": res.step, "loss": res.loss, "replicas": list(res.replicas),
                                      "event": res.event, "params": digest, "time": time.time(),
-                                     "recovery_s": el.recovery_s, "passes": res.passes}) + "\n")
+                                     "recovery_s": el.recovery_s, "passes": res.passes,
+                                     "lr": opt.param_groups[0]["lr"]}) + "\n")
             record.flush()
         if el.rank == el.members()[0] and (res.event or res.step % 5 == 0 or el.step == end):
             what = f"step {res.step:3d}  loss {res.loss:.4f}" if res.applied else f"step {res.step:3d}  not applied"

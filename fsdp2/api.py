@@ -9,7 +9,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPoli
 from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
 from fsdp2.collectives import CommAllGather, CommReduceScatter, FSDPCommError, ReplicaAllReduce
-from fsdp2.groups import FSDPComms
+from fsdp2.groups import FSDPComms, split_names
 
 #: registry: the FSDPComms built for a parent communicator (by its name, unique per process)
 #: and layout, so that every fully_shard call on one model shares one set of split communicators
@@ -19,12 +19,25 @@ _COMMS: dict[tuple[str, int, bool], FSDPComms] = {}
 def fsdp_comms(comm: Any, *, replicate_size: int = 1, overlap: bool = True) -> FSDPComms:
     """The :class:`FSDPComms` for ``comm`` (split on first use; collective then)."""
     if isinstance(comm, FSDPComms):
+        if replicate_size not in (1, comm.replicate_size):  # (1: the default, whatever comm's layout)
+            raise FSDPCommError(f"replicate_size={replicate_size!r} differs from the given FSDPComms' "
+                                f"{comm.replicate_size}: an FSDPComms carries its own layout")
         return comm
     if not hasattr(comm, "split") or not hasattr(comm, "get_name"):
         raise FSDPCommError(f"comm must be a torchcomms TorchComm or an FSDPComms, got {type(comm).__name__}")
+    if not isinstance(overlap, bool):
+        raise FSDPCommError(f"overlap must be a bool, got {overlap!r}")
     key = (comm.get_name(), replicate_size, overlap)
     got = _COMMS.get(key)
     if got is None or got.parent is not comm:
+        wanted = split_names(key[0], replicate_size, overlap) if isinstance(replicate_size, int) else set()
+        for (name, rep, ovl), other in _COMMS.items():
+            taken = wanted & split_names(name, rep, ovl)
+            if name == key[0] and other.parent is comm and taken:
+                raise FSDPCommError(
+                    f"communicator {name!r} already carries fsdp2's communicators for replicate_size={rep}, "
+                    f"overlap={ovl} ({', '.join(sorted(taken))}), which replicate_size={replicate_size!r}, "
+                    f"overlap={overlap!r} would split again; release_comms(fsdp2.comms_of(model)) first")
         got = _COMMS[key] = FSDPComms.build(comm, replicate_size=replicate_size, separate=overlap)
     return got
 
@@ -65,9 +78,12 @@ def fully_shard(module: nn.Module, comm: Any, *, reshard_after_forward: bool | i
     """
     if "mesh" in torch_kwargs:
         raise FSDPCommError("fsdp2.fully_shard builds the mesh from comm; pass an FSDPComms to choose it")
+    if isinstance(module, FSDPModule):
+        raise FSDPCommError(f"{type(module).__name__} is sharded already: fully_shard applies once per module")
     if not isinstance(prefetch, int) or prefetch < 0:
         raise FSDPCommError(f"prefetch must be a non-negative int, got {prefetch!r}")
     comms = fsdp_comms(comm, replicate_size=replicate_size, overlap=overlap)
+    _check_post_forward(comms, reshard_after_forward)
     kwargs: dict[str, Any] = dict(torch_kwargs)
     if reshard_after_forward is not None:
         kwargs["reshard_after_forward"] = reshard_after_forward
@@ -76,7 +92,7 @@ def fully_shard(module: nn.Module, comm: Any, *, reshard_after_forward: bool | i
     if offload_policy is not None:
         kwargs["offload_policy"] = offload_policy
     out = torch_fully_shard(module, mesh=comms.mesh, **kwargs)
-    _install(out, comms, overlap)
+    _install(out, comms, overlap, _post_forward_comm(comms, reshard_after_forward))
     if prefetch:
         order = [out] + [m for m in module.modules() if m is not module and isinstance(m, FSDPModule)]
         for i, m in enumerate(order[:-1]):
@@ -84,13 +100,35 @@ def fully_shard(module: nn.Module, comm: Any, *, reshard_after_forward: bool | i
     return out
 
 
-def _install(module: FSDPModule, comms: FSDPComms, overlap: bool) -> None:
-    module.set_custom_all_gather(CommAllGather(comms.all_gather))
+def _check_post_forward(comms: FSDPComms, reshard_after_forward: bool | int | None) -> None:
+    """HSDP cannot reshard to a smaller group after forward: torch builds that group's mesh
+    from the shard mesh it is given, whose ranks differ between shard groups, so the ranks'
+    ``new_group`` calls disagree (they hung in ``fully_shard``)."""
+    n = reshard_after_forward
+    if comms.is_hsdp and isinstance(n, int) and not isinstance(n, bool) and 1 < n < comms.shard_size:
+        raise FSDPCommError(
+            f"reshard_after_forward={n} with replicate_size={comms.replicate_size}: HSDP reshards after forward "
+            f"to the whole shard group ({comms.shard_size} ranks, True) or not at all (False), not to {n} ranks")
+
+
+def _post_forward_comm(comms: FSDPComms, reshard_after_forward: bool | int | None) -> Any:
+    """The all-gather communicator of the smaller group ``reshard_after_forward=n`` reshards to
+    after forward (torch re-gathers over it in backward), or None when it is not an int between
+    1 and the shard size (torch has validated the value by now)."""
+    n = reshard_after_forward
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 < n < comms.shard_size:
+        return None
+    return comms.post_forward_comm(n)
+
+
+def _install(module: FSDPModule, comms: FSDPComms, overlap: bool, post_forward: Any = None) -> None:
+    module.set_custom_all_gather(CommAllGather(comms.all_gather, post_forward))
     rs = CommReduceScatter(comms.reduce_scatter, comms.reductions, lambda: _own_params(module), overlap)
     module.set_custom_reduce_scatter(rs)
     if comms.is_hsdp:
         module.set_all_reduce_hook(ReplicaAllReduce(comms.all_reduce, rs, comms.reductions,
-                                                    lambda: gradient_divide_factor(module)))
+                                                    lambda: gradient_divide_factor(module),
+                                                    lambda: requires_all_reduce(module)))
     module._fsdp2_comms = comms  # type: ignore[attr-defined]
     module.register_forward_pre_hook(lambda *_: comms.reductions.new_pass())
 
@@ -100,6 +138,13 @@ def gradient_divide_factor(module: FSDPModule) -> float | None:
     parameter group and has no getter), or None."""
     group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
     return getattr(group, "gradient_divide_factor", None)
+
+
+def requires_all_reduce(module: FSDPModule) -> bool:
+    """What ``module.set_requires_all_reduce`` set (torch keeps it on the module's parameter
+    group as ``all_reduce_grads``; default True)."""
+    group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
+    return bool(getattr(group, "all_reduce_grads", True))
 
 
 def comms_of(module: nn.Module) -> FSDPComms:

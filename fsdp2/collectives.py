@@ -195,10 +195,14 @@ COPYING_ENGINES = frozenset({"gloo"})
 class CommAllGather(AllGather):
     """FSDP's parameter all-gather on ``comm``, always asynchronous: FSDP waits on the returned
     work right before it copies the parameters out. ``all_gather_single``, or on an engine of
-    :data:`COPYING_ENGINES` ``all_gather_v`` into the output's per-rank chunks."""
+    :data:`COPYING_ENGINES` ``all_gather_v`` into the output's per-rank chunks.
 
-    def __init__(self, comm: Any) -> None:
+    ``post_forward``: the communicator of the smaller group that ``reshard_after_forward=n``
+    reshards to; FSDP's backward re-gathers over that group (its size tells it apart)."""
+
+    def __init__(self, comm: Any, post_forward: Any = None) -> None:
         self.comm = comm
+        self.post_forward = post_forward
         self.into_chunks = comm.get_backend() in COPYING_ENGINES
 
     def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype,
@@ -207,11 +211,14 @@ class CommAllGather(AllGather):
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, async_op: bool = False) -> dist.Work | None:
-        _check_group(group, self.comm, "all-gather")
+        comm = self.comm
+        if self.post_forward is not None and group is not None and group.size() == self.post_forward.get_size():
+            comm = self.post_forward
+        _check_group(group, comm, "all-gather")
         if self.into_chunks:
-            chunks = list(output_tensor.chunk(self.comm.get_size()))
-            return CommWork(self.comm.all_gather_v(chunks, input_tensor, async_op=True))
-        return CommWork(self.comm.all_gather_single(output_tensor, input_tensor, async_op=True))
+            chunks = list(output_tensor.chunk(comm.get_size()))
+            return CommWork(comm.all_gather_v(chunks, input_tensor, async_op=True))
+        return CommWork(comm.all_gather_single(output_tensor, input_tensor, async_op=True))
 
 
 class CommReduceScatter(ReduceScatter):
@@ -282,21 +289,46 @@ class ReplicaAllReduce:
     its all-reduce: AVG while no gradient divide factor is set (the shard group's reduction
     divided by its size), SUM once ``divide_factor()`` returns one (the whole division is then
     the reduce-scatter's PREMUL_SUM, or FSDP's pre/post-divide).
+
+    While ``all_reduce_grads()`` is false (the module's ``set_requires_all_reduce(False)``) the
+    replica step is skipped as in stock HSDP: the shard group's reductions are summed in
+    :attr:`partial` and added to the next one that is all-reduced. FSDP still accumulates what
+    this hook leaves in the output into the gradient, so the output is zeroed (the gradient
+    reads zeros until then, where stock leaves it unset).
     """
 
     def __init__(self, comm: Any, reduce_scatter: CommReduceScatter, reductions: Reductions,
-                 divide_factor: Callable[[], float | None] = lambda: None) -> None:
+                 divide_factor: Callable[[], float | None] = lambda: None,
+                 all_reduce_grads: Callable[[], bool] = lambda: True) -> None:
         self.comm = comm
         self.reduce_scatter = reduce_scatter
         self.reductions = reductions
         self.divide_factor = divide_factor
+        self.all_reduce_grads = all_reduce_grads
+        self.partial: torch.Tensor | None = None
 
     def __call__(self, reduce_output: torch.Tensor) -> None:
         last = self.reduce_scatter.last
         self.reduce_scatter.last = None
+        in_flight = last is not None and last[1]
+        if not self.all_reduce_grads():
+            if in_flight:
+                last[0].wait()
+            if self.partial is None:
+                self.partial = reduce_output.clone()
+            else:
+                self.partial += reduce_output
+            reduce_output.zero_()
+            return
+        partial, self.partial = self.partial, None
         op = torchcomms.ReduceOp.AVG if self.divide_factor() is None else torchcomms.ReduceOp.SUM
-        if last is not None and last[1]:  # the reduce-scatter is still in flight: chain after it
-            rs_work = last[0]
-            self.reductions.chain(rs_work, lambda: CommWork(self.comm.all_reduce(reduce_output, op, async_op=True)))
+
+        def issue() -> CommWork:
+            if partial is not None:
+                reduce_output.add_(partial)
+            return CommWork(self.comm.all_reduce(reduce_output, op, async_op=True))
+
+        if in_flight:  # the reduce-scatter is still in flight: chain after it
+            self.reductions.chain(last[0], issue)
         else:
-            self.comm.all_reduce(reduce_output, op, async_op=False)
+            issue().wait()

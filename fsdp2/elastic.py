@@ -50,7 +50,7 @@ from fsdp2.api import fully_shard as _fully_shard
 from fsdp2.api import release_comms
 from fsdp2.collectives import FSDPCommError
 from fsdp2.elastic_batch import StepLedger, split_in_order
-from fsdp2.elastic_state import local_shard, receive_state, send_state, state_meta
+from fsdp2.elastic_state import check_scheduler, local_shard, receive_state, send_state, state_meta
 from fsdp2.groups import FSDPComms
 
 __all__ = ["ElasticHSDP", "ReplicaLostError", "StepResult"]
@@ -73,7 +73,8 @@ class StepResult:
     ``"healed"``, ``"heal failed"`` or ``None``). ``passes``: the wall-clock (``time.time()``)
     start and end of each forward + backward this rank ran for the step (``train_batch``: more
     than one after a failure, the make-up passes); ``recovery_s``: the time the step spent
-    recovering (shrink, re-forming), 0.0 without a failure."""
+    recovering (shrink, re-forming), 0.0 without a failure; ``grad_norm``: with ``max_grad_norm``,
+    the total norm of the step's gradient before clipping (as ``clip_grad_norm_`` returns it)."""
 
     applied: bool
     step: int
@@ -82,6 +83,7 @@ class StepResult:
     event: str | None = None
     passes: tuple[tuple[float, float], ...] = ()
     recovery_s: float = 0.0
+    grad_norm: float | None = None
 
 
 def _job_world() -> int:
@@ -125,6 +127,7 @@ class ElasticHSDP:
         self.live: list[int] = []
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: Any = None
         #: a healed rank's timings (seconds): ready -> admitted, re-forming, receiving the state
         self.heal_times: dict[str, float] = {}
         self.recovery_s = 0.0  #: how long the last recovery took (shrink, re-forming)
@@ -182,7 +185,7 @@ class ElasticHSDP:
         self.cfg, self.live = cfg, list(live)
 
     def start(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
-              warm_up: Callable[[], torch.Tensor] | None = None) -> bool:
+              warm_up: Callable[[], torch.Tensor] | None = None, scheduler: Any = None) -> bool:
         """Join the job with ``model`` (sharded by :meth:`fully_shard`) and ``optimizer``: the
         first start of every rank forms the job (replica 0's parameters are broadcast to the
         others); a later start waits to be admitted at a step boundary and receives the
@@ -191,8 +194,14 @@ class ElasticHSDP:
         ``warm_up``: a forward on any sample, returning a loss (e.g. ``lambda: loss_of([0])``).
         A replacement back-propagates it once and drops the gradients before it says it is
         ready, so that the live replicas do not wait for its first, slower iteration (lazy
-        initialisation, first-touch allocations) in the step that admits it."""
-        self.model, self.optimizer = model, optimizer
+        initialisation, first-touch allocations) in the step that admits it.
+
+        ``scheduler``: the optimizer's LR scheduler (anything with ``step()`` and a JSON-able
+        ``state_dict()`` / ``load_state_dict()``). Each applied step steps it right after the
+        optimizer (the caller does not), and a replacement receives its state with the
+        optimizer's, so that every replica applies the same learning rate."""
+        check_scheduler(scheduler)
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         if self.incarnation == 1:  # every rank's first process: the job's start
             self._reform(0, list(range(self.n_replicas)))
             with torch.no_grad():
@@ -237,9 +246,10 @@ class ElasticHSDP:
             self._reform(int(rec["cfg"]), [int(r) for r in rec["live"]])
             self.step = int(rec["step"])
             t2 = time.monotonic()
-            receive_state(self.replicate, self.live.index(int(rec["source"])), self._params(), self.optimizer,
-                          json.loads(self.store.get(f"{self.ns}/cfg{rec['cfg']}/state/{self.shard_index}")))
-        except torchcomms.CommError as e:
+            meta = json.loads(self.store.get(f"{self.ns}/cfg{rec['cfg']}/state/{self.shard_index}"))
+            receive_state(self.replicate, self.live.index(int(rec["source"])), self._params(), self.optimizer, meta,
+                          self.scheduler)
+        except (torchcomms.CommError, ValueError) as e:  # (ValueError: a state layout this rank cannot take)
             error = e
         if not self.world.agree(error is None):  # the live ranks put their side of the heal to it too
             self._shrink_world()  # (they shrink: check in, then leave)
@@ -267,7 +277,7 @@ class ElasticHSDP:
                     {"cfg": cfg, "live": live, "step": self.step, "source": source}).encode())
         if self.replica == source:
             assert self.optimizer is not None
-            meta = state_meta(self._params(), self.optimizer)
+            meta = state_meta(self._params(), self.optimizer, self.scheduler)
             self.store.set(f"{self.ns}/cfg{cfg}/state/{self.shard_index}", json.dumps(meta).encode())
         self._reform(cfg, live)
         if self.replica == source:
@@ -279,13 +289,12 @@ class ElasticHSDP:
         assert self.model is not None, "call start() first"
         return list(self.model.parameters())
 
-    def _grads(self) -> list[torch.Tensor]:
-        """The local shards of this rank's gradients (zeros for parameters that got none)."""
-        params = self._params()
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        return [local_shard(p.grad) for p in params]
+    def _grads(self) -> tuple[list[nn.Parameter], list[torch.Tensor]]:
+        """The parameters that train (``requires_grad``) and the local shards of their gradients
+        (for one that got none in this step, zeros that are not assigned to it)."""
+        params = [p for p in self._params() if p.requires_grad]
+        return params, [local_shard(p.grad) if p.grad is not None else torch.zeros_like(local_shard(p))
+                        for p in params]
 
     def batch_indices(self, global_batch: int) -> range:
         """This rank's part of the step's global batch ``[step * B, (step + 1) * B)``, split
@@ -305,12 +314,16 @@ class ElasticHSDP:
                 self.replicate.abort()
         work.wait()
 
-    def _across_replicas(self, grads: list[torch.Tensor], op: torchcomms.ReduceOp) -> torch.Tensor | None:
-        """``grads`` flattened into one buffer and reduced (``op``) across the live replicas;
-        ``None`` when this replica is the only one (nothing to reduce)."""
+    def _across_replicas(self, params: list[nn.Parameter], grads: list[torch.Tensor],
+                         op: torchcomms.ReduceOp) -> torch.Tensor | None:
+        """``grads`` (of ``params``) flattened into one buffer, then one flag per parameter (1: it
+        has a gradient on this rank), reduced (``op``) across the live replicas; ``None`` when
+        this replica is the only one (nothing to reduce)."""
         if len(self.live) == 1:
             return None
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        flags = torch.tensor([float(p.grad is not None) for p in params],
+                             dtype=grads[0].dtype if grads else torch.float32)
+        flat = torch.cat([g.reshape(-1) for g in grads] + [flags])
         self._wait(self.replicate.all_reduce(flat, op, async_op=True))
         return flat
 
@@ -325,7 +338,37 @@ class ElasticHSDP:
         self.world.all_reduce(report, torchcomms.ReduceOp.SUM, async_op=False)
         return report
 
-    def train_batch(self, loss_of: Callable[[list[int]], torch.Tensor], global_batch: int) -> StepResult:
+    def _total_norm(self, params: list[nn.Parameter], grads: list[torch.Tensor],
+                    flat: torch.Tensor | None) -> torch.Tensor:
+        """The 2-norm of the step's gradient as ``clip_grad_norm_`` computes it (torch's
+        ``get_total_norm`` over the DTensor gradients): ``flat``'s reduced parts, or with one
+        replica the gradients themselves; a collective on the shard communicator, so that it
+        runs before the step is put to ``agree``."""
+        from torch.distributed.tensor import DTensor
+
+        if flat is not None:
+            parts = flat.split([g.numel() for g in grads] + [len(params)])
+            local = [(p, part.view_as(g)) for p, g, part, flag in zip(params, grads, parts, parts[-1].tolist()) if flag]
+        else:
+            local = [(p, g) for p, g in zip(params, grads) if p.grad is not None]
+        tensors = [DTensor.from_local(t, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                      stride=p.stride()) if isinstance(p, DTensor) else t for p, t in local]
+        norm = torch.nn.utils.get_total_norm(tensors)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    def _clip(self, max_norm: float, norm: torch.Tensor) -> None:
+        """Scale the gradients by ``max_norm / norm`` where that is below 1 (torch's
+        ``clip_grads_with_norm_``; ``norm`` as a replicated DTensor beside DTensor gradients)."""
+        from torch.distributed.tensor import DTensor, Replicate
+
+        params = [p for p in self._params() if p.grad is not None]
+        if params and isinstance(params[0], DTensor):
+            norm = DTensor.from_local(norm, params[0].device_mesh, [Replicate()] * params[0].device_mesh.ndim,
+                                      run_check=False)
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+
+    def train_batch(self, loss_of: Callable[[list[int]], torch.Tensor], global_batch: int, *,
+                    max_grad_norm: float | None = None) -> StepResult:
         """Train step :attr:`step` on the samples ``[step * B, (step + 1) * B)`` of
         ``B = global_batch``, split in order over the live ranks. ``loss_of(indices)`` runs the
         forward on the listed samples and returns their mean loss; this method back-propagates it
@@ -340,11 +383,17 @@ class ElasticHSDP:
         from that step). A replica whose pass did not complete (an op timed out with every rank
         alive) drops its gradients and its samples are computed again. Raises
         :class:`ReplicaLostError` when this rank's replica left.
+
+        ``max_grad_norm``: clip the step's gradient to that total 2-norm before the optimizer
+        steps, as ``torch.nn.utils.clip_grad_norm_`` would (the norm is computed before the
+        step is agreed on; ``StepResult.grad_norm`` is it).
         """
         opt = self.optimizer
         assert opt is not None, "call start() first"
         ledger = StepLedger(self.step, global_batch, self.shard_size)  # (checks global_batch)
+        _check_max_norm(max_grad_norm)
         loss_sum, recovery_s, event = 0.0, 0.0, None
+        norm: torch.Tensor | None = None
         passes: list[tuple[float, float]] = []
         while True:
             error: BaseException | None = None
@@ -363,8 +412,10 @@ class ElasticHSDP:
                         passes.append((t0, time.time()))
                         computed = True
                         loss_sum += float(loss.detach()) * len(mine)
-                grads = self._grads()
-                flat = self._across_replicas(grads, torchcomms.ReduceOp.SUM)
+                params, grads = self._grads()
+                flat = self._across_replicas(params, grads, torchcomms.ReduceOp.SUM)
+                if max_grad_norm is not None:
+                    norm = self._total_norm(params, grads, flat)
                 report = self._report(loss_sum)
             except torchcomms.CommError as e:
                 error = e
@@ -381,8 +432,9 @@ class ElasticHSDP:
             self.recovery_s = recovery_s
             event = "shrunk"
         if flat is not None:
-            _copy_flat(flat, grads)
-        return self._apply(report, report[0].item() / global_batch, event, tuple(passes), recovery_s)
+            _copy_flat(flat, params, grads)
+        return self._apply(report, report[0].item() / global_batch, event, tuple(passes), recovery_s,
+                           (max_grad_norm, norm))
 
     def _incomplete_replicas(self, computed: bool) -> set[int]:
         """The live replicas in which some rank's pass of the step did not complete (agreed
@@ -392,26 +444,31 @@ class ElasticHSDP:
         self.world.all_reduce(flags, torchcomms.ReduceOp.SUM, async_op=False)
         return {r for r in self.live if flags[r].item() > 0}
 
-    def train_step(self, forward_backward: Callable[[], torch.Tensor]) -> StepResult:
+    def train_step(self, forward_backward: Callable[[], torch.Tensor], *,
+                   max_grad_norm: float | None = None) -> StepResult:
         """Run ``forward_backward()`` (returns the loss, gradients computed), average the
         gradients across the live replicas and apply the optimizer if every live rank agrees
         the step succeeded; else recover and return a result that is not applied: the caller
         redoes the step with the whole global batch (see the module docstring). For callers
         that split the data themselves; :meth:`train_batch` keeps the survivors' gradients and
         computes only the lost replicas' samples. Raises :class:`ReplicaLostError` when this
-        rank's replica left."""
+        rank's replica left. ``max_grad_norm``: as for :meth:`train_batch`."""
         opt = self.optimizer
         assert opt is not None, "call start() first"
+        _check_max_norm(max_grad_norm)
+        norm: torch.Tensor | None = None
         error: BaseException | None = None
         passes: tuple[tuple[float, float], ...] = ()
         try:
             t0 = time.time()
             loss = forward_backward()
             passes = ((t0, time.time()),)
-            grads = self._grads()
-            flat = self._across_replicas(grads, torchcomms.ReduceOp.AVG)
+            params, grads = self._grads()
+            flat = self._across_replicas(params, grads, torchcomms.ReduceOp.AVG)
+            if max_grad_norm is not None:
+                norm = self._total_norm(params, grads, flat)
             if flat is not None:
-                _copy_flat(flat, grads)
+                _copy_flat(flat, params, grads)
             report = self._report(float(loss.detach()))
         except torchcomms.CommError as e:
             error = e
@@ -421,14 +478,22 @@ class ElasticHSDP:
             self._recover()
             self.recovery_s = time.monotonic() - t0
             return StepResult(False, self.step, None, tuple(self.live), "shrunk", passes, self.recovery_s)
-        return self._apply(report, report[0].item() / self.world.get_size(), None, passes, 0.0)
+        return self._apply(report, report[0].item() / self.world.get_size(), None, passes, 0.0,
+                           (max_grad_norm, norm))
 
     def _apply(self, report: torch.Tensor, loss: float, event: str | None, passes: tuple[tuple[float, float], ...],
-               recovery_s: float) -> StepResult:
-        """Step the optimizer (every live rank agreed), then admit the replicas ready to heal in."""
+               recovery_s: float, clip: tuple[float | None, torch.Tensor | None] = (None, None)) -> StepResult:
+        """Clip the gradients (``clip``: the max norm and the step's total norm), step the
+        optimizer (every live rank agreed), then admit the replicas ready to heal in."""
         opt = self.optimizer
         assert opt is not None
+        max_norm, norm = clip
+        if max_norm is not None and norm is not None:
+            self._clip(max_norm, norm)
+        grad_norm = None if norm is None else float(norm)
         opt.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         opt.zero_grad(set_to_none=True)
         applied, self.step = self.step, self.step + 1
         n = self.world.get_size()
@@ -443,9 +508,9 @@ class ElasticHSDP:
             if not self.world.agree(healed):  # joiners and live ranks alike: the heal failed somewhere
                 self.live = before
                 self._recover()  # the joining replicas leave; the step applied stays applied
-                return StepResult(True, applied, loss, tuple(self.live), "heal failed", passes, recovery_s)
+                return StepResult(True, applied, loss, tuple(self.live), "heal failed", passes, recovery_s, grad_norm)
             event = "healed"
-        return StepResult(True, applied, loss, tuple(self.live), event, passes, recovery_s)
+        return StepResult(True, applied, loss, tuple(self.live), event, passes, recovery_s, grad_norm)
 
     def _shrink_world(self) -> None:
         """Shrink the world to the survivors and wait until every survivor has its engine: a
@@ -483,7 +548,22 @@ class ElasticHSDP:
         release_comms(self.comms)
 
 
-def _copy_flat(flat: torch.Tensor, grads: list[torch.Tensor]) -> None:
-    """Copy ``flat`` (the tensors of ``grads`` laid end to end) back into ``grads``."""
-    parts = flat.split([g.numel() for g in grads])
-    torch._foreach_copy_(grads, [c.view_as(g) for c, g in zip(parts, grads)])
+def _check_max_norm(max_grad_norm: float | None) -> None:
+    if max_grad_norm is not None and (isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float))
+                                      or not max_grad_norm > 0):
+        raise FSDPCommError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}")
+
+
+def _copy_flat(flat: torch.Tensor, params: list[nn.Parameter], grads: list[torch.Tensor]) -> None:
+    """Copy ``flat`` (the tensors of ``grads`` laid end to end, then a flag per parameter of
+    ``params``) back into the gradients: a parameter whose flag is 0 (no gradient on any live
+    replica) keeps none, as FSDP leaves it, so the optimizer skips it; one that got a gradient
+    elsewhere only is given one here."""
+    parts = flat.split([g.numel() for g in grads] + [len(params)])
+    for p, g, part, flag in zip(params, grads, parts, parts[-1].tolist()):
+        if flag == 0:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+            g = local_shard(p.grad)
+        g.copy_(part.view_as(g))

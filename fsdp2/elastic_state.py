@@ -1,9 +1,11 @@
 """The state a healing replica receives: parameter shards and optimizer state, packed into one
 buffer per dtype and sent point to point on the replicate communicator. The layout (which
-optimizer state each parameter has, its shapes and dtypes, the param groups' settings) travels
-through the store as JSON (:func:`state_meta`); the tensors never touch the file system."""
+optimizer state each parameter has, its shapes and dtypes, the param groups' settings) and the
+LR scheduler's state travel through the store as JSON (:func:`state_meta`); the tensors never
+touch the file system."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
@@ -34,8 +36,26 @@ def _plain(v: Any) -> Any:
     return None
 
 
-def state_meta(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The layout of ``optimizer``'s state for ``params`` and its param groups' settings."""
+def check_scheduler(scheduler: Any) -> None:
+    """Raise ``FSDPCommError`` unless ``scheduler`` is None or steps and has a JSON-able state."""
+    if scheduler is None:
+        return
+    from fsdp2.collectives import FSDPCommError
+
+    if not all(callable(getattr(scheduler, m, None)) for m in ("step", "state_dict", "load_state_dict")):
+        raise FSDPCommError(f"scheduler must have step(), state_dict() and load_state_dict(), "
+                            f"got {type(scheduler).__name__}")
+    try:
+        json.dumps(scheduler.state_dict())
+    except (TypeError, ValueError) as e:
+        raise FSDPCommError(f"the state_dict() of scheduler {type(scheduler).__name__} is not JSON ({e}): "
+                            f"a replacement could not receive it") from e
+
+
+def state_meta(params: list[nn.Parameter], optimizer: torch.optim.Optimizer,
+               scheduler: Any = None) -> dict[str, Any]:
+    """The layout of ``optimizer``'s state for ``params``, its param groups' settings and the
+    state of ``scheduler`` (None without one)."""
     per_param = []
     for p in params:
         entry = {}
@@ -47,7 +67,8 @@ def state_meta(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> 
         per_param.append(entry)
     groups = [{k: _plain(v)[0] for k, v in g.items() if k != "params" and _plain(v) is not None}
               for g in optimizer.param_groups]
-    return {"state": per_param, "groups": groups}
+    return {"state": per_param, "groups": groups,
+            "scheduler": None if scheduler is None else scheduler.state_dict()}
 
 
 def _tensors(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -76,12 +97,18 @@ def send_state(comm: Any, dsts: list[int], params: list[nn.Parameter], optimizer
 
 @torch.no_grad()
 def receive_state(comm: Any, src: int, params: list[nn.Parameter], optimizer: torch.optim.Optimizer,
-                  meta: dict[str, Any]) -> None:
+                  meta: dict[str, Any], scheduler: Any = None) -> None:
     """Receive what :func:`send_state` sends from ``src``: the parameters are overwritten in
-    place, the optimizer state is made to ``meta``'s layout and filled."""
+    place, the optimizer state is made to ``meta``'s layout and filled, ``scheduler`` loads the
+    sender's state."""
     if len(meta["state"]) != len(params) or len(meta["groups"]) != len(optimizer.param_groups):
         raise ValueError(f"state layout of {len(meta['state'])} parameters / {len(meta['groups'])} groups does not "
                          f"match this model's {len(params)} / {len(optimizer.param_groups)}")
+    if (scheduler is None) != (meta.get("scheduler") is None):
+        raise ValueError(f"the live replicas {'do not ' if scheduler is not None else ''}step an LR scheduler; "
+                         f"this one {'does' if scheduler is not None else 'does not'} (start(..., scheduler=))")
+    if scheduler is not None:
+        scheduler.load_state_dict(meta["scheduler"])
     for group, settings in zip(optimizer.param_groups, meta["groups"]):
         group.update({k: tuple(v) if isinstance(group.get(k), tuple) else v for k, v in settings.items()})
     for p, entry in zip(params, meta["state"]):

@@ -38,6 +38,8 @@ class FSDPComms:
     global_mesh: DeviceMesh  # (replicate, shard), or 1-D (shard) for plain FSDP
     separate: bool
     reductions: Reductions = field(default_factory=Reductions)
+    #: the all-gather communicators of ``reshard_after_forward=n`` (n ranks each), by ``n``
+    post_forward: dict[int, Any] = field(default_factory=dict)
 
     @property
     def is_hsdp(self) -> bool:
@@ -66,14 +68,27 @@ class FSDPComms:
         else:
             ag = rs = parent.split(shard_ranks, f"{base}.fsdp.shard")
         ar = parent.split(replica_ranks, f"{base}.fsdp.all_reduce") if replicate_size > 1 else None
+        assert {c.get_name() for c in (ag, rs, ar) if c is not None} == split_names(base, replicate_size, separate)
         dev = device_type or parent.get_device().type
         global_mesh = metadata_mesh(parent, dev, replicate_size, shard_size)
         mesh = global_mesh["shard"] if replicate_size > 1 else global_mesh
         return cls(parent, replicate_size, shard_size, ag, rs, ar, mesh, global_mesh, separate)
 
+    def post_forward_comm(self, size: int) -> Any:
+        """The communicator of this rank's post-forward group for ``reshard_after_forward=size``:
+        ``size`` consecutive ranks of the shard group, as torch's post-forward mesh (the shard
+        mesh viewed as ``(-1, size)``). Split from the all-gather communicator on first use
+        (collective over it then)."""
+        got = self.post_forward.get(size)
+        if got is None:
+            first = self.all_gather.get_rank() // size * size
+            got = self.post_forward[size] = self.all_gather.split(
+                list(range(first, first + size)), f"{self.all_gather.get_name()}.post_forward{size}")
+        return got
+
     def communicators(self) -> list[Any]:
         seen: list[Any] = []
-        for c in (self.all_gather, self.reduce_scatter, self.all_reduce):
+        for c in (self.all_gather, self.reduce_scatter, self.all_reduce, *self.post_forward.values()):
             if c is not None and all(c is not s for s in seen):
                 seen.append(c)
         return seen
@@ -90,6 +105,12 @@ class FSDPComms:
         self.reductions.close()
         for c in self.communicators():
             c.abort()
+
+
+def split_names(base: str, replicate_size: int, separate: bool) -> set[str]:
+    """The names of the communicators :meth:`FSDPComms.build` splits from communicator ``base``."""
+    names = {f"{base}.fsdp.all_gather", f"{base}.fsdp.reduce_scatter"} if separate else {f"{base}.fsdp.shard"}
+    return names | ({f"{base}.fsdp.all_reduce"} if replicate_size > 1 else set())
 
 
 def metadata_mesh(parent: Any, device_type: str, replicate_size: int, shard_size: int) -> DeviceMesh:

@@ -77,22 +77,103 @@ def shard_stock(model: Llama, mesh: Any, **kw: Any) -> Llama:
     return model
 
 
-def numerics(steps: int = 20, replicate: int = 1, mp: bool = False, overlap: bool = True) -> dict[str, Any]:
+def numerics(steps: int = 20, replicate: int = 1, mp: bool = False, overlap: bool = True,
+             reshard_after_forward: bool | int = True) -> dict[str, Any]:
     """Train the tiny Llama with stock fully_shard (c10d gloo) and with fsdp2 from the same
-    initial weights and data; return both loss curves and max |Δ| of the final parameters."""
+    initial weights and data; return both loss curves, max |Δ| of the final parameters and
+    how many ops each of fsdp2's communicators ran."""
     rank = int(os.environ["RANK"])
     comm = world_comm()
-    ours = shard_ours(make_model(), comm, mp_policy=mp_policy(mp), replicate_size=replicate, overlap=overlap)
+    raf = {"reshard_after_forward": reshard_after_forward}
+    ours = shard_ours(make_model(), comm, mp_policy=mp_policy(mp), replicate_size=replicate, overlap=overlap, **raf)
     comms = fsdp2.comms_of(ours)
+    ran: dict[str, int] = {}
+    for c in comms.communicators():
+        c.register_pre_hook(lambda name, op_id, rec, c=c.get_name(): ran.__setitem__(c, ran.get(c, 0) + 1))
     data = batches(rank, steps)
     our_losses = train(ours, data)
     our_params = full_params(ours)
-    stock = shard_stock(make_model(), comms.global_mesh, mp_policy=mp_policy(mp))
+    stock = shard_stock(make_model(), comms.global_mesh, mp_policy=mp_policy(mp), **raf)
     stock_losses = train(stock, data)
     stock_params = full_params(stock)
     max_diff = max((our_params[n] - stock_params[n]).abs().max().item() for n in our_params)
-    return {"ours": our_losses, "stock": stock_losses, "max_param_diff": max_diff,
+    return {"ours": our_losses, "stock": stock_losses, "max_param_diff": max_diff, "ops": ran,
             "ours_digest": digest(our_params), "stock_digest": digest(stock_params)}
+
+
+def sharded_twice() -> dict[str, Any]:
+    """``fully_shard`` on a module sharded already: the error; the model still trains."""
+    comm = world_comm()
+    model = shard_ours(make_model(), comm)
+    out: dict[str, Any] = {}
+    try:
+        fsdp2.fully_shard(model.blocks[0], comm)
+    except Exception as e:  # noqa: BLE001 - the test inspects it
+        out["error"] = [type(e).__name__, str(e)]
+    out["steps"] = len(train(model, batches(int(os.environ["RANK"]), 1)))
+    return out
+
+
+def hsdp_post_forward_group() -> list[str]:
+    """HSDP (2 x 4) with ``reshard_after_forward=2``: the error ``fully_shard`` raises."""
+    comm = world_comm()
+    got: list[str] = []
+    try:
+        fsdp2.fully_shard(torch.nn.Linear(8, 8), comm, replicate_size=2, reshard_after_forward=2)
+    except Exception as e:  # noqa: BLE001 - the test inspects it
+        got = [type(e).__name__, str(e)]
+    comm.barrier(async_op=False)  # nobody exits (rank 0 hosts the store) while a peer still builds its mesh
+    return got
+
+
+def accumulate_without_all_reduce(steps: int = 3, micro: int = 3) -> dict[str, Any]:
+    """HSDP gradient accumulation that reduce-scatters every microbatch but all-reduces across
+    replicas only on the last (``set_requires_all_reduce``), ours and stock from the same
+    weights and data: both loss curves, the final parameters and how many replica all-reduces
+    fsdp2 ran."""
+    rank = int(os.environ["RANK"])
+    comm = world_comm()
+    ours = shard_ours(make_model(), comm, replicate_size=2)
+    comms = fsdp2.comms_of(ours)
+    ran = [0]
+    comms.all_reduce.register_pre_hook(lambda name, op_id, rec: ran.__setitem__(0, ran[0] + 1))
+    stock = shard_stock(make_model(), comms.global_mesh)
+    data = batches(rank, steps * micro)
+    out: dict[str, Any] = {}
+    for name, model in (("ours", ours), ("stock", stock)):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+        losses = []
+        for step in range(steps):
+            for i, tok in enumerate(data[step * micro:(step + 1) * micro]):
+                model.set_requires_all_reduce(i == micro - 1)
+                loss = model(tok[:, :-1], tok[:, 1:])
+                loss.backward()
+                losses.append(loss.item())
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        out[name] = losses
+        out[f"{name}_digest"] = digest(full_params(model))
+    out["all_reduces"] = ran[0]
+    return out
+
+
+def conflicting_layouts() -> dict[str, Any]:
+    """One model sharded with the defaults, then models sharded on the same communicator with
+    ``replicate_size=2`` (its all-gather and reduce-scatter communicators' names are taken:
+    the error) and with ``overlap=False`` (other names: trains), then with ``replicate_size=2``
+    again after ``release_comms`` of the first."""
+    rank = int(os.environ["RANK"])
+    comm = world_comm()
+    first = shard_ours(make_model(), comm)
+    out: dict[str, Any] = {}
+    try:
+        shard_ours(make_model(), comm, replicate_size=2)
+    except Exception as e:  # noqa: BLE001 - the test inspects it
+        out["replicate"] = [type(e).__name__, str(e)]
+    out["no_overlap"] = len(train(shard_ours(make_model(), comm, overlap=False), batches(rank, 1)))
+    fsdp2.release_comms(fsdp2.comms_of(first))
+    out["after_release"] = len(train(shard_ours(make_model(), comm, replicate_size=2), batches(rank, 1)))
+    return out
 
 
 def fsdp_modules(model: torch.nn.Module) -> list[Any]:

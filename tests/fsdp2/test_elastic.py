@@ -36,6 +36,9 @@ from tests.helpers.ranks import REPO
 
 EXAMPLE = REPO / "examples" / "train_elastic_fsdp.py"
 HEAL_KILLER = REPO / "tests" / "fsdp2" / "elastic_heal_killer.py"
+FROZEN_JOB = REPO / "tests" / "fsdp2" / "elastic_frozen_job.py"
+CLIP_JOB = REPO / "tests" / "fsdp2" / "elastic_clip_job.py"
+CLIP_RTOL = 1e-5  # the replica reduction sums pre-scaled losses where FSDP averages: other rounding
 TIMEOUT_S = 30.0  # each communicator's op timeout in the job
 LIMIT_S = 200.0  # the whole job: a hang fails the test here, with the job's log (pytest-timeout's 300 s shows none)
 LOSS_RTOL = 1e-6  # the same ops in the same order: the losses agree to rounding (measured: bitwise on
@@ -51,7 +54,7 @@ BATCH = 8  # the example's default global batch
 
 def run_job(world: int, shard: int, *, fail_rank: int = -1, fail_step: int = 0, steps: int = 2000,
             stop_after_heal: int = AFTER_HEAL, max_restarts: int = 1, heal_victim: int = -1,
-            fail_at: str = "random", redo: bool = False) -> dict[str, Any]:
+            fail_at: str = "random", redo: bool = False, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix="tc-elastic-"))
     env = dict(os.environ, TORCHCOMM_TRACING_DISABLE="1", PYTHONPATH=child_pythonpath(),
                TC_HEAL_VICTIM=str(heal_victim), TC_SHARD=str(shard))
@@ -61,7 +64,7 @@ def run_job(world: int, shard: int, *, fail_rank: int = -1, fail_step: int = 0, 
          "--no-summary", str(script), "--shard", str(shard), "--steps", str(steps),
          "--stop-after-heal", str(stop_after_heal), "--fail-rank", str(fail_rank), "--fail-step", str(fail_step),
          "--fail-at", fail_at, "--step-sleep", str(STEP_SLEEP), "--timeout", str(TIMEOUT_S), "--dim", "32",
-         "--layers", "1", "--record", str(out / "rec"), *(["--redo"] if redo else [])], env, LIMIT_S)
+         "--layers", "1", "--record", str(out / "rec"), *(["--redo"] if redo else []), *extra], env, LIMIT_S)
     lines = {r: [json.loads(line) for line in (out / f"rec.{r}").read_text().splitlines()]
              for r in range(world) if (out / f"rec.{r}").exists()}
     records = {r: [d for d in ds if "step" in d] for r, ds in lines.items()}
@@ -145,6 +148,19 @@ def test_kill_in_step_zero_survivor_matches_one_replica_run_and_heals() -> None:
         assert abs(got - want) <= LOSS_RTOL * abs(want), f"step {s}: {got} vs one-replica run {want}"
 
 
+def test_healed_replica_follows_the_live_lr_schedule() -> None:
+    """An LR schedule (LambdaLR, stepped after every applied step): the replacement receives
+    the scheduler's state with the optimizer's, so from its first step it applies the live
+    replicas' learning rate and the replicas stay bitwise identical (check_run). Its scheduler
+    started again from step 0: the replicas' parameters differed from the first step after
+    the heal."""
+    job = run_job(4, 2, fail_rank=3, fail_step=2, fail_at="forward", extra=("--lr-decay", "0.5"))
+    by_step = check_run(job, 4, 2, 3, 2)
+    for step, recs in by_step.items():  # the learning rate of the next step, on every rank that applied this one
+        want = 3e-3 / (1 + 0.5 * (step + 1))
+        assert all(abs(r["lr"] - want) <= 1e-12 for r in recs.values()), (step, recs)
+
+
 def test_make_up_pass_matches_redoing_the_step_with_one_replica_fewer() -> None:
     """The kill at the start of step 2's forward, twice: survivors computing only the lost
     replica's samples (``train_batch``) and survivors redoing the whole step (``train_step``,
@@ -177,6 +193,43 @@ def test_a_job_that_lost_every_replica_ends_with_a_clear_error_instead_of_waitin
          "--dim", "32", "--layers", "1"], env, 120)
     assert rc not in (0, None), f"the job ended with {rc} (None: still running after 120 s)\n{log[-30000:]}"
     assert "no replica is live to send the training state" in log, log[-4000:]
+
+
+def test_frozen_and_unused_parameters_stay_untouched() -> None:
+    """A parameter without a gradient (frozen, or not used by the forward) on every live replica
+    keeps none after the replica reduction, as FSDP leaves it: AdamW skips it. (They were given
+    zero gradients, so AdamW's weight decay moved them, by about 1e-3 in 3 steps.)"""
+    out = Path(tempfile.mkdtemp(prefix="tc-elastic-frozen-")) / "res"
+    env = dict(os.environ, TORCHCOMM_TRACING_DISABLE="1", PYTHONPATH=child_pythonpath())
+    rc, log = run_launcher_job(["--nproc-per-node", "4", "--no-summary", str(FROZEN_JOB), str(out)], env, LIMIT_S)
+    assert rc == 0, log[-6000:]
+    for r in range(4):
+        got = json.loads(Path(f"{out}.{r}").read_text())
+        untouched = {n: m for n, m in got["moved"].items() if n.startswith(("frozen.", "unused."))}
+        assert len(untouched) == 4 and all(m == 0.0 for m in untouched.values()), (r, got)
+        trained = [m for n, m in got["moved"].items() if n.startswith(("blocks.", "head."))]
+        assert len(trained) == 6 and all(m > 0.0 for m in trained), (r, got)
+        assert got["with_state"] == ["blocks.0.bias", "blocks.0.weight", "blocks.1.bias", "blocks.1.weight",
+                                     "head.bias", "head.weight"], (r, got)
+
+
+def test_max_grad_norm_clips_as_clip_grad_norm_does() -> None:
+    """``train_batch(..., max_grad_norm=)`` against fsdp2 HSDP with ``clip_grad_norm_`` on the
+    same ranks, weights and samples: the norms it reports and the losses agree to rounding, and
+    every step was clipped. (Elastic HSDP had no way to clip: the optimizer steps inside
+    ``train_batch``.)"""
+    out = Path(tempfile.mkdtemp(prefix="tc-elastic-clip-")) / "res"
+    env = dict(os.environ, TORCHCOMM_TRACING_DISABLE="1", PYTHONPATH=child_pythonpath())
+    rc, log = run_launcher_job(["--nproc-per-node", "4", "--no-summary", str(CLIP_JOB), str(out)], env, LIMIT_S)
+    assert rc == 0, log[-6000:]
+    results = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(4)]
+    for got in results:
+        el, an = got["elastic"], got["anchor"]
+        assert len(el["norms"]) == len(an["norms"]) == 4, got
+        assert all(n > 0.05 for n in an["norms"]), got  # every step clipped
+        for a, b in zip(el["norms"] + el["losses"], an["norms"] + an["losses"]):
+            assert abs(a - b) <= CLIP_RTOL * abs(b), got
+    assert len({json.dumps(r["elastic"]) for r in results}) == 1  # every rank reports the same
 
 
 @pytest.mark.slow

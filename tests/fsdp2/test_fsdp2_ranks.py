@@ -32,6 +32,29 @@ def test_fsdp_without_overlap_matches_stock_bitwise() -> None:
     _same_everywhere(run_ranks(2, f"{T}:numerics", {"steps": 20, "overlap": False}, timeout=240))
 
 
+def test_reshard_after_forward_to_a_smaller_group_matches_stock_bitwise() -> None:
+    # reshard_after_forward=2 on 4 ranks: after forward each module keeps its parameters sharded
+    # over 2 ranks, and backward re-gathers them over that pair (torch's post-forward mesh),
+    # which fsdp2 runs on a communicator split for it. It once raised FSDPCommError in the first
+    # backward (FSDP's group of 2 ranks on the 4-rank all-gather communicator).
+    res = run_ranks(4, f"{T}:numerics", {"steps": 4, "reshard_after_forward": 2}, timeout=240)
+    v = _same_everywhere(res)
+    # per step 3 modules (2 blocks + root, each given the int) gather over 4 ranks in forward
+    # and re-gather over the pair in backward
+    assert v["ops"]["world.fsdp.all_gather"] == 3 * 4, v["ops"]
+    assert v["ops"]["world.fsdp.all_gather.post_forward2"] == 3 * 4, v["ops"]
+
+
+def test_hsdp_reshard_after_forward_to_a_smaller_group_is_refused() -> None:
+    # 8 ranks as (replicate 2, shard 4), reshard_after_forward=2: torch builds the post-forward
+    # mesh from the shard mesh it is given, whose ranks differ between the shard groups, so their
+    # new_group calls disagree; fully_shard hung (and a split timed out) instead of raising
+    for r in run_ranks(8, f"{T}:hsdp_post_forward_group", timeout=240):
+        assert r.value == ["FSDPCommError", "reshard_after_forward=2 with replicate_size=2: HSDP reshards "
+                           "after forward to the whole shard group (4 ranks, True) or not at all (False), "
+                           "not to 2 ranks"], r.value
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mp", [False, True], ids=["fp32", "bf16-mp"])
 def test_hsdp_matches_stock_bitwise_over_8_steps(mp: bool) -> None:
@@ -41,6 +64,18 @@ def test_hsdp_matches_stock_bitwise_over_8_steps(mp: bool) -> None:
     # FSDP's 2-rank runs keep 20
     v = _same_everywhere(run_ranks(4, f"{T}:numerics", {"steps": 8, "mp": mp, "replicate": 2}, timeout=300))
     assert len(v["ours"]) == 8
+
+
+def test_hsdp_accumulation_without_replica_all_reduce_matches_stock_bitwise() -> None:
+    # set_requires_all_reduce(False) on all but the last of 3 microbatches: stock HSDP sums the
+    # reduce-scattered gradients and all-reduces them once. fsdp2 ran the replica all-reduce
+    # on every microbatch (3 x as many, other rounding: the last steps' losses differed).
+    res = run_ranks(4, f"{T}:accumulate_without_all_reduce", {"steps": 3, "micro": 3}, timeout=240)
+    for r in res:
+        v = r.value
+        assert v["ours"] == v["stock"] and v["ours_digest"] == v["stock_digest"], f"rank {r.rank}: {v}"
+        assert v["all_reduces"] == 3 * 3, v  # per step one per FSDP module (2 blocks + root)
+    assert len({r.value["ours_digest"] for r in res}) == 1
 
 
 @pytest.mark.slow
@@ -63,6 +98,29 @@ def test_gradient_divide_factor_premul_sum_matches_stock(replicate: int) -> None
         assert not v["routed"] and v["ours_digest"] == rr.value["ours_digest"]  # ours does not depend on the route
         assert v["max_param_diff"] <= 1e-5, v
         assert all(abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(v["ours"], v["stock"])), v
+
+
+def test_other_layout_on_the_same_communicator_is_refused_by_name() -> None:
+    # HSDP (4 ranks as 2 x 2) after FSDP on one communicator would split world.fsdp.all_gather
+    # and world.fsdp.reduce_scatter again: it failed in torchcomms' split with "a communicator
+    # named 'world.fsdp.all_gather' already exists", naming neither the argument nor the way out
+    for r in run_ranks(4, f"{T}:conflicting_layouts", timeout=240):
+        v = r.value
+        kind, msg = v["replicate"]
+        assert kind == "FSDPCommError", v
+        assert msg.startswith("communicator 'world' already carries fsdp2's communicators for replicate_size=1, "
+                              "overlap=True (world.fsdp.all_gather, world.fsdp.reduce_scatter), which "
+                              "replicate_size=2, overlap=True would split again; release_comms"), v
+        assert v["no_overlap"] == 1 and v["after_release"] == 1, v  # other names; or released first
+
+
+def test_sharding_a_module_twice_is_a_typed_error_naming_it() -> None:
+    # torch's fully_shard raised a bare AssertionError ("Each distinct composable distributed
+    # API can only be applied to a module once") after fsdp2 had split its communicators
+    for r in run_ranks(2, f"{T}:sharded_twice", timeout=180):
+        assert r.value["error"] == ["FSDPCommError", "FSDPBlock is sharded already: fully_shard applies once "
+                                    "per module"], r.value
+        assert r.value["steps"] == 1, r.value
 
 
 def test_all_gather_and_reduce_scatter_run_on_their_own_communicators() -> None:

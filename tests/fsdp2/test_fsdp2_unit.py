@@ -43,8 +43,19 @@ def test_bad_arguments_raise_typed_errors() -> None:
             fsdp2.fully_shard(torch.nn.Linear(2, 2), comm, prefetch=-1)
         with pytest.raises(fsdp2.FSDPCommError, match="mesh"):
             fsdp2.fully_shard(torch.nn.Linear(2, 2), comm, mesh=None)
+        with pytest.raises(fsdp2.FSDPCommError, match="overlap must be a bool"):
+            fsdp2.fully_shard(torch.nn.Linear(2, 2), comm, overlap="no")
     finally:
         comm.finalize()
+
+
+def test_replicate_size_other_than_an_fsdp_comms_own_is_refused() -> None:
+    # it was ignored: the module was sharded with the FSDPComms' layout, not the one asked for
+    comms = fsdp2.FSDPComms(parent=None, replicate_size=2, shard_size=2, all_gather=None, reduce_scatter=None,
+                            all_reduce=None, mesh=None, global_mesh=None, separate=True)  # type: ignore[arg-type]
+    assert fsdp2.fsdp_comms(comms) is comms and fsdp2.fsdp_comms(comms, replicate_size=2) is comms
+    with pytest.raises(fsdp2.FSDPCommError, match="replicate_size=4 differs from the given FSDPComms' 2"):
+        fsdp2.fully_shard(torch.nn.Linear(2, 2), comms, replicate_size=4)
 
 
 def test_comm_work_is_a_torch_work_that_waits_on_the_torchcomms_work() -> None:
