@@ -50,6 +50,7 @@ from fsdp2.api import fully_shard as _fully_shard
 from fsdp2.api import release_comms
 from fsdp2.collectives import FSDPCommError
 from fsdp2.elastic_batch import StepLedger, split_in_order
+from fsdp2.elastic_grads import check_max_norm, clip_to, copy_flat, total_norm
 from fsdp2.elastic_state import check_scheduler, local_shard, receive_state, send_state, state_meta
 from fsdp2.groups import FSDPComms
 
@@ -338,35 +339,6 @@ class ElasticHSDP:
         self.world.all_reduce(report, torchcomms.ReduceOp.SUM, async_op=False)
         return report
 
-    def _total_norm(self, params: list[nn.Parameter], grads: list[torch.Tensor],
-                    flat: torch.Tensor | None) -> torch.Tensor:
-        """The 2-norm of the step's gradient as ``clip_grad_norm_`` computes it (torch's
-        ``get_total_norm`` over the DTensor gradients): ``flat``'s reduced parts, or with one
-        replica the gradients themselves; a collective on the shard communicator, so that it
-        runs before the step is put to ``agree``."""
-        from torch.distributed.tensor import DTensor
-
-        if flat is not None:
-            parts = flat.split([g.numel() for g in grads] + [len(params)])
-            local = [(p, part.view_as(g)) for p, g, part, flag in zip(params, grads, parts, parts[-1].tolist()) if flag]
-        else:
-            local = [(p, g) for p, g in zip(params, grads) if p.grad is not None]
-        tensors = [DTensor.from_local(t, p.device_mesh, p.placements, run_check=False, shape=p.shape,
-                                      stride=p.stride()) if isinstance(p, DTensor) else t for p, t in local]
-        norm = torch.nn.utils.get_total_norm(tensors)
-        return norm.full_tensor() if isinstance(norm, DTensor) else norm
-
-    def _clip(self, max_norm: float, norm: torch.Tensor) -> None:
-        """Scale the gradients by ``max_norm / norm`` where that is below 1 (torch's
-        ``clip_grads_with_norm_``; ``norm`` as a replicated DTensor beside DTensor gradients)."""
-        from torch.distributed.tensor import DTensor, Replicate
-
-        params = [p for p in self._params() if p.grad is not None]
-        if params and isinstance(params[0], DTensor):
-            norm = DTensor.from_local(norm, params[0].device_mesh, [Replicate()] * params[0].device_mesh.ndim,
-                                      run_check=False)
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
-
     def train_batch(self, loss_of: Callable[[list[int]], torch.Tensor], global_batch: int, *,
                     max_grad_norm: float | None = None) -> StepResult:
         """Train step :attr:`step` on the samples ``[step * B, (step + 1) * B)`` of
@@ -391,7 +363,7 @@ class ElasticHSDP:
         opt = self.optimizer
         assert opt is not None, "call start() first"
         ledger = StepLedger(self.step, global_batch, self.shard_size)  # (checks global_batch)
-        _check_max_norm(max_grad_norm)
+        check_max_norm(max_grad_norm)
         loss_sum, recovery_s, event = 0.0, 0.0, None
         norm: torch.Tensor | None = None
         passes: list[tuple[float, float]] = []
@@ -415,7 +387,7 @@ class ElasticHSDP:
                 params, grads = self._grads()
                 flat = self._across_replicas(params, grads, torchcomms.ReduceOp.SUM)
                 if max_grad_norm is not None:
-                    norm = self._total_norm(params, grads, flat)
+                    norm = total_norm(params, grads, flat)
                 report = self._report(loss_sum)
             except torchcomms.CommError as e:
                 error = e
@@ -432,7 +404,7 @@ class ElasticHSDP:
             self.recovery_s = recovery_s
             event = "shrunk"
         if flat is not None:
-            _copy_flat(flat, params, grads)
+            copy_flat(flat, params, grads)
         return self._apply(report, report[0].item() / global_batch, event, tuple(passes), recovery_s,
                            (max_grad_norm, norm))
 
@@ -455,7 +427,7 @@ class ElasticHSDP:
         rank's replica left. ``max_grad_norm``: as for :meth:`train_batch`."""
         opt = self.optimizer
         assert opt is not None, "call start() first"
-        _check_max_norm(max_grad_norm)
+        check_max_norm(max_grad_norm)
         norm: torch.Tensor | None = None
         error: BaseException | None = None
         passes: tuple[tuple[float, float], ...] = ()
@@ -466,9 +438,9 @@ class ElasticHSDP:
             params, grads = self._grads()
             flat = self._across_replicas(params, grads, torchcomms.ReduceOp.AVG)
             if max_grad_norm is not None:
-                norm = self._total_norm(params, grads, flat)
+                norm = total_norm(params, grads, flat)
             if flat is not None:
-                _copy_flat(flat, params, grads)
+                copy_flat(flat, params, grads)
             report = self._report(float(loss.detach()))
         except torchcomms.CommError as e:
             error = e
@@ -489,7 +461,7 @@ class ElasticHSDP:
         assert opt is not None
         max_norm, norm = clip
         if max_norm is not None and norm is not None:
-            self._clip(max_norm, norm)
+            clip_to(self._params(), max_norm, norm)
         grad_norm = None if norm is None else float(norm)
         opt.step()
         if self.scheduler is not None:
@@ -546,24 +518,3 @@ class ElasticHSDP:
         for c in (self.world, self.replicate):
             c.finalize()
         release_comms(self.comms)
-
-
-def _check_max_norm(max_grad_norm: float | None) -> None:
-    if max_grad_norm is not None and (isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float))
-                                      or not max_grad_norm > 0):
-        raise FSDPCommError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}")
-
-
-def _copy_flat(flat: torch.Tensor, params: list[nn.Parameter], grads: list[torch.Tensor]) -> None:
-    """Copy ``flat`` (the tensors of ``grads`` laid end to end, then a flag per parameter of
-    ``params``) back into the gradients: a parameter whose flag is 0 (no gradient on any live
-    replica) keeps none, as FSDP leaves it, so the optimizer skips it; one that got a gradient
-    elsewhere only is given one here."""
-    parts = flat.split([g.numel() for g in grads] + [len(params)])
-    for p, g, part, flag in zip(params, grads, parts, parts[-1].tolist()):
-        if flag == 0:
-            continue
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-            g = local_shard(p.grad)
-        g.copy_(part.view_as(g))
