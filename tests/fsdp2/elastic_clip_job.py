@@ -13,9 +13,8 @@ import torch
 
 import fsdp2
 import torchcomms
-from fsdp2.elastic import ElasticHSDP
 from fsdp2.elastic_batch import split_in_order
-from tests.fsdp2.elastic_frozen_job import Net
+from tests.fsdp2.elastic_frozen_job import Net, sharded_net
 
 STEPS, BATCH, MAX_NORM, LR = 4, 8, 0.05, 0.5
 
@@ -29,12 +28,7 @@ def loss_on(model: torch.nn.Module, indices: list[int]) -> torch.Tensor:
 
 
 def elastic() -> tuple[list[float], list[float]]:
-    el = ElasticHSDP(shard_size=2, timeout=timedelta(seconds=30))
-    torch.manual_seed(0)
-    model = Net()
-    for b in model.blocks:
-        el.fully_shard(b)
-    el.fully_shard(model)
+    el, model = sharded_net()
     assert el.start(model, torch.optim.SGD(model.parameters(), lr=LR))
     losses, norms = [], []
     while el.step < STEPS:

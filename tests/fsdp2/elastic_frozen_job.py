@@ -30,14 +30,21 @@ class Net(nn.Module):
         return self.head(h).pow(2).mean()
 
 
-def main(out: str) -> None:
-    torch.set_num_threads(1)
+def sharded_net() -> tuple[ElasticHSDP, Net]:
+    """An elastic HSDP of 2 replicas x 2 shards and a :class:`Net` (seed 0) sharded on it, per
+    block and at the root."""
     el = ElasticHSDP(shard_size=2, timeout=timedelta(seconds=30))
     torch.manual_seed(0)
     model = Net()
     for b in model.blocks:
         el.fully_shard(b)
     el.fully_shard(model)
+    return el, model
+
+
+def main(out: str) -> None:
+    torch.set_num_threads(1)
+    el, model = sharded_net()
     before = {n: p.to_local().clone() for n, p in model.named_parameters()}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     assert el.start(model, opt)
