@@ -161,7 +161,12 @@ class ElasticHSDP:
         return FSDPComms(self.shard, 1, self.shard_size, self.shard, self.shard, None, mesh, mesh, False)
 
     def fully_shard(self, module: nn.Module, **kwargs: Any) -> nn.Module:
-        """``fsdp2.fully_shard`` of ``module`` over this rank's replica."""
+        """``fsdp2.fully_shard`` of ``module`` over this rank's replica (its layout fixed:
+        ``overlap`` and ``replicate_size`` are not arguments here)."""
+        fixed = sorted({"overlap", "replicate_size"} & kwargs.keys())
+        if fixed:
+            raise FSDPCommError(f"ElasticHSDP.fully_shard sets {' and '.join(fixed)} itself (the replica's layout); "
+                                "pass only the other arguments of fsdp2.fully_shard")
         return _fully_shard(module, self.comms, overlap=False, **kwargs)
 
     def members(self, replicas: list[int] | None = None) -> list[int]:

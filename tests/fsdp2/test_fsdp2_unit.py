@@ -50,12 +50,21 @@ def test_bad_arguments_raise_typed_errors() -> None:
 
 
 def test_replicate_size_other_than_an_fsdp_comms_own_is_refused() -> None:
-    # it was ignored: the module was sharded with the FSDPComms' layout, not the one asked for
+    # an FSDPComms carries its layout: another replicate_size beside it is an error, never ignored
     comms = fsdp2.FSDPComms(parent=None, replicate_size=2, shard_size=2, all_gather=None, reduce_scatter=None,
                             all_reduce=None, mesh=None, global_mesh=None, separate=True)  # type: ignore[arg-type]
     assert fsdp2.fsdp_comms(comms) is comms and fsdp2.fsdp_comms(comms, replicate_size=2) is comms
     with pytest.raises(fsdp2.FSDPCommError, match="replicate_size=4 differs from the given FSDPComms' 2"):
         fsdp2.fully_shard(torch.nn.Linear(2, 2), comms, replicate_size=4)
+
+
+@pytest.mark.parametrize("kwargs", [{"overlap": True}, {"replicate_size": 2}, {"overlap": False, "replicate_size": 1}])
+def test_elastic_fully_shard_refuses_the_layout_arguments_it_sets_itself(kwargs) -> None:
+    from fsdp2.elastic import ElasticHSDP
+
+    el = ElasticHSDP.__new__(ElasticHSDP)  # the check comes before anything of a running job
+    with pytest.raises(fsdp2.FSDPCommError, match="sets .* itself"):
+        el.fully_shard(torch.nn.Linear(2, 2), **kwargs)
 
 
 def test_comm_work_is_a_torch_work_that_waits_on_the_torchcomms_work() -> None:
