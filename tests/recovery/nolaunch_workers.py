@@ -149,3 +149,29 @@ def agree_rounds(rounds: int) -> dict[str, Any]:
     after = store.num_keys()
     comm.finalize()
     return {"rank": me, "decided": decided, "before": before, "after": after}
+
+
+def shrink_unwatched(victim: int, timeout_s: float) -> dict[str, Any]:
+    """No control plane and no store watch: ``victim`` exits (``os._exit``) after a first
+    all_reduce, the others meet its absence in their next ones, then shrink with a
+    ``timeout_s`` deadline. Rank 0 hosts the store and stays until the others are done."""
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "unwatched", timeout=timedelta(seconds=timeout_s))
+    t = torch.ones(4)
+    comm.all_reduce(t, ReduceOp.SUM, False)
+    if comm.get_rank() == victim:
+        os._exit(3)
+    out: dict[str, Any] = {}
+    try:
+        for _ in range(1000):
+            comm.all_reduce(t, ReduceOp.SUM, False)
+            time.sleep(0.01)
+    except torchcomms.CommError as e:
+        out["raised"] = type(e).__name__
+    try:
+        comm.shrink()
+        out["shrink"] = "ok"
+    except torchcomms.CommError as e:
+        out["shrink"] = f"{type(e).__name__}: {e}"
+    if comm.get_rank() == 0:
+        time.sleep(2.0)
+    return out

@@ -45,3 +45,17 @@ def test_kill_inside_all_reduce_every_survivor_raises_and_shrinks(world: int, vi
 def test_kill_inside_all_reduce_oversubscribed() -> None:
     with oversubscribed(per_core=8, limit_s=180):
         _run(3, 1)
+
+
+def test_a_shrink_that_no_failure_report_reaches_says_how_to_get_one() -> None:
+    """Without the launcher and without TORCHCOMM_STORE_WATCH, nothing tells the survivors which
+    rank died: they wait for its part of the shrink until the deadline, and the error says so and
+    what gives them that report."""
+    with RankGroup(3, "tests.recovery.nolaunch_workers:shrink_unwatched", {"victim": 2, "timeout_s": 4.0},
+                   env={"TORCHCOMM_STORE_WATCH": "0"}) as g:
+        results = g.wait(timeout=120, failed_grace=60)
+    for r in results[:2]:
+        assert r.ok(), (r.error, r.stderr[-3000:])
+        shrink = r.value["shrink"]
+        assert shrink.startswith("CommTimeoutError") and "wait for a dead rank" in shrink, shrink
+        assert "TORCHCOMM_STORE_WATCH=1" in shrink and "torchcomms-run" in shrink, shrink

@@ -56,10 +56,20 @@ def shrink(core: CommCore, secs: float, make_comm: MakeComm) -> Any:
             break
         if time.monotonic() >= deadline:
             raise CommTimeoutError(
-                f"could not rebuild the engine over the survivors within {secs:g} s (a survivor never joined "
-                f"its rendezvous, or {describe_store(core.ctx.store)} did not answer)",
+                f"could not rebuild the engine over the survivors {survivors} within {secs:g} s (a survivor never "
+                f"joined its rendezvous, or {describe_store(core.ctx.store)} did not answer){_unseen_failures(core)}",
                 timeout_s=secs, comm=core.name, op="shrink")
     return _become(core, backend, survivors, epoch, make_comm)
+
+
+def _unseen_failures(core: CommCore) -> str:
+    """What a shrink's timeout adds when nothing reports failures to this communicator (no
+    control plane, no store watch): the survivors wait for a dead rank until the deadline."""
+    if core.monitor is not None:
+        return ""
+    return ("; nothing reports failed ranks to this communicator, so survivors wait for a dead rank's "
+            "part until the deadline: run under torchcomms-run, or set TORCHCOMM_STORE_WATCH=1 with a store "
+            "that outlives the ranks")
 
 
 def _shrink_in_engine(core: CommCore, shrink_survivors: Callable[[float], tuple[TorchCommBackend, list[int]]],
