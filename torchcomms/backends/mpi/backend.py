@@ -32,7 +32,7 @@ import torch
 from torchcomms.backends.base import (BackendCapabilities, BackendContext, EngineHandle, TorchCommBackend, avg_finish,
                                       premul_in_place, premul_scaled)
 from torchcomms.backends.mpi import engine as mpi_engine
-from torchcomms.backends.mpi.buffers import MPI_DTYPES, MPI_INT_MAX, Buffers, too_many_elements
+from torchcomms.backends.mpi.buffers import MPI_DTYPES, Buffers, too_many_elements
 from torchcomms.backends.mpi.engine_thread import EngineThread
 from torchcomms.backends.mpi.creation import CreationSteps
 from torchcomms.backends.mpi.hints import UNEVEN
@@ -346,8 +346,9 @@ class MpiBackend(TorchCommBackend):
         """A receive from ``src`` (``None``: any source), after the latest receive that a
         message it could take could also match. A buffer MPI cannot count is refused here: its
         receive would otherwise fail only once a message came, and no sender sends one."""
-        if tensor.numel() > MPI_INT_MAX:
-            raise too_many_elements(tensor, self.ctx.name)  # type: ignore[misc]
+        too_many = too_many_elements(tensor, self.ctx.name)
+        if too_many is not None:
+            raise too_many
         with self._recv_lock:
             if src is None:
                 after = [r for r in set(self._last_recv.values()) if not r.matched]

@@ -99,7 +99,7 @@ _TRUNCATED = (
     "a message of this collective was longer than this rank's buffer: the ranks called it with different sizes or "
     "dtypes ({} (MPI error class {})). Above its eager size Open MPI has already written the message past the "
     "buffer, so this process may not be safe to go on; TORCHCOMM_CHECK_COLLECTIVES=1 compares every rank's call "
-    "before any data moves and names each rank's")
+    "before any data moves and names each rank's call")
 
 
 def wrap_mpi_error(MPI: Any, error: BaseException) -> MpiEngineError:  # noqa: N803

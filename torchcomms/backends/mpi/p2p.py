@@ -40,6 +40,16 @@ def _describe(code: int, nbytes: int) -> str:
     return f"{nbytes} bytes of an unknown dtype"
 
 
+def _message_of(MPI: Any, status: Any) -> tuple[int, int]:  # noqa: N803
+    """The dtype code and byte count of the message ``status`` describes."""
+    return status.Get_tag() % TAG_STRIDE, status.Get_count(MPI.BYTE)
+
+
+def _fits(t: torch.Tensor, code: int, nbytes: int) -> bool:
+    """Whether a message of dtype ``code`` and ``nbytes`` bytes is ``t``'s own."""
+    return code == _CODES[t.dtype] and nbytes == t.numel() * t.element_size()
+
+
 class ProbedRecv:
     """A receive as a request-like object (``Test(status=None)``, as ``MPI.Request`` has): each
     poll first tries to take its message with ``Improbe`` (once every receive in ``after``,
@@ -72,17 +82,16 @@ class ProbedRecv:
 
     def _match(self) -> bool:
         if self.after:
-            if not all(before.request is not None for before in self.after):
+            if not all(before.matched for before in self.after):
                 return False
             self.after = []
         probe = self.MPI.Status()
         message = self.comm.Improbe(self.src, self.MPI.ANY_TAG, probe)
         if message is None:
             return False
-        code, nbytes = probe.Get_tag() % TAG_STRIDE, probe.Get_count(self.MPI.BYTE)
-        t = self.tensor
-        if code == _CODES[t.dtype] and nbytes == t.numel() * t.element_size():
-            target = t
+        code, nbytes = _message_of(self.MPI, probe)
+        if _fits(self.tensor, code, nbytes):
+            target = self.tensor
         else:
             dtype = DTYPE_ORDER[code] if code < len(DTYPE_ORDER) else torch.uint8
             if nbytes % dtype.itemsize:
@@ -120,9 +129,8 @@ class Arrivals:
         self.op = op
 
     def _mismatch(self, t: torch.Tensor, status: Any) -> CollectiveMismatchError | None:
-        tag, nbytes = status.Get_tag(), status.Get_count(self.MPI.BYTE)
-        code = tag % TAG_STRIDE
-        if code == _CODES[t.dtype] and nbytes == t.numel() * t.element_size():
+        code, nbytes = _message_of(self.MPI, status)
+        if _fits(t, code, nbytes):
             return None
         src = status.Get_source()
         return CollectiveMismatchError(
