@@ -5,6 +5,7 @@ oversubscribed. (Before the store watch, one survivor waited for its op timeout 
 shrink then timed out.)"""
 from __future__ import annotations
 
+import contextlib
 import signal
 from pathlib import Path
 
@@ -47,13 +48,15 @@ def test_kill_inside_all_reduce_oversubscribed() -> None:
         _run(3, 1)
 
 
-def test_a_shrink_that_no_failure_report_reaches_says_how_to_get_one() -> None:
+@pytest.mark.parametrize("loaded", [False, True], ids=["quiet", "oversubscribed"])
+def test_a_shrink_that_no_failure_report_reaches_says_how_to_get_one(loaded: bool) -> None:
     """Without the launcher and without TORCHCOMM_STORE_WATCH, nothing tells the survivors which
     rank died: they wait for its part of the shrink until the deadline, and the error says so and
-    what gives them that report."""
-    with RankGroup(3, "tests.recovery.nolaunch_workers:shrink_unwatched", {"victim": 2, "timeout_s": 4.0},
-                   env={"TORCHCOMM_STORE_WATCH": "0"}) as g:
-        results = g.wait(timeout=120, failed_grace=60)
+    what gives them that report (also with the CPU oversubscribed: the deadline still ends it)."""
+    with oversubscribed(per_core=8, limit_s=180) if loaded else contextlib.nullcontext():
+        with RankGroup(3, "tests.recovery.nolaunch_workers:shrink_unwatched", {"victim": 2, "timeout_s": 4.0},
+                       env={"TORCHCOMM_STORE_WATCH": "0"}) as g:
+            results = g.wait(timeout=120, failed_grace=60)
     for r in results[:2]:
         assert r.ok(), (r.error, r.stderr[-3000:])
         shrink = r.value["shrink"]
