@@ -169,6 +169,14 @@ def build(args: argparse.Namespace) -> tuple[dict[str, Callable[[], object]], li
         ev = torch.cuda.Event(enable_timing=True)
         rows["torch.cuda.Event.record (timing)"] = lambda: ev.record()
         rows["AllreduceOptions()"] = lambda: dist.AllreduceOptions()
+        rows["torch.cuda.current_stream()"] = lambda: torch.cuda.current_stream()
+        rows["torch.cuda.Event() + record"] = lambda: torch.cuda.Event().record()
+        rows["torch.Event(cuda) + record"] = lambda: torch.Event(device).record()
+        tev = torch.Event(device)
+        tev.record()
+        rows["torch.Event.record (reused)"] = lambda: tev.record()
+        rows["torch.Event.wait (current stream)"] = lambda: tev.wait()
+        rows["torch.Event.query"] = lambda: tev.query()
     comms = []
     # traced: the default tracing, which turns the engine's per-op event timing on; "traced, no
     # timing" shows what the timing costs
@@ -177,7 +185,7 @@ def build(args: argparse.Namespace) -> tuple[dict[str, Callable[[], object]], li
         comm = new_comm(backend, device, f"host-path-{label.replace(', ', '-').replace(' ', '-')}", tracing, hints)
         comms.append(comm)
         rows[f"ours sync, {label}"] = (lambda c: lambda: c.all_reduce(t, ReduceOp.SUM, False))(comm)
-        if label != "traced, no timing":
+        if label in ("untraced", "traced"):
             rows[f"ours async+wait, {label}"] = (lambda c: lambda: c.all_reduce(t, ReduceOp.SUM, True).wait())(comm)
 
     def drain() -> None:

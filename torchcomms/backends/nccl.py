@@ -319,7 +319,7 @@ class NcclBackend(TorchCommBackend):
     # --- helpers -------------------------------------------------------------------------------
     def _handle(self, work: Any, start: Any = None) -> EngineHandle:
         if work is None:  # a synchronous op c10d issued on the current stream without a work
-            work = CurrentStreamWork(start)
+            work = CurrentStreamWork(self._device, start)
         elif start is not None:
             self._sync_work_given = True  # c10d times its synchronous ops itself
         return StreamOrderedHandle(work, self._poller, self._timed)
@@ -330,7 +330,7 @@ class NcclBackend(TorchCommBackend):
         work (so no start event) for it; not recorded once c10d has returned a work for one."""
         start = None
         if not async_op and self._timed and not self._sync_work_given:
-            start = torch.cuda.Event(enable_timing=True)
+            start = torch.Event(self._device, enable_timing=True)
             start.record()
         return self._handle(call(*args), start)
 

@@ -195,20 +195,23 @@ class CurrentStreamWork:
     allows for it: "the backend has sync'ed at CPP level"). Seen on the H200 with torch 2.11:
     synchronous all_reduces of one-rank communicators, on an idle host and an oversubscribed one.
     An event recorded on that stream right after the op marks the op's end; ``start``, an event
-    recorded with timing just before the op (a timed op's), makes the two its device time."""
+    recorded with timing just before the op (a timed op's), makes the two its device time.
+
+    The events are ``torch.Event``s, whose ``record()`` and ``wait()`` find the current stream in
+    C++: ``torch.cuda.Event.record()`` builds a Python ``torch.cuda.Stream`` for it on every call."""
 
     __slots__ = ("_event", "_start")
 
-    def __init__(self, start: torch.cuda.Event | None = None) -> None:  # noqa: D107
+    def __init__(self, device: torch.device, start: torch.Event | None = None) -> None:  # noqa: D107
         self._start = start
-        self._event = torch.cuda.Event(enable_timing=start is not None)
+        self._event = torch.Event(device, enable_timing=start is not None)
         self._event.record()  # on the current stream, where the op was issued
 
     def is_completed(self) -> bool:
         return bool(self._event.query())
 
     def wait(self) -> None:
-        torch.cuda.current_stream().wait_event(self._event)
+        self._event.wait()  # the current stream waits on it
 
     def _get_duration(self) -> float:
         """Milliseconds from ``start`` to the op's end (c10d ``Work._get_duration``'s meaning)."""
