@@ -3,12 +3,15 @@ deletes and pops give the room back, and the server's own events are never refus
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from torchcomms.control.client import ControlClient
 from torchcomms.control.errors import ControlLimitError
+from torchcomms.control.kvstore import OBJECT_BYTES
 from torchcomms.control.protocol import Limits
 from torchcomms.control.server import StoreServer
 
@@ -80,3 +83,45 @@ def test_the_event_history_keeps_its_newest_records_within_its_byte_bound(secret
         assert _held(srv) < 10_000 + 200  # the records' keys besides
         client.publish("big", {"text": "y" * 20_000})  # past the bound alone: still kept, alone
         assert [t for _, t, _ in client.events(0)] == ["big"]
+
+
+
+def _pending(srv: StoreServer) -> tuple[int, int]:
+    return srv._run_in_loop(lambda: (srv._store.pending, srv._store.pending_bytes), 10.0)
+
+
+def _park(call: Callable[[], object], srv: StoreServer, count: int) -> tuple[threading.Thread, list[object]]:
+    """Run the blocking ``call`` on a thread; return once the server holds ``count`` parked requests."""
+    out: list[object] = []
+    thread = threading.Thread(target=lambda: out.append(call()))
+    thread.start()
+    limit = time.monotonic() + 30
+    while _pending(srv)[0] < count and time.monotonic() < limit:
+        time.sleep(0.01)
+    return thread, out
+
+
+def test_blocked_requests_are_bounded_by_the_bytes_of_the_keys_they_wait_for(secret: bytes) -> None:
+    """Parked requests hold their keys until answered; past ``Limits.max_pending_bytes`` a
+    blocking request is refused at once with a ``limit`` error (the count bound alone let a
+    member park 100,000 requests of 100,000 long keys each), and answering gives the room back."""
+    long_keys = [f"wait/{i:04d}/" + "k" * 1000 for i in range(4)]  # 1,010 characters each
+    held = OBJECT_BYTES * 5 + sum(map(len, long_keys))
+    bound = held + 500
+    with StoreServer("127.0.0.1", 0, secret, limits=Limits(max_pending_bytes=bound)).start() as srv, \
+            ControlClient(srv.address, secret, timeout=30.0) as waiter, \
+            ControlClient(srv.address, secret, timeout=30.0) as other:
+        thread, out = _park(lambda: waiter.wait(long_keys, timeout=60), srv, 1)
+        assert _pending(srv) == (1, held)
+        with pytest.raises(ControlLimitError, match=rf"multi_get failed: multi_get: blocking on 1 key \(728 bytes\) would pass "
+                                                    rf"the server's limit of {bound} bytes of blocked requests "
+                                                    rf"\(it holds {held} in 1\)"):
+            other.multi_get(["x" * 600], timeout=60)
+        for key in long_keys:
+            other.set(key, b"")
+        thread.join(30)
+        assert out == [None] and _pending(srv) == (0, 0)
+        thread, out = _park(lambda: waiter.multi_get(["x" * 600], timeout=60), srv, 1)  # room again
+        other.set("x" * 600, b"v")
+        thread.join(30)
+        assert out == [[b"v"]]

@@ -17,6 +17,10 @@ from . import protocol as proto
 from .events import Event
 from .protocol import Limits, ProtocolViolation, Request
 
+#: what a parked request and each key it waits for hold besides the key's characters (a Python
+#: ``str`` of ASCII is 49 bytes and its length): counted toward ``Limits.max_pending_bytes``
+OBJECT_BYTES = 64
+
 __all__ = ["KeyValueStore", "Waiter", "Replies"]
 
 
@@ -48,6 +52,8 @@ class Waiter:
     #: zero the keys are looked up once, so waking N waiters of N keys costs O(N) lookups
     #: per waiter, not one full lookup per key set)
     unset: int = 0
+    #: what it counts toward ``Limits.max_pending_bytes`` while parked
+    held: int = 0
 
 
 class KeyValueStore:
@@ -64,8 +70,9 @@ class KeyValueStore:
         self.event_waiters: list[Waiter] = []
         self._deadlines: list[tuple[float, int, Waiter]] = []
         self._tiebreak = itertools.count()
-        #: parked requests not answered yet
+        #: parked requests not answered yet, and the bytes of the keys they wait for
         self.pending = 0
+        self.pending_bytes = 0
         #: bytes of the keys and values held (queued items included): see :meth:`_make_room`
         self.held_bytes = 0
 
@@ -279,20 +286,31 @@ class KeyValueStore:
         return None
 
     def park(self, identity: bytes, req: Request, keys: list[str]) -> Waiter:
+        """Hold ``req`` until its keys are set or its deadline passes. Refused (a ``limit``
+        error) past ``max_pending`` parked requests or ``Limits.max_pending_bytes`` of the keys
+        they wait for, so that members blocking on many large keys cannot exhaust the server's
+        memory."""
         if self.pending >= self._max_pending:
             raise ProtocolViolation("limit", f"{req.op}: the server already holds "
                                              f"{self._max_pending} blocked requests")
+        held = OBJECT_BYTES * (1 + len(keys)) + sum(map(len, keys))
+        if self.pending_bytes + held > self.limits.max_pending_bytes:
+            raise ProtocolViolation("limit", f"{req.op}: blocking on {len(keys)} key{'' if len(keys) == 1 else 's'} ({held} bytes) would pass the "
+                                             f"server's limit of {self.limits.max_pending_bytes} bytes of blocked "
+                                             f"requests (it holds {self.pending_bytes} in {self.pending})")
         timeout = req.args.get("timeout")
         now = time.monotonic()
         deadline = now + (proto.MAX_TIMEOUT_S if timeout is None else timeout)
-        waiter = Waiter(identity, req.id, req.op, keys, deadline, now, dict(req.args))
+        waiter = Waiter(identity, req.id, req.op, keys, deadline, now, dict(req.args), held=held)
         heapq.heappush(self._deadlines, (deadline, next(self._tiebreak), waiter))
         self.pending += 1
+        self.pending_bytes += held
         return waiter
 
     def finish(self, waiter: Waiter) -> None:
         waiter.done = True
         self.pending -= 1
+        self.pending_bytes -= waiter.held
 
     def _try_complete(self, waiter: Waiter) -> None:
         waiter.unset -= 1

@@ -41,8 +41,8 @@ MAX_NAME_CHARS = 256
 
 @dataclass(frozen=True)
 class Limits:
-    """Size limits enforced on both sides of the wire (``max_store_bytes`` and
-    ``max_event_log_bytes``: by the server).
+    """Size limits enforced on both sides of the wire (``max_store_bytes``,
+    ``max_event_log_bytes`` and ``max_pending_bytes``: by the server).
 
     ``max_message_bytes`` bounds one request frame (checked explicitly, answered with a
     ``limit`` error); frames beyond ``hard_message_bytes`` are cut off by ZeroMQ itself
@@ -58,11 +58,15 @@ class Limits:
     max_store_bytes: int = 4 * 1024**3
     #: packed event records the server keeps for late subscribers (the oldest go first)
     max_event_log_bytes: int = 256 * 1024**2
+    #: memory of the parked (blocked) requests, all together, estimated from the keys they wait
+    #: for (``kvstore.OBJECT_BYTES``): a rendezvous of 4,096 ranks, each waiting for every
+    #: rank's address, parks about 1.6 GiB
+    max_pending_bytes: int = 4 * 1024**3
 
     def __post_init__(self) -> None:
         for name in ("max_key_bytes", "max_value_bytes", "max_keys_per_request",
                      "max_payload_bytes", "message_overhead_bytes", "max_store_bytes",
-                     "max_event_log_bytes"):
+                     "max_event_log_bytes", "max_pending_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
