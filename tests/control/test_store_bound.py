@@ -7,11 +7,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+import msgpack
 import pytest
 
 from torchcomms.control.client import ControlClient
 from torchcomms.control.errors import ControlLimitError
 from torchcomms.control.kvstore import OBJECT_BYTES
+from torchcomms.control.membership import MEMBER_BYTES
 from torchcomms.control.protocol import Limits
 from torchcomms.control.server import StoreServer
 
@@ -125,3 +127,45 @@ def test_blocked_requests_are_bounded_by_the_bytes_of_the_keys_they_wait_for(sec
         other.set("x" * 600, b"v")
         thread.join(30)
         assert out == [[b"v"]]
+
+
+def test_heartbeat_members_are_bounded_by_their_bytes(secret: bytes) -> None:
+    """Members are held until they stop or fall silent; past ``Limits.max_member_bytes`` a new
+    member (or a larger info) is refused with a ``limit`` error on its first beat, and a member
+    that stops gives its room back (they were bounded by nothing: any number of members, each
+    with an info of up to a megabyte)."""
+    info = {"host": "h" * 3000}
+    size = MEMBER_BYTES + len("rank/0") + len(msgpack.packb(info, use_bin_type=True))
+    bound = 3 * size + 300
+    held = lambda srv: srv._run_in_loop(lambda: srv._members.held_bytes, 10.0)  # noqa: E731
+    with StoreServer("127.0.0.1", 0, secret, limits=Limits(max_member_bytes=bound)).start() as srv, \
+            ControlClient(srv.address, secret, timeout=30.0) as client:
+        for r in range(3):
+            client.heartbeat_start(f"rank/{r}", 1.0, limit=30.0, info=info)
+        assert held(srv) == 3 * size
+        with pytest.raises(ControlLimitError, match=rf"heartbeat of 'rank/3': its {size} bytes would pass the server's "
+                                                    rf"limit of {bound} bytes of heartbeat members \(it holds "
+                                                    rf"{3 * size} for 3\)"):
+            client.heartbeat_start("rank/3", 1.0, limit=30.0, info=info)
+        client.heartbeat_start("rank/4", 1.0, limit=30.0)  # no info: small enough
+        client.heartbeat_stop("rank/0")
+        client.heartbeat_start("rank/3", 1.0, limit=30.0, info=info)
+        assert held(srv) == 3 * size + MEMBER_BYTES + len("rank/4")
+        client.heartbeat_stop()
+        assert held(srv) == 0
+
+
+def test_a_known_members_beat_is_taken_when_its_larger_info_does_not_fit() -> None:
+    """A member already held keeps beating (it is never taken for silent) when a new, larger
+    info would pass the bound: the old info stays, the beat counts."""
+    from torchcomms.control.membership import Members
+
+    members = Members("failed")
+    small, large = {"host": "a"}, {"host": "b" * 5000}
+    members.beat("rank/0", 1.0, small, now=0.0, max_bytes=1000)
+    before = members.held_bytes
+    members.beat("rank/0", 1.0, large, now=0.8, max_bytes=1000)
+    assert members.held_bytes == before and members._members["rank/0"].info == small
+    assert members.check(1.5) == []  # heard at 0.8: not silent past its 1 s limit
+    assert [topic for topic, _ in members.check(2.0)] == ["rank_failed"]
+    assert members.held_bytes == 0

@@ -8,12 +8,17 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
+
 from .events import MEMBER_LOST, NODE_LOST, RANK_FAILED, RANK_HEARD, RANK_SILENT
+from .protocol import ProtocolViolation
 
 __all__ = ["Members", "Member", "HEARTBEAT_CHECK_S"]
 
 #: how often silent members are looked for
 HEARTBEAT_CHECK_S = 0.05
+#: what a member holds besides its name and its packed info: counted toward ``max_bytes``
+MEMBER_BYTES = 256
 _log = logging.getLogger("torchcomms.control.server")
 
 EventSpec = tuple[str, dict[str, Any]]
@@ -25,6 +30,7 @@ class Member:
     last_seen: float
     info: dict[str, Any]
     silent: bool = False  # reported ``rank_silent`` and not heard since
+    size: int = 0  # counted toward ``Members.held_bytes``
 
 
 def _rank_of(name: str) -> int | None:
@@ -64,28 +70,45 @@ class Members:
     def __init__(self, rank_silence: str) -> None:
         self.rank_silence = rank_silence
         self._members: dict[str, Member] = {}
+        #: the members' names and infos (packed) and ``MEMBER_BYTES`` each
+        self.held_bytes = 0
         #: when :meth:`check` next looks for silent members (monotonic seconds)
         self.next_check = 0.0
 
     def __bool__(self) -> bool:
         return bool(self._members)
 
-    def beat(self, name: str, limit: float, info: dict[str, Any], now: float) -> EventSpec | None:
-        """Record a heartbeat; returns the ``rank_heard`` event of a member that was silent."""
+    def beat(self, name: str, limit: float, info: dict[str, Any], now: float,
+             max_bytes: int) -> EventSpec | None:
+        """Record a heartbeat; returns the ``rank_heard`` event of a member that was silent.
+        A new member that would make the members hold more than ``max_bytes`` is refused with a
+        ``limit`` error; a known member's beat is always taken, and a new info of it that does
+        not fit is not kept (a warning says so: its old info stays)."""
         known = self._members.get(name)
-        if known is None:
-            if not self._members:
-                self.next_check = now + HEARTBEAT_CHECK_S
-            self._members[name] = Member(limit, now, info)
-            return None
+        if known is None or (info and info != known.info):
+            size = MEMBER_BYTES + len(name) + (len(msgpack.packb(info, use_bin_type=True)) if info else 0)
+            held = self.held_bytes + size - (known.size if known is not None else 0)
+            if held <= max_bytes:
+                self.held_bytes = held
+                if known is None:
+                    if not self._members:
+                        self.next_check = now + HEARTBEAT_CHECK_S
+                    self._members[name] = Member(limit, now, info, size=size)
+                    return None
+                known.size, known.info = size, info
+            elif known is None:
+                raise ProtocolViolation("limit", f"heartbeat of {name!r}: its {size} bytes would pass the server's "
+                                                 f"limit of {max_bytes} bytes of heartbeat members "
+                                                 f"(it holds {self.held_bytes} for {len(self._members)})")
+            else:
+                _log.warning("heartbeat of %s: its new info (%d bytes) is not kept, past the limit of %d bytes "
+                             "of heartbeat members", name, size, max_bytes)
         heard = None
         if known.silent:
             known.silent = False
             heard = (RANK_HEARD, {**_rank_fields(name, known),
                                   "silent_s": round(now - known.last_seen, 3)})
         known.last_seen, known.limit = now, limit
-        if info:
-            known.info = info
         return heard
 
     def pace(self, name: str, interval: float | None, limit: float, max_rate: float
@@ -105,7 +128,11 @@ class Members:
 
     def forget(self, name: str) -> bool:
         """Stop tracking ``name``; returns whether it was tracked."""
-        return self._members.pop(name, None) is not None
+        member = self._members.pop(name, None)
+        if member is None:
+            return False
+        self.held_bytes -= member.size
+        return True
 
     def check(self, now: float) -> list[EventSpec]:
         """The events of members silent past their limit (lost ones are forgotten)."""
@@ -122,7 +149,7 @@ class Members:
                 events.append((RANK_SILENT, {**_rank_fields(name, member),
                                              "silent_s": round(silent, 3)}))
                 continue
-            del self._members[name]
+            self.forget(name)
             _log.warning("member %s sent no heartbeat for %.2f s (limit %.2f s)",
                          name, silent, member.limit)
             events.append(_lost_event(name, member, silent))

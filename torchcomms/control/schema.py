@@ -42,7 +42,7 @@ MAX_NAME_CHARS = 256
 @dataclass(frozen=True)
 class Limits:
     """Size limits enforced on both sides of the wire (``max_store_bytes``,
-    ``max_event_log_bytes`` and ``max_pending_bytes``: by the server).
+    ``max_event_log_bytes``, ``max_pending_bytes`` and ``max_member_bytes``: by the server).
 
     ``max_message_bytes`` bounds one request frame (checked explicitly, answered with a
     ``limit`` error); frames beyond ``hard_message_bytes`` are cut off by ZeroMQ itself
@@ -62,11 +62,13 @@ class Limits:
     #: for (``kvstore.OBJECT_BYTES``): a rendezvous of 4,096 ranks, each waiting for every
     #: rank's address, parks about 1.6 GiB
     max_pending_bytes: int = 4 * 1024**3
+    #: heartbeat members (names, infos packed, ``membership.MEMBER_BYTES`` each), all together
+    max_member_bytes: int = 256 * 1024**2
 
     def __post_init__(self) -> None:
         for name in ("max_key_bytes", "max_value_bytes", "max_keys_per_request",
                      "max_payload_bytes", "message_overhead_bytes", "max_store_bytes",
-                     "max_event_log_bytes", "max_pending_bytes"):
+                     "max_event_log_bytes", "max_pending_bytes", "max_member_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")

@@ -376,7 +376,8 @@ class StoreServer:
         interval, limit = self._members.pace(member, req.args.get("interval"),
                                              req.args.get("limit") or self.heartbeat_limit,
                                              self.max_beat_rate)
-        heard = self._members.beat(member, limit, req.args.get("info") or {}, time.monotonic())
+        heard = self._members.beat(member, limit, req.args.get("info") or {}, time.monotonic(),
+                                   self.limits.max_member_bytes)
         if heard is not None:
             self._publish(*heard)
         self._send_ok(identity, req.id, {"interval": interval, "limit": limit})
