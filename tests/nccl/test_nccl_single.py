@@ -12,7 +12,7 @@ import torch
 
 import torchcomms
 from tests.helpers.cuda import returns_while_the_gpu_is_busy
-from tests.nccl.conftest import needs_gpu
+from tests.nccl.conftest import needs_gpu, needs_gpus
 from torchcomms import CommAbortedError, CommTimeoutError, ReduceOp
 from torchcomms.core.work import ENDING_GRACE_S
 
@@ -373,3 +373,27 @@ def test_sync_op_outputs_are_ready_for_the_callers_next_kernel(comm, side_stream
     torch.cuda.synchronize()
     for name, s in seen.items():
         assert torch.all(s == 3.0), name
+
+
+@needs_gpus(2)
+def test_a_comm_on_another_gpu_than_the_current_device_times_and_orders_its_sync_ops() -> None:
+    """A process that drives two GPUs: a world-size-1 communicator on cuda:1 while the current
+    device is cuda:0. Its synchronous ops' events go on cuda:1's current stream, not the current
+    device's (an event of cuda:1 recorded on cuda:0's stream is refused by torch), the op is timed,
+    and a kernel on cuda:1's stream right after the op reads its result."""
+    torch.cuda.set_device(0)
+    c = torchcomms.new_comm("nccl", torch.device("cuda", 1), name=f"nccl-test-{next(_NAMES)}",
+                            timeout=timedelta(seconds=60), hints={"rank": "0", "size": "1", "nccl.timing": "1"})
+    c._backend._pg = _NoWorkForSyncOps(c._backend._pg)
+    try:
+        t = torch.full((1 << 20,), 2.0, device="cuda:1")  # on cuda:1's current stream, as what follows
+        with torch.cuda.device(1):
+            torch.cuda._sleep(100_000_000)
+        w = c.all_reduce(t, ReduceOp.SUM, False)
+        seen = t * 1.0
+        w.wait_blocking()
+        assert torch.all(seen == 2.0)
+        assert w.record.device_duration_ms is not None and w.record.device_duration_ms >= 0
+        assert torch.cuda.current_device() == 0
+    finally:
+        c.finalize()

@@ -331,7 +331,7 @@ class NcclBackend(TorchCommBackend):
         start = None
         if not async_op and self._timed and not self._sync_work_given:
             start = torch.Event(self._device, enable_timing=True)
-            start.record()
+            start.record(torch.accelerator.current_stream(self._device.index))
         return self._handle(call(*args), start)
 
     def _cached(self, key: tuple[Any, ...], kind: Any, async_op: bool, **fields: Any) -> Any:
