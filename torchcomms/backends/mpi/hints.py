@@ -65,10 +65,19 @@ def collective_paths(hints: dict[str, str], name: str, allreduce_keeps_pace: boo
             return CollectivePaths(_MODES[mode])
         fast = KEEP_PACE | {"Iallreduce"} if allreduce_keeps_pace else KEEP_PACE
         return CollectivePaths(NONBLOCKING_MAX_BYTES, {m: ANY_SIZE for m in fast})
-    if mode is not None or not raw.isdigit():
+    limit = _byte_count(raw)
+    if mode is not None or limit is None:
         raise CommValueError(f"hint mpi.nonblocking_max_bytes={raw!r}: expected a byte count >= 0, without "
                              "mpi.collectives", comm=name, op="new_comm")
-    return CollectivePaths(int(raw))
+    return CollectivePaths(limit)
+
+
+def _byte_count(raw: str) -> int | None:
+    """``raw`` as a byte count (ASCII digits; a count past every size is :data:`ANY_SIZE`, so that
+    it fits the 64-bit words the ranks compare), else ``None``."""
+    if not (raw.isascii() and raw.isdigit()):
+        return None
+    return min(int(raw), ANY_SIZE)
 
 
 #: mpi4py's nonblocking collectives the backend calls (``CollectivePaths.limit`` of each)
@@ -84,7 +93,8 @@ def path_signature(hints: dict[str, str], name: str, allreduce_keeps_pace: bool
     :data:`METHODS` they give, as ints for the ranks to compare; the paths; the error of invalid
     hints). Ranks route every collective alike exactly when their limits are equal."""
     mode, raw = hints.get("mpi.collectives"), hints.get("mpi.nonblocking_max_bytes")
-    codes = [_MODE_CODES.get(mode, 3), -1 if raw is None else int(raw) if raw.isdigit() else -2]
+    count = None if raw is None else _byte_count(raw)
+    codes = [_MODE_CODES.get(mode, 3), -1 if raw is None else -2 if count is None else count]
     try:
         paths = collective_paths(hints, name, allreduce_keeps_pace)
     except CommValueError as e:
