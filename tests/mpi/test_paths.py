@@ -51,9 +51,10 @@ def test_ranks_whose_allreduce_algorithms_differ_are_refused_with_the_choices_na
     ({"0": {"mpi.collectives": "sometimes"}, "1": {}}, None, "mpi.collectives='sometimes'"),
     ({"0": {"mpi.nonblocking_max_bytes": "\u00b2"}, "1": {"mpi.nonblocking_max_bytes": "\u00b2"}}, None,
      "mpi.nonblocking_max_bytes='\u00b2'"),
+    ({"0": {"mpi.colectives": "blocking"}, "1": {}}, None, "unknown hint(s) mpi.colectives"),
     ({"0": {}, "1": {}}, {"0": {}, "1": {"mpi.collectives": "blocking"}},
      "rank 0: no path hint, rank 1: mpi.collectives=blocking"),
-], ids=["mode", "bound", "invalid-on-one", "non-ascii-digit", "split"])
+], ids=["mode", "bound", "invalid-on-one", "non-ascii-digit", "misspelt-on-one", "split"])
 def test_ranks_whose_path_hints_differ_are_refused_at_creation_with_each_named(
         hints: dict, split_hints: dict | None, named: str) -> None:
     """MPI's nonblocking collectives never match its blocking ones: ranks routing one op
