@@ -446,3 +446,28 @@ def new_comm_after_a_death() -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - the test reads the error's type
         return {"raised": type(e).__name__, "message": str(e)}
     return {"raised": None}
+
+
+def recover_then_exit() -> dict[str, Any]:
+    """The last rank kills itself (SIGKILL) while the others are in an all_gather with it; the
+    survivors shrink, check an all_reduce on the survivors and return, leaving through
+    ``MPI_Finalize`` (the test asserts that the job then ends)."""
+    import signal
+
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "recover-exit", timeout=timedelta(seconds=30),
+                               abort_process_on_timeout_or_error=False)
+    r, n = comm.get_rank(), comm.get_size()
+    comm.barrier(False)
+    if r == n - 1:
+        time.sleep(0.2)  # the others are in the all_gather by then (they fail the same way if not)
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        comm.all_gather([torch.empty(64) for _ in range(n)], torch.ones(64), False)
+        raised = None
+    except torchcomms.CommError as e:
+        raised = type(e).__name__
+    new = comm.shrink()
+    t = torch.full((4,), float(r))
+    new.all_reduce(t, ReduceOp.SUM, False)
+    new.finalize()
+    return {"raised": raised, "sum": t.tolist(), "size": new.get_size()}
