@@ -471,3 +471,28 @@ def recover_then_exit() -> dict[str, Any]:
     new.all_reduce(t, ReduceOp.SUM, False)
     new.finalize()
     return {"raised": raised, "sum": t.tolist(), "size": new.get_size()}
+
+
+def process_group_on_the_route(port: int) -> dict[str, Any]:
+    """``init_process_group`` on the torchcomms route, ``"mpi"`` (c10d gives its default group
+    rank -1 and size -1 for that name), then ``"cpu:mpi"`` with rank and size and a subgroup's
+    all_reduce; each outcome."""
+    import torch.distributed as dist
+    from torch.distributed import config
+
+    r, n = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    config.use_torchcomms = True
+    out: dict[str, Any] = {}
+    try:
+        dist.init_process_group("mpi")
+        out["mpi"] = [dist.get_rank(), dist.get_world_size()]
+        dist.destroy_process_group()
+    except Exception as e:  # noqa: BLE001 - the test reads the error's type and message
+        out["mpi"] = f"{type(e).__name__}: {e}"
+    dist.init_process_group("cpu:mpi", rank=r, world_size=n, init_method=f"tcp://127.0.0.1:{port}")
+    sub = dist.new_group([0, 1])
+    t = torch.ones(2)
+    dist.all_reduce(t, group=sub)
+    out["cpu:mpi"] = [dist.get_rank(), dist.get_world_size(), t.tolist()]
+    dist.destroy_process_group()
+    return out
