@@ -496,3 +496,35 @@ def process_group_on_the_route(port: int) -> dict[str, Any]:
     out["cpu:mpi"] = [dist.get_rank(), dist.get_world_size(), t.tolist()]
     dist.destroy_process_group()
     return out
+
+
+def buffers_released_after_ops() -> dict[str, bool]:
+    """Whether each op's tensor is still alive (held by the library) once the op completed and
+    the caller dropped it: receives (from rank 0, sync, async, any source) and an async
+    all_reduce. Each is looked for until it is gone, for at most 10 s (the progress thread drops
+    its references once it is back waiting)."""
+    import gc
+    import weakref
+
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "released", timeout=timedelta(seconds=30))
+    r = comm.get_rank()
+    alive: dict[str, bool] = {}
+    for case in ("recv", "recv-async", "any-source", "any-source-async", "all_reduce-async"):
+        t = torch.empty(1024)
+        if case == "all_reduce-async":
+            comm.all_reduce(t, ReduceOp.SUM, True).wait()
+        elif r == 0:
+            comm.send(t, 1, False)
+        elif case.startswith("recv"):
+            comm.recv(t, 0, case.endswith("async")).wait()
+        else:
+            comm.recv_any_source(t, case.endswith("async")).wait()
+        ref = weakref.ref(t)
+        del t
+        deadline = time.monotonic() + 10.0
+        while ref() is not None and time.monotonic() < deadline:
+            gc.collect()
+            time.sleep(0.01)
+        alive[case] = ref() is not None
+    comm.finalize()
+    return alive
