@@ -500,19 +500,23 @@ def process_group_on_the_route(port: int) -> dict[str, Any]:
 
 def buffers_released_after_ops() -> dict[str, bool]:
     """Whether each op's tensor is still alive (held by the library) once the op completed and
-    the caller dropped it: receives (from rank 0, sync, async, any source) and an async
-    all_reduce. Each is looked for until it is gone, for at most 10 s (the progress thread drops
+    the caller dropped it: receives (from rank 0, sync, async, any source), an async all_reduce
+    and one on the engine thread. Each is looked for until it is gone, for at most 10 s (the progress thread drops
     its references once it is back waiting)."""
     import gc
     import weakref
 
     comm = torchcomms.new_comm("mpi", torch.device("cpu"), "released", timeout=timedelta(seconds=30))
+    on_thread = torchcomms.new_comm("mpi", torch.device("cpu"), "released-thread", timeout=timedelta(seconds=30),
+                                    hints={"mpi.collectives": "blocking"})
     r = comm.get_rank()
     alive: dict[str, bool] = {}
-    for case in ("recv", "recv-async", "any-source", "any-source-async", "all_reduce-async"):
+    for case in ("recv", "recv-async", "any-source", "any-source-async", "all_reduce-async", "all_reduce-engine-thread"):
         t = torch.empty(1024)
         if case == "all_reduce-async":
             comm.all_reduce(t, ReduceOp.SUM, True).wait()
+        elif case == "all_reduce-engine-thread":
+            on_thread.all_reduce(t, ReduceOp.SUM, False)
         elif r == 0:
             comm.send(t, 1, False)
         elif case.startswith("recv"):
@@ -526,5 +530,6 @@ def buffers_released_after_ops() -> dict[str, bool]:
             gc.collect()
             time.sleep(0.01)
         alive[case] = ref() is not None
+    on_thread.finalize()
     comm.finalize()
     return alive
