@@ -511,7 +511,8 @@ def buffers_released_after_ops() -> dict[str, bool]:
                                     hints={"mpi.collectives": "blocking"})
     r = comm.get_rank()
     alive: dict[str, bool] = {}
-    for case in ("recv", "recv-async", "any-source", "any-source-async", "all_reduce-async", "all_reduce-engine-thread"):
+    cases = ("recv", "recv-async", "any-source", "any-source-async", "all_reduce-async", "all_reduce-engine-thread")
+    for case in cases:
         t = torch.empty(1024)
         if case == "all_reduce-async":
             comm.all_reduce(t, ReduceOp.SUM, True).wait()
