@@ -30,3 +30,12 @@ def test_counts_past_mpis_int_limit_are_refused_with_a_value_error() -> None:
         assert v.pop("sum_after") == [2.0] * 4, v
         for op, got in v.items():
             assert got.startswith("CommValueError") and "2147483656 elements" in got and "2147483647" in got, (op, got)
+
+
+def test_a_completed_ops_tensor_is_not_kept_alive_by_the_communicator() -> None:
+    """A receive stayed referenced as its source's latest receive (a pipeline stage's activation
+    buffer lived until the next receive from that peer), and the progress thread kept the last
+    async op's buffers while it waited for the next op."""
+    results = run_mpi_ranks(2, "tests.mpi.workers:buffers_released_after_ops", timeout=120)
+    alive = {res.rank: [case for case, kept in res.value.items() if kept] for res in results}
+    assert alive == {0: [], 1: []}, alive

@@ -49,9 +49,12 @@ def test_ranks_whose_allreduce_algorithms_differ_are_refused_with_the_choices_na
     ({"0": {"mpi.nonblocking_max_bytes": "8"}, "1": {"mpi.nonblocking_max_bytes": "1024"}}, None,
      "rank 0: mpi.nonblocking_max_bytes=8, rank 1: mpi.nonblocking_max_bytes=1024"),
     ({"0": {"mpi.collectives": "sometimes"}, "1": {}}, None, "mpi.collectives='sometimes'"),
+    ({"0": {"mpi.nonblocking_max_bytes": "\u00b2"}, "1": {"mpi.nonblocking_max_bytes": "\u00b2"}}, None,
+     "mpi.nonblocking_max_bytes='\u00b2'"),
+    ({"0": {"mpi.colectives": "blocking"}, "1": {}}, None, "unknown hint(s) mpi.colectives"),
     ({"0": {}, "1": {}}, {"0": {}, "1": {"mpi.collectives": "blocking"}},
      "rank 0: no path hint, rank 1: mpi.collectives=blocking"),
-], ids=["mode", "bound", "invalid-on-one", "split"])
+], ids=["mode", "bound", "invalid-on-one", "non-ascii-digit", "misspelt-on-one", "split"])
 def test_ranks_whose_path_hints_differ_are_refused_at_creation_with_each_named(
         hints: dict, split_hints: dict | None, named: str) -> None:
     """MPI's nonblocking collectives never match its blocking ones: ranks routing one op
@@ -63,3 +66,11 @@ def test_ranks_whose_path_hints_differ_are_refused_at_creation_with_each_named(
     for res in results:
         assert res.value.startswith("CommValueError"), res.value
     assert any(named in res.value for res in results), [res.value for res in results]
+
+
+def test_a_byte_bound_past_every_size_routes_every_collective_nonblocking() -> None:
+    """A bound too large for the 64-bit words the ranks compare is a bound above every size
+    (it raised OverflowError inside the comparison, a BackendError, before)."""
+    huge = {"mpi.nonblocking_max_bytes": str(10**30)}
+    results = run_mpi_ranks(2, "tests.mpi.workers:hints_per_rank", {"hints": {"0": huge, "1": huge}}, timeout=120)
+    assert [res.value for res in results] == ["ok", "ok"]

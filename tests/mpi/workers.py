@@ -446,3 +446,91 @@ def new_comm_after_a_death() -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - the test reads the error's type
         return {"raised": type(e).__name__, "message": str(e)}
     return {"raised": None}
+
+
+def recover_then_exit() -> dict[str, Any]:
+    """The last rank kills itself (SIGKILL) while the others are in an all_gather with it; the
+    survivors shrink, check an all_reduce on the survivors and return, leaving through
+    ``MPI_Finalize`` (the test asserts that the job then ends)."""
+    import signal
+
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "recover-exit", timeout=timedelta(seconds=30),
+                               abort_process_on_timeout_or_error=False)
+    r, n = comm.get_rank(), comm.get_size()
+    comm.barrier(False)
+    if r == n - 1:
+        time.sleep(0.2)  # the others are in the all_gather by then (they fail the same way if not)
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        comm.all_gather([torch.empty(64) for _ in range(n)], torch.ones(64), False)
+        raised = None
+    except torchcomms.CommError as e:
+        raised = type(e).__name__
+    new = comm.shrink()
+    t = torch.full((4,), float(r))
+    new.all_reduce(t, ReduceOp.SUM, False)
+    new.finalize()
+    return {"raised": raised, "sum": t.tolist(), "size": new.get_size()}
+
+
+def process_group_on_the_route(port: int) -> dict[str, Any]:
+    """``init_process_group`` on the torchcomms route, ``"mpi"`` (c10d gives its default group
+    rank -1 and size -1 for that name), then ``"cpu:mpi"`` with rank and size and a subgroup's
+    all_reduce; each outcome."""
+    import torch.distributed as dist
+    from torch.distributed import config
+
+    r, n = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    config.use_torchcomms = True
+    out: dict[str, Any] = {}
+    try:
+        dist.init_process_group("mpi")
+        out["mpi"] = [dist.get_rank(), dist.get_world_size()]
+        dist.destroy_process_group()
+    except Exception as e:  # noqa: BLE001 - the test reads the error's type and message
+        out["mpi"] = f"{type(e).__name__}: {e}"
+    dist.init_process_group("cpu:mpi", rank=r, world_size=n, init_method=f"tcp://127.0.0.1:{port}")
+    sub = dist.new_group([0, 1])
+    t = torch.ones(2)
+    dist.all_reduce(t, group=sub)
+    out["cpu:mpi"] = [dist.get_rank(), dist.get_world_size(), t.tolist()]
+    dist.destroy_process_group()
+    return out
+
+
+def buffers_released_after_ops() -> dict[str, bool]:
+    """Whether each op's tensor is still alive (held by the library) once the op completed and
+    the caller dropped it: receives (from rank 0, sync, async, any source), an async all_reduce
+    and one on the engine thread. Each is looked for until it is gone, for at most 10 s (the progress thread drops
+    its references once it is back waiting)."""
+    import gc
+    import weakref
+
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "released", timeout=timedelta(seconds=30))
+    on_thread = torchcomms.new_comm("mpi", torch.device("cpu"), "released-thread", timeout=timedelta(seconds=30),
+                                    hints={"mpi.collectives": "blocking"})
+    r = comm.get_rank()
+    alive: dict[str, bool] = {}
+    cases = ("recv", "recv-async", "any-source", "any-source-async", "all_reduce-async", "all_reduce-engine-thread")
+    for case in cases:
+        t = torch.empty(1024)
+        if case == "all_reduce-async":
+            comm.all_reduce(t, ReduceOp.SUM, True).wait()
+        elif case == "all_reduce-engine-thread":
+            on_thread.all_reduce(t, ReduceOp.SUM, False)
+        elif r == 0:
+            comm.send(t, 1, False)
+        elif case.startswith("recv"):
+            comm.recv(t, 0, case.endswith("async")).wait()
+        else:
+            comm.recv_any_source(t, case.endswith("async")).wait()
+        ref = weakref.ref(t)
+        del t
+        deadline = time.monotonic() + 10.0
+        while ref() is not None and time.monotonic() < deadline:
+            gc.collect()
+            time.sleep(0.01)
+        alive[case] = ref() is not None
+    on_thread.finalize()
+    comm.finalize()
+    return alive

@@ -51,6 +51,13 @@ def assemble_comm(
     if "rank" in hints or "size" in hints:  # fake backend / tests may pin their own world
         rank, size = int(hints.get("rank", rank)), int(hints.get("size", size))
     elif helper is not None:
+        if bootstrap.c10d_unranked_default_group(helper):
+            raise CommValueError(
+                f"torch.distributed.init_process_group({backend!r}) on the torchcomms route makes c10d's default "
+                "group with rank -1 and size -1 (c10d's path for its own MPI backend), so get_rank() would be -1 "
+                "and every new_group would leave this rank out. Use init_process_group('cpu:mpi', rank=..., "
+                "world_size=...) (from OMPI_COMM_WORLD_RANK/_SIZE, with a store at MASTER_ADDR/MASTER_PORT or an "
+                "init_method), or torchcomms.new_comm('mpi', ...)", comm=name, op="new_comm")
         group = bootstrap.c10d_group_being_made(helper)
         if group is not None:  # a torch.distributed subgroup: its own ranks, not the job's
             rank, size, global_ranks = group

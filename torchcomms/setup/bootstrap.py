@@ -99,6 +99,15 @@ def c10d_group_being_made(helper: dict[str, Any]) -> tuple[int, int, tuple[int, 
     return rank, size, tuple(int(g) for g in ranks)
 
 
+def c10d_unranked_default_group(helper: dict[str, Any]) -> bool:
+    """Whether c10d's helper call ``helper`` makes a default group of rank -1 and size -1: c10d
+    does so for the backend name ``"mpi"``, whose own ``ProcessGroupMPI`` would give them, and
+    keeps them when the torchcomms route makes the backend instead, so ``get_rank()`` is -1 and
+    every ``new_group`` leaves the rank out (its ops return ``None`` and change nothing)."""
+    return (not helper.get("global_ranks_in_group") and helper.get("group_rank") == -1
+            and helper.get("group_size") == -1)
+
+
 def c10d_default_timeout(timeout: timedelta) -> bool:
     """Whether ``timeout`` is one of c10d's defaults (``init_process_group``, ``new_group`` and
     ``split_group`` put one in place of a timeout not given): those leave a communicator's

@@ -22,6 +22,12 @@ ULFM_LAUNCH = "mpiexec --with-ft ulfm"
 LIBNBC_ALLREDUCE_VAR = "OMPI_MCA_coll_libnbc_iallreduce_algorithm"
 LIBNBC_ALLREDUCE_DEFAULT = "3"
 _FAST_LIBNBC_ALLREDUCE = ("1", "3")  # ring, Rabenseifner
+#: Open MPI's switch that leaves out the PMIx fence which begins ``MPI_Finalize``. In a ULFM job
+#: whose ranks met a failed process, that fence never completed on 9 of 49 runs (Open MPI 5.0.11,
+#: bare mpi4py, 3-4 ranks, one SIGKILLed: a failed ``MPI_Iallgather``, revoke, with or without
+#: shrink, then exit; every survivor waited in ``MPI_Finalize`` forever, and so did the job), and
+#: never with the switch on (0 of 35), so torchcomms turns it on in ULFM jobs unless the job set it.
+ASYNC_FINALIZE_VAR = "OMPI_MCA_async_mpi_finalize"
 
 
 def mpi4py_installed() -> bool:
@@ -31,13 +37,17 @@ def mpi4py_installed() -> bool:
 
 def load_mpi() -> Any:
     """The ``mpi4py.MPI`` module, MPI initialised with thread level ``MPI_THREAD_MULTIPLE`` (and,
-    when this is what initialises it, libnbc's Rabenseifner all-reduce unless the job chose one)."""
+    when this is what initialises it, libnbc's Rabenseifner all-reduce unless the job chose one,
+    and in a ULFM job no fence at ``MPI_Finalize`` unless the job chose one: see
+    :data:`ASYNC_FINALIZE_VAR`)."""
     import mpi4py
 
     if not getattr(load_mpi, "_configured", False):
         mpi4py.rc.thread_level = "multiple"
         if "mpi4py.MPI" not in sys.modules:  # MPI not initialised yet: its parameters can still be set
             os.environ.setdefault(LIBNBC_ALLREDUCE_VAR, LIBNBC_ALLREDUCE_DEFAULT)
+            if ft_requested():
+                os.environ.setdefault(ASYNC_FINALIZE_VAR, "1")
         load_mpi._configured = True  # type: ignore[attr-defined]
     from mpi4py import MPI
 
@@ -65,8 +75,12 @@ def ulfm_enabled(MPI: Any) -> bool:  # noqa: N803
 
     Open MPI 5 ships ULFM but turns it on only under ``mpiexec --with-ft ulfm``, which sets
     ``OMPI_MCA_mpi_ft_enable=1``; without it a failed process takes the whole job down."""
-    if not hasattr(MPI.Comm, "Ishrink") or not hasattr(MPI, "ERR_PROC_FAILED"):
-        return False
+    return hasattr(MPI.Comm, "Ishrink") and hasattr(MPI, "ERR_PROC_FAILED") and ft_requested()
+
+
+def ft_requested() -> bool:
+    """True when the job was launched with ULFM on (``mpiexec --with-ft ulfm`` sets
+    ``OMPI_MCA_mpi_ft_enable=1``), whether or not this MPI has it."""
     flag = os.environ.get("OMPI_MCA_mpi_ft_enable", "")
     return flag.strip().lower() in ("1", "true", "yes", "on", "enabled")
 

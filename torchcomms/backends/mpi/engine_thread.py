@@ -130,27 +130,33 @@ class EngineThread:
         return not self._thread.is_alive()
 
     def _loop(self) -> None:
+        while self._run_next():
+            pass
+
+    def _run_next(self) -> bool:
+        """Run the next job, once there is one; False once the thread is stopped. A method, so
+        that nothing of a job (its buffers) stays referenced while the thread waits for the next."""
         cond, jobs = self._cond, self._jobs
-        while True:
-            with cond:
-                while not jobs:
-                    cond.wait()
-                job = jobs.popleft()
-                if job is None:
-                    return
-                self._running = self._failed is None
-            if self._failed is not None:
-                job.end(self._failed)
-                continue
-            try:
-                job.call()
-            except self._mpi_exception as e:
-                self._running = False
-                job.end(self._on_error(e))
-            except Exception as e:  # noqa: BLE001 - e.g. a failed user-defined reduction
-                self._running = False
-                job.end(e)
-            else:
-                # not running any more before the caller is woken: its next op may start inline
-                self._running = False
-                job.end(None)
+        with cond:
+            while not jobs:
+                cond.wait()
+            job = jobs.popleft()
+            if job is None:
+                return False
+            self._running = self._failed is None
+        if self._failed is not None:
+            job.end(self._failed)
+            return True
+        try:
+            job.call()
+        except self._mpi_exception as e:
+            self._running = False
+            job.end(self._on_error(e))
+        except Exception as e:  # noqa: BLE001 - e.g. a failed user-defined reduction
+            self._running = False
+            job.end(e)
+        else:
+            # not running any more before the caller is woken: its next op may start inline
+            self._running = False
+            job.end(None)
+        return True

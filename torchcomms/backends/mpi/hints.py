@@ -38,6 +38,8 @@ NONBLOCKING_MAX_BYTES = 64 << 10
 KEEP_PACE = frozenset({"Ibarrier", "Ibcast", "Iallgather", "Iallgatherv", "Ireduce_scatter_block", "Ialltoall",
                        "Ialltoallv", "Igather", "Iscatter"})
 _MODES = {"blocking": -1, "nonblocking": ANY_SIZE}
+#: the hints this backend reads; another ``mpi.*`` key (a misspelt one) is refused
+HINT_KEYS = ("mpi.collectives", "mpi.nonblocking_max_bytes")
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,10 @@ def collective_paths(hints: dict[str, str], name: str, allreduce_keeps_pace: boo
     """The paths from the hints ``mpi.nonblocking_max_bytes`` or ``mpi.collectives``, else the
     measured defaults; ``allreduce_keeps_pace``: the all-reduce joins :data:`KEEP_PACE`. Every rank
     must pass the same hints (and the backend agrees on ``allreduce_keeps_pace``)."""
+    unknown = _unknown_keys(hints)
+    if unknown:
+        raise CommValueError(f"unknown hint(s) {', '.join(unknown)}: the mpi backend's hints are "
+                             f"{' and '.join(HINT_KEYS)}", comm=name, op="new_comm")
     mode, raw = hints.get("mpi.collectives"), hints.get("mpi.nonblocking_max_bytes")
     if mode is not None and mode not in _MODES:
         raise CommValueError(f"hint mpi.collectives={mode!r}: expected 'blocking' or 'nonblocking'",
@@ -65,16 +71,30 @@ def collective_paths(hints: dict[str, str], name: str, allreduce_keeps_pace: boo
             return CollectivePaths(_MODES[mode])
         fast = KEEP_PACE | {"Iallreduce"} if allreduce_keeps_pace else KEEP_PACE
         return CollectivePaths(NONBLOCKING_MAX_BYTES, {m: ANY_SIZE for m in fast})
-    if mode is not None or not raw.isdigit():
+    limit = _byte_count(raw)
+    if mode is not None or limit is None:
         raise CommValueError(f"hint mpi.nonblocking_max_bytes={raw!r}: expected a byte count >= 0, without "
                              "mpi.collectives", comm=name, op="new_comm")
-    return CollectivePaths(int(raw))
+    return CollectivePaths(limit)
+
+
+def _unknown_keys(hints: dict[str, str]) -> list[str]:
+    return sorted(k for k in hints if k.startswith("mpi.") and k not in HINT_KEYS)
+
+
+def _byte_count(raw: str) -> int | None:
+    """``raw`` as a byte count (ASCII digits; a count past every size is :data:`ANY_SIZE`, so that
+    it fits the 64-bit words the ranks compare), else ``None``."""
+    if not (raw.isascii() and raw.isdigit()):
+        return None
+    return min(int(raw), ANY_SIZE)
 
 
 #: mpi4py's nonblocking collectives the backend calls (``CollectivePaths.limit`` of each)
 METHODS = ("Ibarrier", "Ibcast", "Iallreduce", "Ireduce", "Iallgather", "Iallgatherv", "Ireduce_scatter",
            "Ireduce_scatter_block", "Ialltoall", "Ialltoallv", "Iscatter", "Igather")
 _MODE_CODES = {None: 0, "blocking": 1, "nonblocking": 2}
+_UNKNOWN_KEY = 4
 _INVALID = -3
 
 
@@ -84,7 +104,9 @@ def path_signature(hints: dict[str, str], name: str, allreduce_keeps_pace: bool
     :data:`METHODS` they give, as ints for the ranks to compare; the paths; the error of invalid
     hints). Ranks route every collective alike exactly when their limits are equal."""
     mode, raw = hints.get("mpi.collectives"), hints.get("mpi.nonblocking_max_bytes")
-    codes = [_MODE_CODES.get(mode, 3), -1 if raw is None else int(raw) if raw.isdigit() else -2]
+    count = None if raw is None else _byte_count(raw)
+    codes = [_UNKNOWN_KEY if _unknown_keys(hints) else _MODE_CODES.get(mode, 3),
+             -1 if raw is None else -2 if count is None else count]
     try:
         paths = collective_paths(hints, name, allreduce_keeps_pace)
     except CommValueError as e:
@@ -94,6 +116,8 @@ def path_signature(hints: dict[str, str], name: str, allreduce_keeps_pace: bool
 
 def describe_signature(sig: list[int]) -> str:
     """The path hints behind a :func:`path_signature`, for messages."""
+    if sig[0] == _UNKNOWN_KEY:
+        return "an unknown mpi.* hint"
     mode = {1: "blocking", 2: "nonblocking", 3: "an invalid value"}.get(sig[0])
     parts = [f"mpi.collectives={mode}"] if mode else []
     if sig[1] != -1:

@@ -60,6 +60,8 @@ class ProbedRecv:
 
     __slots__ = ("MPI", "comm", "tensor", "src", "spec", "after", "request", "scratch")
 
+    tensor: torch.Tensor | None
+
     def __init__(self, MPI: Any, comm: Any, tensor: torch.Tensor, src: int, spec: Any,  # noqa: N803
                  after: list[ProbedRecv]) -> None:
         self.MPI = MPI
@@ -78,7 +80,12 @@ class ProbedRecv:
     def Test(self, status: Any = None) -> bool:  # noqa: N802 - MPI.Request's name
         if self.request is None and not self._match():
             return False
-        return self.request.Test(status)
+        if not self.request.Test(status):
+            return False
+        # complete: MPI no longer writes there, and the communicator keeps this receive (as its
+        # source's latest) past the op, which must not keep the caller's buffer alive
+        self.tensor = self.scratch = None
+        return True
 
     def _match(self) -> bool:
         if self.after:

@@ -194,6 +194,30 @@ class RequestProgress:
             self.abandoned.extend(mine)
         return mine
 
+    def _poll(self, batch: list[_Pending], mpi_exception: type[BaseException]) -> bool:
+        """One poll of ``batch``: the ended ops leave the pending list and their futures
+        complete; True if any ended."""
+        ended: list[tuple[_Pending, BaseException | None]] = []
+        for p in batch:
+            try:
+                if p.test():
+                    ended.append((p, None))
+            except mpi_exception as e:
+                ended.append((p, p.on_error(e)))
+            except Exception as e:  # noqa: BLE001 - e.g. a failed user-defined reduction
+                ended.append((p, e))
+        if not ended:
+            return False
+        gone = {id(p) for p, _ in ended}
+        with self._cond:
+            self._pending = [p for p in self._pending if id(p) not in gone]
+        for p, err in ended:
+            if err is None:
+                p.future.set_result(None)
+            else:
+                p.future.set_exception(err)
+        return True
+
     def _loop(self) -> None:
         mpi_exception = self._MPI.Exception
         idle = 0
@@ -203,24 +227,11 @@ class RequestProgress:
                     idle = 0
                     self._cond.wait()
                 batch = list(self._pending)
-            ended: list[tuple[_Pending, BaseException | None]] = []
-            for p in batch:
-                try:
-                    if p.test():
-                        ended.append((p, None))
-                except mpi_exception as e:
-                    ended.append((p, p.on_error(e)))
-                except Exception as e:  # noqa: BLE001 - e.g. a failed user-defined reduction
-                    ended.append((p, e))
+            # a method, so that nothing of an ended op (its buffers) stays referenced by this
+            # thread's locals while it waits for the next op
+            ended = self._poll(batch, mpi_exception)
+            batch = []
             if ended:
-                gone = {id(p) for p, _ in ended}
-                with self._cond:
-                    self._pending = [p for p in self._pending if id(p) not in gone]
-                for p, err in ended:
-                    if err is None:
-                        p.future.set_result(None)
-                    else:
-                        p.future.set_exception(err)
                 idle = 0
                 continue
             idle += 1
