@@ -149,6 +149,20 @@ def test_a_name_that_spells_out_past_the_memory_bound_is_refused(tmp_path: Path)
     _refused(_load([bomb], workers=1, cpu_s=None, memory_cap=6 << 30), "bomb_0", "of memory")
 
 
+def test_a_dump_whose_parse_is_far_larger_than_the_file_is_refused(tmp_path: Path) -> None:
+    import pickle
+
+    dump = pickle.loads(write_job(tmp_path / "good", {0: [Rec("c0", (0,), 0, "all_reduce", 1).complete()]})[0]
+                        .read_bytes())
+    laughs: list[object] = ["x" * 10]
+    for _ in range(5):
+        laughs = [laughs] * 10
+    dump["torchcomms"]["host"] = laughs  # the host's name, spelled out: 1.4 MB from a file of 1.5 KB
+    bomb = tmp_path / "bomb_0"
+    bomb.write_bytes(pickle.dumps(dump, protocol=4))
+    _refused(_load([bomb], workers=1), "bomb_0", "parsed, it takes")
+
+
 @pytest.fixture
 def saturated_cpu() -> Iterator[int]:
     """Eight busy loops per usable CPU, running while the test does (ended by their pids)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from torchcomms.tracing.viewer.parallel import Limits, WorkerDied, ordered_map
+from torchcomms.tracing.viewer.parallel import AnswerTooLarge, Limits, WorkerDied, ordered_map
 
 ITEMS = 16
 SLOW_ITEM_S = 0.5
@@ -45,6 +45,14 @@ def _killed_at_3(i: int) -> int:
 
 def _one_cpu_second(i: int) -> Limits:
     return Limits(cpu_s=1)
+
+
+def _bytes(i: int) -> bytes:
+    return b"x" * i
+
+
+def _answers_of_a_kilobyte(i: int) -> Limits:
+    return Limits(cpu_s=1, answer_bytes=1024)
 
 
 def _slow_after_a_bad_first(item: tuple[str, int]) -> int:
@@ -104,3 +112,12 @@ def test_a_worker_that_dies_is_reported_at_its_input_s_turn_and_a_single_input_r
     assert info.value.item == 3 and info.value.exitcode == -signal.SIGKILL and not info.value.out_of_cpu
     assert "killed by SIGKILL" in str(info.value)
     assert list(ordered_map(lambda _: os.getpid(), [0], limits=_one_cpu_second)) != [os.getpid()]
+
+
+def test_an_answer_past_its_bound_is_not_sent_and_is_reported_at_its_turn() -> None:
+    got: list[bytes] = []
+    with pytest.raises(AnswerTooLarge) as info:
+        for r in ordered_map(_bytes, [1, 10, 100, 1 << 20, 5], workers=1, limits=_answers_of_a_kilobyte):
+            got.append(r)
+    assert got == [b"x", b"x" * 10, b"x" * 100]
+    assert info.value.item == 1 << 20 and info.value.size > 1 << 20

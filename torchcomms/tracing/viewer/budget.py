@@ -6,8 +6,9 @@ from the memo: hashing it takes 2**60 steps inside C, where no Python signal han
 one that refers to one list again and again ("billion laughs") stands for more values than
 memory holds once anything spells it out (``str``, a copy, a loop over it). So each dump is read
 in a worker process whose CPU time and address space the kernel bounds (:func:`limits_for`,
-applied by :mod:`.parallel`), and what the worker hands back is measured spelled out
-(:func:`spelled_out`): nothing the viewer then does with a dump costs more than its size allows.
+applied by :mod:`.parallel`, which also bounds the answer a worker sends back, pickled), and
+what it hands back is measured spelled out (:func:`spelled_out`): nothing the viewer then holds
+or does with a dump costs more than the dump's size allows.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from torchcomms.tracing.viewer.parallel import Limits
 
-__all__ = ["CPU_S", "CPU_S_PER_MIB", "MEMORY_BYTES", "MEMORY_PER_BYTE", "SPELLED_OUT_BYTES",
+__all__ = ["ANSWER_BYTES", "ANSWER_PER_BYTE", "CPU_S", "CPU_S_PER_MIB", "MEMORY_BYTES", "MEMORY_PER_BYTE", "SPELLED_OUT_BYTES",
            "SPELLED_OUT_PER_BYTE", "limits_for", "spelled_out", "spelled_out_budget"]
 
 #: CPU seconds a worker may spend on one file, plus :data:`CPU_S_PER_MIB` per MiB of it. A
@@ -35,8 +36,13 @@ MEMORY_PER_BYTE = 64
 #: and call stack, as marshal writes them without back-references), plus
 #: :data:`SPELLED_OUT_PER_BYTE` per byte of the file: a recorder's dump spells out to under one
 #: byte per byte (0.86 for the benchmark's), one that shares long strings among entries to tens
-SPELLED_OUT_BYTES = 64 << 20
+SPELLED_OUT_BYTES = 4 << 20
 SPELLED_OUT_PER_BYTE = 256
+#: bytes a dump's parse may hand back pickled (what the viewer then holds of it), plus
+#: :data:`ANSWER_PER_BYTE` per byte of the file: a recorder's 0.5 MiB dump hands back 0.27 bytes
+#: per byte, PyTorch's with 24-frame stacks 0.4; 1,024 hostile files cannot fill the viewer
+ANSWER_BYTES = 1 << 20
+ANSWER_PER_BYTE = 4
 
 
 def limits_for(size: int, workers: int) -> Limits:
@@ -47,7 +53,7 @@ def limits_for(size: int, workers: int) -> Limits:
         memory = min(memory, share)
     except (ValueError, OSError, AttributeError):  # no sysconf names here: the budget alone
         pass
-    return Limits(CPU_S + CPU_S_PER_MIB * (size >> 20), memory)
+    return Limits(CPU_S + CPU_S_PER_MIB * (size >> 20), memory, ANSWER_BYTES + ANSWER_PER_BYTE * size)
 
 
 def spelled_out_budget(size: int) -> int:

@@ -29,7 +29,8 @@ from typing import Any, NamedTuple
 from torchcomms.tracing.fr_format import EXTENSION_KEY, P2P_SEQ_BASE
 from torchcomms.tracing.viewer import budget
 from torchcomms.tracing.viewer.columns import OpColumns, columns_of_entries, float_or_none, int_or_none
-from torchcomms.tracing.viewer.parallel import Limits, WorkerDied, describe_exit, ordered_map, worker_count
+from torchcomms.tracing.viewer.parallel import (AnswerTooLarge, Limits, WorkerDied, describe_exit, ordered_map,
+                                                worker_count)
 from torchcomms.tracing.viewer.shared import SharedValues
 
 _VERSION_RE = re.compile(r"^2\.\d+$")
@@ -446,15 +447,19 @@ def _read_dump(job: _Job) -> RankDump:
         if budget.spelled_out(dump) > allowed:
             raise TraceInputError(
                 f"{job.path}: not a flight-recorder dump (it refers to its own values so often that it spells out to "
-                f"more than {allowed >> 20} MiB; a dump of {job.size} bytes spells out to far less)")
+                f"more than {_mib(allowed)}; a dump of {job.size} bytes spells out to far less)")
         return dump
     except MemoryError:
-        mib = f"{job.limits.memory_bytes >> 20} MiB" if job.limits.memory_bytes is not None else "the memory there is"
+        mib = _mib(job.limits.memory_bytes) if job.limits.memory_bytes is not None else "the memory there is"
         raise TraceInputError(f"{job.path}: not a flight-recorder dump (reading it needs more than {mib} of memory; "
                               f"a dump of {job.size} bytes needs far less)") from None
     finally:
         if was:
             gc.enable()
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
 
 
 def _died(job: _Job, exc: WorkerDied) -> TraceInputError:
@@ -491,6 +496,10 @@ def load_dumps(paths: Sequence[str | os.PathLike[str]],
                 progress(done, len(files))
     except WorkerDied as exc:
         raise _died(exc.item, exc) from None
+    except AnswerTooLarge as exc:
+        raise TraceInputError(f"{exc.item.path}: not a flight-recorder dump (parsed, it takes {_mib(exc.size)}, more "
+                              f"than the {_mib(exc.limits.answer_bytes or 0)} allowed a dump of {exc.item.size} "
+                              "bytes)") from None
     finally:
         results.close()  # stops the workers when an error ends the loop early
     run_ids = {d.run_id for d in dumps.values() if d.run_id is not None}

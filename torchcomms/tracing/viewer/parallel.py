@@ -11,7 +11,9 @@ With ``limits``, every input runs in a worker, even a single one, under ``RLIMIT
 CPU time the worker has used so far plus the input's budget) and ``RLIMIT_AS`` (its address
 space so far plus the input's budget): an input that runs for ever inside C, where no Python
 signal handler runs (``pickle.load`` of a hostile file), is ended by the kernel's SIGXCPU, and
-one that allocates without end gets a ``MemoryError`` rather than the machine's OOM killer.
+one that allocates without end gets a ``MemoryError`` rather than the machine's OOM killer;
+an answer larger, pickled, than the input's bound is not sent (:class:`AnswerTooLarge`), so the
+caller never holds more than the sum of the bounds.
 The budget is CPU time, not wall time, so a machine saturated by other work slows a worker
 without making a sound input miss it. A worker that dies is reported as :class:`WorkerDied`
 at its input's turn, which ends the map as any error does. Without ``resource``
@@ -32,6 +34,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler as _ForkingPickler
 from typing import Any, TypeVar
 
 try:
@@ -39,7 +42,7 @@ try:
 except ImportError:  # not POSIX: no kernel bounds
     resource = None  # type: ignore[assignment]
 
-__all__ = ["Limits", "WorkerDied", "usable_cpus", "worker_count", "ordered_map"]
+__all__ = ["AnswerTooLarge", "Limits", "WorkerDied", "usable_cpus", "worker_count", "ordered_map"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -51,15 +54,17 @@ MIN_PARALLEL = 8
 MAX_DEFAULT_WORKERS = 8
 #: inputs handed to a worker at a time: the one it runs and the next
 QUEUED = 2
+_OK, _ERROR, _TOO_LARGE = "ok", "error", "too large"  # how a worker's answer went
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one input may cost its worker: CPU seconds, and bytes of address space past what
-    the worker held before it (``None``: not bounded)."""
+    """What one input may cost its worker: CPU seconds, bytes of address space past what the
+    worker held before it, and bytes of its answer, pickled (``None``: not bounded)."""
 
     cpu_s: int
     memory_bytes: int | None = None
+    answer_bytes: int | None = None
 
 
 class WorkerDied(Exception):
@@ -74,6 +79,14 @@ class WorkerDied(Exception):
     def out_of_cpu(self) -> bool:
         """Whether the kernel ended it at the input's CPU limit."""
         return hasattr(signal, "SIGXCPU") and self.exitcode == -signal.SIGXCPU
+
+
+class AnswerTooLarge(Exception):
+    """The answer for ``item`` took ``size`` bytes pickled, past its ``limits.answer_bytes``."""
+
+    def __init__(self, item: Any, size: int, limits: Limits) -> None:
+        self.item, self.size, self.limits = item, size, limits
+        super().__init__(f"its answer takes {size} bytes, more than {limits.answer_bytes}")
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -177,12 +190,15 @@ class _Pool:
         for conn in wait(list(busy)):
             w = busy[conn]  # type: ignore[index]
             try:
-                i, ok, value = conn.recv()
+                i, status, value = _ForkingPickler.loads(conn.recv_bytes())
             except (EOFError, OSError):
                 self._lost(w)
                 continue
             w.pending.popleft()
-            self.done[i] = (ok, value)
+            if status == _TOO_LARGE:
+                item = self.items[i]
+                value = AnswerTooLarge(item, value, self.limits(item))  # type: ignore[misc]
+            self.done[i] = (status == _OK, value)
 
     def _lost(self, w: _Worker) -> None:
         """``w`` died: the input it ran fails with :class:`WorkerDied`. Inputs are handed out in
@@ -207,7 +223,7 @@ class _Pool:
         for w in self.workers:
             while True:  # read on: a worker blocked writing an answer could not see the stop
                 try:
-                    w.conn.recv()
+                    w.conn.recv_bytes()
                 except (EOFError, OSError):
                     break
             w.proc.join()
@@ -233,13 +249,17 @@ def _serve(conn: Connection, fn: Callable[[Any], Any]) -> None:
         if limits is not None and resource is not None:
             _bound(limits)
         try:
-            answer: tuple[int, bool, Any] = (i, True, fn(item))
+            answer: tuple[int, str, Any] = (i, _OK, fn(item))
         except Exception as exc:  # noqa: BLE001 - raised in the caller at this input's turn
-            answer = (i, False, exc)
+            answer = (i, _ERROR, exc)
         try:
-            conn.send(answer)
-        except Exception as exc:  # noqa: BLE001 - an answer that does not pickle (or fit)
-            conn.send((i, False, RuntimeError(f"the answer could not be sent back ({type(exc).__name__}: {exc})")))
+            data = _ForkingPickler.dumps(answer)
+        except Exception as exc:  # noqa: BLE001 - an answer that does not pickle (or fit in memory)
+            data = _ForkingPickler.dumps((i, _ERROR, RuntimeError(
+                f"the answer could not be sent back ({type(exc).__name__}: {exc})")))
+        if limits is not None and limits.answer_bytes is not None and len(data) > limits.answer_bytes:
+            data = _ForkingPickler.dumps((i, _TOO_LARGE, len(data)))
+        conn.send_bytes(data)
 
 
 def _bound(limits: Limits) -> None:
