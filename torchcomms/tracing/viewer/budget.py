@@ -20,11 +20,11 @@ import numpy as np
 
 from torchcomms.tracing.viewer.parallel import Limits
 
-__all__ = ["ANSWER_BYTES", "ANSWER_PER_BYTE", "CPU_S", "CPU_S_PER_MIB", "MEMORY_BYTES", "MEMORY_PER_BYTE", "SPELLED_OUT_BYTES",
-           "SPELLED_OUT_PER_BYTE", "limits_for", "spelled_out", "spelled_out_budget"]
+__all__ = ["ANSWER_BYTES", "ANSWER_PER_BYTE", "CPU_S", "CPU_S_PER_MIB", "MEMORY_BYTES", "MEMORY_PER_BYTE",
+           "SPELLED_OUT_BYTES", "SPELLED_OUT_PER_BYTE", "limits_for", "spelled_out", "spelled_out_budget"]
 
 #: CPU seconds a worker may spend on one file, plus :data:`CPU_S_PER_MIB` per MiB of it. A
-#: 2,048-entry dump (0.5 MiB) takes about 20 ms: the budget is hundreds of times what a dump
+#: 2,048-entry dump (0.5 MiB) takes 12-20 ms: the budget is hundreds of times what a dump
 #: needs. CPU time, not wall time: a saturated machine slows a worker without using it up.
 CPU_S = 10
 CPU_S_PER_MIB = 1

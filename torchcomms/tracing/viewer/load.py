@@ -467,7 +467,8 @@ def _died(job: _Job, exc: WorkerDied) -> TraceInputError:
     if exc.out_of_cpu:
         return TraceInputError(f"{job.path}: not a flight-recorder dump (reading it took more than "
                                f"{job.limits.cpu_s} s of CPU; a dump of {job.size} bytes takes well under one)")
-    return TraceInputError(f"{job.path}: not a flight-recorder dump (the process reading it {describe_exit(exc.exitcode)})")
+    how = describe_exit(exc.exitcode)
+    return TraceInputError(f"{job.path}: not a flight-recorder dump (the process reading it {how})")
 
 
 def load_dumps(paths: Sequence[str | os.PathLike[str]],
