@@ -3,8 +3,8 @@ CPU time and memory optionally bounded by the kernel.
 
 The viewer parses one dump per rank; at 1,024 ranks that is seconds of CPU per core, so the
 files are spread over one process per usable CPU. Workers are forked (the parent holds nothing
-big yet), take one input at a time with one more queued (so they never wait for the caller),
-and return what they made by pickle; an exception in a worker is raised in the caller when its
+big yet), take one input at a time with a few more queued (so they do not wait for a caller that
+a busy machine schedules late), and return what they made by pickle; an exception in a worker is raised in the caller when its
 input's turn comes, so the first bad input in order is the one reported.
 
 With ``limits``, every input runs in a worker, even a single one, under ``RLIMIT_CPU`` (the
@@ -19,9 +19,9 @@ without making a sound input miss it. A worker that dies is reported as :class:`
 at its input's turn, which ends the map as any error does. Without ``resource``
 (not POSIX) the inputs run in workers unbounded.
 
-A map that ends early (an error, or the caller stops iterating) hands out no more inputs and
-lets those already handed to a worker finish: a worker is never killed in the middle of an
-input (``multiprocessing.Pool.terminate`` did, and could leave a result half-written into the
+A map that ends early (an error, or the caller stops iterating) hands out no more inputs, and
+each worker finishes the input it is running and starts no other: a worker is never killed in
+the middle of an input (``multiprocessing.Pool.terminate`` did, and could leave a result half-written into the
 pool's pipe or a pipe lock held; the viewer's load once stalled 131 s stopping its pool).
 """
 from __future__ import annotations
@@ -52,8 +52,8 @@ MIN_PARALLEL = 8
 #: workers by default at most (each holds ~35 MiB resident while it parses a 2,048-entry dump;
 #: more processes than this rarely help a job of dumps that the caller must then join)
 MAX_DEFAULT_WORKERS = 8
-#: inputs handed to a worker at a time: the one it runs and the next
-QUEUED = 2
+#: inputs handed to a worker at a time: the one it runs and those it takes next
+QUEUED = 4
 _OK, _ERROR, _TOO_LARGE = "ok", "error", "too large"  # how a worker's answer went
 
 
@@ -146,11 +146,12 @@ class _Pool:
         self.fn, self.items, self.limits = fn, items, limits
         self.todo: deque[int] = deque(range(len(items)))
         self.done: dict[int, tuple[bool, Any]] = {}
+        self.stop = self.ctx.Event()  # set: workers start no other input
         self.workers: list[_Worker] = [self._start() for _ in range(n)]
 
     def _start(self) -> _Worker:
         mine, theirs = self.ctx.Pipe()
-        proc = self.ctx.Process(target=_serve, args=(theirs, self.fn), daemon=True)
+        proc = self.ctx.Process(target=_serve, args=(theirs, self.fn, self.stop), daemon=True)
         proc.start()
         theirs.close()
         return _Worker(proc, mine)
@@ -213,8 +214,9 @@ class _Pool:
         self.todo.clear()
 
     def close(self) -> None:
-        """Stop every worker once it has finished the inputs it holds (their answers dropped)."""
+        """Stop every worker once it has finished the input it runs (answers dropped)."""
         self.todo.clear()
+        self.stop.set()
         for w in self.workers:
             try:
                 w.conn.send(None)
@@ -230,7 +232,7 @@ class _Pool:
             w.conn.close()
 
 
-def _serve(conn: Connection, fn: Callable[[Any], Any]) -> None:
+def _serve(conn: Connection, fn: Callable[[Any], Any], stop: Any) -> None:
     """A worker: run each input handed over, under its limits, and answer ``(index, ok, value)``.
     Ctrl-C stops the caller, which stops its workers once their inputs are done (see ``close``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -243,7 +245,7 @@ def _serve(conn: Connection, fn: Callable[[Any], Any]) -> None:
             job = conn.recv()
         except (EOFError, OSError):
             return
-        if job is None:
+        if job is None or stop.is_set():
             return
         i, item, limits = job
         if limits is not None and resource is not None:
