@@ -1,4 +1,5 @@
-"""Dumps crafted to hurt the viewer: self-referring pickles, values no dump holds, nesting.
+"""Dumps crafted to hurt the viewer: self-referring pickles, values no dump holds, nesting
+(pickles that hang or crash the unpickler itself: test_hostile_pickles.py).
 
 Each is refused with a :class:`TraceInputError` naming the file (the CLI: one line, exit 2), or
 read with the bad value dropped; none hangs, exhausts memory or ends in an internal error.
@@ -55,23 +56,34 @@ def test_a_pickle_that_refers_to_one_list_again_and_again_is_refused(tmp_path: P
     assert len(res.stderr.strip().splitlines()) == 1 and "refers to its own values" in res.stderr
 
 
-def test_a_pickle_that_holds_itself_or_nests_deeply_is_refused(tmp_path: Path) -> None:
+def _with_deep_list(dump: dict[str, Any], depth: int) -> bytes:
+    """``dump`` pickled with its "DEEP" string replaced by a list nested ``depth`` deep (MARK
+    ``depth`` times, an empty list, LIST ``depth`` times: ``pickle.dumps`` itself would recurse)."""
+    data = pickle.dumps(dump, protocol=4)
+    placeholder = b"\x8c\x04DEEP\x94"  # SHORT_BINUNICODE, MEMOIZE
+    assert data.count(placeholder) == 1
+    return data.replace(placeholder, b"(" * depth + b"]" + b"l" * depth + b"\x94")
+
+
+def test_a_pickle_that_holds_itself_or_nests_deeply_is_read_without_it_or_refused(tmp_path: Path) -> None:
     dump = _good_dump(tmp_path)
     loop: list[Any] = []
     loop.append(loop)
-    dump["entries"][0]["frames"] = [{"name": loop}]
-    cyclic = tmp_path / "cyclic_0"
-    cyclic.write_bytes(pickle.dumps(dump, protocol=4))
-    with pytest.raises(TraceInputError, match="cyclic_0: not a flight-recorder dump .*refers to itself"):
-        load_dumps([cyclic], workers=1)
-    deep: list[Any] = []
-    for _ in range(100):
-        deep = [deep]
-    dump["entries"][0]["frames"] = [{"name": deep}]
-    nested = tmp_path / "nested_0"
-    nested.write_bytes(pickle.dumps(dump, protocol=4))
-    with pytest.raises(TraceInputError, match="nested_0: not a flight-recorder dump .*nests deeper than 32"):
-        load_dumps([nested], workers=1)
+    for name, where, value in (("cyclic_0", "frames", [{"name": loop}]), ("nested_0", "frames", [{"name": "DEEP"}]),
+                               ("cyclic_1", "process_group", [loop, "desc"])):
+        odd = copy.deepcopy(dump)
+        odd["entries"][0][where] = value
+        path = tmp_path / name
+        path.write_bytes(_with_deep_list(odd, 100_000) if name == "nested_0" else pickle.dumps(odd, protocol=4))
+        op = load_dumps([path], workers=1).dumps[0].ops[0]  # (the rank inside the dump)
+        assert op.frames == [{}] if where == "frames" else op.comm == "[[...]]"
+    dump["entries"][0]["profiling_name"] = "DEEP"  # spelled out as the op's name: too deep for ``str``
+    path = tmp_path / "nested_1"
+    path.write_bytes(_with_deep_list(dump, 100_000))
+    with pytest.raises(TraceInputError, match=r"nested_1: not a flight-recorder dump \(a value nests too deeply"):
+        load_dumps([path], workers=1)
+    res = _cli("analyze", str(path))
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "nests too deeply" in res.stderr
 
 
 def test_json_that_nests_past_the_parsers_recursion_limit_is_one_line(tmp_path: Path) -> None:

@@ -1,16 +1,18 @@
 """``ordered_map`` (the viewer's parallel parse): results in input order, the first bad input in
 order raised, and an error that ends the map early never kills a worker in the middle of an
 item (a killed worker can leave a result half-written into the pool's pipe or a pipe lock held:
-the viewer's load once stalled 131 s stopping its pool after a bad dump)."""
+the viewer's load once stalled 131 s stopping its pool after a bad dump). With limits, an input
+that runs for ever inside C, or kills its worker, is reported at its turn, after those before it."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from torchcomms.tracing.viewer.parallel import ordered_map
+from torchcomms.tracing.viewer.parallel import AnswerTooLarge, Limits, WorkerDied, ordered_map
 
 ITEMS = 16
 SLOW_ITEM_S = 0.5
@@ -24,6 +26,33 @@ def _bad_at(i: int) -> int:
     if i in (5, 9):
         raise ValueError(f"bad input {i}")
     return i
+
+
+def _hash_for_ever_at_5(i: int) -> int:
+    if i == 5:
+        t: tuple[object, ...] = ()
+        for _ in range(60):
+            t = (t, t)
+        hash(t)  # tuples do not cache their hash: 2**60 steps inside C, deaf to Python's signals
+    return i
+
+
+def _killed_at_3(i: int) -> int:
+    if i == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return i
+
+
+def _one_cpu_second(i: int) -> Limits:
+    return Limits(cpu_s=1)
+
+
+def _bytes(i: int) -> bytes:
+    return b"x" * i
+
+
+def _answers_of_a_kilobyte(i: int) -> Limits:
+    return Limits(cpu_s=1, answer_bytes=1024)
 
 
 def _slow_after_a_bad_first(item: tuple[str, int]) -> int:
@@ -63,3 +92,32 @@ def test_an_early_error_lets_every_started_item_finish(tmp_path: Path) -> None:
     assert started, "no item had started when the error came"
     assert done == started, f"items {sorted(started - done)} were killed while they ran"
     assert len(started) < ITEMS - 1, "the map went on with items after its error"
+
+
+def test_an_input_past_its_cpu_limit_is_reported_at_its_turn_after_those_before_it() -> None:
+    got: list[int] = []
+    with pytest.raises(WorkerDied) as info:
+        for r in ordered_map(_hash_for_ever_at_5, list(range(ITEMS)), workers=2, limits=_one_cpu_second):
+            got.append(r)
+    assert got == [0, 1, 2, 3, 4]
+    assert info.value.item == 5 and info.value.out_of_cpu, info.value
+
+
+def test_a_worker_that_dies_is_reported_at_its_input_s_turn_and_a_single_input_runs_in_one() -> None:
+    got: list[int] = []
+    with pytest.raises(WorkerDied) as info:
+        for r in ordered_map(_killed_at_3, list(range(5)), workers=1, limits=_one_cpu_second):
+            got.append(r)
+    assert got == [0, 1, 2]
+    assert info.value.item == 3 and info.value.exitcode == -signal.SIGKILL and not info.value.out_of_cpu
+    assert "killed by SIGKILL" in str(info.value)
+    assert list(ordered_map(lambda _: os.getpid(), [0], limits=_one_cpu_second)) != [os.getpid()]
+
+
+def test_an_answer_past_its_bound_is_not_sent_and_is_reported_at_its_turn() -> None:
+    got: list[bytes] = []
+    with pytest.raises(AnswerTooLarge) as info:
+        for r in ordered_map(_bytes, [1, 10, 100, 1 << 20, 5], workers=1, limits=_answers_of_a_kilobyte):
+            got.append(r)
+    assert got == [b"x", b"x" * 10, b"x" * 100]
+    assert info.value.item == 1 << 20 and info.value.size > 1 << 20

@@ -51,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                          help="show a progress bar while loading dumps (default: when stderr is a terminal)")
         cmd.add_argument("--workers", type=int, default=None, metavar="N",
-                         help="processes that parse the dumps (default: one per usable CPU, at most 8; 1: no extra process)")
+                         help="processes that parse the dumps, each bounded in CPU time and memory (default: one per "
+                              "usable CPU, at most 8)")
     return p
 
 

@@ -63,11 +63,12 @@ def _int_column(values: list[Any]) -> np.ndarray:
 
 
 def _optional_int_column(values: list[int | None]) -> tuple[np.ndarray, np.ndarray]:
-    """(values with 0 for None, mask of the values present)."""
+    """(values with 0 for None, mask of the values present); an int of 512 bits or more is
+    absent (see ``_INT_BOUND``)."""
     try:
         return np.array(values, dtype=np.int64), np.ones(len(values), dtype=bool)
     except (TypeError, OverflowError):  # a None (or an int past int64) among them
-        obj = np.array(values, dtype=object)
+        obj = np.array([v if v is None or -_INT_BOUND < v < _INT_BOUND else None for v in values], dtype=object)
         present = np.not_equal(obj, None).astype(bool)
         return _int_column(np.where(present, obj, 0).tolist()), present
 
@@ -94,11 +95,11 @@ class OpColumns(Sequence[Any]):
         self.completed, self.has_completed = _optional_int_column(completed)
         self.core_seq, self.has_core_seq = _optional_int_column(core_seq)
         if None not in duration:  # (numpy would read a None as NaN)
-            self.duration, self.has_duration = np.array(duration, dtype=np.float64), np.ones(len(duration), dtype=bool)
+            dur = np.array(duration, dtype=np.float64)
         else:
-            dur = np.array(duration, dtype=object)
-            self.has_duration = np.not_equal(dur, None).astype(bool)
-            self.duration = np.where(self.has_duration, dur, 0.0).astype(np.float64)
+            dur = np.where(np.not_equal(np.array(duration, dtype=object), None), duration, np.nan).astype(np.float64)
+        self.has_duration = np.isfinite(dur)  # NaN and infinities are no measurement (``float_or_none``)
+        self.duration = np.where(self.has_duration, dur, 0.0)
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -313,16 +314,17 @@ def columns_of_entries(entries: list[Any], rank: int, ext_ops: Any, parse_entry:
                 seq = int(seq)
             if is_p2p and x is not None and seq >= P2P_SEQ_BASE:
                 seq -= P2P_SEQ_BASE
-            if type(created) is not int or not -_INT_BOUND < created < _INT_BOUND:
+            # ints past ``_INT_BOUND`` and floats that are not finite: dropped by ``OpColumns``
+            if type(created) is not int:
                 created = int_or_none(created)
-            if type(started) is not int or not -_INT_BOUND < started < _INT_BOUND:
+            if type(started) is not int:
                 started = int_or_none(started)
-            if type(completed) is not int or not -_INT_BOUND < completed < _INT_BOUND:
+            if type(completed) is not int:
                 completed = int_or_none(completed)
-            if type(duration) is not float or not -_INF < duration < _INF:  # (false for NaN)
+            if type(duration) is not float:
                 duration = float_or_none(duration)
             core = xv[6] if xv is not None else None
-            if type(core) is not int or not -_INT_BOUND < core < _INT_BOUND:
+            if type(core) is not int:
                 core = int_or_none(core)
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise malformed(i, f"is malformed ({exc.__class__.__name__}: {exc})") from None

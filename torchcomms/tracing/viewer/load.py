@@ -1,13 +1,16 @@
 """Read flight-recorder dumps — ours and PyTorch's, pickle or JSON — into one model.
 
 Every way a dump can be unusable (missing, empty folder, truncated, not a dump, unknown
-version, two dumps for one rank, dumps of different jobs) raises :class:`TraceInputError`
-with one line that says which file and what is wrong. Pickles are read with an unpickler
-that refuses every global, so a dump cannot run code.
+version, two dumps for one rank, dumps of different jobs, hostile) raises
+:class:`TraceInputError` with one line that says which file and what is wrong. Pickles are read
+with an unpickler that refuses every global, so a dump cannot run code.
 
-A rank's ops are kept in columns (:mod:`.columns`) and read as :class:`Op` objects on demand;
-files are parsed in worker processes (:mod:`.parallel`), one per usable CPU, and an error in any
-of them is reported as the same one-line error the caller's own parse would give.
+Every file is read and parsed in a worker process (:mod:`.parallel`), one per usable CPU, one
+alone for fewer than a pool's worth of files, under the kernel's bounds of :mod:`.budget`: a
+file whose unpickling never returns, crashes the interpreter or takes more memory than its
+size allows is refused naming the file, and a parse that hands back more, spelled out, than
+the file's size allows is refused in the worker. An error in a worker is reported as the same
+one-line error, at its file's turn.
 """
 from __future__ import annotations
 
@@ -19,23 +22,21 @@ import pickle
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from torchcomms.tracing.fr_format import EXTENSION_KEY, P2P_SEQ_BASE
+from torchcomms.tracing.viewer import budget
 from torchcomms.tracing.viewer.columns import OpColumns, columns_of_entries, float_or_none, int_or_none
+from torchcomms.tracing.viewer.parallel import (AnswerTooLarge, Limits, WorkerDied, describe_exit, ordered_map,
+                                                worker_count)
 from torchcomms.tracing.viewer.shared import SharedValues
 
 _VERSION_RE = re.compile(r"^2\.\d+$")
 _RANK_SUFFIX_RE = re.compile(r"(\d+)(?:\.[A-Za-z]+)?$")
 _P2P_RE = re.compile(r"^(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)$")
 MAX_DUMP_BYTES = 2 << 30
-#: a dump's values, counted with every reference to a shared one, per byte of its pickle (and a
-#: floor for small files): a flight recorder's dump holds a few per byte; a pickle that refers to
-#: one list again and again ("billion laughs") holds many more per byte and is refused
-MAX_VALUES_PER_BYTE, MIN_VALUE_BUDGET = 16, 1 << 20
-#: how deep a dump's containers nest at most (a flight recorder's nest 5 levels deep)
-MAX_DUMP_DEPTH = 32
 #: ranks past this are not ranks of a job (and would not fit the analysis' int64 arrays)
 MAX_RANK = 2**31 - 1
 #: a tensor dimension is an int64 (torch's sizes)
@@ -221,36 +222,13 @@ def _read_raw(path: Path) -> dict[str, Any]:
             obj = _SafeUnpickler(io.BytesIO(data)).load()
         except EOFError:
             raise TraceInputError(f"{path}: truncated pickle dump (ran out of data)") from None
-        except (pickle.UnpicklingError, ValueError, TypeError, IndexError, KeyError, AttributeError, MemoryError) as exc:
+        except (pickle.UnpicklingError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
             raise TraceInputError(f"{path}: corrupt pickle dump ({exc})") from None
-        _check_expansion(obj, path, MAX_VALUES_PER_BYTE * len(data) + MIN_VALUE_BUDGET)
     else:
         raise TraceInputError(f"{path}: not a flight-recorder dump (neither a pickle nor JSON)")
     if not isinstance(obj, dict):
         raise TraceInputError(f"{path}: not a flight-recorder dump (top level is {type(obj).__name__}, not a dict)")
     return obj
-
-
-def _check_expansion(obj: Any, path: Path, budget: int) -> None:
-    """Refuse a decoded pickle whose values, counted once per reference, exceed ``budget``, or
-    that nests deeper than :data:`MAX_DUMP_DEPTH` (a cycle never ends): a pickle can refer to
-    one object many times, so a file of a few hundred bytes can stand for a billion values,
-    which every later step (a ``str``, a JSON export, a loop over sizes) would expand. Walks
-    level by level with ``gc.get_referents`` (C): every reference is counted, none expanded
-    past the budget."""
-    level: list[Any] = [obj]
-    total = 1
-    for _ in range(MAX_DUMP_DEPTH):
-        level = gc.get_referents(*level)
-        total += len(level)
-        if total > budget:
-            raise TraceInputError(
-                f"{path}: not a flight-recorder dump (it refers to its own values so often that it "
-                f"stands for more than {budget} values; a dump of this size holds far fewer)")
-        if not level:
-            return
-    raise TraceInputError(f"{path}: not a flight-recorder dump (it nests deeper than {MAX_DUMP_DEPTH} levels, "
-                          "or refers to itself)")
 
 
 def _sizes(v: Any) -> list[list[int]]:
@@ -302,6 +280,8 @@ def parse_dump(obj: dict[str, Any], path: str, rank_hint: int | None,
         return _parse_dump(obj, path, rank_hint, shared)
     except (ValueError, OverflowError) as exc:  # e.g. a name that is an int of 5,000 digits
         raise TraceInputError(f"{path}: not a flight-recorder dump ({type(exc).__name__}: {exc})") from None
+    except RecursionError:  # a name that is a list nested thousands deep, spelled out
+        raise TraceInputError(f"{path}: not a flight-recorder dump (a value nests too deeply to read)") from None
 
 
 def _parse_dump(obj: dict[str, Any], path: str, rank_hint: int | None,
@@ -445,34 +425,69 @@ def _expand(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
     return files
 
 
-def _read_dump(job: tuple[str, int | None]) -> RankDump:
-    """One file, read and parsed (a worker process's job). The cyclic garbage collector waits
-    meanwhile: a dump is millions of fresh containers, freed by reference counts, and a
-    collection pass over them costs about a fifth of the parse."""
-    path, hint = job
+class _Job(NamedTuple):
+    """One file to read: its path, the rank its name gives, its size and its worker's bounds."""
+
+    path: str
+    hint: int | None
+    size: int
+    limits: Limits
+
+
+def _read_dump(job: _Job) -> RankDump:
+    """One file, read and parsed (a worker process's job), refused if it needs more memory than
+    its bounds or hands back more, spelled out, than its size allows (:mod:`.budget`). The
+    cyclic garbage collector waits meanwhile: a dump is millions of fresh containers, freed by
+    reference counts, and a collection pass over them costs about a fifth of the parse."""
     was = gc.isenabled()
     gc.disable()
     try:
-        return parse_dump(_read_raw(Path(path)), path, hint)
+        dump = parse_dump(_read_raw(Path(job.path)), job.path, job.hint)
+        allowed = budget.spelled_out_budget(job.size)
+        if budget.spelled_out(dump) > allowed:
+            raise TraceInputError(
+                f"{job.path}: not a flight-recorder dump (it refers to its own values so often that it spells out to "
+                f"more than {_mib(allowed)}; a dump of {job.size} bytes spells out to far less)")
+        return dump
+    except MemoryError:
+        mib = _mib(job.limits.memory_bytes) if job.limits.memory_bytes is not None else "the memory there is"
+        raise TraceInputError(f"{job.path}: not a flight-recorder dump (reading it needs more than {mib} of memory; "
+                              f"a dump of {job.size} bytes needs far less)") from None
     finally:
         if was:
             gc.enable()
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _died(job: _Job, exc: WorkerDied) -> TraceInputError:
+    """The one-line error for a file whose worker the kernel ended, or that crashed it."""
+    if exc.out_of_cpu:
+        return TraceInputError(f"{job.path}: not a flight-recorder dump (reading it took more than "
+                               f"{job.limits.cpu_s} s of CPU; a dump of {job.size} bytes takes well under one)")
+    how = describe_exit(exc.exitcode)
+    return TraceInputError(f"{job.path}: not a flight-recorder dump (the process reading it {how})")
 
 
 def load_dumps(paths: Sequence[str | os.PathLike[str]],
                progress: Callable[[int, int], object] | None = None, *, workers: int | None = None) -> TraceSet:
     """Load per-rank dumps (files or folders of them) of one job; ``progress(done, total)``
     hears about every file read. Files are parsed in ``workers`` processes (default: one per
-    usable CPU; 1 parses them here), with the same result and the same first error."""
-    from torchcomms.tracing.viewer.parallel import ordered_map
-
+    usable CPU; one for fewer files than a pool's worth), each bounded (:mod:`.budget`)."""
     dumps: dict[int, RankDump] = {}
     files = _expand(paths)
-    jobs: list[tuple[str, int | None]] = []
+    n = worker_count(workers, len(files))
+    jobs: list[_Job] = []
     for path in files:
         m = _RANK_SUFFIX_RE.search(path.name)
-        jobs.append((str(path), int(m.group(1)) if m else None))
-    results = ordered_map(_read_dump, jobs, workers)
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = 0  # the worker names what is wrong
+        jobs.append(_Job(str(path), int(m.group(1)) if m else None, size, budget.limits_for(size, n)))
+    results = ordered_map(_read_dump, jobs, n, limits=attrgetter("limits"))
     try:
         for done, (path, d) in enumerate(zip(files, results), 1):
             if d.rank in dumps:
@@ -480,10 +495,14 @@ def load_dumps(paths: Sequence[str | os.PathLike[str]],
             dumps[d.rank] = d
             if progress is not None:
                 progress(done, len(files))
+    except WorkerDied as exc:
+        raise _died(exc.item, exc) from None
+    except AnswerTooLarge as exc:
+        raise TraceInputError(f"{exc.item.path}: not a flight-recorder dump (parsed, it takes {_mib(exc.size)}, more "
+                              f"than the {_mib(exc.limits.answer_bytes or 0)} allowed a dump of {exc.item.size} "
+                              "bytes)") from None
     finally:
-        close = getattr(results, "close", None)
-        if close is not None:
-            close()  # stops the workers when an error ends the loop early
+        results.close()  # stops the workers when an error ends the loop early
     run_ids = {d.run_id for d in dumps.values() if d.run_id is not None}
     if len(run_ids) > 1:
         by = ", ".join(f"rank {r}: {dumps[r].run_id}" for r in sorted(dumps) if dumps[r].run_id)

@@ -1,34 +1,102 @@
-"""Run a function over many inputs in worker processes, results in input order.
+"""Run a function over many inputs in worker processes, results in input order, each input's
+CPU time and memory optionally bounded by the kernel.
 
 The viewer parses one dump per rank; at 1,024 ranks that is seconds of CPU per core, so the
 files are spread over one process per usable CPU. Workers are forked (the parent holds nothing
-big yet) and return what they made by pickle; an exception in a worker is raised in the caller
-when its input's turn comes, so the first bad input in order is the one reported.
+big yet), take one input at a time with a few more queued (so they do not wait for a caller that
+a busy machine schedules late), and return what they made by pickle; an exception in a worker is raised in the caller when its
+input's turn comes, so the first bad input in order is the one reported.
 
-A map that ends early (an error, or the caller stops iterating) cancels the chunks still
-waiting and lets those already handed to the workers finish (the executor's call queue holds
-one more than there are workers): a worker is never killed in the middle of an item. ``multiprocessing.Pool.terminate`` did kill
-them, and can leave a result half-written into the pool's pipe or a pipe lock held; the
-viewer's load once stalled 131 s stopping its pool after a bad dump.
+With ``limits``, every input runs in a worker, even a single one, under ``RLIMIT_CPU`` (the
+CPU time the worker has used so far plus the input's budget) and ``RLIMIT_AS`` (its address
+space so far plus the input's budget): an input that runs for ever inside C, where no Python
+signal handler runs (``pickle.load`` of a hostile file), is ended by the kernel's SIGXCPU, and
+one that allocates without end gets a ``MemoryError`` rather than the machine's OOM killer;
+an answer larger, pickled, than the input's bound is not sent (:class:`AnswerTooLarge`), so the
+caller never holds more than the sum of the bounds.
+The budget is CPU time, not wall time, so a machine saturated by other work slows a worker
+without making a sound input miss it. A worker that dies is reported as :class:`WorkerDied`
+at its input's turn, which ends the map as any error does. Without ``resource``
+(not POSIX) the inputs run in workers unbounded.
+
+A map that ends early (an error, or the caller stops iterating) hands out no more inputs, and
+each worker finishes the input it is running and starts no other: a worker is never killed in
+the middle of an input (``multiprocessing.Pool.terminate`` did, and could leave a result half-written into the
+pool's pipe or a pipe lock held; the viewer's load once stalled 131 s stopping its pool).
 """
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import os
+import signal
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
-from typing import TypeVar
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler as _ForkingPickler
+from typing import Any, TypeVar
 
-__all__ = ["usable_cpus", "ordered_map"]
+try:
+    import resource
+except ImportError:  # not POSIX: no kernel bounds
+    resource = None  # type: ignore[assignment]
+
+__all__ = ["AnswerTooLarge", "Limits", "WorkerDied", "usable_cpus", "worker_count", "ordered_map"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
-#: fewer inputs than this are run in the caller's process (a pool would cost more than it saves)
+#: fewer inputs than this are run in one process (a pool would cost more than it saves)
 MIN_PARALLEL = 8
 #: workers by default at most (each holds ~35 MiB resident while it parses a 2,048-entry dump;
 #: more processes than this rarely help a job of dumps that the caller must then join)
 MAX_DEFAULT_WORKERS = 8
+#: inputs handed to a worker at a time: the one it runs and those it takes next
+QUEUED = 4
+_OK, _ERROR, _TOO_LARGE = "ok", "error", "too large"  # how a worker's answer went
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one input may cost its worker: CPU seconds, bytes of address space past what the
+    worker held before it, and bytes of its answer, pickled (``None``: not bounded)."""
+
+    cpu_s: int
+    memory_bytes: int | None = None
+    answer_bytes: int | None = None
+
+
+class WorkerDied(Exception):
+    """The worker running ``item`` ended before it answered: the kernel's SIGXCPU at the
+    input's CPU limit, or another death (``exitcode``: minus the signal, as ``Process`` has it)."""
+
+    def __init__(self, item: Any, exitcode: int | None, limits: Limits | None) -> None:
+        self.item, self.exitcode, self.limits = item, exitcode, limits
+        super().__init__(f"the worker process running it {describe_exit(exitcode)}")
+
+    @property
+    def out_of_cpu(self) -> bool:
+        """Whether the kernel ended it at the input's CPU limit."""
+        return hasattr(signal, "SIGXCPU") and self.exitcode == -signal.SIGXCPU
+
+
+class AnswerTooLarge(Exception):
+    """The answer for ``item`` took ``size`` bytes pickled, past its ``limits.answer_bytes``."""
+
+    def __init__(self, item: Any, size: int, limits: Limits) -> None:
+        self.item, self.size, self.limits = item, size, limits
+        super().__init__(f"its answer takes {size} bytes, more than {limits.answer_bytes}")
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """How a worker ended, in words."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with status {exitcode}"
 
 
 def usable_cpus() -> int:
@@ -39,36 +107,182 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def ordered_map(fn: Callable[[_T], _R], items: Sequence[_T], workers: int | None = None) -> Iterator[_R]:
-    """``fn(item)`` for each item, in order; in ``workers`` processes (default: one per usable
-    CPU, at most :data:`MAX_DEFAULT_WORKERS`) when there are at least :data:`MIN_PARALLEL` items
-    and more than one worker, else here."""
+def worker_count(workers: int | None, items: int) -> int:
+    """Workers for ``items`` inputs: ``workers``, or one per usable CPU (at most
+    :data:`MAX_DEFAULT_WORKERS`); one for fewer than :data:`MIN_PARALLEL` inputs."""
     n = min(usable_cpus(), MAX_DEFAULT_WORKERS) if workers is None else workers
-    n = min(n, len(items))
-    if n <= 1 or len(items) < MIN_PARALLEL:
+    return max(1, min(n, items)) if items >= MIN_PARALLEL else 1
+
+
+def ordered_map(fn: Callable[[_T], _R], items: Sequence[_T], workers: int | None = None, *,
+                limits: Callable[[_T], Limits] | None = None) -> Iterator[_R]:
+    """``fn(item)`` for each item, in order, in :func:`worker_count` processes; without
+    ``limits`` a single worker's inputs run here instead. ``limits(item)`` bounds each input
+    (see the module doc); a worker that dies raises :class:`WorkerDied` at its input's turn."""
+    n = worker_count(workers, len(items))
+    if not items or (limits is None and n <= 1):
         yield from map(fn, items)
         return
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    chunk = max(1, min(8, len(items) // (n * 8)))
-    with ProcessPoolExecutor(n, mp_context=mp.get_context(method)) as pool:  # its exit waits, kills nothing
-        futures: list[Future[tuple[list[_R], BaseException | None]]] = [
-            pool.submit(_run_chunk, fn, items[i:i + chunk]) for i in range(0, len(items), chunk)]
-        try:
-            for future in futures:
-                results, error = future.result()
-                yield from results
-                if error is not None:
-                    raise error
-        finally:
-            pool.shutdown(cancel_futures=True)  # drops the chunks no worker took; the running ones finish
+    pool = _Pool(fn, items, limits, n)
+    try:
+        yield from pool.results()
+    finally:
+        pool.close()
 
 
-def _run_chunk(fn: Callable[[_T], _R], chunk: Sequence[_T]) -> tuple[list[_R], BaseException | None]:
-    """``fn`` over one chunk in a worker: the results up to the first error, and that error."""
-    results: list[_R] = []
-    for item in chunk:
+@dataclass
+class _Worker:
+    proc: Any
+    conn: Connection
+    pending: deque[int] = field(default_factory=deque)
+
+
+class _Pool:
+    """Workers fed from one queue of input indices, in order (see the module doc)."""
+
+    def __init__(self, fn: Callable[[Any], Any], items: Sequence[Any], limits: Callable[[Any], Limits] | None,
+                 n: int) -> None:
+        self.ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        self.fn, self.items, self.limits = fn, items, limits
+        self.todo: deque[int] = deque(range(len(items)))
+        self.done: dict[int, tuple[bool, Any]] = {}
+        self.stop = self.ctx.Event()  # set: workers start no other input
+        self.workers: list[_Worker] = [self._start() for _ in range(n)]
+
+    def _start(self) -> _Worker:
+        mine, theirs = self.ctx.Pipe()
+        proc = self.ctx.Process(target=_serve, args=(theirs, self.fn, self.stop), daemon=True)
+        proc.start()
+        theirs.close()
+        return _Worker(proc, mine)
+
+    def _hand_out(self) -> None:
+        """Inputs in order, one to each worker in turn, until each holds :data:`QUEUED`."""
+        for depth in range(QUEUED):
+            for w in list(self.workers):
+                if not self.todo:
+                    return
+                if len(w.pending) > depth:
+                    continue
+                i = self.todo.popleft()
+                item = self.items[i]
+                w.pending.append(i)
+                try:
+                    w.conn.send((i, item, self.limits(item) if self.limits is not None else None))
+                except OSError:  # it died before it could take the input
+                    self._lost(w)
+
+    def results(self) -> Iterator[Any]:
+        for i in range(len(self.items)):
+            while i not in self.done:
+                self._hand_out()  # (a worker found dead here answers for its input)
+                if i not in self.done:
+                    self._collect()
+            ok, value = self.done.pop(i)
+            if not ok:
+                raise value
+            yield value
+
+    def _collect(self) -> None:
+        """Wait for one or more answers (or deaths) of the workers that have inputs."""
+        busy = {w.conn: w for w in self.workers if w.pending}
+        if not busy:  # every input handed out is answered: waiting would never end
+            raise RuntimeError("ordered_map: waiting for an input that no worker holds")
+        for conn in wait(list(busy)):
+            w = busy[conn]  # type: ignore[index]
+            try:
+                i, status, value = _ForkingPickler.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                self._lost(w)
+                continue
+            w.pending.popleft()
+            if status == _TOO_LARGE:
+                item = self.items[i]
+                value = AnswerTooLarge(item, value, self.limits(item))  # type: ignore[misc]
+            self.done[i] = (status == _OK, value)
+
+    def _lost(self, w: _Worker) -> None:
+        """``w`` died: the input it ran fails with :class:`WorkerDied`. Inputs are handed out in
+        order, so every input still to hand out, and those queued behind it, come after that
+        failure, which ends the map: none is handed out again."""
+        w.proc.join()
+        w.conn.close()
+        self.workers.remove(w)
+        item = self.items[w.pending[0]]
+        self.done[w.pending[0]] = (False, WorkerDied(item, w.proc.exitcode,
+                                                     self.limits(item) if self.limits is not None else None))
+        self.todo.clear()
+
+    def close(self) -> None:
+        """Stop every worker once it has finished the input it runs (answers dropped)."""
+        self.todo.clear()
+        self.stop.set()
+        for w in self.workers:
+            try:
+                w.conn.send(None)
+            except OSError:
+                pass
+        for w in self.workers:
+            while True:  # read on: a worker blocked writing an answer could not see the stop
+                try:
+                    w.conn.recv_bytes()
+                except (EOFError, OSError):
+                    break
+            w.proc.join()
+            w.conn.close()
+
+
+def _serve(conn: Connection, fn: Callable[[Any], Any], stop: Any) -> None:
+    """A worker: run each input handed over, under its limits, and answer ``(index, ok, value)``.
+    Ctrl-C stops the caller, which stops its workers once their inputs are done (see ``close``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if resource is not None:
+        signal.signal(signal.SIGXCPU, signal.SIG_DFL)  # the kernel's SIGXCPU ends the process
+        _, hard = resource.getrlimit(resource.RLIMIT_CORE)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, hard))  # and writes no core file
+    while True:
         try:
-            results.append(fn(item))
-        except Exception as e:  # noqa: BLE001 - raised in the caller at this item's turn
-            return results, e
-    return results, None
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if job is None or stop.is_set():
+            return
+        i, item, limits = job
+        if limits is not None and resource is not None:
+            _bound(limits)
+        try:
+            answer: tuple[int, str, Any] = (i, _OK, fn(item))
+        except Exception as exc:  # noqa: BLE001 - raised in the caller at this input's turn
+            answer = (i, _ERROR, exc)
+        try:
+            data = _ForkingPickler.dumps(answer)
+        except Exception as exc:  # noqa: BLE001 - an answer that does not pickle (or fit in memory)
+            data = _ForkingPickler.dumps((i, _ERROR, RuntimeError(
+                f"the answer could not be sent back ({type(exc).__name__}: {exc})")))
+        if limits is not None and limits.answer_bytes is not None and len(data) > limits.answer_bytes:
+            data = _ForkingPickler.dumps((i, _TOO_LARGE, len(data)))
+        conn.send_bytes(data)
+
+
+def _bound(limits: Limits) -> None:
+    """Set this process's soft CPU and address-space limits ``limits`` past where it is now."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    _set_soft(resource.RLIMIT_CPU, math.ceil(usage.ru_utime + usage.ru_stime) + limits.cpu_s)
+    if limits.memory_bytes is not None:
+        held = _address_space()
+        if held is not None:
+            _set_soft(resource.RLIMIT_AS, held + limits.memory_bytes)
+
+
+def _set_soft(which: int, value: int) -> None:
+    _, hard = resource.getrlimit(which)
+    resource.setrlimit(which, (value if hard == resource.RLIM_INFINITY else min(value, hard), hard))
+
+
+def _address_space() -> int | None:
+    """Bytes of address space this process holds (Linux), else None."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
