@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.tracing._support import REPO, Rec, write_job
+from tests.helpers.cpu_load import oversubscribed
 from tests.helpers.paths import child_pythonpath
 
 #: the wall-clock guard of one child process: far past what a refusal takes on a loaded box
@@ -116,11 +117,12 @@ def test_among_many_files_the_hanging_one_is_refused_in_its_turn(tmp_path: Path,
     _refused(_load([folder / "fr_rank_1", folder / "fr_rank_5"], workers=1), "fr_rank_5", "of CPU")
 
 
-def test_the_cli_refuses_a_hanging_pickle_in_one_line_within_its_own_budget(tmp_path: Path) -> None:
+def test_the_cli_refuses_a_hanging_pickle_in_one_line_within_its_budget(tmp_path: Path) -> None:
     bomb = tmp_path / "bomb_0"
     bomb.write_bytes(hash_bomb("dict key"))
     try:
-        res = subprocess.run([sys.executable, "-m", "torchcomms.tracing.viewer", "analyze", str(bomb)],
+        res = subprocess.run([sys.executable, "-m", "torchcomms.tracing.viewer", "analyze", str(bomb),
+                              "--dump-cpu-s", str(TEST_CPU_S)],
                              capture_output=True, text=True, cwd=REPO, timeout=HANG_S,
                              env=dict(os.environ, PYTHONPATH=child_pythonpath()))
     except subprocess.TimeoutExpired:
@@ -165,17 +167,9 @@ def test_a_dump_whose_parse_is_far_larger_than_the_file_is_refused(tmp_path: Pat
 
 @pytest.fixture
 def saturated_cpu() -> Iterator[int]:
-    """Eight busy loops per usable CPU, running while the test does (ended by their pids)."""
-    from torchcomms.tracing.viewer.parallel import usable_cpus
-
-    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(8 * usable_cpus())]
-    try:
-        yield len(loops)
-    finally:
-        for p in loops:
-            p.kill()
-        for p in loops:
-            p.wait()
+    """Eight busy loops on a CPU of this test's own, to which the test is confined meanwhile."""
+    with oversubscribed(per_core=8, limit_s=HANG_S) as loops:
+        yield loops
 
 
 def test_sound_dumps_load_on_a_saturated_cpu_and_a_hanging_one_is_still_refused(

@@ -45,15 +45,17 @@ ANSWER_BYTES = 1 << 20
 ANSWER_PER_BYTE = 4
 
 
-def limits_for(size: int, workers: int) -> Limits:
-    """The bounds of reading a file of ``size`` bytes with ``workers`` workers at once."""
+def limits_for(size: int, workers: int, cpu_s: int | None = None) -> Limits:
+    """The bounds of reading a file of ``size`` bytes with ``workers`` workers at once;
+    ``cpu_s`` in place of the CPU budget of :data:`CPU_S` and :data:`CPU_S_PER_MIB`."""
     memory = MEMORY_BYTES + MEMORY_PER_BYTE * size
     try:
         share = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (2 * workers)
         memory = min(memory, share)
     except (ValueError, OSError, AttributeError):  # no sysconf names here: the budget alone
         pass
-    return Limits(CPU_S + CPU_S_PER_MIB * (size >> 20), memory, ANSWER_BYTES + ANSWER_PER_BYTE * size)
+    cpu = CPU_S + CPU_S_PER_MIB * (size >> 20) if cpu_s is None else cpu_s
+    return Limits(cpu, memory, ANSWER_BYTES + ANSWER_PER_BYTE * size)
 
 
 def spelled_out_budget(size: int) -> int:

@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("--workers", type=int, default=None, metavar="N",
                          help="processes that parse the dumps, each bounded in CPU time and memory (default: one per "
                               "usable CPU, at most 8)")
+        cmd.add_argument("--dump-cpu-s", type=int, default=None, metavar="S",
+                         help="CPU seconds reading one dump may take before it is refused as hostile (default: 10, "
+                              "and 1 more per MiB of the file)")
     return p
 
 
@@ -62,7 +65,7 @@ def _load(args: argparse.Namespace) -> Any:
 
     show = sys.stderr.isatty() if args.progress is None else args.progress
     if not show:
-        return load_dumps(args.dumps, workers=args.workers)
+        return load_dumps(args.dumps, workers=args.workers, cpu_s=args.dump_cpu_s)
     import time
 
     from rich.console import Console
@@ -82,7 +85,7 @@ def _load(args: argparse.Namespace) -> Any:
                 shown[0] = now
                 bar.refresh()
 
-        return load_dumps(args.dumps, progress=update, workers=args.workers)
+        return load_dumps(args.dumps, progress=update, workers=args.workers, cpu_s=args.dump_cpu_s)
 
 
 def _render_report(report: Any, out: Any, top: int = 10) -> None:
@@ -157,9 +160,10 @@ def run(argv: Sequence[str] | None = None) -> int:
     from torchcomms.tracing.viewer.load import TraceInputError
 
     args = _parser().parse_args(argv)
-    if args.workers is not None and args.workers < 1:
-        print(f"torchcomms-trace: error: --workers must be >= 1, got {args.workers}", file=sys.stderr)
-        return EXIT_UNUSABLE
+    for flag, value in (("--workers", args.workers), ("--dump-cpu-s", args.dump_cpu_s)):
+        if value is not None and value < 1:
+            print(f"torchcomms-trace: error: {flag} must be >= 1, got {value}", file=sys.stderr)
+            return EXIT_UNUSABLE
     try:
         ts = _load(args)
     except TraceInputError as exc:

@@ -472,10 +472,12 @@ def _died(job: _Job, exc: WorkerDied) -> TraceInputError:
 
 
 def load_dumps(paths: Sequence[str | os.PathLike[str]],
-               progress: Callable[[int, int], object] | None = None, *, workers: int | None = None) -> TraceSet:
+               progress: Callable[[int, int], object] | None = None, *, workers: int | None = None,
+               cpu_s: int | None = None) -> TraceSet:
     """Load per-rank dumps (files or folders of them) of one job; ``progress(done, total)``
     hears about every file read. Files are parsed in ``workers`` processes (default: one per
-    usable CPU; one for fewer files than a pool's worth), each bounded (:mod:`.budget`)."""
+    usable CPU; one for fewer files than a pool's worth), each bounded (:mod:`.budget`; ``cpu_s``:
+    the CPU seconds one file may take, in place of the budget's)."""
     dumps: dict[int, RankDump] = {}
     files = _expand(paths)
     n = worker_count(workers, len(files))
@@ -486,7 +488,7 @@ def load_dumps(paths: Sequence[str | os.PathLike[str]],
             size = path.stat().st_size
         except OSError:
             size = 0  # the worker names what is wrong
-        jobs.append(_Job(str(path), int(m.group(1)) if m else None, size, budget.limits_for(size, n)))
+        jobs.append(_Job(str(path), int(m.group(1)) if m else None, size, budget.limits_for(size, n, cpu_s)))
     results = ordered_map(_read_dump, jobs, n, limits=attrgetter("limits"))
     try:
         for done, (path, d) in enumerate(zip(files, results), 1):
