@@ -10,16 +10,18 @@ engine.
 from __future__ import annotations
 
 import hashlib
-import queue
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torchcomms.types import ReduceOp
+
+if TYPE_CHECKING:
+    from torchcomms._comms.completion import FutureCompleter
 
 # c10d's ReduceOp::RedOpType values (torch/csrc/distributed/c10d/Types.hpp) -> ours.
 _C10D_REDUCE = {
@@ -121,8 +123,7 @@ class CommForwarder:
         self._issued = 0
         self._coalesced: list[Any] | None = None
         self._p2p: list[tuple[str, torch.Tensor, int, DeferredP2P]] = []
-        self._done_queue: queue.SimpleQueue[tuple[Any, Callable[[BaseException | None], None]]] | None = None
-        self._done_thread: threading.Thread | None = None
+        self._completer: FutureCompleter | None = None
         self._lock = threading.Lock()
         self._split_names: dict[str, int] = {}
         self._last_split: tuple[tuple[str, tuple[int, ...]], Any] | None = None
@@ -346,44 +347,17 @@ class CommForwarder:
             self.comm.finalize()
         except CommError:
             self.comm.abort()
-        q, thread = self._done_queue, self._done_thread
-        if q is not None:
-            q.put(None)  # type: ignore[arg-type]
-        if thread is not None and thread is not threading.current_thread():
-            # ended here, not during the interpreter's finalization (see _complete_loop)
-            thread.join(self._timeout_s)
+        if self._completer is not None:
+            # its threads end here, not during the interpreter's finalization
+            self._completer.close(self._timeout_s)
 
     # --- futures ----------------------------------------------------------------------------
     def on_done(self, work: Any, done: Callable[[BaseException | None], None]) -> None:
-        """Call ``done(error or None)`` once ``work`` ended (bounded by its deadline)."""
-        if work.is_completed():
-            done(work.exception())
-            return
+        """Call ``done(error or None)`` once ``work`` ended (bounded by its deadline); see
+        :mod:`torchcomms._comms.completion`."""
         with self._lock:
-            if self._done_queue is None:
-                self._done_queue = queue.SimpleQueue()
-                self._done_thread = threading.Thread(
-                    target=self._complete_loop, args=(self._done_queue,), daemon=True,
-                    name=f"torchcomms-c10d-futures:{self.comm.get_name()}")
-                self._done_thread.start()
-        self._done_queue.put((work, done))
+            if self._completer is None:
+                from torchcomms._comms.completion import FutureCompleter
 
-    @staticmethod
-    def _complete_loop(q: queue.SimpleQueue) -> None:
-        """Completes queued futures in order. It keeps no reference to a completed one while it
-        waits for the next: ``done`` holds c10d's future and the op's output tensors, and a
-        daemon thread that let go of them only when the interpreter was finalizing did so through
-        a C++ destructor that the interpreter ended with ``pthread_exit`` (SIGABRT at exit)."""
-        while True:
-            item = q.get()
-            if item is None:
-                return
-            work, done = item
-            del item
-            try:
-                work.wait()
-                error = None
-            except BaseException as e:  # noqa: BLE001 - handed to the future, not swallowed
-                error = e
-            done(error)
-            del work, done, error
+                self._completer = FutureCompleter(self.comm.get_name())
+        self._completer.add(work, done)
