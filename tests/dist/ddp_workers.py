@@ -98,3 +98,27 @@ def variants() -> dict[str, Any]:
     out["recorded"] = _recorded(rec)
     dist.destroy_process_group()
     return out
+
+
+def peer_killed_before_backward(victim: int) -> dict[str, Any]:
+    """DDP steps until rank ``victim`` SIGKILLs itself after its first step: the error the
+    survivors' next ``backward()`` raises (DDP's reducer rethrows the failed all-reduce's
+    future error inside the autograd engine)."""
+    import os
+    import signal
+
+    dist.init_process_group("gloo")
+    model = DDP(Branchy())
+    out: dict[str, Any] = {"steps": 0}
+    try:
+        for step in range(3):
+            x, y = _batch(dist.get_rank(), step)
+            loss = nn.functional.mse_loss(model(x), y)
+            if step == 1 and dist.get_rank() == victim:
+                os.kill(os.getpid(), signal.SIGKILL)
+            loss.backward()
+            out["steps"] += 1
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        out.update(error=type(e).__name__, mro=[c.__name__ for c in type(e).__mro__], message=str(e)[:300],
+                   failed_ranks=getattr(e, "failed_ranks", None))
+    return out

@@ -25,3 +25,18 @@ def test_ddp_variants_same_numbers_as_c10d() -> None:
         assert b.value["recorded"] == {}
     for name in VARIANTS:  # DDP kept the ranks' parameters in step
         assert on[0].value[name]["params"] == on[1].value[name]["params"], name
+
+
+@DDP_ON_ROUTE
+def test_a_peer_killed_mid_training_raises_our_typed_error_from_backward() -> None:
+    # the failed all-reduce's error reached backward() as a RuntimeError("PeerFailureError: ..."):
+    # the future held it as an exception torch's bindings turn into RuntimeError
+    from tests.helpers.ranks import RankGroup
+
+    env = dict(ROUTE, TORCHCOMM_TIMEOUT_SECONDS="60")
+    with RankGroup(3, "tests.dist.ddp_workers:peer_killed_before_backward", {"victim": 1}, env=env) as g:
+        results = g.wait(120, failed_grace=60)
+    assert results[1].returncode == -9
+    for res in (results[0], results[2]):
+        v = res.value
+        assert v["steps"] == 1 and v["error"] == "PeerFailureError" and "CommError" in v["mro"], v
