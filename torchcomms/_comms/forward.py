@@ -42,6 +42,18 @@ def reduce_op(arg: tuple[int, float | None, torch.Tensor | None]) -> ReduceOp:
         raise ValueError(f"torchcomms: c10d reduce op kind {kind} has no torchcomms equivalent") from None
 
 
+def _in_memory_order(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself, or, for a dense tensor laid out in another dimension order (channels_last,
+    a transpose), the contiguous view of its memory that an element-wise op may run on, as c10d's
+    gloo runs it (memory order, as c10d: ranks must agree on the layout). Anything else (a
+    strided slice, which c10d's gloo reduces as if it were contiguous: wrong numbers) is left to
+    the communicator's validation to refuse."""
+    if x.layout != torch.strided or x.is_contiguous():
+        return x
+    view = x.permute(sorted(range(x.dim()), key=lambda d: -x.stride(d)))
+    return view if view.is_contiguous() else x
+
+
 def _timeout(ms: int | None) -> timedelta | None:
     return None if ms is None else timedelta(milliseconds=ms)
 
@@ -156,15 +168,15 @@ class CommForwarder:
             from torchcomms._comms.sparse import all_reduce_sparse
 
             return self._track([w for x in tensors for w in all_reduce_sparse(self.comm, x, op, t)])
-        return self._track([self.comm.all_reduce(x, op, True, timeout=t) for x in tensors])
+        return self._track([self.comm.all_reduce(_in_memory_order(x), op, True, timeout=t) for x in tensors])
 
     def broadcast(self, tensors: list[torch.Tensor], root: int, root_tensor: int, timeout: int | None) -> Any:
         t = _timeout(timeout)
-        return self._track([self.comm.broadcast(x, root, True, timeout=t) for x in tensors])
+        return self._track([self.comm.broadcast(_in_memory_order(x), root, True, timeout=t) for x in tensors])
 
     def reduce(self, tensors: list[torch.Tensor], root: int, red: tuple, timeout: int | None) -> Any:
         op, t = reduce_op(red), _timeout(timeout)
-        return self._track([self.comm.reduce(x, root, op, True, timeout=t) for x in tensors])
+        return self._track([self.comm.reduce(_in_memory_order(x), root, op, True, timeout=t) for x in tensors])
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], timeout: int | None) -> Any:
         t = _timeout(timeout)
