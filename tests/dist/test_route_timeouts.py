@@ -39,3 +39,12 @@ def test_set_pg_timeout_sets_the_communicators_timeout() -> None:
     # our C++ class did not bind: AttributeError
     for res in run_ranks(2, f"{WORKERS}:set_pg_timeout", timeout=120, env=ROUTE):
         assert res.value == {"world": 5.0, "group": 6.0, "sum": [2.0, 2.0]}, res.value
+
+
+def test_new_group_timeouts_hold_on_a_starved_cpu() -> None:
+    from tests.helpers.cpu_load import oversubscribed
+
+    with oversubscribed(per_core=8, limit_s=240):
+        results = run_ranks(2, f"{WORKERS}:group_ops_time_out", {"group_s": 3.0}, timeout=220, env=ROUTE)
+    for op, error in results[0].value.items():
+        assert error.startswith("CommTimeoutError") and "within 3 s" in error, (op, error)
