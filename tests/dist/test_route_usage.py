@@ -26,6 +26,16 @@ def test_dense_tensors_in_another_dimension_order() -> None:
             assert res.value == dict(want, reduce=want["reduce"] if res.rank == 0 else None), (env, res.value)
 
 
+def test_layouts_it_cannot_run_are_refused_with_a_typed_error() -> None:
+    # a non-contiguous output of all_gather_into_tensor / reduce_scatter_tensor raised a bare
+    # RuntimeError from the forwarder's own view() ("view size is not compatible ...")
+    for res in run_ranks(2, f"{WORKERS}:refused_layouts", timeout=120, env=ROUTE):
+        v = res.value
+        assert v.pop("after") == 2.0
+        for name, (kind, is_value_error, message) in v.items():
+            assert kind == "CommValueError" and is_value_error and "must be contiguous" in message, (name, message)
+
+
 def test_device_mesh_and_dtensor_redistribution_same_as_c10d() -> None:
     on = run_ranks(4, f"{WORKERS}:mesh_and_dtensor", timeout=180, env=ROUTE)
     off = run_ranks(4, f"{WORKERS}:mesh_and_dtensor", timeout=180)

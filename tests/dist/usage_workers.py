@@ -131,3 +131,28 @@ def dcp_round_trip(path: str) -> dict[str, Any]:
            "next_loaded": [_flat(p.full_tensor()) for p in model2.parameters()]}
     dist.destroy_process_group()
     return out
+
+
+def refused_layouts() -> dict[str, Any]:
+    """Layouts the route refuses before anything leaves the process: a strided slice (c10d's gloo
+    reduces its memory as if it were contiguous), a non-contiguous output of
+    ``all_gather_into_tensor`` / ``reduce_scatter_tensor``; then the world all-reduces."""
+    dist.init_process_group("gloo")
+    n = dist.get_world_size()
+    calls = {
+        "all_reduce": lambda: dist.all_reduce(torch.arange(12.0).reshape(3, 4)[:, 1]),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.zeros(2, n).t(), torch.ones(2)),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(torch.zeros(2, 2).t(), torch.ones(4 * n)),
+    }
+    out: dict[str, Any] = {}
+    for name, call in calls.items():
+        try:
+            call()
+            out[name] = "no error"
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            out[name] = [type(e).__name__, "ValueError" in [c.__name__ for c in type(e).__mro__], str(e)]
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    out["after"] = t.item()
+    dist.destroy_process_group()
+    return out

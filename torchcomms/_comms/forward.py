@@ -54,6 +54,12 @@ def _in_memory_order(x: torch.Tensor) -> torch.Tensor:
     return view if view.is_contiguous() else x
 
 
+def _flat_output(o: torch.Tensor) -> torch.Tensor:
+    """``o`` as the flat view a single-tensor collective writes, or ``o`` itself when it has none
+    (not contiguous), for the communicator's validation to refuse with ``CommValueError``."""
+    return o.view(-1) if o.is_contiguous() else o
+
+
 def _timeout(ms: int | None) -> timedelta | None:
     return None if ms is None else timedelta(milliseconds=ms)
 
@@ -190,7 +196,7 @@ class CommForwarder:
     def allgather_into_tensor(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                               timeout: int | None) -> Any:
         t = _timeout(timeout)
-        return self._track([self.comm.all_gather_single(o.view(-1), x.reshape(-1), True, timeout=t)
+        return self._track([self.comm.all_gather_single(_flat_output(o), x.reshape(-1), True, timeout=t)
                             for o, x in zip(outputs, inputs)])
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], red: tuple,
@@ -206,7 +212,7 @@ class CommForwarder:
     def reduce_scatter_tensor(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], red: tuple,
                               timeout: int | None) -> Any:
         op, t = reduce_op(red), _timeout(timeout)
-        return self._track([self.comm.reduce_scatter_single(o.view(-1), x.reshape(-1), op, True, timeout=t)
+        return self._track([self.comm.reduce_scatter_single(_flat_output(o), x.reshape(-1), op, True, timeout=t)
                             for o, x in zip(outputs, inputs)])
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_splits: list[int],
