@@ -74,7 +74,6 @@ def group_ops_time_out(group_s: float) -> dict[str, Any]:
     store = dist.distributed_c10d._get_default_store()
     ops = {
         "recv": lambda g: dist.recv(torch.zeros(2), src=1, group=g),
-        "barrier": lambda g: dist.barrier(group=g),
         "all_gather_object": lambda g: dist.all_gather_object([None, None], {"k": 1}, group=g),
         "future": lambda g: dist.all_reduce(torch.ones(2), group=g, async_op=True).get_future().wait(),
     }
