@@ -176,7 +176,7 @@ class ForwardedWork : public c10d::Work {
     fw_.attr("abort")();
   }
 
-  // Completed (with the outputs, or the op's error) by the forwarder's completion thread.
+  // Completed (with the outputs, or the op's error) by the forwarder's completion threads (_comms/completion.py).
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     std::lock_guard<std::mutex> lock(futureMutex_);
     if (future_) {
