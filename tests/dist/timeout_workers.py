@@ -9,6 +9,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tests.dist.store_sync import done_through_the_store
+
 
 def _comm_timeout_s(group: Any) -> float:
     return group._get_backend(torch.device("cpu")).get_comm().get_options().timeout.total_seconds()
@@ -69,7 +71,7 @@ def set_pg_timeout() -> dict[str, Any]:
 def group_ops_time_out(group_s: float) -> dict[str, Any]:
     """Rank 0 runs ops on groups made with ``new_group(timeout=group_s)`` (one group per op: a
     timed-out op breaks its communicator) that rank 1 never joins; rank 1 leaves once rank 0 is
-    done. Each op's error type and message."""
+    done (rank 0, the store's host, leaves last). Each op's error type and message."""
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
     store = dist.distributed_c10d._get_default_store()
     ops = {
@@ -86,7 +88,5 @@ def group_ops_time_out(group_s: float) -> dict[str, Any]:
                 out[name] = "no error"
             except Exception as e:  # noqa: BLE001 - reported to the test
                 out[name] = f"{type(e).__name__}: {e}"
-        store.set("tc-test/done", "1")
-    else:
-        store.wait(["tc-test/done"], timedelta(seconds=300))
+    done_through_the_store(store, timedelta(seconds=300))
     return out
