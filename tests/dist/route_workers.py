@@ -159,3 +159,30 @@ def subgroup_made_by_c10d_helper() -> dict[str, Any]:
     out["world"] = w.item()
     dist.destroy_process_group()
     return out
+
+
+def killed_mid_all_reduce(victim: int) -> dict[str, Any]:
+    """Three all-reduces, then rank ``victim`` issues a fourth (16 MB) and SIGKILLs itself while
+    it is in flight; the others all-reduce until one fails, then try one more."""
+    import signal
+
+    dist.init_process_group("gloo")
+    t = torch.ones(1 << 22)
+    for _ in range(3):
+        dist.all_reduce(t)
+    if dist.get_rank() == victim:
+        dist.all_reduce(t, async_op=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    out: dict[str, Any] = {"steps": 3}
+    try:
+        for _ in range(10):
+            dist.all_reduce(t)
+            out["steps"] += 1
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        out.update(error=type(e).__name__, mro=[c.__name__ for c in type(e).__mro__])
+    try:
+        dist.all_reduce(torch.ones(1))
+        out["after"] = None
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        out["after"] = type(e).__name__
+    return out

@@ -61,3 +61,18 @@ def test_dead_peer_raises_our_typed_error_through_torch_distributed() -> None:
     assert "CommError" in v["mro"], v
     assert v["error"] in ("PeerFailureError", "CommTimeoutError", "CommAbortedError"), v
     assert v["secs"] < 60
+
+
+@pytest.mark.parametrize("victim", [0, 2])  # rank 0 also hosts init_process_group's TCPStore
+def test_a_rank_killed_mid_all_reduce_fails_the_survivors_op(victim: int) -> None:
+    from tests.helpers.ranks import RankGroup
+
+    env = dict(ROUTE, TORCHCOMM_TIMEOUT_SECONDS="60")
+    with RankGroup(3, "tests.dist.route_workers:killed_mid_all_reduce", {"victim": victim}, env=env) as g:
+        results = g.wait(120, failed_grace=60)
+    assert results[victim].returncode == -9
+    for res in results:
+        if res.rank != victim:
+            v = res.value
+            assert v["error"] == "PeerFailureError" and "CommError" in v["mro"] and v["steps"] >= 3, v
+            assert v["after"] == "CommAbortedError", v

@@ -7,6 +7,8 @@ communicator with its parent's. Given timeouts are the communicators' now; c10d'
 (put in place of a timeout not given) leave ``TORCHCOMM_TIMEOUT_SECONDS``."""
 from __future__ import annotations
 
+import re
+
 from tests.helpers.ranks import run_ranks
 from tests.helpers.torch_versions import TORCH_2_13
 
@@ -39,3 +41,14 @@ def test_set_pg_timeout_sets_the_communicators_timeout() -> None:
     # our C++ class did not bind: AttributeError
     for res in run_ranks(2, f"{WORKERS}:set_pg_timeout", timeout=120, env=ROUTE):
         assert res.value == {"world": 5.0, "group": 6.0, "sum": [2.0, 2.0]}, res.value
+
+
+def test_new_group_timeouts_hold_on_a_starved_cpu() -> None:
+    from tests.helpers.cpu_load import oversubscribed
+
+    with oversubscribed(per_core=8, limit_s=240):
+        results = run_ranks(2, f"{WORKERS}:group_ops_time_out", {"group_s": 3.0}, timeout=220, env=ROUTE)
+    for op, error in results[0].value.items():
+        # the deadline's own message, or that of gloo's per-op backstop, set from what was left
+        # of it ("Timed out waiting 2990ms"); the world's 600 s would read "within 600 s"
+        assert re.match(r"CommTimeoutError: .*(within 3 s|Timed out waiting \d{1,4}ms)", error), (op, error)

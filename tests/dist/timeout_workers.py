@@ -9,6 +9,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tests.dist.store_sync import done_through_the_store
+
 
 def _comm_timeout_s(group: Any) -> float:
     return group._get_backend(torch.device("cpu")).get_comm().get_options().timeout.total_seconds()
@@ -63,4 +65,28 @@ def set_pg_timeout() -> dict[str, Any]:
     dist.all_reduce(t, group=g)
     out = {"world": _comm_timeout_s(dist.group.WORLD), "group": _comm_timeout_s(g), "sum": t.tolist()}
     dist.destroy_process_group()
+    return out
+
+
+def group_ops_time_out(group_s: float) -> dict[str, Any]:
+    """Rank 0 runs ops on groups made with ``new_group(timeout=group_s)`` (one group per op: a
+    timed-out op breaks its communicator) that rank 1 never joins; rank 1 leaves once rank 0 is
+    done (rank 0, the store's host, leaves last). Each op's error type and message."""
+    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    store = dist.distributed_c10d._get_default_store()
+    ops = {
+        "recv": lambda g: dist.recv(torch.zeros(2), src=1, group=g),
+        "all_gather_object": lambda g: dist.all_gather_object([None, None], {"k": 1}, group=g),
+        "future": lambda g: dist.all_reduce(torch.ones(2), group=g, async_op=True).get_future().wait(),
+    }
+    groups = {name: dist.new_group([0, 1], timeout=timedelta(seconds=group_s)) for name in ops}
+    out: dict[str, Any] = {}
+    if dist.get_rank() == 0:
+        for name, op in ops.items():
+            try:
+                op(groups[name])
+                out[name] = "no error"
+            except Exception as e:  # noqa: BLE001 - reported to the test
+                out[name] = f"{type(e).__name__}: {e}"
+    done_through_the_store(store, timedelta(seconds=300))
     return out

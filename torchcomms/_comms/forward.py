@@ -10,16 +10,18 @@ engine.
 from __future__ import annotations
 
 import hashlib
-import queue
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torchcomms.types import ReduceOp
+
+if TYPE_CHECKING:
+    from torchcomms._comms.completion import FutureCompleter
 
 # c10d's ReduceOp::RedOpType values (torch/csrc/distributed/c10d/Types.hpp) -> ours.
 _C10D_REDUCE = {
@@ -38,6 +40,24 @@ def reduce_op(arg: tuple[int, float | None, torch.Tensor | None]) -> ReduceOp:
         return _C10D_REDUCE[kind]
     except KeyError:
         raise ValueError(f"torchcomms: c10d reduce op kind {kind} has no torchcomms equivalent") from None
+
+
+def _in_memory_order(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself, or, for a dense tensor laid out in another dimension order (channels_last,
+    a transpose), the contiguous view of its memory that an element-wise op may run on, as c10d's
+    gloo runs it (memory order, as c10d: ranks must agree on the layout). Anything else (a
+    strided slice, which c10d's gloo reduces as if it were contiguous: wrong numbers) is left to
+    the communicator's validation to refuse."""
+    if x.layout != torch.strided or x.is_contiguous():
+        return x
+    view = x.permute(sorted(range(x.dim()), key=lambda d: -x.stride(d)))
+    return view if view.is_contiguous() else x
+
+
+def _flat_output(o: torch.Tensor) -> torch.Tensor:
+    """``o`` as the flat view a single-tensor collective writes, or ``o`` itself when it has none
+    (not contiguous), for the communicator's validation to refuse with ``CommValueError``."""
+    return o.view(-1) if o.is_contiguous() else o
 
 
 def _timeout(ms: int | None) -> timedelta | None:
@@ -121,8 +141,7 @@ class CommForwarder:
         self._issued = 0
         self._coalesced: list[Any] | None = None
         self._p2p: list[tuple[str, torch.Tensor, int, DeferredP2P]] = []
-        self._done_queue: queue.SimpleQueue[tuple[Any, Callable[[BaseException | None], None]]] | None = None
-        self._done_thread: threading.Thread | None = None
+        self._completer: FutureCompleter | None = None
         self._lock = threading.Lock()
         self._split_names: dict[str, int] = {}
         self._last_split: tuple[tuple[str, tuple[int, ...]], Any] | None = None
@@ -155,15 +174,15 @@ class CommForwarder:
             from torchcomms._comms.sparse import all_reduce_sparse
 
             return self._track([w for x in tensors for w in all_reduce_sparse(self.comm, x, op, t)])
-        return self._track([self.comm.all_reduce(x, op, True, timeout=t) for x in tensors])
+        return self._track([self.comm.all_reduce(_in_memory_order(x), op, True, timeout=t) for x in tensors])
 
     def broadcast(self, tensors: list[torch.Tensor], root: int, root_tensor: int, timeout: int | None) -> Any:
         t = _timeout(timeout)
-        return self._track([self.comm.broadcast(x, root, True, timeout=t) for x in tensors])
+        return self._track([self.comm.broadcast(_in_memory_order(x), root, True, timeout=t) for x in tensors])
 
     def reduce(self, tensors: list[torch.Tensor], root: int, red: tuple, timeout: int | None) -> Any:
         op, t = reduce_op(red), _timeout(timeout)
-        return self._track([self.comm.reduce(x, root, op, True, timeout=t) for x in tensors])
+        return self._track([self.comm.reduce(_in_memory_order(x), root, op, True, timeout=t) for x in tensors])
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], timeout: int | None) -> Any:
         t = _timeout(timeout)
@@ -177,7 +196,7 @@ class CommForwarder:
     def allgather_into_tensor(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                               timeout: int | None) -> Any:
         t = _timeout(timeout)
-        return self._track([self.comm.all_gather_single(o.view(-1), x.reshape(-1), True, timeout=t)
+        return self._track([self.comm.all_gather_single(_flat_output(o), x.reshape(-1), True, timeout=t)
                             for o, x in zip(outputs, inputs)])
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], red: tuple,
@@ -193,7 +212,7 @@ class CommForwarder:
     def reduce_scatter_tensor(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], red: tuple,
                               timeout: int | None) -> Any:
         op, t = reduce_op(red), _timeout(timeout)
-        return self._track([self.comm.reduce_scatter_single(o.view(-1), x.reshape(-1), op, True, timeout=t)
+        return self._track([self.comm.reduce_scatter_single(_flat_output(o), x.reshape(-1), op, True, timeout=t)
                             for o, x in zip(outputs, inputs)])
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_splits: list[int],
@@ -346,44 +365,17 @@ class CommForwarder:
             self.comm.finalize()
         except CommError:
             self.comm.abort()
-        q, thread = self._done_queue, self._done_thread
-        if q is not None:
-            q.put(None)  # type: ignore[arg-type]
-        if thread is not None and thread is not threading.current_thread():
-            # ended here, not during the interpreter's finalization (see _complete_loop)
-            thread.join(self._timeout_s)
+        if self._completer is not None:
+            # its threads end here, not during the interpreter's finalization
+            self._completer.close(self._timeout_s)
 
     # --- futures ----------------------------------------------------------------------------
     def on_done(self, work: Any, done: Callable[[BaseException | None], None]) -> None:
-        """Call ``done(error or None)`` once ``work`` ended (bounded by its deadline)."""
-        if work.is_completed():
-            done(work.exception())
-            return
+        """Call ``done(error or None)`` once ``work`` ended (bounded by its deadline); see
+        :mod:`torchcomms._comms.completion`."""
         with self._lock:
-            if self._done_queue is None:
-                self._done_queue = queue.SimpleQueue()
-                self._done_thread = threading.Thread(
-                    target=self._complete_loop, args=(self._done_queue,), daemon=True,
-                    name=f"torchcomms-c10d-futures:{self.comm.get_name()}")
-                self._done_thread.start()
-        self._done_queue.put((work, done))
+            if self._completer is None:
+                from torchcomms._comms.completion import FutureCompleter
 
-    @staticmethod
-    def _complete_loop(q: queue.SimpleQueue) -> None:
-        """Completes queued futures in order. It keeps no reference to a completed one while it
-        waits for the next: ``done`` holds c10d's future and the op's output tensors, and a
-        daemon thread that let go of them only when the interpreter was finalizing did so through
-        a C++ destructor that the interpreter ended with ``pthread_exit`` (SIGABRT at exit)."""
-        while True:
-            item = q.get()
-            if item is None:
-                return
-            work, done = item
-            del item
-            try:
-                work.wait()
-                error = None
-            except BaseException as e:  # noqa: BLE001 - handed to the future, not swallowed
-                error = e
-            done(error)
-            del work, done, error
+                self._completer = FutureCompleter(self.comm.get_name())
+        self._completer.add(work, done)

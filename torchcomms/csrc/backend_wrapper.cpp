@@ -6,6 +6,7 @@
 // through the communicator's one dispatch path (validation, flight recorder, deadline, typed
 // errors, recovery). The returned Work wraps that op's Python work object; its wait() calls the
 // Python wait(), so a CommTimeoutError / PeerFailureError reaches the caller unchanged.
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -42,34 +43,33 @@ void dropPy(py::object& obj) {
   }
 }
 
-// A Python exception object in a C++ exception, rethrown into Python (by the translator the
-// module registers) as that same object, as often as it is rethrown: a c10 future rethrows its
-// error on every wait() and value(), and a py::error_already_set can be restored only once
-// (the second wait() on a failed op's future ended the process: "restore() called a second
-// time", std::terminate). The object is dropped with the GIL, or leaked once Python is gone.
-class PyErrorValue : public std::exception {
+// A Python exception object in a C++ exception, rethrown into Python as that same object, as
+// often as it is rethrown: a c10 future rethrows its error on every wait() and value(), and a
+// py::error_already_set can be restored only once (the second wait() on a failed op's future
+// ended the process: "restore() called a second time", std::terminate). It is torch's own
+// python_error, which torch's bindings restore typed wherever they catch it: DDP's reducer
+// rethrows a failed all-reduce's future error inside the autograd engine, and backward() raised
+// it as a RuntimeError naming the type ("PeerFailureError: ..."), where any other std::exception
+// lands. The module's translator restores it for pybind11's bindings. Its references are
+// dropped with the GIL, or leaked once Python is gone (never acquired during finalization).
+class PyErrorValue : public python_error {
  public:
-  explicit PyErrorValue(const py::object& exc)
-      : exc_(new py::object(exc), dropHeld),
-        what_(py::str(py::type::handle_of(exc).attr("__name__")).cast<std::string>() + ": " +
-              py::str(exc).cast<std::string>()) {}
-
-  const char* what() const noexcept override {
-    return what_.c_str();
+  explicit PyErrorValue(const py::object& exc) {
+    value = exc.inc_ref().ptr();
+    type = reinterpret_cast<PyObject*>(Py_TYPE(value));
+    Py_INCREF(type);
+    traceback = PyException_GetTraceback(value);
+    message = py::str(py::type::handle_of(exc).attr("__name__")).cast<std::string>() + ": " +
+        py::str(exc).cast<std::string>();
   }
 
-  PyObject* ptr() const {
-    return exc_->ptr();
-  }
+  PyErrorValue(const PyErrorValue& other) = default;
 
- private:
-  static void dropHeld(py::object* obj) {
-    dropPy(*obj);
-    delete obj;
+  ~PyErrorValue() override {
+    if (!pythonAlive()) {  // leak: python_error's destructor would take the GIL
+      type = value = traceback = nullptr;
+    }
   }
-
-  std::shared_ptr<py::object> exc_;
-  std::string what_;
 };
 
 // A Python exception (GIL held) as an exception_ptr that raises it wherever it reaches Python.
@@ -90,8 +90,8 @@ void translatePyErrorValue(std::exception_ptr p) {
     if (p) {
       std::rethrow_exception(p);
     }
-  } catch (const PyErrorValue& e) {
-    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(e.ptr())), e.ptr());
+  } catch (PyErrorValue& e) {
+    e.restore();
   }
 }
 
@@ -176,7 +176,7 @@ class ForwardedWork : public c10d::Work {
     fw_.attr("abort")();
   }
 
-  // Completed (with the outputs, or the op's error) by the forwarder's completion thread.
+  // Completed (with the outputs, or the op's error) by the forwarder's completion threads (_comms/completion.py).
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     std::lock_guard<std::mutex> lock(futureMutex_);
     if (future_) {

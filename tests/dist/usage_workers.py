@@ -1,0 +1,158 @@
+"""Rank bodies: what users do through ``torch.distributed`` besides training loops (tensor
+layouts, DeviceMesh and DTensor redistribution, functional collectives, DCP), route on or off."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def _flat(t: torch.Tensor) -> list[float]:
+    return t.detach().flatten().tolist()
+
+
+def dense_layouts() -> dict[str, Any]:
+    """Element-wise ops on dense tensors that are not contiguous: channels_last, a transpose."""
+    dist.init_process_group("gloo")
+    r = dist.get_rank()
+    nchw = (torch.arange(24, dtype=torch.float32).reshape(2, 3, 2, 2) + r).to(memory_format=torch.channels_last)
+    dist.all_reduce(nchw)
+    tr = (torch.arange(12, dtype=torch.float32).reshape(3, 4) * (r + 1)).t()
+    dist.broadcast(tr, src=1)
+    red = (torch.arange(6, dtype=torch.float32).reshape(2, 3) + 10 * r).t()
+    dist.reduce(red, dst=0, op=dist.ReduceOp.MAX)
+    out = {"all_reduce": _flat(nchw), "broadcast": _flat(tr), "reduce": _flat(red) if r == 0 else None,
+           "strides": list(nchw.stride())}
+    dist.destroy_process_group()
+    return out
+
+
+def mesh_and_dtensor() -> dict[str, Any]:
+    """A 2 x 2 DeviceMesh: sub-mesh groups, ``_flatten``, local ranks, and DTensor redistributions
+    (Shard, Replicate, Partial) on a 1-D and on the 2-D mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    dist.init_process_group("gloo")
+    r = dist.get_rank()
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp, tp = torch.tensor([float(r)]), torch.tensor([float(r)])
+    dist.all_reduce(dp, group=mesh["dp"].get_group())
+    dist.all_reduce(tp, group=mesh.get_group("tp"))
+    flat = mesh._flatten("dp_tp")
+    everyone = torch.tensor([float(r)])
+    dist.all_reduce(everyone, group=flat.get_group())
+    line = init_device_mesh("cpu", (4,))
+    full = torch.arange(16, dtype=torch.float32).reshape(8, 2)
+    d = distribute_tensor(full, line, [Shard(0)])
+    rep = d.redistribute(line, [Replicate()])
+    col = rep.redistribute(line, [Shard(1)])
+    part = DTensor.from_local(torch.arange(8, dtype=torch.float32) * (r + 1), line, [Partial()])
+    grid = distribute_tensor(torch.arange(32, dtype=torch.float32).reshape(8, 4), mesh, [Shard(0), Shard(1)])
+    moved = grid.redistribute(mesh, [Replicate(), Shard(0)]).redistribute(mesh, [Shard(1), Replicate()])
+    summed = DTensor.from_local(torch.full((2, 2), float(r + 1)), mesh, [Partial(), Partial()])
+    out = {
+        "local": [mesh.get_local_rank("dp"), mesh.get_local_rank("tp"), flat.get_local_rank()],
+        "groups": [dist.get_process_group_ranks(mesh["dp"].get_group()),
+                   dist.get_process_group_ranks(flat.get_group())],
+        "sums": [dp.item(), tp.item(), everyone.item()],
+        "line": [_flat(rep.to_local()), _flat(col.to_local()), _flat(part.redistribute(line, [Shard(0)]).to_local()),
+                 _flat(part.redistribute(line, [Replicate()]).to_local())],
+        "grid": [_flat(grid.to_local()), _flat(moved.to_local()), _flat(moved.full_tensor()),
+                 _flat(summed.redistribute(mesh, [Replicate(), Shard(1)]).to_local())],
+    }
+    dist.destroy_process_group()
+    return out
+
+
+def functional_collectives() -> dict[str, Any]:
+    """torch's functional collectives and their ``wait_tensor``, on a group and on a mesh."""
+    import torch.distributed._functional_collectives as fc
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo")
+    r, n = dist.get_rank(), dist.get_world_size()
+    g = dist.group.WORLD
+    x = torch.arange(4, dtype=torch.float32) + r
+    pending = [fc.all_reduce(x, "sum", g), fc.all_gather_tensor(x, 0, g),
+               fc.reduce_scatter_tensor(torch.arange(4 * n, dtype=torch.float32) * (r + 1), "sum", 0, g),
+               fc.all_reduce(x, "avg", g), fc.all_to_all_single(torch.arange(n, dtype=torch.float32) + 10 * r,
+                                                                None, None, g),
+               fc.all_reduce(x, "max", (init_device_mesh("cpu", (n,)), 0))]
+    out = {"values": [_flat(fc.wait_tensor(t)) for t in pending]}
+    dist.destroy_process_group()
+    return out
+
+
+def dcp_round_trip(path: str) -> dict[str, Any]:
+    """FSDP2 (torch's ``fully_shard``) trained two steps, saved with DCP from ``get_state_dict``,
+    loaded into a fresh model and optimizer with ``set_state_dict``; one more step on both."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo")
+    r = dist.get_rank()
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+
+    def build() -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model, torch.optim.Adam(model.parameters(), lr=0.01)
+
+    def step(model: nn.Module, opt: torch.optim.Optimizer, k: int) -> None:
+        g = torch.Generator().manual_seed(100 * k + r)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(torch.randn(4, 8, generator=g)), torch.randn(4, 2, generator=g)).backward()
+        opt.step()
+
+    model, opt = build()
+    for k in range(2):
+        step(model, opt, k)
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+    saved = [_flat(p.full_tensor()) for p in model.parameters()]
+    model2, opt2 = build()
+    msd2, osd2 = get_state_dict(model2, opt2)
+    state = {"model": msd2, "optim": osd2}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model2, opt2, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    loaded = [_flat(p.full_tensor()) for p in model2.parameters()]
+    step(model, opt, 9)
+    step(model2, opt2, 9)
+    out = {"saved": saved, "loaded": loaded, "next": [_flat(p.full_tensor()) for p in model.parameters()],
+           "next_loaded": [_flat(p.full_tensor()) for p in model2.parameters()]}
+    dist.destroy_process_group()
+    return out
+
+
+def refused_layouts() -> dict[str, Any]:
+    """Layouts the route refuses before anything leaves the process: a strided slice (c10d's gloo
+    reduces its memory as if it were contiguous), a non-contiguous output of
+    ``all_gather_into_tensor`` / ``reduce_scatter_tensor``; then the world all-reduces."""
+    dist.init_process_group("gloo")
+    n = dist.get_world_size()
+    calls = {
+        "all_reduce": lambda: dist.all_reduce(torch.arange(12.0).reshape(3, 4)[:, 1]),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.zeros(2, n).t(), torch.ones(2)),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(torch.zeros(2, 2).t(), torch.ones(4 * n)),
+    }
+    out: dict[str, Any] = {}
+    for name, call in calls.items():
+        try:
+            call()
+            out[name] = "no error"
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            out[name] = [type(e).__name__, "ValueError" in [c.__name__ for c in type(e).__mro__], str(e)]
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    out["after"] = t.item()
+    dist.destroy_process_group()
+    return out
