@@ -328,15 +328,7 @@ def killed_peer_in(kind: str) -> dict[str, Any]:
     """The last rank kills itself (SIGKILL) while the others wait in an op of ``kind`` on it:
     ``"async"`` (an all_reduce issued with async_op=True, then wait()) or ``"batch"`` (a batch of
     a send to it and a receive from it). Each survivor returns its error's type and message."""
-    import signal
-
-    comm = torchcomms.new_comm("mpi", torch.device("cpu"), f"killed-{kind}", timeout=timedelta(seconds=30),
-                               abort_process_on_timeout_or_error=False)
-    r, n = comm.get_rank(), comm.get_size()
-    comm.barrier(False)
-    if r == n - 1:
-        time.sleep(0.5)  # the others are in the op by then (they fail the same way if not)
-        os.kill(os.getpid(), signal.SIGKILL)
+    comm, r, n = _last_rank_dies(f"killed-{kind}", 0.5)
     try:
         if kind == "async":
             comm.all_reduce(torch.ones(8), ReduceOp.SUM, True).wait()
@@ -452,15 +444,7 @@ def recover_then_exit() -> dict[str, Any]:
     """The last rank kills itself (SIGKILL) while the others are in an all_gather with it; the
     survivors shrink, check an all_reduce on the survivors and return, leaving through
     ``MPI_Finalize`` (the test asserts that the job then ends)."""
-    import signal
-
-    comm = torchcomms.new_comm("mpi", torch.device("cpu"), "recover-exit", timeout=timedelta(seconds=30),
-                               abort_process_on_timeout_or_error=False)
-    r, n = comm.get_rank(), comm.get_size()
-    comm.barrier(False)
-    if r == n - 1:
-        time.sleep(0.2)  # the others are in the all_gather by then (they fail the same way if not)
-        os.kill(os.getpid(), signal.SIGKILL)
+    comm, r, n = _last_rank_dies("recover-exit", 0.2)
     try:
         comm.all_gather([torch.empty(64) for _ in range(n)], torch.ones(64), False)
         raised = None
@@ -534,3 +518,19 @@ def buffers_released_after_ops() -> dict[str, bool]:
     on_thread.finalize()
     comm.finalize()
     return alive
+
+
+def _last_rank_dies(name: str, after_s: float) -> tuple[Any, int, int]:
+    """A communicator whose last rank SIGKILLs itself ``after_s`` after a barrier (the others are
+    in their next op by then; they fail the same way if not); the others get it and their rank
+    and the size."""
+    import signal
+
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), name, timeout=timedelta(seconds=30),
+                               abort_process_on_timeout_or_error=False)
+    r, n = comm.get_rank(), comm.get_size()
+    comm.barrier(False)
+    if r == n - 1:
+        time.sleep(after_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return comm, r, n
