@@ -91,9 +91,9 @@ def _refused(res: subprocess.CompletedProcess[str], name: str, why: str) -> None
 
 @pytest.fixture(scope="module")
 def sound_dumps(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """16 ranks' dumps of 2,048 entries each, as the recorder writes them."""
+    """8 ranks' dumps of 2,048 entries each, as the recorder writes them."""
     out = tmp_path_factory.mktemp("sound")
-    subprocess.run([sys.executable, str(REPO / "benchmarks" / "trace_dumps_gen.py"), str(out), "--ranks", "16",
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "trace_dumps_gen.py"), str(out), "--ranks", "8",
                     "--entries", "2048", "--procs", "1"], check=True, capture_output=True, cwd=REPO)
     return sorted(out.iterdir())
 
@@ -111,7 +111,7 @@ def test_among_many_files_the_hanging_one_is_refused_in_its_turn(tmp_path: Path,
     folder.mkdir()
     for path in sound_dumps:
         (folder / path.name).write_bytes(path.read_bytes())
-    (folder / "fr_rank_5").write_bytes(hash_bomb("set"))  # 6th of 16 by name
+    (folder / "fr_rank_5").write_bytes(hash_bomb("set"))  # 6th of 9 by name
     (folder / "fr_rank_9").write_bytes(b"\x80\x04}(")  # truncated: the later error is not the one named
     _refused(_load([folder], workers=2), "fr_rank_5", "of CPU")
     _refused(_load([folder / "fr_rank_1", folder / "fr_rank_5"], workers=1), "fr_rank_5", "of CPU")
@@ -175,9 +175,7 @@ def saturated_cpu() -> Iterator[int]:
 def test_sound_dumps_load_on_a_saturated_cpu_and_a_hanging_one_is_still_refused(
         tmp_path: Path, sound_dumps: list[Path], saturated_cpu: int) -> None:
     res = _load(sound_dumps, workers=2, cpu_s=None)  # the viewer's own budget, in parallel
-    assert res.returncode == 0 and res.stdout.split() == ["loaded", *map(str, range(16))], res.stdout + res.stderr
-    res = _load(sound_dumps[:3], workers=2, cpu_s=None)  # fewer than a pool's worth: one worker
-    assert res.returncode == 0 and res.stdout.startswith("loaded"), res.stdout + res.stderr
+    assert res.returncode == 0 and res.stdout.split() == ["loaded", *map(str, range(8))], res.stdout + res.stderr
     bomb = tmp_path / "bomb_0"
     bomb.write_bytes(hash_bomb("frozenset"))
-    _refused(_load([sound_dumps[0], bomb], workers=1), "bomb_0", "of CPU")
+    _refused(_load([sound_dumps[0], bomb], workers=1), "bomb_0", "of CPU")  # one worker: the sound one read first
