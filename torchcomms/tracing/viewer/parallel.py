@@ -156,6 +156,9 @@ class _Pool:
         theirs.close()
         return _Worker(proc, mine)
 
+    def _limits_of(self, item: Any) -> Limits | None:
+        return self.limits(item) if self.limits is not None else None
+
     def _hand_out(self) -> None:
         """Inputs in order, one to each worker in turn, until each holds :data:`QUEUED`."""
         for depth in range(QUEUED):
@@ -168,7 +171,7 @@ class _Pool:
                 item = self.items[i]
                 w.pending.append(i)
                 try:
-                    w.conn.send((i, item, self.limits(item) if self.limits is not None else None))
+                    w.conn.send((i, item, self._limits_of(item)))
                 except OSError:  # it died before it could take the input
                     self._lost(w)
 
@@ -198,7 +201,7 @@ class _Pool:
             w.pending.popleft()
             if status == _TOO_LARGE:
                 item = self.items[i]
-                value = AnswerTooLarge(item, value, self.limits(item))  # type: ignore[misc]
+                value = AnswerTooLarge(item, value, self._limits_of(item))  # type: ignore[arg-type]
             self.done[i] = (status == _OK, value)
 
     def _lost(self, w: _Worker) -> None:
@@ -209,8 +212,7 @@ class _Pool:
         w.conn.close()
         self.workers.remove(w)
         item = self.items[w.pending[0]]
-        self.done[w.pending[0]] = (False, WorkerDied(item, w.proc.exitcode,
-                                                     self.limits(item) if self.limits is not None else None))
+        self.done[w.pending[0]] = (False, WorkerDied(item, w.proc.exitcode, self._limits_of(item)))
         self.todo.clear()
 
     def close(self) -> None:
