@@ -114,6 +114,29 @@ def test_a_worker_that_dies_is_reported_at_its_input_s_turn_and_a_single_input_r
     assert list(ordered_map(lambda _: os.getpid(), [0], limits=_one_cpu_second)) != [os.getpid()]
 
 
+def _pid_then_killed_at_3(item: tuple[str, int]) -> int:
+    folder, i = item
+    (Path(folder) / f"pid-{os.getpid()}").touch()
+    return _killed_at_3(i)
+
+
+def test_answers_already_sent_by_a_worker_that_died_are_kept_when_handing_it_more_fails(tmp_path: Path) -> None:
+    """The worker answers 1 and 2 and dies at 3 while the caller still reads 0; handing it input
+    4 then fails (its pipe is closed), and the answers in the pipe still come first: 3 is the
+    input reported, not 1."""
+    got: list[int] = []
+    with pytest.raises(WorkerDied) as info:
+        for r in ordered_map(_pid_then_killed_at_3, [(str(tmp_path), i) for i in range(8)], workers=1,
+                             limits=_one_cpu_second):
+            got.append(r)
+            if r == 0:  # let the worker answer 1 and 2 and die at 3 before the next input is handed out
+                pid = int(next(tmp_path.glob("pid-*")).name[4:])
+                while Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z":
+                    time.sleep(0.01)
+    assert got == [0, 1, 2]
+    assert info.value.item == (str(tmp_path), 3) and info.value.exitcode == -signal.SIGKILL
+
+
 def test_an_answer_past_its_bound_is_not_sent_and_is_reported_at_its_turn() -> None:
     got: list[bytes] = []
     with pytest.raises(AnswerTooLarge) as info:

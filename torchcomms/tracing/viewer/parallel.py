@@ -135,6 +135,7 @@ class _Worker:
     proc: Any
     conn: Connection
     pending: deque[int] = field(default_factory=deque)
+    closed: bool = False  # it could not take an input: it is handed no more (the input stays pending)
 
 
 class _Pool:
@@ -165,15 +166,15 @@ class _Pool:
             for w in list(self.workers):
                 if not self.todo:
                     return
-                if len(w.pending) > depth:
+                if w.closed or len(w.pending) > depth:
                     continue
                 i = self.todo.popleft()
                 item = self.items[i]
                 w.pending.append(i)
                 try:
                     w.conn.send((i, item, self._limits_of(item)))
-                except OSError:  # it died before it could take the input
-                    self._lost(w)
+                except OSError:  # it died: ``_collect`` reads the answers it sent before, then its end
+                    w.closed = True
 
     def results(self) -> Iterator[Any]:
         for i in range(len(self.items)):
