@@ -295,7 +295,8 @@ class KeyValueStore:
                                              f"{self._max_pending} blocked requests")
         held = OBJECT_BYTES * (1 + len(keys)) + sum(map(len, keys))
         if self.pending_bytes + held > self.limits.max_pending_bytes:
-            raise ProtocolViolation("limit", f"{req.op}: blocking on {len(keys)} key{'' if len(keys) == 1 else 's'} ({held} bytes) would pass the "
+            noun = "key" if len(keys) == 1 else "keys"
+            raise ProtocolViolation("limit", f"{req.op}: blocking on {len(keys)} {noun} ({held} bytes) would pass the "
                                              f"server's limit of {self.limits.max_pending_bytes} bytes of blocked "
                                              f"requests (it holds {self.pending_bytes} in {self.pending})")
         timeout = req.args.get("timeout")
