@@ -116,7 +116,8 @@ def test_blocked_requests_are_bounded_by_the_bytes_of_the_keys_they_wait_for(sec
         thread, out = _park(lambda: waiter.wait(long_keys, timeout=60), srv, 1)
         assert _pending(srv) == (1, held)
         with pytest.raises(ControlLimitError, match=rf"multi_get failed: multi_get: blocking on 1 key \(728 bytes\) "
-                                                    rf"would pass the server's limit of {bound} bytes of blocked requests "
+                                                    rf"would pass the server's limit of {bound} bytes "
+                                                    rf"of blocked requests "
                                                     rf"\(it holds {held} in 1\)"):
             other.multi_get(["x" * 600], timeout=60)
         for key in long_keys:
