@@ -63,3 +63,14 @@ def test_a_run_id_that_names_a_template_slot_stays_text(tmp_path: Path) -> None:
     page = render_html(ts, analyze(ts))
     assert "<title>torchcomms trace — 2 ranks, run __DATA__</title>" in page
     assert "<h1>torchcomms trace — 2 ranks, run __DATA__</h1>" in page  # not the page's data
+
+
+@pytest.mark.parametrize("flag", ["--workers", "--dump-cpu-s"])
+def test_a_worker_count_or_dump_cpu_budget_below_one_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str) -> None:
+    from torchcomms.tracing.viewer.cli import run
+
+    write_job(tmp_path, {r: [Rec("dp", (0, 1), r, "all_reduce", 1).complete()] for r in (0, 1)})
+    assert run(["analyze", str(tmp_path), flag, "0"]) == 2
+    assert capsys.readouterr().err == f"torchcomms-trace: error: {flag} must be >= 1, got 0\n"
+    assert run(["analyze", str(tmp_path), flag, "1"]) == 0
