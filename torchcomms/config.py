@@ -1,8 +1,8 @@
 """Every ``TORCHCOMM_*`` environment variable, declared once: name, type, default, one line of help.
 
 (One variable of torchrun's, ``TORCHELASTIC_RUN_ID``, is declared here too, as the job id's
-fallback; the rank/size/address variables of torchrun, MPI and Slurm are read by
-``torchcomms.setup.bootstrap``.)
+fallback; the rank/size/address variables of torchrun, MPI and Slurm, and torchrun's store
+variables, are read by ``torchcomms.setup.bootstrap``.)
 
     from torchcomms.config import settings
     settings().heartbeat_limit_s          # validated, typed; read from os.environ

@@ -32,3 +32,19 @@ def options_store() -> dict[str, Any]:
     c2.finalize()
     c.finalize()
     return out
+
+
+def attempt_under_agent_store(delay_s: float) -> list[float]:
+    """One torchrun attempt's communicator on the agent's store (``TORCHELASTIC_USE_AGENT_STORE``):
+    rank 0 starts ``delay_s`` late, so a rank that read an earlier attempt's keys would meet a
+    rank 0 that is gone."""
+    import os
+    import time
+
+    if int(os.environ["TORCHCOMM_RANK"]) == 0:
+        time.sleep(delay_s)
+    c = torchcomms.new_comm("gloo", torch.device("cpu"), "agent-store")
+    t = torch.full((2,), float(c.get_rank() + 1))
+    c.all_reduce(t, torchcomms.ReduceOp.SUM, False)
+    c.finalize()
+    return t.tolist()

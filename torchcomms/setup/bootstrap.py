@@ -160,11 +160,13 @@ class _StoreRegistry:
         self._connecting: dict[tuple[str, int], PendingCall[Any]] = {}
         self._control: dict[str, Any] = {}
 
-    def tcp(self, host: str, port: int, rank: int, size: int, timeout: timedelta, until: float) -> Any:
-        """The TCPStore at ``host:port`` (rank 0 hosts it), made once; waited for until ``until``
-        (``time.monotonic()``): its constructor blocks for as long as the host is stopped, so it
-        runs on a thread of its own, and a caller that gives up gets ``StoreNotAnswering`` while
-        the store is still made (and kept) if the host answers later."""
+    def tcp(self, host: str, port: int, rank: int, size: int, timeout: timedelta, until: float,
+            hosted: bool = True) -> Any:
+        """The TCPStore at ``host:port`` (rank 0 hosts it where ``hosted``; else every rank is a
+        client), made once; waited for until ``until`` (``time.monotonic()``): its constructor
+        blocks for as long as the host is stopped, so it runs on a thread of its own, and a caller
+        that gives up gets ``StoreNotAnswering`` while the store is still made (and kept) if the
+        host answers later."""
         import torch.distributed as dist
 
         key = (host, port)
@@ -175,7 +177,8 @@ class _StoreRegistry:
             pending = self._connecting.get(key)
             if pending is None:
                 pending = self._connecting[key] = PendingCall(
-                    lambda: dist.TCPStore(host, port, size, rank == 0, timeout=timeout, wait_for_workers=False),
+                    lambda: dist.TCPStore(host, port, size, hosted and rank == 0, timeout=timeout,
+                                           wait_for_workers=False),
                     on_end=lambda call: self._connected(key, call),
                 ).start(f"torchcomms-tcpstore-{host}:{port}")
         return pending.wait("the connection to it", until)
@@ -254,4 +257,13 @@ def resolve_store(store: Any, rank: int, size: int, timeout: timedelta,
         raise CommValueError(f"MASTER_PORT={port_raw!r} is not an integer") from None
     if until is None:
         until = time.monotonic() + timeout.total_seconds()
-    return STORES.tcp(host, port, rank, size, timeout, until), "tcp"
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = STORES.tcp(host, port, rank, size, timeout, until, hosted=not agent)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return store, "tcp"
+    import torch.distributed as dist
+
+    # torchrun's agent hosts the store and keeps it across restarts: each attempt's keys apart,
+    # or a restarted rank would read the last attempt's engine addresses (as c10d's env://)
+    return dist.PrefixStore(f"torchcomms/attempt_{attempt}", store), "tcp"
