@@ -48,3 +48,19 @@ def attempt_under_agent_store(delay_s: float) -> list[float]:
     c.all_reduce(t, torchcomms.ReduceOp.SUM, False)
     c.finalize()
     return t.tolist()
+
+
+def rank_claimed_twice() -> dict[str, Any]:
+    """A process of a job where two were given rank 1: the second to claim it is refused at once."""
+    import time
+    from datetime import timedelta
+
+    t0 = time.monotonic()
+    try:
+        c = torchcomms.new_comm("gloo", torch.device("cpu"), "claimed", timeout=timedelta(seconds=60))
+    except torchcomms.CommValueError as e:
+        return {"error": str(e), "s": time.monotonic() - t0}
+    t = torch.full((2,), float(c.get_rank() + 1))
+    c.all_reduce(t, torchcomms.ReduceOp.SUM, False)
+    c.finalize()
+    return {"sum": t.tolist()}

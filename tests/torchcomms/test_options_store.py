@@ -1,6 +1,8 @@
 """``TorchComm.get_options().store`` is the store the communicator met on, found or given."""
 from __future__ import annotations
 
+import pytest
+
 from tests.helpers.ranks import run_ranks
 
 
@@ -34,3 +36,39 @@ def test_each_torchrun_attempt_meets_apart_on_the_agents_store() -> None:
             assert res.value == [3.0, 3.0]
             assert "failed to bind" not in res.stderr
     del agent
+
+
+def test_a_rank_given_to_two_processes_is_refused_to_the_second_at_once() -> None:
+    """Before, the second process waited for its rendezvous until the timeout (60 s here) and
+    then named no cause."""
+    from tests.helpers.ranks import RankGroup
+
+    env = {r: {"TORCHCOMM_RANK": str(min(r, 1)), "TORCHCOMM_SIZE": "2"} for r in range(3)}
+    with RankGroup(3, "tests.torchcomms.store_workers:rank_claimed_twice", per_rank_env=env) as g:
+        results = g.wait(90)
+    assert all(res.ok() for res in results), [(res.error, res.stderr[-1500:]) for res in results]
+    refused = [res.value for res in results if "error" in res.value]
+    assert len(refused) == 1 and results[0].value == {"sum": [3.0, 3.0]}, [res.value for res in results]
+    assert "rank 1 of 2 is already claimed by another process" in refused[0]["error"]
+    assert "came from TORCHCOMM_RANK" in refused[0]["error"]
+
+
+def test_a_master_port_in_use_is_named_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 that cannot host the store at MASTER_PORT was told the store's host was gone."""
+    import socket
+    from datetime import timedelta
+
+    import torch
+
+    import torchcomms
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        for var, value in (("TORCHCOMM_RANK", "0"), ("TORCHCOMM_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"),
+                           ("MASTER_PORT", str(busy.getsockname()[1]))):
+            monkeypatch.setenv(var, value)
+        monkeypatch.delenv("TORCHCOMM_CONTROL_ADDR", raising=False)
+        with pytest.raises(torchcomms.CommValueError, match="rank 0 could not host the TCPStore at 127.0.0.1:.*"
+                           "the port is in use"):
+            torchcomms.new_comm("gloo", torch.device("cpu"), "port-in-use", timeout=timedelta(seconds=20))

@@ -20,6 +20,7 @@ from torchcomms.core.errors import (
     CommAbortedError,
     CommError,
     CommTimeoutError,
+    CommValueError,
     PeerFailureError,
 )
 from torchcomms.core.store_calls import StoreNotAnswering, describe_store
@@ -88,6 +89,10 @@ def store_error(error: BaseException, store_words: str, secs: float, where: Mapp
 
 def store_connect_error(error: BaseException, store_words: str, secs: float, where: Mapping[str, Any]) -> CommError:
     """The typed error of a store that could not be connected to at all."""
+    if "EADDRINUSE" in str(error):  # rank 0 could not host it: not a host that is gone
+        return CommValueError(
+            f"rank 0 could not host {store_words}: the port is in use (another job's store, or another process "
+            "started as rank 0); pick a free MASTER_PORT", **where)
     return store_error(error, store_words, secs, where) or CommAbortedError(
         f"could not connect to {store_words}: {error}", **where)
 

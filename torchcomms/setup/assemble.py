@@ -4,6 +4,7 @@ communicator's timeout."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -45,7 +46,7 @@ def assemble_comm(
             f"backend {backend!r} runs on {', '.join(caps.devices)} devices, not {dev.type} (comm {name!r})"
         )
     hints = dict(hints or {})
-    rank, size, _src = bootstrap.discover_rank_size()
+    rank, size, rank_source = bootstrap.discover_rank_size()
     global_ranks = None
     helper = bootstrap.c10d_helper_call() if store is not None else None  # made by torch.distributed
     if "rank" in hints or "size" in hints:  # fake backend / tests may pin their own world
@@ -109,7 +110,8 @@ def assemble_comm(
             global_ranks=(rank,) if deferred else (global_ranks or tuple(range(size))),
         )
         engine = cls(ctx)
-        _init_engine(engine, deadline, store_words, secs, where)
+        claim = None if deferred or helper is not None else _RankClaim(ctx, rank_source, store_words)
+        _init_engine(engine, deadline, store_words, secs, where, claim)
         monitor = None
         if size > 1:
             try:
@@ -157,11 +159,32 @@ def job_store(timeout: timedelta | None = None) -> Any:
                                             dict(comm=None, op="job_store")) from None
 
 
+class _RankClaim:
+    """A rank's claim on its place in a communicator's rendezvous: the first process to claim a
+    rank in the store gets it; a second one (two processes given the same rank, or another job
+    meeting on the same store under the same name) is refused at once with ``CommValueError``
+    instead of both waiting for peers until the timeout."""
+
+    def __init__(self, ctx: Any, rank_source: str, store_words: str) -> None:
+        self.ctx, self.rank_source, self.store_words = ctx, rank_source, store_words
+
+    def __call__(self) -> None:
+        ctx = self.ctx
+        claims = int(ctx.store.add(f"{ctx.store_prefix}/claims/{ctx.rank}", 1))
+        if claims > 1:
+            raise CommValueError(
+                f"rank {ctx.rank} of {ctx.size} is already claimed by another process in {self.store_words} "
+                f"({claims} claims; this one's rank came from {self.rank_source}): every process of a job "
+                "needs a rank of its own, and jobs that share a store need communicator names of their own (a job "
+                "restarted on the store of its last run: a fresh store, or a dist.PrefixStore per attempt)",
+                comm=ctx.name, op="new_comm")
+
+
 def _init_engine(engine: TorchCommBackend, deadline: float, store_words: str, secs: float,
-                 where: dict[str, Any]) -> None:
+                 where: dict[str, Any], claim: Callable[[], None] | None = None) -> None:
     """``engine.init()`` (its rendezvous), waited for until ``deadline``: on a thread of its own
-    when it rendezvous through a store, which may stop answering. An engine that is ready only
-    after the deadline is aborted, never used. Raises a typed error."""
+    when it rendezvous through a store, which may stop answering, after ``claim()`` when given.
+    An engine that is ready only after the deadline is aborted, never used. Raises a typed error."""
     if not type(engine).needs_store(engine.ctx.size):
         try:
             engine.init()  # bounded by the engine itself (MPI: its nonblocking calls, polled until the timeout)
@@ -170,7 +193,8 @@ def _init_engine(engine: TorchCommBackend, deadline: float, store_words: str, se
             raise error_map.engine_start_error(e, kind, store_words, secs, where) from None
         return
     try:
-        call_until("the engine's rendezvous", engine.init, deadline, thread_name=f"torchcomms-init-{engine.ctx.name}",
+        init = engine.init if claim is None else lambda: (claim(), engine.init())[1]
+        call_until("the engine's rendezvous", init, deadline, thread_name=f"torchcomms-init-{engine.ctx.name}",
                    on_late=lambda _none: engine.abort(), store=engine.ctx.store,
                    limit_s=engine.ctx.timeout.total_seconds())
     except StoreNotAnswering:
