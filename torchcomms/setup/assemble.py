@@ -51,6 +51,7 @@ def assemble_comm(
     helper = bootstrap.c10d_helper_call() if store is not None else None  # made by torch.distributed
     if "rank" in hints or "size" in hints:  # fake backend / tests may pin their own world
         rank, size = int(hints.get("rank", rank)), int(hints.get("size", size))
+        rank_source = "hint 'rank'" if "rank" in hints else rank_source
     elif helper is not None:
         if bootstrap.c10d_unranked_default_group(helper):
             raise CommValueError(
