@@ -64,3 +64,18 @@ def rank_claimed_twice() -> dict[str, Any]:
     c.all_reduce(t, torchcomms.ReduceOp.SUM, False)
     c.finalize()
     return {"sum": t.tolist()}
+
+
+def beside_c10d_default_group() -> list[float]:
+    """A communicator made after c10d's ``init_process_group`` met on MASTER_ADDR:MASTER_PORT
+    (rank 0 already hosts that store: one of our own could not listen there)."""
+    dist.init_process_group("gloo")
+    try:
+        c = torchcomms.new_comm("gloo", torch.device("cpu"), "beside-c10d")
+        t = torch.full((2,), float(c.get_rank() + 1))
+        c.all_reduce(t, torchcomms.ReduceOp.SUM, False)
+        dist.all_reduce(t)
+        c.finalize()
+    finally:
+        dist.destroy_process_group()
+    return t.tolist()

@@ -72,3 +72,9 @@ def test_a_master_port_in_use_is_named_as_such(monkeypatch: pytest.MonkeyPatch) 
         with pytest.raises(torchcomms.CommValueError, match="rank 0 could not host the TCPStore at 127.0.0.1:.*"
                            "the port is in use"):
             torchcomms.new_comm("gloo", torch.device("cpu"), "port-in-use", timeout=timedelta(seconds=20))
+
+
+def test_a_communicator_meets_on_the_store_of_c10ds_default_group() -> None:
+    """Before, rank 0 could not host its own store at MASTER_PORT, which c10d's held."""
+    for res in run_ranks(2, "tests.torchcomms.store_workers:beside_c10d_default_group", timeout=60):
+        assert res.value == [6.0, 6.0]

@@ -105,7 +105,7 @@ PARKED = ParkedCalls()
 def store_limit_s(store: Any) -> float | None:
     """``store``'s own timeout in seconds (what bounds each of its calls), if it has one."""
     try:
-        return float(_innermost(store).timeout.total_seconds())
+        return float(innermost_store(store).timeout.total_seconds())
     except Exception:  # noqa: BLE001 - not a c10d store, or one without a timeout
         return None
 
@@ -125,7 +125,8 @@ class EngineNotReady(TimeoutError):
     store did not answer), or a member failed meanwhile."""
 
 
-def _innermost(store: Any) -> Any:
+def innermost_store(store: Any) -> Any:
+    """The store that ``store`` wraps, through any number of ``PrefixStore``s."""
     while getattr(store, "underlying_store", None) is not None:  # PrefixStore
         store = store.underlying_store
     return store
@@ -133,7 +134,7 @@ def _innermost(store: Any) -> Any:
 
 def describe_store(store: Any) -> str:
     """``store`` in words for an error message: its kind, and its address where it has one."""
-    inner = _innermost(store)
+    inner = innermost_store(store)
     address = getattr(getattr(inner, "client", None), "address", None)
     if isinstance(address, str):
         return f"the control-plane store at {address}"
@@ -149,7 +150,7 @@ def cancel_calls(store: Any, thread: threading.Thread) -> None:
     answer. The control plane's client can (``cancel_calls_of``): its calls run Python code, and
     a thread still doing so inside an engine's C++ frames when the interpreter exits aborts the
     process. A TCPStore cannot, and need not: its calls wait in C++, without the interpreter."""
-    cancel = getattr(getattr(_innermost(store), "client", None), "cancel_calls_of", None)
+    cancel = getattr(getattr(innermost_store(store), "client", None), "cancel_calls_of", None)
     if cancel is not None:
         cancel(thread)
 

@@ -11,7 +11,7 @@ import torch
 
 from torchcomms.config import settings
 from torchcomms.core.errors import CommTypeError, CommValueError
-from torchcomms.core.store_calls import PendingCall
+from torchcomms.core.store_calls import PendingCall, innermost_store
 
 # (method, rank variable, size variable), in API.md's discovery order; torchcomms' own pair
 # (TORCHCOMM_RANK/SIZE) comes first, from torchcomms.config.
@@ -171,8 +171,9 @@ class _StoreRegistry:
 
         key = (host, port)
         with self._lock:
-            store = self._stores.get(key)
+            store = self._stores.get(key) or _c10d_default_store(host, port)
             if store is not None:
+                self._stores[key] = store
                 return store
             pending = self._connecting.get(key)
             if pending is None:
@@ -201,6 +202,24 @@ class _StoreRegistry:
 
 
 STORES = _StoreRegistry()
+
+
+def _c10d_default_store(host: str, port: int) -> Any:
+    """The TCPStore that c10d's default group of this process met on, when it is the one at
+    ``host:port`` (``init_process_group`` through MASTER_ADDR/MASTER_PORT): rank 0 hosts it
+    already, so a store of our own could not listen there; ``None`` otherwise."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except (ValueError, RuntimeError, KeyError, AttributeError):  # a private helper: whatever it may raise
+        return None
+    inner = innermost_store(store)
+    if isinstance(inner, dist.TCPStore) and inner.port == port and inner.host == host:
+        return inner
+    return None
 
 
 def control_plane_address(env: dict[str, str] | None = None) -> str | None:
