@@ -251,9 +251,10 @@ def describe_default_store(env: dict[str, str] | None = None) -> str:
 
 def resolve_store(store: Any, rank: int, size: int, timeout: timedelta,
                   until: float | None = None) -> tuple[Any, str]:
-    """(store, kind): the given store; else the control plane's; else a TCPStore at
-    MASTER_ADDR:MASTER_PORT hosted by rank 0, connected to by ``until`` (``time.monotonic()``;
-    default: ``timeout`` from now) or ``StoreNotAnswering``."""
+    """(store, kind): the given store; else the control plane's; else the TCPStore at
+    MASTER_ADDR:MASTER_PORT (hosted by rank 0, torchrun's agent, or c10d's default group of this
+    process), connected to by ``until`` (``time.monotonic()``; default: ``timeout`` from now) or
+    ``StoreNotAnswering``."""
     if store is not None:
         return store, "given"
     addr = control_plane_address()
