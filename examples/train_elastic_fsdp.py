@@ -59,7 +59,8 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=128)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--lr-decay", type=float, default=0.0,
-                   help="an LR schedule: lr / (1 + DECAY * step) (LambdaLR; ElasticHSDP steps it with each applied step)")
+                   help="an LR schedule: lr / (1 + DECAY * step) (LambdaLR; ElasticHSDP steps it with each "
+                   "applied step)")
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--fail-step", type=int, default=10)
     p.add_argument("--fail-at", choices=("forward", "backward", "random"), default="backward")

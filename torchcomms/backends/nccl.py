@@ -384,7 +384,8 @@ class NcclBackend(TorchCommBackend):
         premul_in_place(tensor, op)
         return self._issue(async_op, self._pg.reduce, [tensor], opts)
 
-    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True) -> EngineHandle:
+    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, *,
+                   async_op: bool = True) -> EngineHandle:
         opts = self._cached(("all_gather", async_op), dist.distributed_c10d.AllgatherOptions, async_op)
         return self._issue(async_op, self._pg.allgather, [tensor_list], [tensor], opts)
 
