@@ -5,8 +5,9 @@ Run with the launcher (it sets rank, size and the control-plane address):
     torchcomms-run --nproc-per-node 2 examples/train_ddp.py --steps 30
 
 Each rank trains on its own shard of a synthetic regression problem; gradients are averaged
-with one bucketed all_reduce per step (async, overlapped with nothing yet: FSDP2 comes later).
-Rank 0 prints the global loss, which decreases.
+with one synchronous all_reduce per step of all of them flattened into one buffer (for
+collectives overlapped with compute, see examples/train_fsdp.py). Rank 0 prints the global
+loss, which decreases.
 """
 from __future__ import annotations
 

@@ -59,7 +59,8 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=128)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--lr-decay", type=float, default=0.0,
-                   help="an LR schedule: lr / (1 + DECAY * step) (LambdaLR; ElasticHSDP steps it with each applied step)")
+                   help="an LR schedule: lr / (1 + DECAY * step) (LambdaLR; ElasticHSDP steps it with each "
+                   "applied step)")
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--fail-step", type=int, default=10)
     p.add_argument("--fail-at", choices=("forward", "backward", "random"), default="backward")
@@ -170,8 +171,12 @@ def plain(args: argparse.Namespace) -> None:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    # torchrun's agent hosts the store at MASTER_ADDR:MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True);
+    # elsewhere (torchcomms-run, plain env vars) rank 0 hosts it
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     store = dist.PrefixStore(f"attempt{attempt}", dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False))
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+        is_master=rank == 0 and not agent_store, timeout=timedelta(seconds=args.timeout)))
     comm = torchcomms.new_comm("gloo", torch.device("cpu"), name="plain", store=store,
                                timeout=timedelta(seconds=args.timeout))
     torch.manual_seed(0)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import warnings
 
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -22,6 +23,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 import fsdp2
 import torchcomms
 from kernels.model import Llama, LlamaConfig, fused_loss_available
+
+warnings.filterwarnings("ignore", message="FSDP2-wrapped module")  # the model returns a view of its loss
 
 
 def batch(gen: torch.Generator, n: int, seq: int, vocab: int, device: torch.device) -> torch.Tensor:

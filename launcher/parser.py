@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(p, "master-addr", default=None, help="rendezvous host when no --rdzv-endpoint")
     _flag(p, "master-port", default=None, help="rendezvous port when no --rdzv-endpoint")
     _flag(p, "max-restarts", default="0", help="restarts of the worker group (default 0)")
-    _flag(p, "monitor-interval", default="0.1", help="seconds between health checks")
+    _flag(p, "monitor-interval", default="0.1", help="seconds between health checks (default 0.1)")
     _flag(p, "log-dir", default=None, help="directory for per-rank logs and error files")
     _flag(p, "redirects", "-r", default="0", help="0-3 or LOCAL_RANK:0-3,...: streams to files only")
     _flag(p, "tee", "-t", default="0", help="0-3 or LOCAL_RANK:0-3,...: streams to files too")
@@ -81,13 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
           "(default: restart when --max-restarts > 0, else fail)")
     _flag(p, "job-secret-file", default=None, help="file with the job's hex secret")
     _flag(p, "json-logs", action="store_true", help="print worker output and events as JSON lines")
-    _flag(p, "grace-period", default="10", help="seconds between SIGTERM and SIGKILL")
+    _flag(p, "grace-period", default="10", help="seconds between SIGTERM and SIGKILL (default 10)")
     _flag(p, "hung-timeout", default=str(DEFAULT_HUNG_TIMEOUT_S),
           help="seconds a live rank may go without heartbeats AND without using CPU before it "
-          "is hung (dumped, then killed); a slow or starved rank is never hung")
+          f"is hung (dumped, then killed); a slow or starved rank is never hung (default {DEFAULT_HUNG_TIMEOUT_S:g})")
     _flag(p, "stopped-timeout", default=str(DEFAULT_STOPPED_TIMEOUT_S),
           help="seconds a rank may stay stopped (SIGSTOP, a debugger) before it is reported "
-          "as failed (reason stopped; it is not killed)")
+          f"as failed with reason stopped; it is not killed (default {DEFAULT_STOPPED_TIMEOUT_S:g})")
     _flag(p, "line-prefix", default="[{host}:{rank}]",
           help="console prefix template: {host} {rank} {local_rank} {node_rank} {role}; '' for none")
     _flag(p, "no-summary", action="store_true", help="do not print the end-of-job table")

@@ -173,7 +173,8 @@ VARIABLES: tuple[Var, ...] = (
         choices=("debug", "info", "warning", "error", "critical")),
     Var("TORCHCOMM_LOG_FORMAT", "log_format", "choice", "auto", "log format", choices=("json", "console", "auto")),
     Var("TORCHCOMM_LOG_DIR", "log_dir", "str", None, "folder of per-rank JSON-lines log files"),
-    Var("TORCHCOMM_OTEL", "otel", "str", None, "OpenTelemetry spans: `console` or `file:<path>`", check=_otel),
+    Var("TORCHCOMM_OTEL", "otel", "str", None,
+        "OpenTelemetry spans: `console` or `file:<path>` (`{rank}` in the path: the rank)", check=_otel),
     Var("TORCHCOMM_OTEL_QUEUE", "otel_queue", "int", 65536, "spans queued before new ones are dropped",
         minimum=1),
     # --- the C++ extension (torch.distributed's route) ---

@@ -84,3 +84,17 @@ def test_fsdp_bench_memory_only_reports_allocated_peaks_and_their_sites(tmp_path
     # peak is at most stock's is test_fsdp2_ranks.py's, at a size where that holds.
     assert {"fsdp2", "stock"} <= set(rows)
     assert "allocated at the peak, by site" in proc.stdout
+
+
+def test_elastic_example_plain_mode_runs_where_rank_0_hosts_the_store() -> None:
+    # --plain took its store from torchrun's agent only: under torchcomms-run (whose workers get
+    # TORCHELASTIC_USE_AGENT_STORE=False and a MASTER_PORT that rank 0 is to host) every rank
+    # waited for a store nobody served until TCPStore's own 5-minute timeout (one rank shows it)
+    env = dict(os.environ, PYTHONPATH=child_pythonpath(), RANK="0", WORLD_SIZE="1", TORCHCOMM_RANK="0",
+               TORCHCOMM_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               TORCHELASTIC_USE_AGENT_STORE="False")
+    env.pop("TORCHCOMM_CONTROL_ADDR", None)
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "train_elastic_fsdp.py"), "--plain", "--shard", "1",
+                           "--steps", "2", "--dim", "32", "--layers", "1", "--timeout", "60"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

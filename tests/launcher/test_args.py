@@ -159,3 +159,15 @@ def test_restarts_with_the_fail_policy_are_refused():
     with pytest.raises(UsageError, match=r"--max-restarts 2 has no effect with --on-failure fail"):
         parse_args(["--on-failure", "fail", "--max-restarts", "2", "x.py"], {})
     assert parse_args(["--on-failure", "fail", "--max-restarts", "0", "x.py"], {}).on_failure == "fail"
+
+
+def test_help_names_the_defaults_of_the_timing_flags():
+    import re
+
+    from launcher.parser import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    for flag, default in (("--monitor-interval", "0.1"), ("--grace-period", "10"), ("--hung-timeout", "30"),
+                          ("--stopped-timeout", "2")):
+        entry = re.search(rf"{flag} \S+, --\S+ \S+ (.*?)(?= --[a-z]|$)", text)
+        assert entry and f"(default {default})" in entry.group(1), (flag, entry and entry.group(1))

@@ -56,7 +56,7 @@ def test_scripts_import_only_declared_packages(folders: tuple[str, ...], extras:
 
 
 def test_the_scan_sees_what_it_must() -> None:
-    # numpy reaches the project only through Tensor.numpy() and a script in a string
+    # beside import statements, the scan counts Tensor.numpy() calls and scripts in strings as needs
     needs = third_party_needs([REPO / "kernels" / "attention" / "masks.py", REPO / "tests" / "helpers" / "triton_interpreter.py"], REPO)
     assert {(n.where, n.name) for n in needs if n.name == "numpy"} == {
         ("kernels/attention/masks.py", "numpy"), ("tests/helpers/triton_interpreter.py", "numpy")}

@@ -193,6 +193,28 @@ def test_registry() -> None:
         torchcomms.register_backend("bad", object)
 
 
+def test_high_priority_stream_reaches_the_engine_and_split_children() -> None:
+    from torchcomms.backends.fake import FakeBackend
+
+    class Recording(FakeBackend):
+        seen: list[dict[str, str]] = []
+
+        def init(self) -> None:
+            Recording.seen.append(dict(self.ctx.hints))
+            super().init()
+
+    torchcomms.register_backend("fake-recording", Recording)
+    world = {"rank": "0", "size": "1"}
+    c = torchcomms.new_comm("fake-recording", "cpu", "prio", is_high_priority_stream=True, hints=world)
+    child = c.split([0], "prio.child")
+    plain = torchcomms.new_comm("fake-recording", "cpu", "prio.plain", hints=world)
+    given = torchcomms.new_comm("fake-recording", "cpu", "prio.given", is_high_priority_stream=True,
+                                hints={**world, "nccl.high_priority_stream": "0"})
+    assert [h.get("nccl.high_priority_stream") for h in Recording.seen] == ["true", "true", None, "0"]
+    for comm in (child, c, plain, given):
+        comm.finalize()
+
+
 def test_nan_check_hook_sees_inputs_through_the_dispatch_path() -> None:
     from torchcomms.hooks import NanCheckHook
 

@@ -115,7 +115,8 @@ def test_launcher_modules_are_small() -> None:
 _ALLOWED = {("core/comm.py", "comm._core"), ("core/types.py", "other._type"), ("core/types.py", "other._factor"),
             ("core/comm_core.py", "os._exit"),
             ("../launcher/supervisor.py", "os._exit"),
-            ("../launcher/parser.py", "parser._option_string_actions")}  # argparse has no public accessor
+            ("../launcher/parser.py", "parser._option_string_actions"),  # argparse has no public accessor
+            ("setup/bootstrap.py", "dist.distributed_c10d._get_default_store")}  # nor c10d of its default store
 
 
 def test_no_private_name_of_another_object_is_used() -> None:

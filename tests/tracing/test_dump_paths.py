@@ -1,5 +1,6 @@
 """Default dump paths are per job: two jobs that run at once on one machine, with the default
-``TORCHCOMM_FR_DUMP_TEMP_FILE``, keep each its own dumps, and the viewer accepts each set."""
+``TORCHCOMM_FR_DUMP_TEMP_FILE``, keep each its own dumps, and the viewer accepts each set.
+Dumps and the viewer's outputs get the permissions the umask gives."""
 from __future__ import annotations
 
 import json
@@ -53,3 +54,33 @@ def test_explicit_prefix_still_wins(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     monkeypatch.setenv("MASTER_PORT", "29511")
     assert fr_format.dump_path(0) == tmp_path / ".cache/torch/comm_lib_trace/local-29511/rank_0"
+
+
+def test_dumps_and_viewer_outputs_follow_the_umask(tmp_path: Path, monkeypatch) -> None:
+    # they were 0600 whatever the umask (tempfile.mkstemp's mode), so a dump or a timeline
+    # written for others to read was not readable by them
+    import os
+
+    import torch
+
+    import torchcomms
+    from torchcomms.hooks import FlightRecorderHook
+    from torchcomms.tracing.viewer.cli import run
+
+    monkeypatch.setenv("TORCHCOMM_FR_DUMP_TEMP_FILE", str(tmp_path / "dumps" / "rank_"))
+    comm = torchcomms.new_comm("fake", "cpu", "umask", hints={"rank": "0", "size": "1"})
+    hook = FlightRecorderHook(max_entries=16)
+    hook.register_with_comm(comm)
+    comm.all_reduce(torch.ones(2), torchcomms.ReduceOp.SUM, async_op=False)
+    old = os.umask(0o022)
+    try:
+        dump = hook.dump_file(0)
+        assert dump.parent == tmp_path / "dumps"
+        assert run(["export", "--perfetto", str(tmp_path / "trace.json"), str(dump)]) == 0
+        os.umask(0o077)
+        assert run(["view", "-o", str(tmp_path / "private.html"), str(dump)]) == 0
+    finally:
+        os.umask(old)
+        comm.finalize()
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (dump, tmp_path / "trace.json", tmp_path / "private.html")}
+    assert modes == {dump.name: 0o644, "trace.json": 0o644, "private.html": 0o600}

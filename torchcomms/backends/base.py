@@ -250,6 +250,11 @@ class EngineHandle:
         return error
 
 
+#: the hint an engine with a stream priority (nccl) reads; ``new_comm(is_high_priority_stream=True)``
+#: sets it, so split, shrunk and reconfigured children inherit it with the other hints
+HIGH_PRIORITY_STREAM_HINT = "nccl.high_priority_stream"
+
+
 @dataclass
 class BackendContext:
     """What a backend is created with.

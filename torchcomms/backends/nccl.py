@@ -44,8 +44,8 @@ import torch
 import torch.distributed as dist
 
 from torchcomms.backends import exit_release
-from torchcomms.backends.base import (BackendCapabilities, BackendContext, EngineHandle, TorchCommBackend,
-                                      premul_in_place, premul_scaled)
+from torchcomms.backends.base import (HIGH_PRIORITY_STREAM_HINT, BackendCapabilities, BackendContext, EngineHandle,
+                                      TorchCommBackend, premul_in_place, premul_scaled)
 from torchcomms.backends.nccl_completion import CompletionPoller, CurrentStreamWork, EngineFailed, StreamOrderedHandle
 from torchcomms.config import settings
 from torchcomms.types import RedOpType, ReduceOp
@@ -192,7 +192,7 @@ class NcclBackend(TorchCommBackend):
             store = ctx.store if ctx.store is not None else dist.HashStore()
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = ctx.timeout  # bounds the rendezvous; ops get the backstop below
-            opts.is_high_priority_stream = ctx.hints.get("nccl.high_priority_stream", "") in ("1", "true")
+            opts.is_high_priority_stream = ctx.hints.get(HIGH_PRIORITY_STREAM_HINT, "") in ("1", "true")
             opts.global_ranks_in_group = list(ctx.global_ranks or range(ctx.size))
             if split_from is not None:
                 opts.split_from = split_from._pg
@@ -384,7 +384,8 @@ class NcclBackend(TorchCommBackend):
         premul_in_place(tensor, op)
         return self._issue(async_op, self._pg.reduce, [tensor], opts)
 
-    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True) -> EngineHandle:
+    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, *,
+                   async_op: bool = True) -> EngineHandle:
         opts = self._cached(("all_gather", async_op), dist.distributed_c10d.AllgatherOptions, async_op)
         return self._issue(async_op, self._pg.allgather, [tensor_list], [tensor], opts)
 

@@ -78,8 +78,10 @@ class CommTimeoutError(CommError):
 
 
 class PeerFailureError(CommError):
-    """A peer of this communicator failed; ``failed_ranks`` says which, ``detected_by`` how
-    (``engine``, ``exited``, ``killed``, ``heartbeat``, ``node_lost``)."""
+    """A peer of this communicator failed; ``failed_ranks`` says which, ``detected_by`` how:
+    ``engine`` (the engine's own error), a ``rank_failed`` event's reason (``exited``, ``killed``,
+    ``hung``, ``stopped``, ``unreapable``, ``heartbeat``), ``node_lost``, or ``process_gone``
+    (the store watch); several, comma-separated, when the failed ranks were found differently."""
 
     def __init__(
         self,

@@ -175,6 +175,8 @@ class CommOptions:
 
 
 class P2POpType(enum.Enum):
+    """Whether a :class:`P2POp` of a batch sends or receives."""
+
     SEND = "send"
     RECV = "recv"
 

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from torchcomms.setup import bootstrap
-from torchcomms.backends.base import BackendContext, TorchCommBackend
+from torchcomms.backends.base import HIGH_PRIORITY_STREAM_HINT, BackendContext, TorchCommBackend
 from torchcomms.backends.registry import get_backend_class
 from torchcomms.config import settings
 from torchcomms.core import error_map
@@ -46,6 +46,8 @@ def assemble_comm(
             f"backend {backend!r} runs on {', '.join(caps.devices)} devices, not {dev.type} (comm {name!r})"
         )
     hints = dict(hints or {})
+    if is_high_priority_stream:  # the engine reads it as a hint (a hint given explicitly wins)
+        hints.setdefault(HIGH_PRIORITY_STREAM_HINT, "true")
     rank, size, rank_source = bootstrap.discover_rank_size()
     global_ranks = None
     helper = bootstrap.c10d_helper_call() if store is not None else None  # made by torch.distributed

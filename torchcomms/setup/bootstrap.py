@@ -34,7 +34,7 @@ def _int_env(env: dict[str, str], var: str) -> int:
 def discover_rank_size(env: dict[str, str] | None = None) -> tuple[int, int, str]:
     """(rank, size, source variable) from the environment; (0, 1, 'default') when none is set.
 
-    ``TORCHCOMM_BOOTSTRAP_RANKSIZE_QUERY_METHOD`` (auto|torchrun|mpi|slurm) forces a source.
+    ``TORCHCOMM_BOOTSTRAP_RANKSIZE_QUERY_METHOD`` (auto|torchrun|mpi|slurm|torchcomm) forces a source.
     """
     cfg = settings(env)
     env = dict(os.environ) if env is None else env

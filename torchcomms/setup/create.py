@@ -28,8 +28,14 @@ def new_comm(
 ) -> TorchComm:
     """Create a communicator over every rank of the job (rank/size from the environment).
 
-    ``backend`` names a registered engine (``gloo``, ``fake``, ...); ``name`` must be unique in
-    the process. See ``API.md`` for the discovery order of rank, size and store.
+    ``backend`` names a registered engine (``gloo``, ``nccl``, ``mpi``, ``fake``; see
+    ``built_backends()``); ``name`` must be unique in the process. Rank and size come from
+    ``TORCHCOMM_RANK``/``TORCHCOMM_SIZE``, else Open MPI's ``OMPI_COMM_WORLD_*``, ``PMI_*``,
+    torchrun's ``RANK``/``WORLD_SIZE`` or Slurm's ``SLURM_PROCID``/``SLURM_NTASKS``
+    (``TORCHCOMM_BOOTSTRAP_RANKSIZE_QUERY_METHOD`` forces one). The store: ``store``, else the
+    launcher's control plane, else a TCPStore at ``MASTER_ADDR``/``MASTER_PORT``.
+    ``timeout`` (default ``TORCHCOMM_TIMEOUT_SECONDS``) bounds the creation and is every op's
+    default; ``is_high_priority_stream`` is the hint ``nccl.high_priority_stream``.
     """
     if not isinstance(backend, str) or not backend:
         raise CommTypeError(f"backend must be a non-empty str, got {backend!r}")

@@ -289,9 +289,22 @@ def dump_path(rank: int, prefix: str | None = None) -> Path:
     return Path(os.path.expanduser(f"{prefix}{int(rank)}"))
 
 
+def _umask() -> int:
+    """The process's umask, read without setting it (``os.umask`` would, for every thread)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
 def write_atomic(path: Path, data: bytes, *, create_parents: bool = True) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename,
-    so a reader never sees half a dump. Missing parent folders are created unless
+    so a reader never sees half a dump; the file gets the permissions open() gives (the
+    umask applies). Missing parent folders are created unless
     ``create_parents`` is False (then ``FileNotFoundError``)."""
     if create_parents:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -299,6 +312,7 @@ def write_atomic(path: Path, data: bytes, *, create_parents: bool = True) -> Pat
         raise FileNotFoundError(2, "no such folder", str(path.parent))
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it: mkstemp's file is 0600
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
