@@ -13,6 +13,10 @@ import torch.distributed as dist
 import torchcomms
 from torchcomms import CommAbortedError, CommTimeoutError, OpName, PeerFailureError, ReduceOp, WorkStatus
 
+#: how late a loaded machine (the suite runs three workers on CI's two cores) may run a thread past a
+#: deadline; an op whose deadline is not honoured waits for ever, far past it
+LATE_S = 5.0
+
 
 def fake(name: str, **hints: str) -> torchcomms.TorchComm:
     return torchcomms.new_comm("fake", "cpu", name, hints={"rank": "0", "size": "4", **hints})
@@ -89,13 +93,14 @@ def test_async_work_status_and_deadline_honoured() -> None:
     c = fake("deadline", **{"fake.hang_ops": "all_reduce"})
     ended: list[str] = []
     c.register_post_hook(lambda op_id, rec: ended.append(rec.state))
-    w = c.all_reduce(torch.ones(2), ReduceOp.SUM, True, timeout=timedelta(seconds=0.5))
-    assert w.status is WorkStatus.INPROGRESS and not w.is_completed()
-    assert w.wait(timeout=0.05) is False  # a short user wait does not fail the op
     t0 = time.monotonic()
+    w = c.all_reduce(torch.ones(2), ReduceOp.SUM, True, timeout=timedelta(seconds=1.0))
+    if time.monotonic() - t0 < 0.8:  # a loaded machine may have run this thread past the deadline already
+        assert w.status is WorkStatus.INPROGRESS and not w.is_completed()
+        assert w.wait(timeout=0.05) is False  # a short user wait does not fail the op
     with pytest.raises(CommTimeoutError) as info:
         w.wait()
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 1.0 + LATE_S
     assert info.value.seq == 1 and info.value.op == "all_reduce" and info.value.comm == "deadline"
     assert w.status is WorkStatus.TIMEDOUT and isinstance(w.exception(), CommTimeoutError)
     assert ended == ["timed_out"]
@@ -121,7 +126,7 @@ def test_sync_op_times_out_within_deadline() -> None:
     t0 = time.monotonic()
     with pytest.raises(CommTimeoutError, match=r"all_gather_single #1.*0.4 s"):
         c.all_gather_single(torch.empty(8), torch.ones(2), False)
-    assert time.monotonic() - t0 < 1.5
+    assert time.monotonic() - t0 < 0.4 + LATE_S
     c.finalize()
 
 
@@ -143,7 +148,7 @@ def test_notify_peer_failure_unblocks_inflight_ops() -> None:
     t0 = time.monotonic()
     with pytest.raises(PeerFailureError) as info:
         w.wait()
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 0.1 + LATE_S
     assert info.value.failed_ranks == [3] and info.value.detected_by == "exited"
     c.notify_peer_failure([9], "exited")  # not a member: ignored
     c.finalize()
@@ -330,7 +335,7 @@ def test_get_future_of_a_hung_op_fails_at_the_deadline() -> None:
     t0 = time.monotonic()
     with pytest.raises(CommTimeoutError):
         fut.wait()
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 < 0.2 + LATE_S
     c.abort()
 
 
