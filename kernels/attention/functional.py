@@ -222,7 +222,8 @@ def attention(
         return_lse: also return the log-sum-exp of the scaled scores, (B, Hq, Sq) float32, natural log.
         backend: 'auto' (see module doc), 'flex' (raise if it cannot run), 'sdpa', 'math'
             (the chunked reference), or 'triton_window' (the dedicated causal sliding-window
-            kernel; CUDA, or CPU under ``TRITON_INTERPRET=1``).
+            kernel; float16, bfloat16 or float32 on CUDA, float16 or float32 on CPU under
+            ``TRITON_INTERPRET=1``).
         kernel_options: passed to ``flex_attention`` (e.g. ``{"BLOCK_M": 64, "BLOCK_N": 64}``).
         block_size: the block mask's sparse block size (int or (q, kv) pair).
         cache: block-mask cache (default: the process-wide one).

@@ -116,8 +116,9 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, scale: flo
     """Causal sliding-window attention (``q - window < kv <= q``): ``(out, lse)``.
 
     q: (B, Hq, S, D); k, v: (B, Hkv, S, D) with Hq a multiple of Hkv; D a power of two from 16
-    to 256. ``lse`` is float32, natural log, not differentiable (None with
-    ``return_lse=False``, which saves its conversion from the kernel's log2 units).
+    to 256; float16, bfloat16 or float32 (not bfloat16 under the CPU interpreter). ``lse`` is
+    float32, natural log, not differentiable (None with ``return_lse=False``, which saves its
+    conversion from the kernel's log2 units).
     Differentiable in q, k and v; traceable by ``torch.compile`` (``fullgraph=True`` too)."""
     why = _kernels.unsupported(q, k, v, window)
     if why is not None:

@@ -129,6 +129,18 @@ def test_window_backend_refuses_what_it_cannot_compute() -> None:
             attention(q, q, q, SlidingWindow(4), backend="triton_window")
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_window_backend_refuses_dtypes_it_cannot_compute(monkeypatch) -> None:
+    """float64 failed an assertion inside Triton's compiler; bf16 under the CPU interpreter
+    returned outputs of ~1e9 without an error."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(AttentionInputError, match="float16, bfloat16 or float32, got torch.float64"):
+        attention(*(q.double(),) * 3, SlidingWindow(4), backend="triton_window")
+    with pytest.raises(AttentionInputError, match="interpreter computes bfloat16"):
+        attention(*(q.bfloat16(),) * 3, SlidingWindow(4), backend="triton_window")
+
+
 _B, _C = wt.Blocks, wt.WindowConfig
 #: every form of each kernel, on a GPU: pointer loads, TMA loads, dQ from stored dS and recomputed, dK/dV on untransposed tiles and on transposed ones with pointer loads
 #: (beside the shipped configuration: transposed tiles, TMA loads)
