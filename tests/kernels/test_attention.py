@@ -150,6 +150,19 @@ def test_eager_flex_fallback_is_refused():
         attention(q, k, v, M.sliding_window(8), backend="flex")
 
 
+def test_flex_at_the_recompile_limit_raises_typed(monkeypatch):
+    """Dynamo's recompile limit (a ninth length or window size by default) ended the compiled
+    flex call with Dynamo's own FailOnRecompileLimitHit; it is the documented typed error."""
+    import torch._dynamo
+
+    from kernels.attention import functional
+
+    monkeypatch.setattr(functional, "_COMPILED", {})
+    q, k, v = rand_qkv(1, 2, 2, 48, 8, grad=False)
+    with torch._dynamo.config.patch(recompile_limit=0), pytest.raises(FlexEagerFallbackError, match="recompile limit"):
+        attention(q, k, v, M.sliding_window(8), backend="flex", cache=BlockMaskCache())
+
+
 def test_block_mask_cache_lru_and_keys():
     cache = BlockMaskCache(max_entries=2)
     a = cache.get(M.sliding_window(8), 1, 2, 64, 64, "cpu")
