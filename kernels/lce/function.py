@@ -198,7 +198,8 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
     For ``"mean"``/``"sum"`` the gradients are computed during the forward pass (one pass
     over the logits instead of two) and scaled by the upstream gradient in ``backward``;
     they are consumed there, so a second backward raises :class:`BackwardTwiceError`.
-    For ``"none"`` the backward pass recomputes the logits chunk by chunk.
+    For ``"none"`` the backward pass recomputes the logits chunk by chunk. There is no double
+    backward: a backward with ``create_graph=True`` raises :class:`UnsupportedFeatureError`.
     """
 
     @staticmethod
@@ -218,6 +219,11 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor, _grad_z: torch.Tensor):  # type: ignore[override]
+        if torch.is_grad_enabled():  # create_graph=True: these gradients would be constants to autograd
+            raise UnsupportedFeatureError(
+                "linear_cross_entropy has no double backward (a backward with create_graph=True): its "
+                "gradients come from fused passes, not from differentiable ops; implementation='reference' has one"
+            )
         plan: Plan = ctx.plan
         if plan.cfg.reduction == "none":
             x, weight, target, bias, class_weight, coefs = ctx.saved_tensors

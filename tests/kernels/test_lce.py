@@ -293,6 +293,22 @@ def test_gradient_scaled_by_upstream_and_backward_twice_raises():
         loss.backward()
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_double_backward_is_refused_and_reference_has_one(reduction):
+    """create_graph=True gave "mean" a gradient autograd took for a constant (a gradient penalty
+    on it added nothing, silently) and "none" an untyped error from mm(out=)."""
+    x = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, 8, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 7, (5,))
+    loss = linear_cross_entropy(x, w, t, reduction=reduction).sum()
+    with pytest.raises(UnsupportedFeatureError, match="create_graph=True"):
+        torch.autograd.grad(loss, x, create_graph=True)
+    ref = linear_cross_entropy(x, w, t, reduction=reduction, implementation="reference").sum()
+    (gx,) = torch.autograd.grad(ref, x, create_graph=True)
+    (gw,) = torch.autograd.grad(gx.square().sum(), w)
+    assert gw.abs().sum() > 0
+
+
 def test_never_materialises_more_than_one_chunk_of_logits():
     n, h, v, chunk = 256, 16, 512, 32
 
