@@ -11,7 +11,7 @@ from ..triton_launch import on_device
 from .chunked import default_chunk_size
 from .class_major import class_major_grad_dtype, class_major_slab_rows
 from .column_kernels import triton_column_pass
-from .config import IMPLEMENTATIONS, LossConfig, compute_dtype_for
+from .config import IMPLEMENTATIONS, LossConfig, as_real, compute_dtype_for
 from .errors import (
     BackwardTwiceError,
     LCEDeviceError,
@@ -318,7 +318,8 @@ def linear_cross_entropy(
         inputs (float64 for float64: a bf16 scalar loss would keep only 3 significant digits),
         and with ``return_z_loss`` a ``(loss, z_loss)`` pair.
     """
-    cfg = LossConfig(reduction, ignore_index, float(label_smoothing), float(z_loss), None if softcap is None else float(softcap))
+    cfg = LossConfig(reduction, ignore_index, as_real("label_smoothing", label_smoothing), as_real("z_loss", z_loss),
+                     None if softcap is None else as_real("softcap", softcap))
     input, weight, bias, master_weight = _apply_autocast(input, weight, bias)
     if not isinstance(implementation, str):
         raise LCETypeError(f"implementation must be a str, got {type(implementation).__name__}")

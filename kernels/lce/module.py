@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import IMPLEMENTATIONS, LossConfig
+from .config import IMPLEMENTATIONS, LossConfig, as_real
 from .errors import LCEValueError
 from .function import linear_cross_entropy
 
@@ -59,7 +59,8 @@ class LinearCrossEntropyLoss(nn.Module):
         if implementation not in IMPLEMENTATIONS:
             raise LCEValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
         ignore = -100 if ignore_index is None else ignore_index
-        LossConfig(reduction, ignore, float(label_smoothing), float(z_loss), softcap)  # validates early
+        label_smoothing, z_loss = as_real("label_smoothing", label_smoothing), as_real("z_loss", z_loss)
+        LossConfig(reduction, ignore, label_smoothing, z_loss, softcap)  # validates early
         if options is not None and chunk_size is None:
             chunk_size = getattr(options, "batch_chunk_size", None)
         self.num_classes = num_classes

@@ -578,6 +578,12 @@ BAD_CALLS = {
     "label_smoothing": (lambda x, w, t: linear_cross_entropy(x, w, t, label_smoothing=1.5), LCEValueError, "label_smoothing"),
     "z_loss": (lambda x, w, t: linear_cross_entropy(x, w, t, z_loss=-1.0), LCEValueError, "z_loss"),
     "softcap": (lambda x, w, t: linear_cross_entropy(x, w, t, softcap=0.0), LCEValueError, "softcap"),
+    "label_smoothing string": (lambda x, w, t: linear_cross_entropy(x, w, t, label_smoothing="0.1"), LCETypeError,
+                               "label_smoothing must be a real number, got str"),
+    "z_loss string": (lambda x, w, t: linear_cross_entropy(x, w, t, z_loss="1e-4"), LCETypeError, "z_loss"),
+    "softcap string": (lambda x, w, t: linear_cross_entropy(x, w, t, softcap="30"), LCETypeError, "softcap"),
+    "label_smoothing bool": (lambda x, w, t: linear_cross_entropy(x, w, t, label_smoothing=True), LCETypeError,
+                             "label_smoothing"),
     "chunk_size": (lambda x, w, t: linear_cross_entropy(x, w, t, chunk_size=0), LCEValueError, "chunk_size"),
     "accum_dtype": (lambda x, w, t: linear_cross_entropy(x, w, t, accum_dtype=torch.float16), LCEValueError, "accum_dtype"),
     "implementation": (lambda x, w, t: linear_cross_entropy(x, w, t, implementation="cuda"), LCEValueError, "implementation"),
@@ -607,6 +613,8 @@ def test_module_constructor_validates():
         LinearCrossEntropyLoss(0, 10)
     with pytest.raises(LCEValueError, match="implementation"):
         LinearCrossEntropyLoss(4, 10, implementation="fast")
+    with pytest.raises(LCETypeError, match="z_loss must be a real number"):
+        LinearCrossEntropyLoss(4, 10, z_loss="1e-4")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert "z_loss=0.5" in repr(LinearCrossEntropyLoss(4, 10, z_loss=0.5))
