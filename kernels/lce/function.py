@@ -1,6 +1,7 @@
 """Entry point: argument checks, routing between implementations, and the autograd Function."""
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import astuple, dataclass
 from typing import Any
@@ -342,7 +343,7 @@ def linear_cross_entropy(
         loss, z = reference_linear_cross_entropy(input, weight, target, bias, cfg, class_weight)
         return (loss, z) if return_z_loss else loss
 
-    x2d = input.reshape(-1, input.shape[-1])
+    x2d = input.reshape(math.prod(input.shape[:-1]), input.shape[-1])  # not -1: ambiguous when H is 0
     if not x2d.is_contiguous():
         x2d = x2d.contiguous()
     w2d = weight if weight.is_contiguous() else weight.contiguous()

@@ -239,6 +239,22 @@ def test_unbatched_input():
     assert _rel(out, F.cross_entropy(F.linear(x, w), t)) <= 1e-10
 
 
+@pytest.mark.parametrize("impl", ["chunked", "reference"])
+def test_zero_features_give_cross_entropy_of_the_bias(impl):
+    """H = 0 failed in reshape(-1, 0) (which cannot infer the rows) with an untyped RuntimeError."""
+    x = torch.randn(2, 3, 0, requires_grad=True)
+    w = torch.randn(5, 0, requires_grad=True)
+    b = torch.randn(5, requires_grad=True)
+    t = torch.randint(0, 5, (2, 3))
+    loss = linear_cross_entropy(x, w, t, b, implementation=impl)
+    loss.backward()
+    br = b.detach().clone().requires_grad_()
+    expected = F.cross_entropy(br.expand(6, 5), t.reshape(-1))
+    expected.backward()
+    assert _rel(loss, expected) <= 1e-6 and _rel(b.grad, br.grad) <= 1e-6
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape
+
+
 def test_no_grad_returns_loss_only():
     x = torch.randn(20, 8, requires_grad=True)
     w = torch.randn(30, 8, requires_grad=True)
