@@ -61,5 +61,7 @@ def math_attention(
         p = e / torch.where(denom == 0, torch.ones_like(denom), denom)
         outs.append(torch.matmul(p, vv))
         lses.append((row_max + torch.log(denom)).squeeze(-1))
+    if not outs:  # no queries: torch.cat refuses an empty list
+        return q.new_empty(b, hq, 0, v.shape[-1]), torch.empty(b, hq, 0, device=dev)
     out = torch.cat(outs, dim=2).to(q.dtype)
     return out, torch.cat(lses, dim=2).float()

@@ -89,6 +89,14 @@ def test_math_attention_empty_rows_give_zero_and_minus_inf():
     assert torch.isfinite(out).all()
 
 
+def test_math_attention_without_queries_returns_empty_out_and_lse():
+    """Sq = 0 failed in torch.cat on the empty list of query chunks (an untyped ValueError)."""
+    q, k, v = torch.randn(2, 4, 0, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 6)
+    out, lse = attention(q, k, v, M.causal(), return_lse=True)
+    assert out.shape == (2, 4, 0, 6) and out.dtype == q.dtype
+    assert lse.shape == (2, 4, 0) and lse.dtype == torch.float32
+
+
 def test_scale_argument():
     q, k, v = rand_qkv(1, 2, 2, 40, 8, grad=False)
     m = M.sliding_window(5)
