@@ -22,6 +22,7 @@ Under ``torch.use_deterministic_algorithms(True)`` only deterministic backward k
 from __future__ import annotations
 
 import math
+import numbers
 import types
 from typing import Any, Literal
 
@@ -254,6 +255,10 @@ def attention(
         out (B, Hq, Sq, Dv) in q's dtype, or ``(out, lse)`` when ``return_lse``.
     """
     chosen = select_backend(q, k, v, mask, return_lse=return_lse, backend=backend)
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+        raise AttentionInputError(f"scale must be a real number or None, got {type(scale).__name__}")
+    if cache is not None and not isinstance(cache, BlockMaskCache):
+        raise AttentionInputError(f"cache must be a BlockMaskCache or None, got {type(cache).__name__}")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     if chosen == "sdpa":

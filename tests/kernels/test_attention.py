@@ -105,6 +105,15 @@ def test_scale_argument():
     assert rel(a, b) < 1e-5
 
 
+def test_scale_and_cache_of_the_wrong_type_raise_typed():
+    """scale="0.5" failed inside SDPA and cache={} inside dict.get, both untyped TypeErrors."""
+    q, k, v = rand_qkv(1, 2, 2, 16, 8, grad=False)
+    with pytest.raises(AttentionInputError, match="scale must be a real number"):
+        attention(q, k, v, scale="0.5")
+    with pytest.raises(AttentionInputError, match="cache must be a BlockMaskCache"):
+        attention(q, k, v, M.sliding_window(4), backend="flex", cache={})
+
+
 def test_backend_selection_cpu():
     q, k, v = rand_qkv(1, 4, 2, 32, 8)
     with torch.no_grad():
@@ -185,8 +194,9 @@ def test_block_mask_cache_lru_and_keys():
         cache.get(M.causal(), 1, 1, 64, 64, "cpu", block_size=100)
     with pytest.raises(AttentionInputError, match="q_len"):
         cache.get(M.causal(), 1, 1, 0, 64, "cpu")
-    with pytest.raises(AttentionInputError, match="max_entries"):
-        BlockMaskCache(max_entries=0)
+    for bad in (0, 2.5, "8"):  # 2.5 was taken, "8" failed comparing str with int
+        with pytest.raises(AttentionInputError, match="max_entries"):
+            BlockMaskCache(max_entries=bad)
 
 
 def test_compiled_block_mask_build_matches_eager_and_does_not_warn():
