@@ -631,6 +631,12 @@ def test_module_constructor_validates():
         LinearCrossEntropyLoss(4, 10, implementation="fast")
     with pytest.raises(LCETypeError, match="z_loss must be a real number"):
         LinearCrossEntropyLoss(4, 10, z_loss="1e-4")
+    with pytest.raises(LCETypeError, match="class weights"):  # was an AttributeError on list.shape
+        LinearCrossEntropyLoss(4, 10, weight=[1.0] * 10)
+    with pytest.raises(LCEValueError, match="chunk_size"):  # these two were taken, to fail at the first call
+        LinearCrossEntropyLoss(4, 10, chunk_size=0)
+    with pytest.raises(LCETypeError, match="accum_dtype"):
+        LinearCrossEntropyLoss(4, 10, accum_dtype="float32")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert "z_loss=0.5" in repr(LinearCrossEntropyLoss(4, 10, z_loss=0.5))
