@@ -46,6 +46,10 @@ from .errors import AttentionInputError
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+#: elements per operand the kernels address (their per-head offsets are 32-bit products)
+MAX_ELEMENTS = 2**31 - 1
+
+
 def available(device: torch.device) -> str | None:
     """``None`` if the kernel can run on ``device``, else why not."""
     if triton is None:
@@ -588,6 +592,11 @@ def unsupported(q: Tensor, k: Tensor, v: Tensor, window: object) -> str | None:
     if q.device.type == "cpu" and q.dtype == torch.bfloat16:
         # Triton 3.6's interpreter multiplies bf16 tiles as their raw bits: outputs ~1e9, no error
         return "Triton's CPU interpreter computes bfloat16 products wrongly: use float16 or float32 on the CPU"
+    largest = max(t.numel() for t in (q, k, v))
+    if largest > MAX_ELEMENTS:
+        # a head's base is b * stride_b + h * stride_h in 32-bit integers: past 2**31 elements it wraps
+        return (f"the sliding-window kernel addresses its operands with 32-bit offsets: at most {MAX_ELEMENTS} "
+                f"elements per tensor, got {largest} (split the batch)")
     d = q.shape[-1]
     if q.shape[2] != k.shape[2]:
         return f"the sliding-window kernel needs Sq == Skv, got {q.shape[2]} and {k.shape[2]}"

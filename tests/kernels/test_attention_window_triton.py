@@ -141,6 +141,17 @@ def test_window_backend_refuses_dtypes_it_cannot_compute(monkeypatch) -> None:
         attention(*(q.bfloat16(),) * 3, SlidingWindow(4), backend="triton_window")
 
 
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_window_backend_refuses_operands_past_32_bit_offsets(monkeypatch) -> None:
+    """A head's base offset is a 32-bit product in the kernels: past 2**31 elements it wrapped.
+    (An expanded view: the size without the memory.)"""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    q = torch.zeros(1, 1, 1, 16).expand(2**13, 16, 2**10, 16)  # 2**31 elements
+    assert "32-bit offsets" in (wt.unsupported(q, q, q, 4) or "")
+    assert wt.unsupported(q[:, :, :-1], q[:, :, :-1], q[:, :, :-1], 4) is None
+
+
 _B, _C = wt.Blocks, wt.WindowConfig
 #: every form of each kernel, on a GPU: pointer loads, TMA loads, dQ from stored dS and recomputed, dK/dV on untransposed tiles and on transposed ones with pointer loads
 #: (beside the shipped configuration: transposed tiles, TMA loads)
