@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..triton_launch import on_device
 from . import window_triton as _kernels
-from .errors import AttentionInputError
+from .errors import AttentionError, AttentionInputError
 from .layout import aligned
 
 __all__ = ["window_attention"]
@@ -65,6 +65,9 @@ class WindowAttentionFunction(torch.autograd.Function):
     def backward(ctx, do: Tensor | None, _dlse: Tensor | None):  # type: ignore[override]
         if do is None:  # only the LSE was used downstream: it has no gradient
             return None, None, None, None, None, None
+        if torch.is_grad_enabled():  # create_graph=True: the kernels' gradients would be constants to autograd
+            raise AttentionError("the sliding-window kernel has no double backward (a backward with "
+                                 "create_graph=True); backend='sdpa' or 'math' has one")
         q, k, v, o, lse2 = ctx.saved_tensors
         return (*_backward(q, k, v, o, lse2, *_prepared(do), ctx.window, ctx.scale, ctx.kernels), None, None, None)
 

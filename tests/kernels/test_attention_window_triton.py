@@ -73,6 +73,14 @@ for backend in ("sdpa", "triton_window"):
     model(ids).float().pow(2).mean().backward()
     grads[backend] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 worst["model"] = float((grads["triton_window"] - grads["sdpa"]).norm() / grads["sdpa"].norm())
+# no double backward: create_graph=True once gave gradients that autograd took for constants
+from kernels.attention.errors import AttentionError
+q = torch.randn(1, 2, 20, 16, requires_grad=True)
+try:
+    torch.autograd.grad(attention(q, q, q, SlidingWindow(4), backend="triton_window").sum(), q, create_graph=True)
+    raise AssertionError("double backward was not refused")
+except AttentionError as exc:
+    assert "create_graph=True" in str(exc), exc
 print("seed", seed, "worst", worst)
 assert max(worst.values()) <= 1e-5, worst
 '''
