@@ -11,6 +11,7 @@ import math
 import torch
 from torch import Tensor
 
+from .errors import AttentionInputError
 from .masks import Mask
 
 __all__ = ["math_attention"]
@@ -32,6 +33,9 @@ def math_attention(
     Returns ``(out, lse)`` with out (B, Hq, Sq, Dv) in q's dtype and lse (B, Hq, Sq) in
     float32 (natural log). Rows with no allowed key give out = 0 and lse = -inf, as FlexAttention does.
     """
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        # a negative one made range() empty: no query chunk, an output with no queries
+        raise AttentionInputError(f"chunk_size must be a positive int, got {chunk_size!r}")
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
     group = hq // hkv

@@ -97,6 +97,14 @@ def test_math_attention_without_queries_returns_empty_out_and_lse():
     assert lse.shape == (2, 4, 0) and lse.dtype == torch.float32
 
 
+def test_math_attention_refuses_a_chunk_size_below_one():
+    """chunk_size=-1 returned an output without queries; 0 failed in range() untyped."""
+    q = torch.randn(1, 2, 5, 8)
+    for bad in (-1, 0, 2.0):
+        with pytest.raises(AttentionInputError, match="chunk_size"):
+            math_attention(q, q, q, chunk_size=bad)
+
+
 def test_scale_argument():
     q, k, v = rand_qkv(1, 2, 2, 40, 8, grad=False)
     m = M.sliding_window(5)
