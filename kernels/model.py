@@ -84,8 +84,13 @@ class LlamaConfig:
         if self.attn_backend not in ("auto", "flex", "sdpa", "math", "triton_window"):
             raise ModelConfigError(
                 f"attn_backend must be auto/flex/sdpa/math/triton_window, got {self.attn_backend!r}")
-        if not (self.norm_eps > 0 and self.rope_theta > 0 and self.init_std > 0):
-            raise ModelConfigError("norm_eps, rope_theta and init_std must be positive")
+        for name in ("norm_eps", "rope_theta", "init_std"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ModelConfigError(f"{name} must be a positive number, got {v!r}")
+        for name in ("tie_embeddings", "compile_pointwise"):
+            if not isinstance(getattr(self, name), bool):  # "no" would be true
+                raise ModelConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
     @property
     def head_dim(self) -> int:

@@ -55,8 +55,8 @@ class BlockMaskCache:
     """
 
     def __init__(self, max_entries: int = 64, *, compile: bool | None = None) -> None:
-        if max_entries < 1:
-            raise AttentionInputError(f"max_entries must be >= 1, got {max_entries}")
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+            raise AttentionInputError(f"max_entries must be an int >= 1, got {max_entries!r}")
         self.max_entries = max_entries
         self.compile = compile
         self._entries: OrderedDict[tuple, BlockMask] = OrderedDict()

@@ -21,5 +21,6 @@ class FlexEagerFallbackError(AttentionError):
     """FlexAttention was about to run uncompiled, which materializes the full S×S score matrix.
 
     Raised instead of taking that path silently (e.g. under ``TORCHDYNAMO_DISABLE=1`` or
-    ``torch.compiler.disable``). Re-enable compilation or pass ``backend="sdpa"``.
+    ``torch.compiler.disable``), and when the compiled call reaches Dynamo's recompile limit.
+    Re-enable compilation (or raise the limit) or pass ``backend="sdpa"``.
     """

@@ -13,13 +13,16 @@ Dispatch (``backend="auto"``):
   no LSE) is used only when asked for with ``backend="flex"``.
 
 The uncompiled flex path (which materializes S×S scores) is never taken: if compilation is
-disabled the call raises :class:`~kernels.attention.errors.FlexEagerFallbackError`.
+disabled, or the compiled call reaches Dynamo's recompile limit (by default a ninth length,
+mask class or window size per set of kernel options), the call raises
+:class:`~kernels.attention.errors.FlexEagerFallbackError`.
 Under ``torch.use_deterministic_algorithms(True)`` only deterministic backward kernels are used
 (flex's Triton backend; SDPA restricted to its memory-efficient and math kernels).
 """
 from __future__ import annotations
 
 import math
+import numbers
 import types
 from typing import Any, Literal
 
@@ -74,6 +77,26 @@ def _compiled_flex(kernel_options: dict | None):
         fn = torch.compile(clone, dynamic=False, fullgraph=True)
         _COMPILED[key] = fn
     return fn
+
+
+def _call_compiled_flex(q: Tensor, k: Tensor, v: Tensor, block_mask: Any, scale: float, return_lse: bool,
+                        kernel_options: dict | None):
+    """The compiled flex call; its ``fullgraph=True`` turns Dynamo's recompile limit (each new
+    length, mask class or window size compiles anew) into a hard failure, raised here typed."""
+    from torch._dynamo import config as dynamo_config
+    from torch._dynamo import exc as dynamo_exc
+
+    limit_hit = getattr(dynamo_exc, "FailOnRecompileLimitHit", None) or ()
+    try:
+        return _compiled_flex(kernel_options)(q, k, v, block_mask, scale, k.shape[1] != q.shape[1], return_lse,
+                                              kernel_options)
+    except limit_hit as exc:
+        raise FlexEagerFallbackError(
+            f"compiled flex_attention reached torch._dynamo's recompile limit "
+            f"({getattr(dynamo_config, 'recompile_limit', '?')}) at q_len={q.shape[-2]}, kv_len={k.shape[-2]}: "
+            "each new length, mask class or window size compiles it again. Raise "
+            "torch._dynamo.config.recompile_limit, pad to fewer lengths, or call attention(..., backend='sdpa')."
+        ) from exc
 
 
 def _flex_has_backend_option() -> bool:
@@ -222,7 +245,8 @@ def attention(
         return_lse: also return the log-sum-exp of the scaled scores, (B, Hq, Sq) float32, natural log.
         backend: 'auto' (see module doc), 'flex' (raise if it cannot run), 'sdpa', 'math'
             (the chunked reference), or 'triton_window' (the dedicated causal sliding-window
-            kernel; CUDA, or CPU under ``TRITON_INTERPRET=1``).
+            kernel; float16, bfloat16 or float32 on CUDA, float16 or float32 on CPU under
+            ``TRITON_INTERPRET=1``).
         kernel_options: passed to ``flex_attention`` (e.g. ``{"BLOCK_M": 64, "BLOCK_N": 64}``).
         block_size: the block mask's sparse block size (int or (q, kv) pair).
         cache: block-mask cache (default: the process-wide one).
@@ -231,6 +255,10 @@ def attention(
         out (B, Hq, Sq, Dv) in q's dtype, or ``(out, lse)`` when ``return_lse``.
     """
     chosen = select_backend(q, k, v, mask, return_lse=return_lse, backend=backend)
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+        raise AttentionInputError(f"scale must be a real number or None, got {type(scale).__name__}")
+    if cache is not None and not isinstance(cache, BlockMaskCache):
+        raise AttentionInputError(f"cache must be a BlockMaskCache or None, got {type(cache).__name__}")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     if chosen == "sdpa":
@@ -249,8 +277,10 @@ def attention(
     if torch.are_deterministic_algorithms_enabled() and _flex_has_backend_option():
         opts.setdefault("BACKEND", "TRITON")  # its backward has no atomics without score_mod grads
     # traced already (a caller's torch.compile): flex is called in that graph, no compiled wrapper
-    flex = _flex_guarded if torch.compiler.is_compiling() else _compiled_flex(opts or None)
-    result = flex(q, k, v, bm, scale, k.shape[1] != q.shape[1], return_lse, opts or None)
+    if torch.compiler.is_compiling():
+        result = _flex_guarded(q, k, v, bm, scale, k.shape[1] != q.shape[1], return_lse, opts or None)
+    else:
+        result = _call_compiled_flex(q, k, v, bm, scale, return_lse, opts or None)
     if return_lse:
         out, lse = result
         return out, lse.float()

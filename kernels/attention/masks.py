@@ -15,6 +15,7 @@ means ``q - W < kv <= q`` (``W`` keys, the query's own position included).
 from __future__ import annotations
 
 import hashlib
+import numbers
 from collections.abc import Sequence
 from typing import Callable
 
@@ -469,6 +470,16 @@ def document(doc_ids: Tensor, *, causal: bool = True) -> Document:
     return Document(doc_ids, causal=causal)
 
 
+def _offset(value: object) -> int:
+    """One boundary as an int: an int (NumPy's too) or a float with an integral value, never
+    truncated (``int(2.5)`` would silently move a document boundary)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise MaskError(f"offsets must be integers, got {value!r}")
+    if int(value) != value:
+        raise MaskError(f"offsets must be integers, got {value!r}")
+    return int(value)
+
+
 def document_ids_from_offsets(offsets: Sequence[int] | Tensor, seq_len: int | None = None) -> Tensor:
     """Document ids (int32, shape (S,)) from boundaries ``[0, end_0, end_1, ..., S]``.
 
@@ -480,7 +491,7 @@ def document_ids_from_offsets(offsets: Sequence[int] | Tensor, seq_len: int | No
             raise MaskError(f"offsets must be a 1-D integer tensor, got {offsets.dtype} {tuple(offsets.shape)}")
         offs = [int(x) for x in offsets.tolist()]
     else:
-        offs = [int(x) for x in offsets]
+        offs = [_offset(x) for x in offsets]
     if len(offs) < 2:
         raise MaskError(f"offsets needs at least two entries [0, ..., S], got {offs}")
     if offs[0] != 0:

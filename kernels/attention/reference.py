@@ -11,6 +11,7 @@ import math
 import torch
 from torch import Tensor
 
+from .errors import AttentionInputError
 from .masks import Mask
 
 __all__ = ["math_attention"]
@@ -32,6 +33,9 @@ def math_attention(
     Returns ``(out, lse)`` with out (B, Hq, Sq, Dv) in q's dtype and lse (B, Hq, Sq) in
     float32 (natural log). Rows with no allowed key give out = 0 and lse = -inf, as FlexAttention does.
     """
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        # a negative one made range() empty: no query chunk, an output with no queries
+        raise AttentionInputError(f"chunk_size must be a positive int, got {chunk_size!r}")
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
     group = hq // hkv
@@ -61,5 +65,7 @@ def math_attention(
         p = e / torch.where(denom == 0, torch.ones_like(denom), denom)
         outs.append(torch.matmul(p, vv))
         lses.append((row_max + torch.log(denom)).squeeze(-1))
+    if not outs:  # no queries: torch.cat refuses an empty list
+        return q.new_empty(b, hq, 0, v.shape[-1]), torch.empty(b, hq, 0, device=dev)
     out = torch.cat(outs, dim=2).to(q.dtype)
     return out, torch.cat(lses, dim=2).float()

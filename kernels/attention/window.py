@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..triton_launch import on_device
 from . import window_triton as _kernels
-from .errors import AttentionInputError
+from .errors import AttentionError, AttentionInputError
 from .layout import aligned
 
 __all__ = ["window_attention"]
@@ -65,6 +65,9 @@ class WindowAttentionFunction(torch.autograd.Function):
     def backward(ctx, do: Tensor | None, _dlse: Tensor | None):  # type: ignore[override]
         if do is None:  # only the LSE was used downstream: it has no gradient
             return None, None, None, None, None, None
+        if torch.is_grad_enabled():  # create_graph=True: the kernels' gradients would be constants to autograd
+            raise AttentionError("the sliding-window kernel has no double backward (a backward with "
+                                 "create_graph=True); backend='sdpa' or 'math' has one")
         q, k, v, o, lse2 = ctx.saved_tensors
         return (*_backward(q, k, v, o, lse2, *_prepared(do), ctx.window, ctx.scale, ctx.kernels), None, None, None)
 
@@ -116,8 +119,9 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, scale: flo
     """Causal sliding-window attention (``q - window < kv <= q``): ``(out, lse)``.
 
     q: (B, Hq, S, D); k, v: (B, Hkv, S, D) with Hq a multiple of Hkv; D a power of two from 16
-    to 256. ``lse`` is float32, natural log, not differentiable (None with
-    ``return_lse=False``, which saves its conversion from the kernel's log2 units).
+    to 256; float16, bfloat16 or float32 (not bfloat16 under the CPU interpreter). ``lse`` is
+    float32, natural log, not differentiable (None with ``return_lse=False``, which saves its
+    conversion from the kernel's log2 units).
     Differentiable in q, k and v; traceable by ``torch.compile`` (``fullgraph=True`` too)."""
     why = _kernels.unsupported(q, k, v, window)
     if why is not None:

@@ -42,6 +42,14 @@ from ..triton_launch import Launcher
 from .errors import AttentionInputError
 
 
+#: input dtypes the kernels compute (their products take these tiles and accumulate in float32)
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+#: elements per operand the kernels address (their per-head offsets are 32-bit products)
+MAX_ELEMENTS = 2**31 - 1
+
+
 def available(device: torch.device) -> str | None:
     """``None`` if the kernel can run on ``device``, else why not."""
     if triton is None:
@@ -575,9 +583,20 @@ def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse2: Tensor, do: Tenso
 
 def unsupported(q: Tensor, k: Tensor, v: Tensor, window: object) -> str | None:
     """``None`` if the kernel computes this problem, else why not."""
+    if q.dtype not in KERNEL_DTYPES:
+        # float64 fails an assertion inside Triton's compiler (its products accumulate in float32)
+        return f"the sliding-window kernel takes float16, bfloat16 or float32, got {q.dtype}"
     why = available(q.device)
     if why is not None:
         return why
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+        # Triton 3.6's interpreter multiplies bf16 tiles as their raw bits: outputs ~1e9, no error
+        return "Triton's CPU interpreter computes bfloat16 products wrongly: use float16 or float32 on the CPU"
+    largest = max(t.numel() for t in (q, k, v))
+    if largest > MAX_ELEMENTS:
+        # a head's base is b * stride_b + h * stride_h in 32-bit integers: past 2**31 elements it wraps
+        return (f"the sliding-window kernel addresses its operands with 32-bit offsets: at most {MAX_ELEMENTS} "
+                f"elements per tensor, got {largest} (split the batch)")
     d = q.shape[-1]
     if q.shape[2] != k.shape[2]:
         return f"the sliding-window kernel needs Sq == Skv, got {q.shape[2]} and {k.shape[2]}"

@@ -52,6 +52,17 @@ class LossConfig:
                 raise LCEValueError(f"softcap must be None or a finite number > 0, got {self.softcap}")
 
 
+def as_real(name: str, value: object) -> float:
+    """``float(value)`` for a number (a Python or NumPy scalar, a one-element tensor), else
+    :class:`LCETypeError` (``float()`` alone would take ``"0.1"``, and ``True`` as 1.0)."""
+    if isinstance(value, (str, bytes, bool)):
+        raise LCETypeError(f"{name} must be a real number, got {type(value).__name__}")
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise LCETypeError(f"{name} must be a real number, got {type(value).__name__}") from exc
+
+
 def _check_real(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise LCETypeError(f"{name} must be a real number, got {type(value).__name__}")

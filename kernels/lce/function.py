@@ -1,6 +1,7 @@
 """Entry point: argument checks, routing between implementations, and the autograd Function."""
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import astuple, dataclass
 from typing import Any
@@ -11,7 +12,7 @@ from ..triton_launch import on_device
 from .chunked import default_chunk_size
 from .class_major import class_major_grad_dtype, class_major_slab_rows
 from .column_kernels import triton_column_pass
-from .config import IMPLEMENTATIONS, LossConfig, compute_dtype_for
+from .config import IMPLEMENTATIONS, LossConfig, as_real, compute_dtype_for
 from .errors import (
     BackwardTwiceError,
     LCEDeviceError,
@@ -198,7 +199,8 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
     For ``"mean"``/``"sum"`` the gradients are computed during the forward pass (one pass
     over the logits instead of two) and scaled by the upstream gradient in ``backward``;
     they are consumed there, so a second backward raises :class:`BackwardTwiceError`.
-    For ``"none"`` the backward pass recomputes the logits chunk by chunk.
+    For ``"none"`` the backward pass recomputes the logits chunk by chunk. There is no double
+    backward: a backward with ``create_graph=True`` raises :class:`UnsupportedFeatureError`.
     """
 
     @staticmethod
@@ -218,6 +220,11 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor, _grad_z: torch.Tensor):  # type: ignore[override]
+        if torch.is_grad_enabled():  # create_graph=True: these gradients would be constants to autograd
+            raise UnsupportedFeatureError(
+                "linear_cross_entropy has no double backward (a backward with create_graph=True): its "
+                "gradients come from fused passes, not from differentiable ops; implementation='reference' has one"
+            )
         plan: Plan = ctx.plan
         if plan.cfg.reduction == "none":
             x, weight, target, bias, class_weight, coefs = ctx.saved_tensors
@@ -312,7 +319,8 @@ def linear_cross_entropy(
         inputs (float64 for float64: a bf16 scalar loss would keep only 3 significant digits),
         and with ``return_z_loss`` a ``(loss, z_loss)`` pair.
     """
-    cfg = LossConfig(reduction, ignore_index, float(label_smoothing), float(z_loss), None if softcap is None else float(softcap))
+    cfg = LossConfig(reduction, ignore_index, as_real("label_smoothing", label_smoothing), as_real("z_loss", z_loss),
+                     None if softcap is None else as_real("softcap", softcap))
     input, weight, bias, master_weight = _apply_autocast(input, weight, bias)
     if not isinstance(implementation, str):
         raise LCETypeError(f"implementation must be a str, got {type(implementation).__name__}")
@@ -335,7 +343,7 @@ def linear_cross_entropy(
         loss, z = reference_linear_cross_entropy(input, weight, target, bias, cfg, class_weight)
         return (loss, z) if return_z_loss else loss
 
-    x2d = input.reshape(-1, input.shape[-1])
+    x2d = input.reshape(math.prod(input.shape[:-1]), input.shape[-1])  # not -1: ambiguous when H is 0
     if not x2d.is_contiguous():
         x2d = x2d.contiguous()
     w2d = weight if weight.is_contiguous() else weight.contiguous()

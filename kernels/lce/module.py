@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import IMPLEMENTATIONS, LossConfig
-from .errors import LCEValueError
+from .config import IMPLEMENTATIONS, LossConfig, as_real
+from .errors import LCETypeError, LCEValueError
 from .function import linear_cross_entropy
 
 
@@ -54,14 +54,23 @@ class LinearCrossEntropyLoss(nn.Module):
         out_features = tuple(out_features)
         if any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in out_features):
             raise LCEValueError(f"out_features must be a tuple of positive ints, got {out_features!r}")
+        if weight is not None and not isinstance(weight, torch.Tensor):
+            raise LCETypeError(
+                f"weight (the class weights) must be a torch.Tensor or None, got {type(weight).__name__}")
         if weight is not None and tuple(weight.shape) != (num_classes,):
             raise LCEValueError(f"expected weight shape to be {(num_classes,)}, got {tuple(weight.shape)}")
         if implementation not in IMPLEMENTATIONS:
             raise LCEValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
         ignore = -100 if ignore_index is None else ignore_index
-        LossConfig(reduction, ignore, float(label_smoothing), float(z_loss), softcap)  # validates early
+        label_smoothing, z_loss = as_real("label_smoothing", label_smoothing), as_real("z_loss", z_loss)
+        LossConfig(reduction, ignore, label_smoothing, z_loss, softcap)  # validates early
         if options is not None and chunk_size is None:
             chunk_size = getattr(options, "batch_chunk_size", None)
+        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
+                                       or chunk_size < 1):
+            raise LCEValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+        if not isinstance(accum_dtype, torch.dtype):
+            raise LCETypeError(f"accum_dtype must be a torch.dtype, got {type(accum_dtype).__name__}")
         self.num_classes = num_classes
         self.out_features = out_features
         self.reduction = reduction

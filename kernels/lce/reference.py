@@ -1,6 +1,8 @@
 """Reference implementation: plain PyTorch on materialised logits (used by the tests)."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -30,7 +32,7 @@ def reference_linear_cross_entropy(
     cw = class_weight.to(ct) if class_weight is not None else None
     probabilities = target.is_floating_point()
     if w.dim() == 2:
-        logits = F.linear(x.reshape(-1, x.shape[-1]), w, b)
+        logits = F.linear(x.reshape(math.prod(x.shape[:-1]), x.shape[-1]), w, b)  # -1 is ambiguous at H = 0
         flat_target = target.reshape(-1, target.shape[-1]).to(ct) if probabilities else target.reshape(-1)
     else:
         batched = x.dim() == 2

@@ -89,12 +89,37 @@ def test_math_attention_empty_rows_give_zero_and_minus_inf():
     assert torch.isfinite(out).all()
 
 
+def test_math_attention_without_queries_returns_empty_out_and_lse():
+    """Sq = 0 failed in torch.cat on the empty list of query chunks (an untyped ValueError)."""
+    q, k, v = torch.randn(2, 4, 0, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 6)
+    out, lse = attention(q, k, v, M.causal(), return_lse=True)
+    assert out.shape == (2, 4, 0, 6) and out.dtype == q.dtype
+    assert lse.shape == (2, 4, 0) and lse.dtype == torch.float32
+
+
+def test_math_attention_refuses_a_chunk_size_below_one():
+    """chunk_size=-1 returned an output without queries; 0 failed in range() untyped."""
+    q = torch.randn(1, 2, 5, 8)
+    for bad in (-1, 0, 2.0):
+        with pytest.raises(AttentionInputError, match="chunk_size"):
+            math_attention(q, q, q, chunk_size=bad)
+
+
 def test_scale_argument():
     q, k, v = rand_qkv(1, 2, 2, 40, 8, grad=False)
     m = M.sliding_window(5)
     a = attention(q, k, v, m, scale=0.1)
     b = attention(q * (0.1 * math.sqrt(8)), k, v, m)
     assert rel(a, b) < 1e-5
+
+
+def test_scale_and_cache_of_the_wrong_type_raise_typed():
+    """scale="0.5" failed inside SDPA and cache={} inside dict.get, both untyped TypeErrors."""
+    q, k, v = rand_qkv(1, 2, 2, 16, 8, grad=False)
+    with pytest.raises(AttentionInputError, match="scale must be a real number"):
+        attention(q, k, v, scale="0.5")
+    with pytest.raises(AttentionInputError, match="cache must be a BlockMaskCache"):
+        attention(q, k, v, M.sliding_window(4), backend="flex", cache={})
 
 
 def test_backend_selection_cpu():
@@ -150,6 +175,19 @@ def test_eager_flex_fallback_is_refused():
         attention(q, k, v, M.sliding_window(8), backend="flex")
 
 
+def test_flex_at_the_recompile_limit_raises_typed(monkeypatch):
+    """Dynamo's recompile limit (a ninth length or window size by default) ended the compiled
+    flex call with Dynamo's own FailOnRecompileLimitHit; it is the documented typed error."""
+    import torch._dynamo
+
+    from kernels.attention import functional
+
+    monkeypatch.setattr(functional, "_COMPILED", {})
+    q, k, v = rand_qkv(1, 2, 2, 48, 8, grad=False)
+    with torch._dynamo.config.patch(recompile_limit=0), pytest.raises(FlexEagerFallbackError, match="recompile limit"):
+        attention(q, k, v, M.sliding_window(8), backend="flex", cache=BlockMaskCache())
+
+
 def test_block_mask_cache_lru_and_keys():
     cache = BlockMaskCache(max_entries=2)
     a = cache.get(M.sliding_window(8), 1, 2, 64, 64, "cpu")
@@ -164,8 +202,9 @@ def test_block_mask_cache_lru_and_keys():
         cache.get(M.causal(), 1, 1, 64, 64, "cpu", block_size=100)
     with pytest.raises(AttentionInputError, match="q_len"):
         cache.get(M.causal(), 1, 1, 0, 64, "cpu")
-    with pytest.raises(AttentionInputError, match="max_entries"):
-        BlockMaskCache(max_entries=0)
+    for bad in (0, 2.5, "8"):  # 2.5 was taken, "8" failed comparing str with int
+        with pytest.raises(AttentionInputError, match="max_entries"):
+            BlockMaskCache(max_entries=bad)
 
 
 def test_compiled_block_mask_build_matches_eager_and_does_not_warn():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
@@ -87,6 +88,7 @@ def test_document_ids_from_offsets():
     ids = M.document_ids_from_offsets([0, 2, 5, 6])
     assert ids.tolist() == [0, 0, 1, 1, 1, 2]
     assert M.document_ids_from_offsets(torch.tensor([0, 3]), seq_len=3).tolist() == [0, 0, 0]
+    assert M.document_ids_from_offsets([0, 2.0, np.int64(3)]).tolist() == [0, 0, 1]
 
 
 def test_keys_hash_by_value():
@@ -128,6 +130,8 @@ def test_and_or_flatten():
         (lambda: M.document_ids_from_offsets([0, 4, 4]), "increase strictly"),
         (lambda: M.document_ids_from_offsets([0]), "at least two"),
         (lambda: M.document_ids_from_offsets([0, 4], seq_len=5), "seq_len is 5"),
+        (lambda: M.document_ids_from_offsets([0, 2.5, 5]), "integers, got 2.5"),  # was truncated to 2
+        (lambda: M.document_ids_from_offsets([0, "4"]), "integers, got '4'"),
         (lambda: M.causal() & "x", "Mask objects"),
         (lambda: M.Not(3), "Not takes a Mask"),
     ],

@@ -73,6 +73,14 @@ for backend in ("sdpa", "triton_window"):
     model(ids).float().pow(2).mean().backward()
     grads[backend] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 worst["model"] = float((grads["triton_window"] - grads["sdpa"]).norm() / grads["sdpa"].norm())
+# no double backward: create_graph=True once gave gradients that autograd took for constants
+from kernels.attention.errors import AttentionError
+q = torch.randn(1, 2, 20, 16, requires_grad=True)
+try:
+    torch.autograd.grad(attention(q, q, q, SlidingWindow(4), backend="triton_window").sum(), q, create_graph=True)
+    raise AssertionError("double backward was not refused")
+except AttentionError as exc:
+    assert "create_graph=True" in str(exc), exc
 print("seed", seed, "worst", worst)
 assert max(worst.values()) <= 1e-5, worst
 '''
@@ -127,6 +135,29 @@ def test_window_backend_refuses_what_it_cannot_compute() -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         with pytest.raises(AttentionInputError, match="CUDA"):
             attention(q, q, q, SlidingWindow(4), backend="triton_window")
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_window_backend_refuses_dtypes_it_cannot_compute(monkeypatch) -> None:
+    """float64 failed an assertion inside Triton's compiler; bf16 under the CPU interpreter
+    returned outputs of ~1e9 without an error."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(AttentionInputError, match="float16, bfloat16 or float32, got torch.float64"):
+        attention(*(q.double(),) * 3, SlidingWindow(4), backend="triton_window")
+    with pytest.raises(AttentionInputError, match="interpreter computes bfloat16"):
+        attention(*(q.bfloat16(),) * 3, SlidingWindow(4), backend="triton_window")
+
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_window_backend_refuses_operands_past_32_bit_offsets(monkeypatch) -> None:
+    """A head's base offset is a 32-bit product in the kernels: past 2**31 elements it wrapped.
+    (An expanded view: the size without the memory.)"""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    q = torch.zeros(1, 1, 1, 16).expand(2**13, 16, 2**10, 16)  # 2**31 elements
+    assert "32-bit offsets" in (wt.unsupported(q, q, q, 4) or "")
+    assert wt.unsupported(q[:, :, :-1], q[:, :, :-1], q[:, :, :-1], 4) is None
 
 
 _B, _C = wt.Blocks, wt.WindowConfig

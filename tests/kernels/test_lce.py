@@ -239,6 +239,22 @@ def test_unbatched_input():
     assert _rel(out, F.cross_entropy(F.linear(x, w), t)) <= 1e-10
 
 
+@pytest.mark.parametrize("impl", ["chunked", "reference"])
+def test_zero_features_give_cross_entropy_of_the_bias(impl):
+    """H = 0 failed in reshape(-1, 0) (which cannot infer the rows) with an untyped RuntimeError."""
+    x = torch.randn(2, 3, 0, requires_grad=True)
+    w = torch.randn(5, 0, requires_grad=True)
+    b = torch.randn(5, requires_grad=True)
+    t = torch.randint(0, 5, (2, 3))
+    loss = linear_cross_entropy(x, w, t, b, implementation=impl)
+    loss.backward()
+    br = b.detach().clone().requires_grad_()
+    expected = F.cross_entropy(br.expand(6, 5), t.reshape(-1))
+    expected.backward()
+    assert _rel(loss, expected) <= 1e-6 and _rel(b.grad, br.grad) <= 1e-6
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape
+
+
 def test_no_grad_returns_loss_only():
     x = torch.randn(20, 8, requires_grad=True)
     w = torch.randn(30, 8, requires_grad=True)
@@ -291,6 +307,22 @@ def test_gradient_scaled_by_upstream_and_backward_twice_raises():
     assert _rel(w.grad, wr.grad) <= 1e-12
     with pytest.raises(BackwardTwiceError):
         loss.backward()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_double_backward_is_refused_and_reference_has_one(reduction):
+    """create_graph=True gave "mean" a gradient autograd took for a constant (a gradient penalty
+    on it added nothing, silently) and "none" an untyped error from mm(out=)."""
+    x = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, 8, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 7, (5,))
+    loss = linear_cross_entropy(x, w, t, reduction=reduction).sum()
+    with pytest.raises(UnsupportedFeatureError, match="create_graph=True"):
+        torch.autograd.grad(loss, x, create_graph=True)
+    ref = linear_cross_entropy(x, w, t, reduction=reduction, implementation="reference").sum()
+    (gx,) = torch.autograd.grad(ref, x, create_graph=True)
+    (gw,) = torch.autograd.grad(gx.square().sum(), w)
+    assert gw.abs().sum() > 0
 
 
 def test_never_materialises_more_than_one_chunk_of_logits():
@@ -562,6 +594,12 @@ BAD_CALLS = {
     "label_smoothing": (lambda x, w, t: linear_cross_entropy(x, w, t, label_smoothing=1.5), LCEValueError, "label_smoothing"),
     "z_loss": (lambda x, w, t: linear_cross_entropy(x, w, t, z_loss=-1.0), LCEValueError, "z_loss"),
     "softcap": (lambda x, w, t: linear_cross_entropy(x, w, t, softcap=0.0), LCEValueError, "softcap"),
+    "label_smoothing string": (lambda x, w, t: linear_cross_entropy(x, w, t, label_smoothing="0.1"), LCETypeError,
+                               "label_smoothing must be a real number, got str"),
+    "z_loss string": (lambda x, w, t: linear_cross_entropy(x, w, t, z_loss="1e-4"), LCETypeError, "z_loss"),
+    "softcap string": (lambda x, w, t: linear_cross_entropy(x, w, t, softcap="30"), LCETypeError, "softcap"),
+    "label_smoothing bool": (lambda x, w, t: linear_cross_entropy(x, w, t, label_smoothing=True), LCETypeError,
+                             "label_smoothing"),
     "chunk_size": (lambda x, w, t: linear_cross_entropy(x, w, t, chunk_size=0), LCEValueError, "chunk_size"),
     "accum_dtype": (lambda x, w, t: linear_cross_entropy(x, w, t, accum_dtype=torch.float16), LCEValueError, "accum_dtype"),
     "implementation": (lambda x, w, t: linear_cross_entropy(x, w, t, implementation="cuda"), LCEValueError, "implementation"),
@@ -591,6 +629,14 @@ def test_module_constructor_validates():
         LinearCrossEntropyLoss(0, 10)
     with pytest.raises(LCEValueError, match="implementation"):
         LinearCrossEntropyLoss(4, 10, implementation="fast")
+    with pytest.raises(LCETypeError, match="z_loss must be a real number"):
+        LinearCrossEntropyLoss(4, 10, z_loss="1e-4")
+    with pytest.raises(LCETypeError, match="class weights"):  # was an AttributeError on list.shape
+        LinearCrossEntropyLoss(4, 10, weight=[1.0] * 10)
+    with pytest.raises(LCEValueError, match="chunk_size"):  # these two were taken, to fail at the first call
+        LinearCrossEntropyLoss(4, 10, chunk_size=0)
+    with pytest.raises(LCETypeError, match="accum_dtype"):
+        LinearCrossEntropyLoss(4, 10, accum_dtype="float32")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert "z_loss=0.5" in repr(LinearCrossEntropyLoss(4, 10, z_loss=0.5))

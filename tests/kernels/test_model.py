@@ -190,6 +190,8 @@ def test_param_and_flop_accounting():
         ({"attn_backend": "xformers"}, "attn_backend"),
         ({"dim": 36, "n_heads": 12, "n_kv_heads": 4}, "head_dim \\(3\\) must be even"),
         ({"norm_eps": 0.0}, "positive"),
+        ({"rope_theta": "1e4"}, "rope_theta must be a positive number"),  # failed comparing str with int
+        ({"tie_embeddings": "no"}, "tie_embeddings must be a bool"),  # was taken as true: tied
     ],
 )
 def test_bad_config_raises(kwargs, match):
