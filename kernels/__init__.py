@@ -8,6 +8,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from . import interpreter_compat
+
+interpreter_compat.apply()  # before any kernel runs under TRITON_INTERPRET=1 (imports Triton only then)
+
 _EXPORTS: dict[str, str] = {
     "linear_cross_entropy": "kernels.lce",
     "LinearCrossEntropyLoss": "kernels.lce",

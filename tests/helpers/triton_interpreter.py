@@ -11,23 +11,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
-# Triton 3.6's interpreter calls int() on 1-element arrays, which numpy >= 2.4 refuses.
-_PATCH = r'''
-import numpy as np
-import triton.runtime.interpreter as interp
-_orig = interp._patch_lang_tensor
-def _patched(tensor, scope):
-    _orig(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
-interp._patch_lang_tensor = _patched
-'''
-
 
 def run_interpreted(script: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """Run ``script`` with ``TRITON_INTERPRET=1`` and the repository importable; CPU only."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    return subprocess.run([sys.executable, "-c", _PATCH + script], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
 
 
