@@ -176,7 +176,7 @@ ENGINE_OP_BACKSTOP = timedelta(days=1)
 class GlooBackend(TorchCommBackend):
     backend_name = "gloo"
     capabilities = BackendCapabilities(devices=("cpu",), abort=False, shrink=True, dtypes=_GLOO_DTYPES,
-                                       recv_any_source=True)
+                                       complex_product=False, recv_any_source=True)
 
     def init(self) -> None:
         ctx = self.ctx

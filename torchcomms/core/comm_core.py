@@ -87,7 +87,7 @@ class CommCore:
         self.global_ranks = ctx.global_ranks or tuple(range(ctx.size))
         caps = backend.capabilities
         self.checker = Checker(self.name, self.rank, self.size, self.device, caps.dtypes, caps.bitwise_ops,
-                               backend.backend_name, caps.recv_any_source)
+                               backend.backend_name, caps.recv_any_source, caps.complex_product)
         self.current_stream_sync = caps.current_stream_sync  # launch(..., async_op=) (see dispatch)
         self.seq = itertools.count(1)
         self.p2p_seq = itertools.count(1)

@@ -22,7 +22,7 @@ class Checker:
     """Argument checks bound to one communicator's identity, rank, size and device."""
 
     __slots__ = ("comm", "rank", "size", "device_type", "device", "dtypes", "bitwise_ops", "backend",
-                 "recv_any_source")
+                 "recv_any_source", "complex_product")
 
     def __init__(
         self,
@@ -34,6 +34,7 @@ class Checker:
         bitwise_ops: bool = True,
         backend: str = "",
         recv_any_source: bool = False,
+        complex_product: bool = True,
     ) -> None:
         self.comm = comm
         self.rank = rank
@@ -44,6 +45,7 @@ class Checker:
         self.bitwise_ops = bitwise_ops
         self.backend = backend
         self.recv_any_source = recv_any_source
+        self.complex_product = complex_product
 
     # --- errors ----------------------------------------------------------------------------
     def type_error(self, op: str, msg: str) -> CommTypeError:
@@ -106,6 +108,10 @@ class Checker:
         elif (t is RedOpType.MIN or t is RedOpType.MAX) and dtype.is_complex:
             # no engine orders complex numbers: gloo and MPI fail it in the engine, breaking the communicator
             raise self.type_error(op, f"{red!r} needs a real tensor (complex numbers have no order), got {dtype}")
+        elif t is RedOpType.PRODUCT and dtype.is_complex and not self.complex_product:
+            # gloo fails it inside the engine ("does not support PRODUCT on complex tensors"), breaking the communicator
+            raise self.type_error(op, f"{red!r} of a complex tensor is not supported by backend {self.backend!r}, "
+                                      f"got {dtype}")
 
     # --- tensors ---------------------------------------------------------------------------
     def tensor(self, op: str, name: str, t: Any) -> None:
