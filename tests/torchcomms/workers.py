@@ -126,6 +126,20 @@ def _matrix(comm: torchcomms.TorchComm, async_op: bool) -> dict[str, Any]:
         out = torch.empty(4 * n, dtype=dt)
         run(comm.all_gather_single(out, allin[r], async_op))
         check(f"all_gather_single {dname}", out, torch.cat(allin))
+        # the flat ops take any shapes of the right element counts (0-dim, dim 0 not world_size ×)
+        out = torch.empty(n, dtype=dt)
+        run(comm.all_gather_single(out, allin[r][0].clone(), async_op))
+        check(f"all_gather_single 0-dim input {dname}", out, torch.stack([x[0] for x in allin]))
+        out = torch.empty(2 * n, 2, dtype=dt)
+        run(comm.all_gather_single(out, allin[r].view(2, 2).t().contiguous(), async_op))
+        check(f"all_gather_single reshaped {dname}", out.view(-1),
+              torch.cat([x.view(2, 2).t().reshape(-1) for x in allin]))
+        out = torch.empty((), dtype=dt)
+        run(comm.reduce_scatter_single(out, allin[r][:n].clone(), ReduceOp.SUM, async_op))  # n <= 4
+        check(f"reduce_scatter_single 0-dim output {dname}", out, reduce_ref("SUM", [x[r] for x in allin], dt))
+        out = torch.empty(2, 2, dtype=dt)
+        run(comm.reduce_scatter_single(out, allin[r].repeat(n).view(2, 2 * n), ReduceOp.SUM, async_op))
+        check(f"reduce_scatter_single reshaped {dname}", out, reduce_ref("SUM", allin, dt).view(2, 2))
         vin = [data(q, q + 2, dt, salt) for q in range(n)]
         outs = [torch.empty(q + 2, dtype=dt) for q in range(n)]
         run(comm.all_gather_v(outs, vin[r], async_op))

@@ -438,8 +438,10 @@ class GlooBackend(TorchCommBackend):
             works.append(self._pg.broadcast([_real(t)], opts))
         return self._handle(works)
 
+    # The flat ops (``*_single``) take any shapes of the right element counts; c10d's gloo compares
+    # dim 0 (a 0-dim output made its reduce-scatter crash the process), so they get flat views.
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
-        return self._handle([self._pg._allgather_base(_real(output), _real(input))])
+        return self._handle([self._pg._allgather_base(_real(output.view(-1)), _real(input.view(-1)))])
 
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp) -> EngineHandle:
         opts = dist.ReduceScatterOptions()
@@ -453,7 +455,8 @@ class GlooBackend(TorchCommBackend):
         opts = dist.ReduceScatterOptions()
         opts.reduceOp = _C10D_OPS[op.type]
         src = premul_scaled(input, op)
-        return self._handle([self._pg._reduce_scatter_base(output, src, opts)], self._avg_finish(output, op))
+        return self._handle([self._pg._reduce_scatter_base(output.view(-1), src.view(-1), opts)],
+                            self._avg_finish(output, op))
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
         return self._handle([self._pg.alltoall_base(_real(output), _real(input), [], [], dist.AllToAllOptions())])
