@@ -243,6 +243,12 @@ class GlooBackend(TorchCommBackend):
         return self._pg
 
     def finalize(self) -> None:
+        """Let go of the engine now: with it, the last framed receive (and check-mode send) per
+        peer, which hold it too; else it lived until the interpreter's teardown destroyed it,
+        which can abort the process ("terminate called without an active exception")."""
+        with self._pending_lock:
+            self._last_recv.clear()
+            self._last_send.clear()
         self._pg = None  # type: ignore[assignment]
 
     def release_at_exit(self) -> None:
