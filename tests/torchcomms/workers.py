@@ -242,6 +242,20 @@ def split_behaviour() -> dict[str, Any]:
         out["mismatch"] = str(e)
     out["parent_seqs"] = [s for name, s in seen]
     out["parent_ops"] = [name for name, s in seen]
+    # arguments one rank refuses are refused on every rank, promptly (the others passed [], or a
+    # valid list), and the parent goes on
+    refusals = {"duplicates": [0, 0] if r == 0 else [], "out of range": [0, n] if r == 0 else [],
+                "without self": [0] if r in (0, n - 1) else []}
+    out["refused"] = {}
+    for case, ranks in refusals.items():
+        try:
+            comm.split(ranks, f"refused-{case}", timeout=timedelta(seconds=30))
+            out["refused"][case] = "returned"
+        except torchcomms.CommError as e:
+            out["refused"][case] = f"{type(e).__name__}: {e}"
+    t = torch.ones(1)
+    comm.all_reduce(t, ReduceOp.SUM, False)
+    out["sum_after_refusals"] = t.item()
     sub.finalize()
     rev.finalize()
     comm.finalize()
