@@ -39,6 +39,7 @@ def test_split(world: int, launch: Launch) -> None:
         # split is an op of the parent: it takes sequence numbers like any collective
         assert v["parent_ops"].count("split") == 4
         assert v["parent_seqs"] == sorted(v["parent_seqs"])
+        assert v.get("impl_types", [True]) == [True] * len(v.get("impl_types", [True]))
         # a rank's refused arguments: it raises its own error, the others CollectiveMismatchError
         # naming it, at once (they waited for it until the timeout, breaking the parent)
         refusers = {"duplicates": 0, "out of range": 0, "without self": world - 1}

@@ -242,6 +242,10 @@ def split_behaviour() -> dict[str, Any]:
         out["mismatch"] = str(e)
     out["parent_seqs"] = [s for name, s in seen]
     out["parent_ops"] = [name for name, s in seen]
+    if engine() == "gloo":  # the reference names the engine's type in torchcomms._comms_gloo
+        from torchcomms._comms_gloo import TorchCommGloo
+
+        out["impl_types"] = [isinstance(c.get_backend_impl(), TorchCommGloo) for c in (comm, sub, rev)]
     # arguments one rank refuses are refused on every rank, promptly (the others passed [], or a
     # valid list), and the parent goes on
     refusals = {"duplicates": [0, 0] if r == 0 else [], "out of range": [0, n] if r == 0 else [],
