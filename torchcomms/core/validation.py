@@ -105,6 +105,8 @@ class Checker:
             raise self.type_error(op, f"ReduceOp.AVG needs a numeric tensor, got {dtype}")
         elif t is RedOpType.PREMUL_SUM and not (dtype.is_floating_point or dtype.is_complex):
             raise self.type_error(op, f"ReduceOp.PREMUL_SUM needs a floating-point tensor, got {dtype}")
+        elif t is RedOpType.PREMUL_SUM and isinstance(red.factor, _Tensor):
+            self.premul_factor(op, red.factor, dtype)
         elif (t is RedOpType.MIN or t is RedOpType.MAX) and dtype.is_complex:
             # no engine orders complex numbers: gloo and MPI fail it in the engine, breaking the communicator
             raise self.type_error(op, f"{red!r} needs a real tensor (complex numbers have no order), got {dtype}")
@@ -112,6 +114,17 @@ class Checker:
             # gloo fails it inside the engine ("does not support PRODUCT on complex tensors"), breaking the communicator
             raise self.type_error(op, f"{red!r} of a complex tensor is not supported by backend {self.backend!r}, "
                                       f"got {dtype}")
+
+    def premul_factor(self, op: str, factor: _Tensor, dtype: torch.dtype) -> None:
+        """A PREMUL_SUM's tensor factor: real for a real tensor, and on the CPU or this
+        communicator's device (a factor on another device scaled by an unspecified value, or failed
+        in the engine; a complex one failed in the engine: both broke the communicator)."""
+        if factor.dtype.is_complex and not dtype.is_complex:
+            raise self.type_error(op, f"ReduceOp.PREMUL_SUM's factor is complex ({factor.dtype}) but the tensor is "
+                                      f"{dtype}")
+        if factor.device.type not in ("cpu", self.device_type):
+            raise self.value_error(op, f"ReduceOp.PREMUL_SUM's factor is on {factor.device}, but this "
+                                       f"communicator's device is {self.device} (or pass a CPU tensor or a number)")
 
     # --- tensors ---------------------------------------------------------------------------
     def tensor(self, op: str, name: str, t: Any) -> None:
