@@ -31,7 +31,8 @@ def _held_after(base: int, limit_s: float = 10.0) -> int:
 def completed_async_ops_hold_nothing(numel: int = 2 * MIB) -> dict[str, Any]:
     """An async reduce-scatter and all-gather, waited for, then every reference of the caller
     dropped: the bytes each op still holds (its input, output and the engine's copies). Then a
-    send and a receive each way, and whether the engine outlived ``finalize()``."""
+    send and a receive each way, and whether the engine and its p2p helper threads outlived
+    ``finalize()``."""
     count_allocations()
     comm = torchcomms.new_comm("gloo", torch.device("cpu"), name="release")
     size = comm.get_size()
@@ -61,4 +62,14 @@ def completed_async_ops_hold_nothing(numel: int = 2 * MIB) -> dict[str, Any]:
     comm.finalize()
     gc.collect()
     held["engine_alive_after_finalize"] = engine() is not None
+    end = time.monotonic() + 10
+    while _p2p_threads() and time.monotonic() < end:
+        time.sleep(0.01)
+    held["p2p_threads_after_finalize"] = _p2p_threads()
     return held
+
+
+def _p2p_threads() -> int:
+    import threading
+
+    return sum(t.name == "torchcomms-gloo-p2p" for t in threading.enumerate())

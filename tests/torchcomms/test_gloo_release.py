@@ -11,10 +11,11 @@ def test_completed_async_ops_release_their_tensors_and_engine_copies() -> None:
     # communicator's next op. FSDP2 kept 18 MiB of gradient buffers across steps that way.
     # finalize() lets go of the engine: a rank that had received kept it (its last receive from
     # each peer held it) until the interpreter's teardown destroyed it, where 2 in 10 jobs of a
-    # probe ended in "terminate called without an active exception" (SIGABRT).
+    # probe ended in "terminate called without an active exception" (SIGABRT); and its p2p
+    # helper threads end (each communicator that ran a p2p op left one behind: 30 after 30).
     for r in run_ranks(2, "tests.torchcomms.release_workers:completed_async_ops_hold_nothing", timeout=120):
         assert r.value == {"reduce_scatter_single": 0, "all_gather_single": 0, "all_reduce": 0,
-                           "engine_alive_after_finalize": False}, (r.rank, r.value)
+                           "engine_alive_after_finalize": False, "p2p_threads_after_finalize": 0}, (r.rank, r.value)
 
 
 def test_p2p_waiter_is_idle_only_once_its_threads_returned_from_completing() -> None:

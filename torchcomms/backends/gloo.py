@@ -122,9 +122,25 @@ class _BlockingWaiter:
             threading.Thread(target=self._loop, name="torchcomms-gloo-p2p", daemon=True).start()
         return fut
 
+    def close(self) -> None:
+        """Let every thread end once the works queued before this are done (each takes one
+        ``None``); else each communicator that ever ran a p2p op left its threads behind."""
+        with self._lock:
+            threads = self._threads
+        for _ in range(threads):
+            self._queue.put(None)
+
     def _loop(self) -> None:
         while True:
-            work, fut = self._queue.get()
+            item = self._queue.get()
+            if item is None:
+                with self._all_idle:
+                    self._idle -= 1
+                    self._threads -= 1
+                    self._all_idle.notify_all()
+                return
+            work, fut = item
+            del item  # the tuple would hold the work (and its tensors) past the ``del work`` below
             error: BaseException | None = None
             try:
                 work.wait()
@@ -258,11 +274,13 @@ class GlooBackend(TorchCommBackend):
     def finalize(self) -> None:
         """Let go of the engine now: with it, the last framed receive (and check-mode send) per
         peer, which hold it too; else it lived until the interpreter's teardown destroyed it,
-        which can abort the process ("terminate called without an active exception")."""
+        which can abort the process ("terminate called without an active exception"). The p2p
+        helper threads end."""
         with self._pending_lock:
             self._last_recv.clear()
             self._last_send.clear()
         self._pg = None  # type: ignore[assignment]
+        self._waiter.close()
 
     def release_at_exit(self) -> None:
         """Let go of the engine at the interpreter's exit (``exit_release``), or abandon it there
@@ -323,6 +341,10 @@ class GlooBackend(TorchCommBackend):
                 elif recorded == 0 and self._undelivered():
                     _log.warning("abandoned gloo engine %s: none of its connections was found (/proc), so its "
                                  "pending ops fail only when their peers' connections end", self.ctx.name)
+            except Exception:  # noqa: BLE001 - abort never raises
+                pass
+            try:
+                self._waiter.close()  # its threads end as their ops fail (the connections are shut)
             except Exception:  # noqa: BLE001 - abort never raises
                 pass
             _ABANDONED.append(pg)
