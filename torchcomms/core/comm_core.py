@@ -92,6 +92,7 @@ class CommCore:
         self.seq = itertools.count(1)
         self.p2p_seq = itertools.count(1)
         self.last_seq = 0
+        self.abort_hooks_ran = False  # on this engine (a reconfigured communicator can break anew)
 
     @property
     def state(self) -> CommState:
@@ -175,6 +176,10 @@ class CommCore:
             os._exit(1)
 
     def run_abort_hooks(self) -> None:
+        """The abort hooks, once per engine: at the first of breaking, being expelled and aborting."""
+        if self.abort_hooks_ran:
+            return
+        self.abort_hooks_ran = True
         for hook in list(self.abort_hooks.values()):
             try:
                 hook()
