@@ -110,6 +110,25 @@ def test_bad_input_raises_typed_error(comm, case) -> None:
     assert x.tolist() == [4.0, 4.0]
 
 
+def test_numpy_integer_ranks_are_taken(comm) -> None:
+    """A rank computed with numpy (np.argmax) is an int to the reference (pybind converts it); it
+    was refused with CommTypeError. The op's record holds a plain int (traces are JSON)."""
+    import numpy as np
+
+    roots: list[object] = []
+    comm.register_pre_hook(lambda name, op_id, rec: roots.append(rec.root if rec.root is not None else rec.peer))
+    x = t(2)
+    comm.broadcast(x, np.int64(2), False)
+    comm.reduce(x, np.int32(0), ReduceOp.SUM, False)
+    comm.send(x, np.int64(3), False)
+    batch = comm.batch_op_create()
+    batch.send(x, np.int64(0))
+    batch.issue(False)
+    assert roots[:3] == [2, 0, 3] and all(type(r) is int for r in roots[:3]), roots
+    with pytest.raises(CommTypeError, match="root must be an int"):
+        comm.broadcast(x, np.float64(1.0), False)
+
+
 def test_at_least_25_cases() -> None:
     assert len(CASES) >= 25
 

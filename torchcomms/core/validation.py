@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
+from numbers import Integral
 from typing import Any
 
 import torch
@@ -60,7 +61,8 @@ class Checker:
             raise self.type_error(op, f"{name} must be a bool, got {type(value).__name__}")
 
     def rank_arg(self, op: str, name: str, value: Any, allow_self: bool = True) -> None:
-        if isinstance(value, bool) or not isinstance(value, int):
+        # any integer (numpy's too, as pybind's int conversion takes them in the reference), not a bool
+        if isinstance(value, bool) or not isinstance(value, Integral):
             raise self.type_error(op, f"{name} must be an int rank, got {type(value).__name__}")
         if not 0 <= value < self.size:
             raise self.value_error(op, f"{name}={value} is out of range for a communicator of size {self.size}")
