@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -69,6 +70,29 @@ def objects() -> dict[str, Any]:
     lst3: list[Any] = [None] * n
     objcol.all_gather_object(c, lst3, Opaque(r), weights_only=False)
     out["opaque_trusted"] = [o.v for o in lst3]
+    # arguments one rank refuses (a list of the wrong length, an object that cannot be pickled)
+    # are refused on every rank taking part, at once; the communicator goes on
+    unpicklable = lambda: None  # noqa: E731
+    to = timedelta(seconds=20)
+    refusals = {
+        "scatter root list": lambda: objcol.scatter_object_list(c, 0, [None], [1] if r == 0 else None, to),
+        "gather root list": lambda: objcol.gather_object(c, r, 0, [None] if r == 0 else None, to),
+        "all_gather object": lambda: objcol.all_gather_object(c, [None] * n, unpicklable if r == 1 else r, to),
+        "broadcast object": lambda: objcol.broadcast_object_list(c, [unpicklable] if r == 0 else [None], 0, to),
+    }
+    if r in (0, 1):
+        refusals["send object"] = lambda: (objcol.send_object_list(c, [unpicklable], 1, to) if r == 0
+                                           else objcol.recv_object_list(c, [None], 0, to))
+    out["refused"] = {}
+    for case, call in refusals.items():
+        try:
+            call()
+            out["refused"][case] = "returned"
+        except torchcomms.CommError as e:
+            out["refused"][case] = f"{type(e).__name__}: {e}"
+    lst4: list[Any] = [None] * n
+    objcol.all_gather_object(c, lst4, r)
+    out["after_refusals"] = lst4
     c.finalize()
     return out
 

@@ -19,6 +19,17 @@ def test_object_collectives() -> None:
             assert v["p2p"] == [1, "two", 3.0]
         assert v["opaque"] == "UnpicklingError"
         assert v["opaque_trusted"] == list(range(n))
+        # the refusing rank raises its own CommValueError, the others CollectiveMismatchError
+        # naming it (they waited for it until the timeout)
+        refusers = {"scatter root list": 0, "gather root list": 0, "all_gather object": 1, "broadcast object": 0,
+                    "send object": 0}
+        assert len(v["refused"]) == (5 if r in (0, 1) else 4), v["refused"]
+        for case, got in v["refused"].items():
+            if r == refusers[case]:
+                assert got.startswith("CommValueError"), (case, got)
+            else:
+                assert got.startswith("CollectiveMismatchError") and f"[{refusers[case]}]" in got, (case, got)
+        assert v["after_refusals"] == list(range(n))
 
 
 def test_functional_collectives_compile_fullgraph() -> None:

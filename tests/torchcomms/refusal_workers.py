@@ -22,22 +22,49 @@ def _refused(call: Any) -> str:
 
 def complex_order_ops() -> dict[str, Any]:
     """MIN and MAX of complex tensors (complex numbers have no order) in every reducing
-    collective, then an all_reduce SUM that must still work on the same communicator."""
+    collective (``order``); PRODUCT of complex tensors in each (``product``: it either multiplies,
+    checked against torch's product here, or is refused); then an all_reduce SUM that must still
+    work on the same communicator."""
     comm = torchcomms.new_comm(engine(), torch.device("cpu"), "complex-order")
-    n = comm.get_size()
-    out: dict[str, Any] = {}
+    r, n = comm.get_rank(), comm.get_size()
+    order: dict[str, str] = {}
     for dt in (torch.complex64, torch.complex128):
         for op in (ReduceOp.MIN, ReduceOp.MAX):
             x = torch.ones(4, dtype=dt)
-            out[f"all_reduce {dt} {op}"] = _refused(lambda: comm.all_reduce(x, op, False))
-            out[f"reduce {dt} {op}"] = _refused(lambda: comm.reduce(x, 0, op, False))
-            out[f"reduce_scatter_single {dt} {op}"] = _refused(
+            order[f"all_reduce {dt} {op}"] = _refused(lambda: comm.all_reduce(x, op, False))
+            order[f"reduce {dt} {op}"] = _refused(lambda: comm.reduce(x, 0, op, False))
+            order[f"reduce_scatter_single {dt} {op}"] = _refused(
                 lambda: comm.reduce_scatter_single(torch.empty(4, dtype=dt), torch.ones(4 * n, dtype=dt), op, False))
+    out: dict[str, Any] = {"order": order, "product": _complex_products(comm, r, n)}
     t = torch.ones(3, dtype=torch.complex64)
     comm.all_reduce(t, ReduceOp.SUM, False)
     out["sum_after"] = [t.real.tolist(), t.imag.tolist()]
     comm.finalize()
     return out
+
+
+def _complex_products(comm: torchcomms.TorchComm, r: int, n: int) -> dict[str, str]:
+    """Each reducing collective's PRODUCT of complex tensors: ``correct``, ``returned`` (not the
+    root of a reduce), ``wrong: ...`` or the error it raised."""
+    value = lambda q: torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64) * (q + 1)  # noqa: E731
+    want = value(0)
+    for q in range(1, n):
+        want = want * value(q)
+    calls = {
+        "all_reduce": lambda x, out: comm.all_reduce(x, ReduceOp.PRODUCT, False),
+        "reduce": lambda x, out: comm.reduce(x, 0, ReduceOp.PRODUCT, False),
+        "reduce_scatter": lambda x, out: comm.reduce_scatter(out, [x] * n, ReduceOp.PRODUCT, False),
+        "reduce_scatter_single": lambda x, out: comm.reduce_scatter_single(out, x.repeat(n), ReduceOp.PRODUCT, False),
+    }
+    got: dict[str, str] = {}
+    for name, call in calls.items():
+        x, res = value(r), torch.zeros(2, dtype=torch.complex64)
+        outcome = _refused(lambda: call(x, res))
+        if outcome == "returned" and (name != "reduce" or r == 0):
+            result = x if name in ("all_reduce", "reduce") else res
+            outcome = "correct" if torch.allclose(result, want) else f"wrong: {result.tolist()}"
+        got[name] = outcome
+    return got
 
 
 def all_to_all_in_place() -> dict[str, Any]:

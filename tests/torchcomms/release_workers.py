@@ -2,7 +2,9 @@
 allocator (every allocation and free, on every thread)."""
 from __future__ import annotations
 
+import gc
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +30,9 @@ def _held_after(base: int, limit_s: float = 10.0) -> int:
 
 def completed_async_ops_hold_nothing(numel: int = 2 * MIB) -> dict[str, Any]:
     """An async reduce-scatter and all-gather, waited for, then every reference of the caller
-    dropped: the bytes each op still holds (its input, output and the engine's copies)."""
+    dropped: the bytes each op still holds (its input, output and the engine's copies). Then a
+    send and a receive each way, and whether the engine and its p2p helper threads outlived
+    ``finalize()``."""
     count_allocations()
     comm = torchcomms.new_comm("gloo", torch.device("cpu"), name="release")
     size = comm.get_size()
@@ -47,6 +51,25 @@ def completed_async_ops_hold_nothing(numel: int = 2 * MIB) -> dict[str, Any]:
         "all_gather_single": run(lambda o, i: comm.all_gather_single(o, i, async_op=True), numel // size, numel),
         "all_reduce": run(lambda o, i: comm.all_reduce(i, ReduceOp.SUM, async_op=True), numel, 0),
     }
+    peer = 1 - comm.get_rank()
+    for sends_first in (comm.get_rank() == 0, comm.get_rank() == 1):
+        if sends_first:
+            comm.send(torch.ones(4), peer, async_op=False)
+        else:
+            comm.recv(torch.empty(4), peer, async_op=False)
     comm.barrier(async_op=False)
+    engine = weakref.ref(comm.get_backend_impl())
     comm.finalize()
+    gc.collect()
+    held["engine_alive_after_finalize"] = engine() is not None
+    end = time.monotonic() + 10
+    while _p2p_threads() and time.monotonic() < end:
+        time.sleep(0.01)
+    held["p2p_threads_after_finalize"] = _p2p_threads()
     return held
+
+
+def _p2p_threads() -> int:
+    import threading
+
+    return sum(t.name == "torchcomms-gloo-p2p" for t in threading.enumerate())

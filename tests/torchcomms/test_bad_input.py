@@ -38,6 +38,11 @@ CASES: list[tuple[str, Callable[[Any], Any], type, str]] = [
     ("AVG on bool", lambda c: c.all_reduce(t(2, dtype=torch.bool), ReduceOp.AVG, False), CommTypeError, "AVG"),
     ("PREMUL_SUM on int", lambda c: c.all_reduce(t(2, dtype=torch.int64), ReduceOp.PREMUL_SUM(2.0), False),
      CommTypeError, "PREMUL_SUM"),
+    ("PREMUL_SUM complex factor on a real tensor",
+     lambda c: c.all_reduce(t(2), ReduceOp.PREMUL_SUM(torch.tensor(2 + 1j)), False), CommTypeError, "complex"),
+    ("PREMUL_SUM factor on another device",
+     lambda c: c.reduce_scatter_v(t(1), [t(1)] * 4, ReduceOp.PREMUL_SUM(torch.tensor(2.0, device="meta")), False),
+     CommValueError, "factor is on meta"),
     ("all_gather list length", lambda c: c.all_gather([t(2)] * 3, t(2), False), CommValueError, "must have 4"),
     ("all_gather shape", lambda c: c.all_gather([t(3)] * 4, t(2), False), CommValueError, "shape"),
     ("all_gather dtype", lambda c: c.all_gather([t(2, dtype=torch.float64)] * 4, t(2), False), CommTypeError, "dtype"),
@@ -81,9 +86,14 @@ CASES: list[tuple[str, Callable[[Any], Any], type, str]] = [
 ]
 
 
+#: refusals that are collective: the refusing rank still takes part in the op's exchange (so that
+#: the other ranks raise too instead of waiting for it), which takes one sequence number everywhere
+COLLECTIVE_REFUSALS = {"split duplicates", "split out of range", "split without self", "split empty name"}
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_raises_typed_error(comm, case) -> None:
-    _, call, exc_type, fragment = case
+    label, call, exc_type, fragment = case
     seq_before = comm._last_seq
     with pytest.raises(exc_type) as info:
         call(comm)
@@ -92,11 +102,31 @@ def test_bad_input_raises_typed_error(comm, case) -> None:
     assert isinstance(err, ValueError if exc_type is CommValueError else TypeError)
     assert fragment in str(err), str(err)
     assert "comm 'bad-input'" in str(err)
-    assert comm._last_seq == seq_before, "a refused op must not consume a sequence number"
+    taken = 1 if label in COLLECTIVE_REFUSALS else 0
+    assert comm._last_seq == seq_before + taken, "a refused op must not consume a sequence number"
     # the communicator is still usable afterwards
     x = t(2)
     comm.all_reduce(x, ReduceOp.SUM, False)
     assert x.tolist() == [4.0, 4.0]
+
+
+def test_numpy_integer_ranks_are_taken(comm) -> None:
+    """A rank computed with numpy (np.argmax) is an int to the reference (pybind converts it); it
+    was refused with CommTypeError. The op's record holds a plain int (traces are JSON)."""
+    import numpy as np
+
+    roots: list[object] = []
+    comm.register_pre_hook(lambda name, op_id, rec: roots.append(rec.root if rec.root is not None else rec.peer))
+    x = t(2)
+    comm.broadcast(x, np.int64(2), False)
+    comm.reduce(x, np.int32(0), ReduceOp.SUM, False)
+    comm.send(x, np.int64(3), False)
+    batch = comm.batch_op_create()
+    batch.send(x, np.int64(0))
+    batch.issue(False)
+    assert roots[:3] == [2, 0, 3] and all(type(r) is int for r in roots[:3]), roots
+    with pytest.raises(CommTypeError, match="root must be an int"):
+        comm.broadcast(x, np.float64(1.0), False)
 
 
 def test_at_least_25_cases() -> None:

@@ -67,3 +67,29 @@ def test_signatures_fit_and_describe_shapes_beyond_four_dims() -> None:
     assert verdict is not None
     message, odd = verdict
     assert odd == [1] and "float32[1, 2, 3, 4, …]" in message
+
+
+def test_v_ops_whose_ranks_list_different_sizes_do_not_fit() -> None:
+    """all_gather_v and reduce_scatter_v: every rank lists every rank's size; a list that differs
+    aborted a gloo rank in C++ (all_gather_v) or hung until the timeout (reduce_scatter_v)
+    although the check was on."""
+    import torch
+
+    def pair(name: OpName, lists: list[list[list[int]]]) -> torch.Tensor:
+        recs = []
+        for rank, sizes in enumerate(lists):
+            rec = _rec(name, 2, sizes)
+            mine = [sizes[rank]]
+            if name is OpName.all_gather_v:
+                rec.input_sizes = mine
+            else:
+                rec.output_sizes = mine
+            recs.append(encode(rec))
+        return torch.stack(recs)
+
+    fits = [[[3], [2]], [[3], [2]]]
+    odd = [[[3], [2]], [[2], [2]]]
+    for name in (OpName.all_gather_v, OpName.reduce_scatter_v):
+        assert compare(pair(name, fits), str(name)) is None
+        verdict = compare(pair(name, odd), str(name))
+        assert verdict is not None and f"{name} #2" in verdict[0], (name, verdict)

@@ -39,3 +39,13 @@ def test_split(world: int, launch: Launch) -> None:
         # split is an op of the parent: it takes sequence numbers like any collective
         assert v["parent_ops"].count("split") == 4
         assert v["parent_seqs"] == sorted(v["parent_seqs"])
+        assert v.get("impl_types", [True]) == [True] * len(v.get("impl_types", [True]))
+        # a rank's refused arguments: it raises its own error, the others CollectiveMismatchError
+        # naming it, at once (they waited for it until the timeout, breaking the parent)
+        refusers = {"duplicates": 0, "out of range": 0, "without self": world - 1}
+        for case, got in v["refused"].items():
+            if r == refusers[case]:
+                assert got.startswith("CommValueError"), (case, got)
+            else:
+                assert got.startswith("CollectiveMismatchError") and f"[{refusers[case]}]" in got, (case, got)
+        assert v["sum_after_refusals"] == float(world)

@@ -170,6 +170,22 @@ def test_abort_fails_inflight_and_later_ops_and_runs_hooks() -> None:
     c.finalize()
 
 
+def test_abort_hooks_run_once_when_a_broken_communicator_is_aborted() -> None:
+    """Breaking (here a peer failure) runs the abort hooks; the abort that follows, as
+    recovery code does, ran them a second time (a hook that dumps state dumped it twice)."""
+    c = fake("broken-then-aborted", **{"fake.hang_ops": "all_reduce"})
+    called: list[int] = []
+    c.register_abort_hook(lambda: called.append(1))
+    w = c.all_reduce(torch.ones(2), ReduceOp.SUM, True)
+    c.notify_peer_failure([3], "exited")
+    with pytest.raises(PeerFailureError):
+        w.wait()
+    assert called == [1]
+    c.abort()
+    assert called == [1]
+    c.finalize()
+
+
 def test_finalize_drains_outstanding_work() -> None:
     c = fake("drain")
     works = [c.all_reduce(torch.ones(2), ReduceOp.SUM, True) for _ in range(3)]

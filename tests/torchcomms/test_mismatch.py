@@ -38,6 +38,7 @@ def test_p2p_mismatch_raises_on_the_receiver(sent, sent_dtype, expected, expecte
         sent=sent, sent_dtype=sent_dtype, expected=expected, expected_dtype=expected_dtype))]
     assert sender == "ok"
     assert receiver.startswith("CollectiveMismatchError") and words in receiver, receiver
+    assert "[comm 'mm', recv #1]" in receiver, receiver  # where, as every error of an op says
 
 
 def test_p2p_mismatch_raises_on_both_sides_in_the_check_mode() -> None:
@@ -45,6 +46,7 @@ def test_p2p_mismatch_raises_on_both_sides_in_the_check_mode() -> None:
                             env=CHECK)
     assert sender.startswith("CollectiveMismatchError") and "rank 1 posted a buffer for 4 elements" in sender, sender
     assert receiver.startswith("CollectiveMismatchError") and "rank 0 sent 8 elements" in receiver, receiver
+    assert "[comm 'mm', send #1]" in sender and "[comm 'mm', recv #1]" in receiver, (sender, receiver)
 
 
 @pytest.mark.parametrize("env", [None, CHECK], ids=["default", "check"])
@@ -102,6 +104,7 @@ def test_batch_p2p_mismatch_raises_on_the_receiver(sent, expected, words, launch
     sender, receiver = [r.value for r in launch(2, f"{WORKERS}:batch_p2p", dict(sent=sent, expected=expected))]
     assert sender == "ok"
     assert receiver.startswith("CollectiveMismatchError") and words in receiver, receiver
+    assert "[comm 'mm', batch_p2p #1]" in receiver, receiver
 
 
 @pytest.mark.parametrize("sent,expected", [(3, 5), (5, 3)], ids=["shorter", "longer"])

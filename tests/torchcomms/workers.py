@@ -126,6 +126,20 @@ def _matrix(comm: torchcomms.TorchComm, async_op: bool) -> dict[str, Any]:
         out = torch.empty(4 * n, dtype=dt)
         run(comm.all_gather_single(out, allin[r], async_op))
         check(f"all_gather_single {dname}", out, torch.cat(allin))
+        # the flat ops take any shapes of the right element counts (0-dim, dim 0 not world_size ×)
+        out = torch.empty(n, dtype=dt)
+        run(comm.all_gather_single(out, allin[r][0].clone(), async_op))
+        check(f"all_gather_single 0-dim input {dname}", out, torch.stack([x[0] for x in allin]))
+        out = torch.empty(2 * n, 2, dtype=dt)
+        run(comm.all_gather_single(out, allin[r].view(2, 2).t().contiguous(), async_op))
+        check(f"all_gather_single reshaped {dname}", out.view(-1),
+              torch.cat([x.view(2, 2).t().reshape(-1) for x in allin]))
+        out = torch.empty((), dtype=dt)
+        run(comm.reduce_scatter_single(out, allin[r][:n].clone(), ReduceOp.SUM, async_op))  # n <= 4
+        check(f"reduce_scatter_single 0-dim output {dname}", out, reduce_ref("SUM", [x[r] for x in allin], dt))
+        out = torch.empty(2, 2, dtype=dt)
+        run(comm.reduce_scatter_single(out, allin[r].repeat(n).view(2, 2 * n), ReduceOp.SUM, async_op))
+        check(f"reduce_scatter_single reshaped {dname}", out, reduce_ref("SUM", allin, dt).view(2, 2))
         vin = [data(q, q + 2, dt, salt) for q in range(n)]
         outs = [torch.empty(q + 2, dtype=dt) for q in range(n)]
         run(comm.all_gather_v(outs, vin[r], async_op))
@@ -228,6 +242,24 @@ def split_behaviour() -> dict[str, Any]:
         out["mismatch"] = str(e)
     out["parent_seqs"] = [s for name, s in seen]
     out["parent_ops"] = [name for name, s in seen]
+    if engine() == "gloo":  # the reference names the engine's type in torchcomms._comms_gloo
+        from torchcomms._comms_gloo import TorchCommGloo
+
+        out["impl_types"] = [isinstance(c.get_backend_impl(), TorchCommGloo) for c in (comm, sub, rev)]
+    # arguments one rank refuses are refused on every rank, promptly (the others passed [], or a
+    # valid list), and the parent goes on
+    refusals = {"duplicates": [0, 0] if r == 0 else [], "out of range": [0, n] if r == 0 else [],
+                "without self": [0] if r in (0, n - 1) else []}
+    out["refused"] = {}
+    for case, ranks in refusals.items():
+        try:
+            comm.split(ranks, f"refused-{case}", timeout=timedelta(seconds=30))
+            out["refused"][case] = "returned"
+        except torchcomms.CommError as e:
+            out["refused"][case] = f"{type(e).__name__}: {e}"
+    t = torch.ones(1)
+    comm.all_reduce(t, ReduceOp.SUM, False)
+    out["sum_after_refusals"] = t.item()
     sub.finalize()
     rev.finalize()
     comm.finalize()

@@ -284,6 +284,7 @@ class BackendCapabilities:
     split: bool = True
     dtypes: frozenset[torch.dtype] | None = None  # None: every dtype
     bitwise_ops: bool = True
+    complex_product: bool = True  # PRODUCT of complex tensors (gloo multiplies only real numbers)
     reconfigure: bool = False
     # op methods take a keyword ``async_op``: a synchronous op is issued on the caller's current
     # device stream (no cross-stream events), an asynchronous one on the engine's own stream

@@ -54,6 +54,7 @@ _LISTENER_KEY = "torchcomms/listener/{}"
 _CHECK_HINT = "torchcomms.check_collectives"  # the collective check's hint: p2p is confirmed too
 _log = logging.getLogger(__name__)
 _DRAIN_LIMIT_S = 5.0  # how long abort() waits for an abandoned engine's failed ops to be delivered
+_COMPLETING_LIMIT_S = 1.0  # how long the exit release waits for a future being completed (microseconds, as a rule)
 
 
 class _Drained:
@@ -93,9 +94,20 @@ class _BlockingWaiter:
     def __init__(self, max_threads: int = 64) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._all_idle = threading.Condition(self._lock)
         self._threads = 0
         self._idle = 0
         self._max = max_threads
+
+    def wait_idle(self, limit_s: float) -> bool:
+        """Wait, at most ``limit_s``, until no thread is completing a future; whether none is.
+
+        Completing one releases the interpreter's lock (torch's ``set_result``) and takes it
+        again after the future's callbacks ran: a thread still there when the interpreter's
+        finalization begins is ended by it inside C++, which aborts the process ("terminate
+        called without an active exception"), 3 in 8 exits after a timed-out receive."""
+        with self._all_idle:
+            return self._all_idle.wait_for(lambda: self._idle >= self._threads, limit_s)
 
     def future_of(self, work: dist.Work) -> torch.futures.Future:
         fut: torch.futures.Future = torch.futures.Future()
@@ -110,9 +122,25 @@ class _BlockingWaiter:
             threading.Thread(target=self._loop, name="torchcomms-gloo-p2p", daemon=True).start()
         return fut
 
+    def close(self) -> None:
+        """Let every thread end once the works queued before this are done (each takes one
+        ``None``); else each communicator that ever ran a p2p op left its threads behind."""
+        with self._lock:
+            threads = self._threads
+        for _ in range(threads):
+            self._queue.put(None)
+
     def _loop(self) -> None:
         while True:
-            work, fut = self._queue.get()
+            item = self._queue.get()
+            if item is None:
+                with self._all_idle:
+                    self._idle -= 1
+                    self._threads -= 1
+                    self._all_idle.notify_all()
+                return
+            work, fut = item
+            del item  # the tuple would hold the work (and its tensors) past the ``del work`` below
             error: BaseException | None = None
             try:
                 work.wait()
@@ -127,8 +155,9 @@ class _BlockingWaiter:
             else:
                 fut.set_exception(error)
             del fut, error
-            with self._lock:
+            with self._all_idle:
                 self._idle += 1
+                self._all_idle.notify_all()
 
 
 def _engine_wait(work: dist.Work) -> BlockingWait:
@@ -176,7 +205,7 @@ ENGINE_OP_BACKSTOP = timedelta(days=1)
 class GlooBackend(TorchCommBackend):
     backend_name = "gloo"
     capabilities = BackendCapabilities(devices=("cpu",), abort=False, shrink=True, dtypes=_GLOO_DTYPES,
-                                       recv_any_source=True)
+                                       complex_product=False, recv_any_source=True)
 
     def init(self) -> None:
         ctx = self.ctx
@@ -243,7 +272,15 @@ class GlooBackend(TorchCommBackend):
         return self._pg
 
     def finalize(self) -> None:
+        """Let go of the engine now: with it, the last framed receive (and check-mode send) per
+        peer, which hold it too; else it lived until the interpreter's teardown destroyed it,
+        which can abort the process ("terminate called without an active exception"). The p2p
+        helper threads end."""
+        with self._pending_lock:
+            self._last_recv.clear()
+            self._last_send.clear()
         self._pg = None  # type: ignore[assignment]
+        self._waiter.close()
 
     def release_at_exit(self) -> None:
         """Let go of the engine at the interpreter's exit (``exit_release``), or abandon it there
@@ -261,12 +298,17 @@ class GlooBackend(TorchCommBackend):
         5 of 5 two-rank jobs on torch 2.11 with the CPU oversubscribed). So such an engine is
         aborted here, while the interpreter is whole: its connections shut down, its pending
         ops failed and delivered, the engine itself never destroyed."""
+        waiter: _BlockingWaiter | None = getattr(self, "_waiter", None)
         pg = getattr(self, "_pg", None)
         if pg is None or any(p is pg for p in _ABANDONED):
+            if waiter is not None:
+                waiter.wait_idle(_COMPLETING_LIMIT_S)
             return
         if self._undelivered():
             self.abort()
             return
+        if waiter is not None:
+            waiter.wait_idle(_COMPLETING_LIMIT_S)
         with self._pending_lock:
             self._last_recv.clear()  # framed p2p ops hold the engine too
             self._last_send.clear()
@@ -292,13 +334,17 @@ class GlooBackend(TorchCommBackend):
                 drained = _drain_counter([fut for fut, _ in pending])
                 recorded = len(sockets.fds) if sockets is not None else 0
                 if sockets is not None and sockets.shut_down():
-                    if not drained(_DRAIN_LIMIT_S):
+                    if not (drained(_DRAIN_LIMIT_S) and self._waiter.wait_idle(_DRAIN_LIMIT_S)):
                         _log.warning("abandoned gloo engine %s: its pending ops were not all delivered within "
                                      "%.0f s of shutting its %d connections down", self.ctx.name, _DRAIN_LIMIT_S,
                                      recorded)
                 elif recorded == 0 and self._undelivered():
                     _log.warning("abandoned gloo engine %s: none of its connections was found (/proc), so its "
                                  "pending ops fail only when their peers' connections end", self.ctx.name)
+            except Exception:  # noqa: BLE001 - abort never raises
+                pass
+            try:
+                self._waiter.close()  # its threads end as their ops fail (the connections are shut)
             except Exception:  # noqa: BLE001 - abort never raises
                 pass
             _ABANDONED.append(pg)
@@ -438,8 +484,10 @@ class GlooBackend(TorchCommBackend):
             works.append(self._pg.broadcast([_real(t)], opts))
         return self._handle(works)
 
+    # The flat ops (``*_single``) take any shapes of the right element counts; c10d's gloo compares
+    # dim 0 (a 0-dim output made its reduce-scatter crash the process), so they get flat views.
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
-        return self._handle([self._pg._allgather_base(_real(output), _real(input))])
+        return self._handle([self._pg._allgather_base(_real(output.view(-1)), _real(input.view(-1)))])
 
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp) -> EngineHandle:
         opts = dist.ReduceScatterOptions()
@@ -453,7 +501,8 @@ class GlooBackend(TorchCommBackend):
         opts = dist.ReduceScatterOptions()
         opts.reduceOp = _C10D_OPS[op.type]
         src = premul_scaled(input, op)
-        return self._handle([self._pg._reduce_scatter_base(output, src, opts)], self._avg_finish(output, op))
+        return self._handle([self._pg._reduce_scatter_base(output.view(-1), src.view(-1), opts)],
+                            self._avg_finish(output, op))
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
         return self._handle([self._pg.alltoall_base(_real(output), _real(input), [], [], dist.AllToAllOptions())])

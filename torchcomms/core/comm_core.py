@@ -87,11 +87,12 @@ class CommCore:
         self.global_ranks = ctx.global_ranks or tuple(range(ctx.size))
         caps = backend.capabilities
         self.checker = Checker(self.name, self.rank, self.size, self.device, caps.dtypes, caps.bitwise_ops,
-                               backend.backend_name, caps.recv_any_source)
+                               backend.backend_name, caps.recv_any_source, caps.complex_product)
         self.current_stream_sync = caps.current_stream_sync  # launch(..., async_op=) (see dispatch)
         self.seq = itertools.count(1)
         self.p2p_seq = itertools.count(1)
         self.last_seq = 0
+        self.abort_hooks_ran = False  # on this engine (a reconfigured communicator can break anew)
 
     @property
     def state(self) -> CommState:
@@ -175,6 +176,10 @@ class CommCore:
             os._exit(1)
 
     def run_abort_hooks(self) -> None:
+        """The abort hooks, once per engine: at the first of breaking, being expelled and aborting."""
+        if self.abort_hooks_ran:
+            return
+        self.abort_hooks_ran = True
         for hook in list(self.abort_hooks.values()):
             try:
                 hook()

@@ -86,7 +86,8 @@ def dispatch(
     in_sizes, in_dtypes = _shapes(inputs), _dtype_names(inputs)  # once when outputs is inputs (in place)
     rec = OpRecord(
         core.name, core.global_ranks, core.rank, core.size, core.backend_name, name, seq, op_id,
-        timeout_s, async_op, time.time_ns(), is_p2p=is_p2p, peer=peer, root=root,
+        timeout_s, async_op, time.time_ns(), is_p2p=is_p2p, peer=None if peer is None else int(peer),
+        root=None if root is None else int(root),
         reduce_op=reduce_op.label if reduce_op is not None else None,
         input_sizes=in_sizes, input_dtypes=in_dtypes,
         output_sizes=in_sizes if outputs is inputs else _shapes(outputs),

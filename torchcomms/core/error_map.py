@@ -54,7 +54,7 @@ def translate_engine_error(error: BaseException, kind: str, timeout_s: float, wh
     """An op's engine error (classified ``kind`` by its backend) as a typed error; a lost peer
     is attributed through the control plane (``witness``) where there is one."""
     if isinstance(error, CommError):
-        return error
+        return _located(error, where)
     if kind == "peer" and witness is not None:  # the control plane may know who failed
         verdict = witness.explain_connection_loss(list(global_ranks), min(witness.attribution_wait_s, timeout_s))
         if verdict is not None and verdict[0] == "control_lost":
@@ -66,6 +66,17 @@ def translate_engine_error(error: BaseException, kind: str, timeout_s: float, wh
                 failed_ranks=[list(global_ranks).index(g) for g in sorted(failed)],
                 detected_by=",".join(sorted(set(failed.values()))), **where)
     return engine_error(kind, error, timeout_s, where)
+
+
+def _located(error: CommError, where: Mapping[str, Any]) -> CommError:
+    """``error`` naming the communicator, op and sequence number of ``where``, when an engine
+    raised it without them (a framed receive's mismatch names only the ranks)."""
+    if error.seq is not None or type(error) not in (CommError, CollectiveMismatchError, BackendError):
+        return error
+    located = type(error)(str(error).split("] ", 1)[-1] if error.comm is not None else str(error),
+                          ranks=error.ranks, **where)
+    located.__cause__ = error
+    return located
 
 
 def store_error(error: BaseException, store_words: str, secs: float, where: Mapping[str, Any], *,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
+from numbers import Integral
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ class Checker:
     """Argument checks bound to one communicator's identity, rank, size and device."""
 
     __slots__ = ("comm", "rank", "size", "device_type", "device", "dtypes", "bitwise_ops", "backend",
-                 "recv_any_source")
+                 "recv_any_source", "complex_product")
 
     def __init__(
         self,
@@ -34,6 +35,7 @@ class Checker:
         bitwise_ops: bool = True,
         backend: str = "",
         recv_any_source: bool = False,
+        complex_product: bool = True,
     ) -> None:
         self.comm = comm
         self.rank = rank
@@ -44,6 +46,7 @@ class Checker:
         self.bitwise_ops = bitwise_ops
         self.backend = backend
         self.recv_any_source = recv_any_source
+        self.complex_product = complex_product
 
     # --- errors ----------------------------------------------------------------------------
     def type_error(self, op: str, msg: str) -> CommTypeError:
@@ -58,7 +61,8 @@ class Checker:
             raise self.type_error(op, f"{name} must be a bool, got {type(value).__name__}")
 
     def rank_arg(self, op: str, name: str, value: Any, allow_self: bool = True) -> None:
-        if isinstance(value, bool) or not isinstance(value, int):
+        # any integer (numpy's too, as pybind's int conversion takes them in the reference), not a bool
+        if isinstance(value, bool) or not isinstance(value, Integral):
             raise self.type_error(op, f"{name} must be an int rank, got {type(value).__name__}")
         if not 0 <= value < self.size:
             raise self.value_error(op, f"{name}={value} is out of range for a communicator of size {self.size}")
@@ -103,9 +107,26 @@ class Checker:
             raise self.type_error(op, f"ReduceOp.AVG needs a numeric tensor, got {dtype}")
         elif t is RedOpType.PREMUL_SUM and not (dtype.is_floating_point or dtype.is_complex):
             raise self.type_error(op, f"ReduceOp.PREMUL_SUM needs a floating-point tensor, got {dtype}")
+        elif t is RedOpType.PREMUL_SUM and isinstance(red.factor, _Tensor):
+            self.premul_factor(op, red.factor, dtype)
         elif (t is RedOpType.MIN or t is RedOpType.MAX) and dtype.is_complex:
             # no engine orders complex numbers: gloo and MPI fail it in the engine, breaking the communicator
             raise self.type_error(op, f"{red!r} needs a real tensor (complex numbers have no order), got {dtype}")
+        elif t is RedOpType.PRODUCT and dtype.is_complex and not self.complex_product:
+            # gloo fails it inside the engine ("does not support PRODUCT on complex tensors"), breaking the communicator
+            raise self.type_error(op, f"{red!r} of a complex tensor is not supported by backend {self.backend!r}, "
+                                      f"got {dtype}")
+
+    def premul_factor(self, op: str, factor: _Tensor, dtype: torch.dtype) -> None:
+        """A PREMUL_SUM's tensor factor: real for a real tensor, and on the CPU or this
+        communicator's device (a factor on another device scaled by an unspecified value, or failed
+        in the engine; a complex one failed in the engine: both broke the communicator)."""
+        if factor.dtype.is_complex and not dtype.is_complex:
+            raise self.type_error(op, f"ReduceOp.PREMUL_SUM's factor is complex ({factor.dtype}) but the tensor is "
+                                      f"{dtype}")
+        if factor.device.type not in ("cpu", self.device_type):
+            raise self.value_error(op, f"ReduceOp.PREMUL_SUM's factor is on {factor.device}, but this "
+                                       f"communicator's device is {self.device} (or pass a CPU tensor or a number)")
 
     # --- tensors ---------------------------------------------------------------------------
     def tensor(self, op: str, name: str, t: Any) -> None:

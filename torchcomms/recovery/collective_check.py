@@ -33,27 +33,29 @@ SLOTS = 24
 _VERSION = 1
 _MAX_DIMS = 4
 
-# Which parts of a call must agree across ranks, per op: (inputs' dtype, outputs' dtype, shapes).
-# Rooted ops whose lists exist on the root only compare the side every rank has; the *_v ops
-# take per-rank sizes by design, so only their dtypes are compared.
-_RULES: dict[str, tuple[bool, bool, bool]] = {
-    "broadcast": (True, True, True),
-    "all_reduce": (True, True, True),
-    "reduce": (True, True, True),
-    "all_gather": (True, True, True),
-    "all_gather_single": (True, True, True),
-    "reduce_scatter": (True, True, True),
-    "reduce_scatter_single": (True, True, True),
-    "all_to_all_single": (True, True, True),
-    "all_to_all": (True, True, True),
-    "barrier": (True, True, True),
-    "split": (True, True, True),
-    "all_gather_v": (True, True, False),
-    "reduce_scatter_v": (True, True, False),
-    "all_to_all_v_single": (True, True, False),
-    "scatter": (False, True, False),
-    "gather": (True, False, False),
-    "gather_single": (True, False, False),
+# Which parts of a call must agree across ranks, per op: (inputs' dtype, outputs' dtype, inputs'
+# shapes, outputs' shapes). Rooted ops whose lists exist on the root only compare the side every
+# rank has. The *_v ops take per-rank sizes, but every rank lists them all alike: all_gather_v's
+# output list and reduce_scatter_v's input list (validation made this rank's entry fit its own
+# tensor); all_to_all_v_single's split sizes are not in the record, so only its dtypes are compared.
+_RULES: dict[str, tuple[bool, bool, bool, bool]] = {
+    "broadcast": (True, True, True, True),
+    "all_reduce": (True, True, True, True),
+    "reduce": (True, True, True, True),
+    "all_gather": (True, True, True, True),
+    "all_gather_single": (True, True, True, True),
+    "reduce_scatter": (True, True, True, True),
+    "reduce_scatter_single": (True, True, True, True),
+    "all_to_all_single": (True, True, True, True),
+    "all_to_all": (True, True, True, True),
+    "barrier": (True, True, True, True),
+    "split": (True, True, True, True),
+    "all_gather_v": (True, True, False, True),
+    "reduce_scatter_v": (True, True, True, False),
+    "all_to_all_v_single": (True, True, False, False),
+    "scatter": (False, True, False, True),
+    "gather": (True, False, True, False),
+    "gather_single": (True, False, True, False),
 }
 _ROOTED = {"broadcast", "reduce", "scatter", "gather", "gather_single"}
 _OP_CODES = {str(op): i for i, op in enumerate(OpName)}
@@ -140,15 +142,15 @@ class _Call:
 
     def key(self, op: str) -> tuple[object, ...]:
         """What must be equal across ranks for ``op``."""
-        in_dtype, out_dtype, shapes = _RULES.get(op, (False, False, False))
+        in_dtype, out_dtype, in_shapes, out_shapes = _RULES.get(op, (False, False, False, False))
         return (
             self.seq, self.op,
             self.root if op in _ROOTED else None,
             self.redop,
             self.in_dtype if in_dtype else None,
             self.out_dtype if out_dtype else None,
-            (self.n_in, self.in_crc) if shapes or (in_dtype and not out_dtype) else None,
-            (self.n_out, self.out_crc) if shapes or (out_dtype and not in_dtype) else None,
+            (self.n_in, self.in_crc) if in_shapes else None,
+            (self.n_out, self.out_crc) if out_shapes else None,
         )
 
     def describe(self) -> str:

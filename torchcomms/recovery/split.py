@@ -9,7 +9,7 @@ import torch
 
 from torchcomms.core.comm_core import CommCore
 from torchcomms.core.dispatch import dispatch
-from torchcomms.core.errors import CollectiveMismatchError
+from torchcomms.core.errors import CollectiveMismatchError, CommError
 from torchcomms.core.names import NAMES
 from torchcomms.core.types import OpName
 from torchcomms.core import error_map
@@ -17,6 +17,10 @@ from torchcomms.core.store_calls import StoreNotAnswering, call_until
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.recovery.engines import build_error, build_until, derived_context
 from torchcomms.recovery.shrink import MakeComm
+
+
+#: a member list's count in the exchange from a rank that refused its own arguments
+_REFUSED = -2
 
 
 def _ranks_key(ranks: list[int]) -> str:
@@ -54,16 +58,25 @@ def _take_part_excluded(core: CommCore, work: Any) -> None:
 
 def split(core: CommCore, ranks: list[int], name: str, hints: dict[str, str] | None, timeout: Any,
           make_comm: MakeComm) -> Any:
-    """See ``TorchComm.split``: the new communicator on members, ``None`` elsewhere."""
+    """See ``TorchComm.split``: the new communicator on members, ``None`` elsewhere.
+
+    Arguments refused on a rank (duplicates, an out-of-range rank, a list without this rank, a bad
+    name) are refused on every rank: the refusing rank still takes part in the exchange of
+    member lists with a refusal mark, raises its own error after it, and every other rank raises
+    ``CollectiveMismatchError`` naming it (else they would wait for it until the timeout)."""
     c = core.checker
-    members = c.split_ranks(ranks)
-    if not isinstance(name, str) or not name:
-        raise c.value_error("split", f"name must be a non-empty str, got {name!r}")
-    c.hints("split", hints)
+    refused: CommError | None = None
+    try:
+        members = c.split_ranks(ranks)
+        if not isinstance(name, str) or not name:
+            raise c.value_error("split", f"name must be a non-empty str, got {name!r}")
+        c.hints("split", hints)
+    except CommError as e:
+        members, refused, hints = [], e, None
     size, rank = core.size, core.rank
     width = size + 1
     mine = torch.full((width,), -1, dtype=torch.int64, device=core.device)
-    mine[0] = len(members)
+    mine[0] = len(members) if refused is None else _REFUSED
     if members:
         mine[1: 1 + len(members)] = torch.tensor(members, dtype=torch.int64)
     table = torch.empty(size * width, dtype=torch.int64, device=core.device)
@@ -71,6 +84,14 @@ def split(core: CommCore, ranks: list[int], name: str, hints: dict[str, str] | N
                     (table, mine))
     seq = work.record.seq
     rows = table.view(size, width).cpu().tolist()
+    if refused is not None:
+        raise refused
+    refusers = [q for q, row in enumerate(rows) if row[0] == _REFUSED]
+    if refusers:
+        raise CollectiveMismatchError(
+            f"split: rank(s) {refusers} refused their arguments (a ranks list with duplicates, an out-of-range "
+            f"rank or without that rank, or a bad name or hints; their error says which)",
+            comm=core.name, op="split", seq=seq, ranks=refusers)
     inconsistent = _inconsistency([row[1: 1 + row[0]] for row in rows])
     if inconsistent is not None:  # every rank sees the same table: every rank raises this
         (a, lists_a), (b, lists_b) = inconsistent
