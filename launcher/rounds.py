@@ -80,6 +80,9 @@ class Round:
         self.number = plan.round
         self.started = time.time()
         self.stopping = False  # this node's workers are being stopped on purpose
+        #: this node leaves the job on its own (its agent got a signal): the ranks it stops failed
+        #: for the others, who hear of each as of any failure
+        self.leaving = False
         self.stop_action: str | None = None  # the decider's stop broadcast, once sent
         self.stop_reason = ""
         self.exits_seen = 0
@@ -188,7 +191,7 @@ class Round:
             registered = self.control.forget_member(f"rank/{r.rank}")
         except ControlError:
             pass
-        if self.stopping:
+        if self.stopping and not self.leaving:
             return
         if not r.failed:
             # exited 0 without deregistering (os._exit, communicators open): the survivors that

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import signal
 import socket
 import subprocess
 
@@ -118,3 +119,22 @@ def test_elastic_restart_after_node_lost(secret_file, tmp_path):
     assert "node 1 lost; restarting all workers (restart 1 of 1)" in err_a
     assert "round 1: 1 node(s), world size 2" in err_a
     assert sorted(int(p.stem) for p in tmp_path.glob("*.pid")) == [0, 1]
+
+
+def test_a_signal_to_a_follower_agent_is_a_failure_of_its_ranks_for_the_job(secret_file, tmp_path):
+    """A follower agent that receives SIGTERM stops its workers and leaves: its ranks failed for
+    the rest of the job, which hears of it at once (``rank_failed``): under ``fail`` the host stops
+    its own workers too. The host used to hear nothing and wait for its workers' own end."""
+    env = base_env(PID_DIR=str(tmp_path), SLEEP="600")
+    a, b = _pair(secret_file, "--nnodes", "2", worker("sleeper.py"), env=env)
+    try:
+        read_pids(tmp_path, 4)
+        b.send_signal(signal.SIGTERM)
+        (_, err_a), (_, err_b) = communicate_all((a, b), timeout=60)
+    finally:
+        for p in (a, b):
+            if p.poll() is None:
+                p.kill()
+    assert b.returncode == 128 + signal.SIGTERM, err_b
+    assert "rank 2 on" in err_a and "failed (SIGTERM)" in err_a and "stopping the job" in err_a, err_a
+    assert a.returncode == 128 + signal.SIGTERM, err_a
