@@ -233,6 +233,9 @@ class Round:
                 self.console.event(f"rank {r.rank} on {r.host} failed ({describe_end(r)})")
             out.append(w)
             if r.failed and not self.stopping:
+                # what it started in its group must not run on beside the survivors (and a
+                # replacement): the group of a reaped leader keeps its id while members live
+                w.signal_group(signal.SIGKILL)
                 self.replace(w)
 
     def all_exits_seen(self) -> bool:
