@@ -203,6 +203,11 @@ class Agent:
         if cfg.log_dir:
             self.logs_root = Path(cfg.log_dir) / cfg.rdzv_id
             self.keep_logs = True
+            try:
+                self.logs_root.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UsageError(f"--log-dir {cfg.log_dir!r}: cannot create {self.logs_root}: "
+                                 f"{exc.strerror or exc}") from None
         elif any(cfg.redirects.values()) or any(cfg.tee.values()):
             self.logs_root = Path(tempfile.mkdtemp(prefix=f"torchcomms-run-logs-{cfg.rdzv_id}-"))
             self.keep_logs = True

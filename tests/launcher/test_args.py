@@ -159,3 +159,10 @@ def test_restarts_with_the_fail_policy_are_refused():
     with pytest.raises(UsageError, match=r"--max-restarts 2 has no effect with --on-failure fail"):
         parse_args(["--on-failure", "fail", "--max-restarts", "2", "x.py"], {})
     assert parse_args(["--on-failure", "fail", "--max-restarts", "0", "x.py"], {}).on_failure == "fail"
+
+
+def test_a_monitor_interval_of_0_is_refused():
+    """0 made every wait of the agent's monitor loop return at once: the agent spun on a CPU."""
+    with pytest.raises(UsageError, match=r"--monitor-interval must be > 0, got 0"):
+        parse_args(["--monitor-interval", "0", "x.py"], {})
+    assert parse_args(["--monitor-interval", "0.5", "x.py"], {}).monitor_interval == 0.5
