@@ -226,7 +226,8 @@ def _describe_event(payload: dict[str, Any]) -> str:
     sig = payload.get("signal")
     if isinstance(sig, int):
         try:
-            return signal.Signals(sig).name
+            name = signal.Signals(sig).name
         except ValueError:
-            return f"signal {sig}"
+            name = f"signal {sig}"
+        return f"hung, {name}" if payload.get("reason") == "hung" else name
     return f"exit {payload.get('exit_code')}"

@@ -86,7 +86,9 @@ class Round:
         self.stop_action: str | None = None  # the decider's stop broadcast, once sent
         self.stop_reason = ""
         self.exits_seen = 0
-        self.hung: dict[int, float] = {}  # rank -> SIGKILL deadline (after its dump window)
+        #: pid of a process judged hung -> its SIGKILL deadline (after its dump window); per
+        #: process, not per rank: a replacement in a hung rank's place is judged on its own
+        self.hung: dict[int, float] = {}
         self.judge = LivenessJudge(hung_after=self.cfg.hung_timeout,
                                    stopped_after=self.cfg.stopped_timeout)
         self.group = WorkerGroup(on_exit=self._on_worker_exit)
@@ -202,7 +204,7 @@ class Round:
                                       "round": self.number, "reason": LEFT_REASON,
                                       "exit_code": r.exit_code, "signal": None})
             return
-        reason = ("unreapable" if r.unreapable else "hung" if r.rank in self.hung
+        reason = ("unreapable" if r.unreapable else "hung" if r.hung
                   else "killed" if r.signal is not None else "exited")
         payload: dict[str, Any] = {
             "rank": r.rank, "host": r.host, "node_rank": r.node_rank, "round": self.number,
@@ -307,7 +309,8 @@ class Round:
             f"no CPU progress for {v.quiet_s:.1f} s): asking for a flight-recorder dump "
             f"(SIGUSR1), then stopping it")
         w.request_dump(signal.SIGUSR1)
-        self.hung[v.rank] = time.monotonic() + min(2.0, self.cfg.grace_period)
+        w.result.hung = True
+        self.hung[w.pid] = time.monotonic() + min(2.0, self.cfg.grace_period)
 
     def _report_stopped(self, w: Worker, v: Verdict) -> None:
         """A stopped rank is reported failed (reason ``stopped``) once, not killed: the
@@ -329,7 +332,7 @@ class Round:
         exited ``kill_wait`` later (reported like an exit, see ``WorkerGroup.abandon``)."""
         now = time.monotonic()
         for w in self.group.workers:
-            deadline = self.hung.get(w.result.rank)
+            deadline = self.hung.get(w.pid) if w.result.hung else None
             if deadline is None or now < deadline or not w.alive:
                 continue
             if now >= deadline + self.group.kill_wait:

@@ -111,6 +111,8 @@ class WorkerResult:
     #: when it was reported failed while its process lived on (a stopped rank, which ends
     #: only at the SIGKILL that stops the job): the time of its failure, not its end
     failed_at: float | None = None
+    #: judged hung (heartbeats silent, no progress) and so killed by the agent
+    hung: bool = False
 
     @property
     def failed(self) -> bool:

@@ -52,6 +52,19 @@ def test_a_failed_ranks_process_group_is_ended_while_the_survivors_run(tmp_path)
             os.kill(child, signal.SIGKILL)
 
 
+def test_the_replacement_of_a_hung_rank_is_not_killed_as_hung(tmp_path):
+    """The hung verdict's SIGKILL deadline was kept per rank: the process started in a hung
+    rank's place was SIGKILLed as soon as it ran (0.1 s), never judged itself."""
+    env = base_env(PID_DIR=str(tmp_path), HUNG_ONCE="1")
+    proc = run_launcher("--nproc-per-node", "2", "--on-failure", "shrink", "--max-restarts", "1",
+                        "--hung-timeout", "2", "--grace-period", "1", worker("hung.py"), env=env)
+    assert proc.stderr.count("is hung (no heartbeat") == 1, proc.stderr
+    assert "rank 1 restarted" in proc.stderr and (tmp_path / "1.replaced").exists(), proc.stderr
+    rows = [ln.split(None, 4)[4] for ln in proc.stderr.splitlines() if ln.startswith("1 ")]
+    assert [r.split("  ")[0] for r in rows] == ["hung, SIGKILL", "exit 0"], proc.stderr
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_without_max_restarts_shrink_restarts_nobody(tmp_path):
     env = base_env(PID_DIR=str(tmp_path), EXIT_RANK="1", EXIT_CODE="3", SLEEP="2")
     proc = run_launcher("--nproc-per-node", "2", "--on-failure", "shrink", worker("sleeper.py"), env=env)
