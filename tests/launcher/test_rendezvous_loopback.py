@@ -6,6 +6,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import time
 
 from conftest import REPO, base_env, communicate_all, free_port, launcher_cmd, read_pids, run_launcher, worker
 
@@ -138,3 +139,33 @@ def test_a_signal_to_a_follower_agent_is_a_failure_of_its_ranks_for_the_job(secr
     assert b.returncode == 128 + signal.SIGTERM, err_b
     assert "rank 2 on" in err_a and "failed (SIGTERM)" in err_a and "stopping the job" in err_a, err_a
     assert a.returncode == 128 + signal.SIGTERM, err_a
+
+
+def test_a_signal_to_the_host_during_the_rendezvous_ends_its_followers_with_its_code(secret_file):
+    """A host interrupted while it waits for nodes tells the followers already joined: they end
+    with its exit code and one line saying why, instead of 'lost the rendezvous host' (exit 1)."""
+    from torchcomms.control.client import ControlClient
+    from torchcomms.control.secrets import read_secret_file
+
+    port = free_port()
+    common = ["--nnodes", "3", "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}",
+              "--rdzv-id", "stopjoin", "--job-secret-file", str(secret_file)]
+    agents = [subprocess.Popen(launcher_cmd(*common, "--node-rank", str(i), worker("ticker.py")), env=base_env(),
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        client = ControlClient(f"tcp://127.0.0.1:{port}", read_secret_file(secret_file), timeout=30)
+        try:  # the host is up once this connects; then wait for the follower's join
+            while client.add("torchcomms-run/rdzv/0/count", 0) < 2:
+                time.sleep(0.02)
+        finally:
+            client.close()
+        agents[0].send_signal(signal.SIGTERM)
+        (_, err_host), (_, err) = communicate_all(agents, timeout=60)
+    finally:
+        for p in agents:
+            if p.poll() is None:
+                p.kill()
+    assert agents[0].returncode == 128 + signal.SIGTERM, err_host
+    assert "error: the rendezvous host received SIGTERM: the job stops" in err, err
+    assert "lost the rendezvous host" not in err, err
+    assert agents[1].returncode == 128 + signal.SIGTERM, err
