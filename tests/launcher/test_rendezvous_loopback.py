@@ -169,3 +169,34 @@ def test_a_signal_to_the_host_during_the_rendezvous_ends_its_followers_with_its_
     assert "error: the rendezvous host received SIGTERM: the job stops" in err, err
     assert "lost the rendezvous host" not in err, err
     assert agents[1].returncode == 128 + signal.SIGTERM, err
+
+
+def test_an_endpoint_that_is_no_agent_is_not_called_a_wrong_secret(secret_file):
+    """A program on the rendezvous port that accepts connections and closes them (another service,
+    a firewall's reset) was reported as the host refusing this agent's job secret."""
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    port = server.getsockname()[1]
+
+    def close_each() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            conn.close()
+
+    threading.Thread(target=close_each, daemon=True).start()
+    try:
+        proc = run_launcher("--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                            "--rdzv-id", "noagent", "--job-secret-file", str(secret_file), "--rdzv-conf",
+                            "join_timeout=30", worker("ticker.py"), timeout=60)
+    finally:
+        server.close()
+    assert proc.returncode == 1, proc.stderr
+    assert "job secret" not in proc.stderr, proc.stderr
+    assert f"error: the rendezvous endpoint tcp://127.0.0.1:{port} is no torchcomms-run agent: it closed" \
+        in proc.stderr, proc.stderr
