@@ -36,7 +36,7 @@ from torchcomms.control.secrets import load_secret, new_secret, read_secret_file
 
 from .args import LaunchConfig
 from .control_plane import ControlPlane, lost
-from .decider import Decider
+from .decider import Decider, stop_between_rounds
 from .exceptions import LauncherError, UsageError
 from .follower import Follower
 from .orphans import become_subreaper
@@ -110,6 +110,7 @@ class Agent:
         self.keep_logs = False
         self.abandoned: list[tuple[int, Worker]] = []  # (attempt, worker) given up unreaped
         self._phase = "setup"
+        self._round = 0  # the round being joined or run
         self._run_dir: Path | None = None
         self._old_handlers: dict[int, Any] = {}
 
@@ -128,7 +129,12 @@ class Agent:
             self._setup()
             return self._run_rounds()
         except _Interrupted as exc:
-            self.console.event(f"interrupted by {signal.Signals(exc.signum).name}")
+            name = signal.Signals(exc.signum).name
+            self.console.event(f"interrupted by {name}")
+            if self.control is not None and self.control.is_host and self.cfg.is_multinode:
+                stop_between_rounds(self.control.kv, self._round, self.agent_id, 128 + exc.signum,
+                                    f"the rendezvous host received {name}: the job stops",
+                                    wait_s=self.cfg.grace_period + 2 * self.patience)
             return 128 + exc.signum
         finally:
             self._teardown()
@@ -203,6 +209,11 @@ class Agent:
         if cfg.log_dir:
             self.logs_root = Path(cfg.log_dir) / cfg.rdzv_id
             self.keep_logs = True
+            try:
+                self.logs_root.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UsageError(f"--log-dir {cfg.log_dir!r}: cannot create {self.logs_root}: "
+                                 f"{exc.strerror or exc}") from None
         elif any(cfg.redirects.values()) or any(cfg.tee.values()):
             self.logs_root = Path(tempfile.mkdtemp(prefix=f"torchcomms-run-logs-{cfg.rdzv_id}-"))
             self.keep_logs = True
@@ -267,6 +278,7 @@ class Agent:
         cfg = self.cfg
         assert self.control is not None
         kv = self.control.kv
+        self._round = round_
         me = JoinRecord(agent_id=self.agent_id, host=self.hostname, addr=self._addr,
                         nproc=cfg.nproc_per_node, node_rank=cfg.node_rank,
                         master_port=_free_port())

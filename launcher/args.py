@@ -28,7 +28,7 @@ from .launch_config import (
 from .parser import build_parser, check_unknown_flags
 from .scheduler_env import detect_scheduler, mpi_rank_layout, mpi_rendezvous_port
 
-__all__ = ["LaunchConfig", "RendezvousConf", "build_parser", "parse_args", "parse_std_spec"]
+__all__ = ["LaunchConfig", "RendezvousConf", "build_parser", "check_entrypoint", "parse_args", "parse_std_spec"]
 
 
 def _int(value: str, flag: str, minimum: int | None = None) -> int:
@@ -49,6 +49,23 @@ def _float(value: str, flag: str, minimum: float = 0.0) -> float:
     if not x > minimum and not (minimum == 0.0 and x == 0.0):
         raise UsageError(f"{flag} must be > {minimum:g}, got {value}")
     return x
+
+
+def _positive(value: str, flag: str) -> float:
+    """A number > 0 (a poll interval of 0 would make a wait return at once: a busy loop)."""
+    x = _float(value, flag)
+    if not x > 0:
+        raise UsageError(f"{flag} must be > 0, got {value}")
+    return x
+
+
+def check_entrypoint(cfg: LaunchConfig) -> None:
+    """A script entry point (not ``-m``, not ``--no-python``) must exist before any worker starts:
+    each worker would otherwise fail on its own with Python's ``can't open file``."""
+    if cfg.module or cfg.no_python or os.path.exists(cfg.entrypoint):
+        return
+    where = "" if os.path.isabs(cfg.entrypoint) else f" (in {os.getcwd()})"
+    raise UsageError(f"the entry point {cfg.entrypoint!r} does not exist{where}")
 
 
 def _nnodes(value: str) -> tuple[int, int]:
@@ -316,7 +333,7 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         standalone=ns.standalone,
         master_addr=ns.master_addr or rdzv_host,
         max_restarts=max_restarts,
-        monitor_interval=_float(ns.monitor_interval, "--monitor-interval"),
+        monitor_interval=_positive(ns.monitor_interval, "--monitor-interval"),
         log_dir=ns.log_dir,
         redirects=parse_std_spec(ns.redirects, "--redirects", nproc),
         tee=parse_std_spec(ns.tee, "--tee", nproc),

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from torchcomms.control.errors import ControlError
 
-from .args import parse_args
+from .args import check_entrypoint, parse_args
 from .exceptions import LauncherError
 from .output import Console, ConsoleLogHandler
 
@@ -27,6 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     library_log.addHandler(handler)
     try:
         cfg = parse_args(args, os.environ)
+        check_entrypoint(cfg)
         from .agent import Agent  # imported after parsing so that --help stays instant
 
         return Agent(cfg, console).run()

@@ -8,6 +8,7 @@ authenticated by the job secret.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,10 +23,13 @@ from torchcomms.control.errors import (
 )
 from torchcomms.control.server import StoreServer
 
-from .exceptions import AuthenticationError, ControlPlaneLostError, RendezvousTimeoutError
+from .exceptions import AuthenticationError, ControlPlaneLostError, RendezvousError, RendezvousTimeoutError
 from .rendezvous import KEY_ROOT
 
 __all__ = ["ControlPlane"]
+
+#: the first and last bytes of the greeting every ZeroMQ (ZMTP 3) peer sends at once on a connection
+_ZMTP_SIGNATURE = (0xFF, 0x7F)
 
 _PROBE_KEY = f"{KEY_ROOT}/probe"
 
@@ -68,7 +72,9 @@ class ControlPlane:
              request_timeout: float = 10.0) -> ControlPlane:
         """Connect to the rendezvous host's store, retrying until ``timeout``.
 
-        A refused secret fails at once with :class:`AuthenticationError`. A host that accepts
+        A refused secret fails at once with :class:`AuthenticationError`; a refusal by a peer that
+        does not greet as ZeroMQ does (another program on the port) with :class:`RendezvousError`
+        saying so. A host that accepts
         connections but never completes the handshake (its agent stopped or hung: the kernel
         still completes TCP connections) is retried like an absent one, and the
         :class:`RendezvousTimeoutError` at ``timeout`` says so. ``request_timeout`` bounds
@@ -91,6 +97,10 @@ class ControlPlane:
                 # timed out is silence, whatever the client makes of it.
                 if time.monotonic() - started < client.timeout / 2:
                     client.close()
+                    not_zmtp = _no_zmtp_greeting(address, timeout=max(0.2, min(1.0, deadline - time.monotonic())))
+                    if not_zmtp:
+                        raise RendezvousError(f"the rendezvous endpoint {address} is no torchcomms-run agent: it "
+                                              f"{not_zmtp} (is another program listening on that port?)")
                     raise AuthenticationError(
                         f"the rendezvous host at {address} refused this agent's job secret "
                         f"(from {secret_source}): every node of a job must use the same secret "
@@ -179,3 +189,25 @@ def lost(exc: BaseException, address: str, doing: str = "") -> ControlPlaneLostE
                                       "handshake")
     during = f" while {doing}" if doing else ""
     return ControlPlaneLostError(f"lost the rendezvous host at {address}{during}: {exc}")
+
+
+def _no_zmtp_greeting(address: str, timeout: float) -> str | None:
+    """What a peer at ``tcp://host:port`` that is no ZeroMQ endpoint did instead of greeting (it
+    closed the connection, or sent other bytes); ``None`` when it greeted as ZeroMQ does (a server
+    that refuses a wrong secret), stayed silent or could not be reached: nothing to tell then."""
+    host, _, port = address.removeprefix("tcp://").rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as conn:
+            data = b""
+            while len(data) < 10:
+                chunk = conn.recv(10 - len(data))
+                if not chunk:
+                    return "closed the connection without the greeting every ZeroMQ peer sends"
+                data += chunk
+    except ConnectionResetError:
+        return "reset the connection without the greeting every ZeroMQ peer sends"
+    except (OSError, ValueError):
+        return None  # silent (socket.timeout is an OSError) or unreachable
+    if (data[0], data[9]) != _ZMTP_SIGNATURE:
+        return f"answered {data!r}, not the greeting every ZeroMQ peer sends"
+    return None

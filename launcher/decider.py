@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from torchcomms.control.errors import ControlError
 
-from .rendezvous import NodeSlot
+from .exceptions import RendezvousError
+from .rendezvous import KV, NodeSlot, Plan, rdzv_key
 from .rounds import FAILURE_REASONS, Decision, Round, job_key
 from .summary import describe_end, job_exit_code, render_root_cause, render_table, root_cause
 from .supervisor import WorkerResult
@@ -25,7 +26,7 @@ from .supervisor import WorkerResult
 if TYPE_CHECKING:
     from .agent import Agent
 
-__all__ = ["Decider"]
+__all__ = ["Decider", "stop_between_rounds"]
 
 
 class Decider:
@@ -226,7 +227,34 @@ def _describe_event(payload: dict[str, Any]) -> str:
     sig = payload.get("signal")
     if isinstance(sig, int):
         try:
-            return signal.Signals(sig).name
+            name = signal.Signals(sig).name
         except ValueError:
-            return f"signal {sig}"
+            name = f"signal {sig}"
+        return f"hung, {name}" if payload.get("reason") == "hung" else name
     return f"exit {payload.get('exit_code')}"
+
+
+def stop_between_rounds(kv: KV, round_: int, host_agent: str, exit_code: int, reason: str,
+                        wait_s: float) -> None:
+    """The host stops outside a running round (a signal during a rendezvous, or before the workers
+    of round ``round_`` started), and tells its followers so: those waiting for the round's plan
+    get a plan that fails with ``exit_code``, those that have the plan its stop and an ``exit``
+    decision. It waits at most ``wait_s`` for them to have read it (those with workers stop them
+    first). Best effort: the host is leaving anyway."""
+    deadline = time.monotonic() + wait_s
+    try:
+        if not kv.check([rdzv_key(round_, "plan")]):
+            kv.set(rdzv_key(round_, "plan"), json.dumps({"failed": reason, "exit_code": exit_code}).encode())
+            joined = int(kv.add(rdzv_key(round_, "count"), 0)) - 1  # but this agent
+            while int(kv.add(rdzv_key(round_, "left"), 0)) < joined and time.monotonic() < deadline:
+                time.sleep(0.02)
+            return
+        plan = Plan.from_json(kv.get(rdzv_key(round_, "plan"), timeout=0))
+        kv.set(job_key(round_, "stop"), json.dumps({"action": "exit", "reason": reason}).encode())
+        kv.set(job_key(round_, "decision"), Decision("exit", exit_code, reason).to_json())
+        waiting = [n.node_rank for n in plan.nodes if n.agent_id != host_agent]
+        while waiting and time.monotonic() < deadline:
+            waiting = [nr for nr in waiting if not kv.check([job_key(round_, "ack", str(nr))])]
+            time.sleep(0.02)
+    except (ControlError, RendezvousError):
+        pass

@@ -10,6 +10,8 @@ such calls): then it takes the host for lost, stops its workers and raises
 :class:`~launcher.exceptions.ControlPlaneLostError` naming the host's address and what it was
 doing. Once it has read the job's final ``exit`` decision, though, the job's end is known: a
 host lost before the ack landed is only warned of, and the agent exits with the job's code.
+A follower whose agent receives a signal leaves the job: it stops its workers, and each of
+them that ends failed is published like any failure (the policy applies to it).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class Follower:
                     rnd.handle_signal(item)
                     if item > 0:
                         leaving = item
+                        rnd.leaving = not rnd.stopping  # not when the job is stopping anyway
                         rnd.stop_local(first=item)
                 elif kind == "stop" and item.get("round") == rnd.number:
                     rnd.stop_local()
@@ -86,6 +89,7 @@ class Follower:
                     rnd.report_local()
                     local_reported = True
                     if leaving is not None:
+                        self._leave()
                         return Decision("exit", 128 + leaving, "signal")
                     doing = f"waiting for the decision of round {rnd.number}"
                 if local_reported and kv.check([decision_key]):
@@ -98,6 +102,14 @@ class Follower:
                     return decision
             except ControlError as exc:  # the host stopped answering (each call is bounded)
                 self.leave_lost_host(exc, doing)
+
+    def _leave(self) -> None:
+        """This node leaves on its own signal and waits for no decision: its ack tells the host not
+        to wait for it either (a host that is gone needs no ack)."""
+        try:
+            self.control.kv.set(job_key(self.round.number, "ack", str(self.round.slot.node_rank)), b"1")
+        except ControlError:
+            pass
 
     def _acknowledge(self, decision: Decision) -> None:
         """Tell the host this agent read ``decision``. An ``exit`` decision is the job's end:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from .exceptions import RendezvousClosedError, RendezvousError, RendezvousTimeoutError
 
-__all__ = ["KV", "JoinRecord", "NodeSlot", "Plan", "join_round", "host_round", "KEY_ROOT"]
+__all__ = ["KV", "JoinRecord", "NodeSlot", "Plan", "join_round", "host_round", "rdzv_key", "KEY_ROOT"]
 
 KEY_ROOT = "torchcomms-run"
 
@@ -85,14 +85,16 @@ class Plan:
                    nodes=nodes)
 
 
-def _key(round_: int, *parts: str) -> str:
+def rdzv_key(round_: int, *parts: str) -> str:
+    """The key ``parts`` of rendezvous round ``round_``."""
     return "/".join((KEY_ROOT, "rdzv", str(round_), *parts))
+
 
 
 def join_round(kv: KV, round_: int, me: JoinRecord) -> int:
     """Announce this agent in round ``round_``; returns its arrival number (1-based)."""
-    n = kv.add(_key(round_, "count"), 1)
-    kv.set(_key(round_, "node", str(n)), json.dumps(asdict(me)).encode())
+    n = kv.add(rdzv_key(round_, "count"), 1)
+    kv.set(rdzv_key(round_, "node", str(n)), json.dumps(asdict(me)).encode())
     return n
 
 
@@ -101,7 +103,7 @@ def wait_plan(kv: KV, round_: int, me: JoinRecord, timeout: float, poll: float =
 
     Polls with short calls rather than one long ``get``: each call is bounded by the client's
     timeout, so a host that stops answering is noticed then, not at ``timeout``."""
-    key = _key(round_, "plan")
+    key = rdzv_key(round_, "plan")
     deadline = time.monotonic() + timeout
     while not kv.check([key]):
         if time.monotonic() >= deadline:
@@ -111,7 +113,11 @@ def wait_plan(kv: KV, round_: int, me: JoinRecord, timeout: float, poll: float =
     raw = kv.get(key, timeout=0)
     data = json.loads(raw)
     if isinstance(data, dict) and "failed" in data:
-        raise RendezvousError(str(data["failed"]))
+        err = RendezvousError(str(data["failed"]))
+        if isinstance(data.get("exit_code"), int):  # the host stopped the job (a signal)
+            err.exit_code = data["exit_code"]
+            kv.add(rdzv_key(round_, "left"), 1)  # read: the host need not wait for this agent
+        raise err
     if isinstance(data, dict) and "error" in data:
         err = data["error"]
         raise RendezvousTimeoutError(err["endpoint"], err["joined"], int(err["missing"]),
@@ -153,7 +159,7 @@ def host_round(kv: KV, round_: int, *, min_nodes: int, max_nodes: int, join_time
     """Run round ``round_`` as the rendezvous host: wait for nodes, then publish the plan."""
     start = time.monotonic()
     min_reached_at: float | None = None
-    count_key = _key(round_, "count")
+    count_key = rdzv_key(round_, "count")
     while True:
         count = int(kv.add(count_key, 0))
         now = time.monotonic()
@@ -168,7 +174,7 @@ def host_round(kv: KV, round_: int, *, min_nodes: int, max_nodes: int, join_time
             joined = [_record(kv, round_, i).host for i in range(1, count + 1)]
             err = {"endpoint": endpoint, "joined": joined, "missing": min_nodes - count,
                    "timeout": join_timeout}
-            kv.set(_key(round_, "plan"), json.dumps({"error": err}).encode())
+            kv.set(rdzv_key(round_, "plan"), json.dumps({"error": err}).encode())
             raise RendezvousTimeoutError(endpoint, joined, min_nodes - count, join_timeout)
         if should_abort is not None and should_abort():
             raise RendezvousError("rendezvous interrupted")
@@ -178,13 +184,13 @@ def host_round(kv: KV, round_: int, *, min_nodes: int, max_nodes: int, join_time
     try:
         plan = _assign(records, round_)
     except RendezvousError as exc:
-        kv.set(_key(round_, "plan"), json.dumps({"failed": str(exc)}).encode())
+        kv.set(rdzv_key(round_, "plan"), json.dumps({"failed": str(exc)}).encode())
         raise
-    kv.set(_key(round_, "plan"), plan.to_json())
+    kv.set(rdzv_key(round_, "plan"), plan.to_json())
     return plan
 
 
 def _record(kv: KV, round_: int, n: int) -> JoinRecord:
-    raw = kv.get(_key(round_, "node", str(n)), timeout=30.0)
+    raw = kv.get(rdzv_key(round_, "node", str(n)), timeout=30.0)
     data: dict[str, Any] = json.loads(raw)
     return JoinRecord(**data)

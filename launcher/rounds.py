@@ -80,10 +80,15 @@ class Round:
         self.number = plan.round
         self.started = time.time()
         self.stopping = False  # this node's workers are being stopped on purpose
+        #: this node leaves the job on its own (its agent got a signal): the ranks it stops failed
+        #: for the others, who hear of each as of any failure
+        self.leaving = False
         self.stop_action: str | None = None  # the decider's stop broadcast, once sent
         self.stop_reason = ""
         self.exits_seen = 0
-        self.hung: dict[int, float] = {}  # rank -> SIGKILL deadline (after its dump window)
+        #: pid of a process judged hung -> its SIGKILL deadline (after its dump window); per
+        #: process, not per rank: a replacement in a hung rank's place is judged on its own
+        self.hung: dict[int, float] = {}
         self.judge = LivenessJudge(hung_after=self.cfg.hung_timeout,
                                    stopped_after=self.cfg.stopped_timeout)
         self.group = WorkerGroup(on_exit=self._on_worker_exit)
@@ -188,7 +193,7 @@ class Round:
             registered = self.control.forget_member(f"rank/{r.rank}")
         except ControlError:
             pass
-        if self.stopping:
+        if self.stopping and not self.leaving:
             return
         if not r.failed:
             # exited 0 without deregistering (os._exit, communicators open): the survivors that
@@ -199,7 +204,7 @@ class Round:
                                       "round": self.number, "reason": LEFT_REASON,
                                       "exit_code": r.exit_code, "signal": None})
             return
-        reason = ("unreapable" if r.unreapable else "hung" if r.rank in self.hung
+        reason = ("unreapable" if r.unreapable else "hung" if r.hung
                   else "killed" if r.signal is not None else "exited")
         payload: dict[str, Any] = {
             "rank": r.rank, "host": r.host, "node_rank": r.node_rank, "round": self.number,
@@ -230,6 +235,9 @@ class Round:
                 self.console.event(f"rank {r.rank} on {r.host} failed ({describe_end(r)})")
             out.append(w)
             if r.failed and not self.stopping:
+                # what it started in its group must not run on beside the survivors (and a
+                # replacement): the group of a reaped leader keeps its id while members live
+                w.signal_group(signal.SIGKILL)
                 self.replace(w)
 
     def all_exits_seen(self) -> bool:
@@ -301,7 +309,8 @@ class Round:
             f"no CPU progress for {v.quiet_s:.1f} s): asking for a flight-recorder dump "
             f"(SIGUSR1), then stopping it")
         w.request_dump(signal.SIGUSR1)
-        self.hung[v.rank] = time.monotonic() + min(2.0, self.cfg.grace_period)
+        w.result.hung = True
+        self.hung[w.pid] = time.monotonic() + min(2.0, self.cfg.grace_period)
 
     def _report_stopped(self, w: Worker, v: Verdict) -> None:
         """A stopped rank is reported failed (reason ``stopped``) once, not killed: the
@@ -323,7 +332,7 @@ class Round:
         exited ``kill_wait`` later (reported like an exit, see ``WorkerGroup.abandon``)."""
         now = time.monotonic()
         for w in self.group.workers:
-            deadline = self.hung.get(w.result.rank)
+            deadline = self.hung.get(w.pid) if w.result.hung else None
             if deadline is None or now < deadline or not w.alive:
                 continue
             if now >= deadline + self.group.kill_wait:

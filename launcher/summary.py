@@ -57,17 +57,18 @@ def stuck_hint(state: str, lead: str) -> str:
 
 
 def describe_end(r: WorkerResult) -> str:
-    """``exit 0``, ``exit 3``, ``SIGKILL``, ``node lost``, ``unreapable, state D`` or
-    ``running``."""
+    """``exit 0``, ``exit 3``, ``SIGKILL``, ``hung, SIGKILL`` (killed as hung), ``node lost``,
+    ``unreapable, state D`` or ``running``."""
     if r.lost:
         return "node lost"
     if r.unreapable:
         return f"unreapable, state {r.state.split(' ', 1)[0] if r.state else 'unknown'}"
     if r.signal is not None:
         try:
-            return signal.Signals(r.signal).name
+            name = signal.Signals(r.signal).name
         except ValueError:
-            return f"signal {r.signal}"
+            name = f"signal {r.signal}"
+        return f"hung, {name}" if r.hung else name
     if r.exit_code is not None:
         return f"exit {r.exit_code}"
     return "running"

@@ -1,8 +1,10 @@
 """Worker processes: start, watch, signal and stop them.
 
-Each worker runs in its own process group with ``PR_SET_PDEATHSIG = SIGKILL``, so neither
-it nor anything it forks outlives the agent, even when the agent is SIGKILLed. Exits are
-seen at once (one waiter thread per worker) and reported through ``on_exit`` and a queue.
+Each worker runs in its own process group with ``PR_SET_PDEATHSIG = SIGKILL``, so it does not
+outlive the agent, even when the agent is SIGKILLed; what it forks is ended with its group when
+the agent stops it or exits (a SIGKILLed agent ends nothing: the worker's children then run on
+under init). Exits are seen at once (one waiter thread per worker) and reported through
+``on_exit`` and a queue.
 
 A worker that is still not reaped ``KILL_WAIT_S`` after its SIGKILL (a process in
 uninterruptible sleep, state D, in a hung driver or file system call, cannot exit until the
@@ -109,6 +111,8 @@ class WorkerResult:
     #: when it was reported failed while its process lived on (a stopped rank, which ends
     #: only at the SIGKILL that stops the job): the time of its failure, not its end
     failed_at: float | None = None
+    #: judged hung (heartbeats silent, no progress) and so killed by the agent
+    hung: bool = False
 
     @property
     def failed(self) -> bool:

@@ -171,3 +171,10 @@ def test_help_names_the_defaults_of_the_timing_flags():
                           ("--stopped-timeout", "2")):
         entry = re.search(rf"{flag} \S+, --\S+ \S+ (.*?)(?= --[a-z]|$)", text)
         assert entry and f"(default {default})" in entry.group(1), (flag, entry and entry.group(1))
+
+
+def test_a_monitor_interval_of_0_is_refused():
+    """0 made every wait of the agent's monitor loop return at once: the agent spun on a CPU."""
+    with pytest.raises(UsageError, match=r"--monitor-interval must be > 0, got 0"):
+        parse_args(["--monitor-interval", "0", "x.py"], {})
+    assert parse_args(["--monitor-interval", "0.5", "x.py"], {}).monitor_interval == 0.5

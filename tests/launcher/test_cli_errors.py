@@ -28,3 +28,23 @@ def test_missing_entry_point_is_named_plainly(argv):
     assert proc.returncode == 2, proc.stderr
     assert "entrypoint_args" not in proc.stderr, proc.stderr
     assert "error: no entry point: torchcomms-run [options] SCRIPT [SCRIPT ARGS...]" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("how", ["script", "run-path"])
+def test_a_missing_script_is_one_line_before_any_worker_starts(tmp_path, how):
+    """Every worker used to start, fail with Python's own ``can't open file`` and fill a summary."""
+    script = tmp_path / "missing.py"
+    extra = ["--run-path"] if how == "run-path" else []
+    proc = run_launcher("--nproc-per-node", "2", *extra, str(script), timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"[torchcomms-run] error: the entry point {str(script)!r} does not exist", proc.stderr
+
+
+def test_a_log_dir_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    log_dir = tmp_path / "file" / "logs"
+    proc = run_launcher("--log-dir", str(log_dir), "-m", "json.tool", "--help", timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"[torchcomms-run] error: --log-dir {str(log_dir)!r}: cannot create "), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import secrets
+import signal
 import socket
 import subprocess
+import time
 
 from conftest import REPO, base_env, communicate_all, free_port, launcher_cmd, read_pids, run_launcher, worker
 
@@ -118,3 +120,83 @@ def test_elastic_restart_after_node_lost(secret_file, tmp_path):
     assert "node 1 lost; restarting all workers (restart 1 of 1)" in err_a
     assert "round 1: 1 node(s), world size 2" in err_a
     assert sorted(int(p.stem) for p in tmp_path.glob("*.pid")) == [0, 1]
+
+
+def test_a_signal_to_a_follower_agent_is_a_failure_of_its_ranks_for_the_job(secret_file, tmp_path):
+    """A follower agent that receives SIGTERM stops its workers and leaves: its ranks failed for
+    the rest of the job, which hears of it at once (``rank_failed``): under ``fail`` the host stops
+    its own workers too. The host used to hear nothing and wait for its workers' own end."""
+    env = base_env(PID_DIR=str(tmp_path), SLEEP="600")
+    a, b = _pair(secret_file, "--nnodes", "2", worker("sleeper.py"), env=env)
+    try:
+        read_pids(tmp_path, 4)
+        b.send_signal(signal.SIGTERM)
+        (_, err_a), (_, err_b) = communicate_all((a, b), timeout=60)
+    finally:
+        for p in (a, b):
+            if p.poll() is None:
+                p.kill()
+    assert b.returncode == 128 + signal.SIGTERM, err_b
+    assert "rank 2 on" in err_a and "failed (SIGTERM)" in err_a and "stopping the job" in err_a, err_a
+    assert a.returncode == 128 + signal.SIGTERM, err_a
+
+
+def test_a_signal_to_the_host_during_the_rendezvous_ends_its_followers_with_its_code(secret_file):
+    """A host interrupted while it waits for nodes tells the followers already joined: they end
+    with its exit code and one line saying why, instead of 'lost the rendezvous host' (exit 1)."""
+    from torchcomms.control.client import ControlClient
+    from torchcomms.control.secrets import read_secret_file
+
+    port = free_port()
+    common = ["--nnodes", "3", "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}",
+              "--rdzv-id", "stopjoin", "--job-secret-file", str(secret_file)]
+    agents = [subprocess.Popen(launcher_cmd(*common, "--node-rank", str(i), worker("ticker.py")), env=base_env(),
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        client = ControlClient(f"tcp://127.0.0.1:{port}", read_secret_file(secret_file), timeout=30)
+        try:  # the host is up once this connects; then wait for the follower's join
+            while client.add("torchcomms-run/rdzv/0/count", 0) < 2:
+                time.sleep(0.02)
+        finally:
+            client.close()
+        agents[0].send_signal(signal.SIGTERM)
+        (_, err_host), (_, err) = communicate_all(agents, timeout=60)
+    finally:
+        for p in agents:
+            if p.poll() is None:
+                p.kill()
+    assert agents[0].returncode == 128 + signal.SIGTERM, err_host
+    assert "error: the rendezvous host received SIGTERM: the job stops" in err, err
+    assert "lost the rendezvous host" not in err, err
+    assert agents[1].returncode == 128 + signal.SIGTERM, err
+
+
+def test_an_endpoint_that_is_no_agent_is_not_called_a_wrong_secret(secret_file):
+    """A program on the rendezvous port that accepts connections and closes them (another service,
+    a firewall's reset) was reported as the host refusing this agent's job secret."""
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    port = server.getsockname()[1]
+
+    def close_each() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            conn.close()
+
+    threading.Thread(target=close_each, daemon=True).start()
+    try:
+        proc = run_launcher("--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                            "--rdzv-id", "noagent", "--job-secret-file", str(secret_file), "--rdzv-conf",
+                            "join_timeout=30", worker("ticker.py"), timeout=60)
+    finally:
+        server.close()
+    assert proc.returncode == 1, proc.stderr
+    assert "job secret" not in proc.stderr, proc.stderr
+    assert f"error: the rendezvous endpoint tcp://127.0.0.1:{port} is no torchcomms-run agent: it closed" \
+        in proc.stderr, proc.stderr

@@ -3,8 +3,12 @@ times per rank) while others run; healthy workers are never restarted."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+
 import pytest
-from conftest import base_env, run_launcher, worker
+from conftest import REPO, base_env, launcher_cmd, pid_alive, read_pids, run_launcher, wait_for, worker
 
 from tests.helpers.cpu_load import oversubscribed
 
@@ -21,6 +25,44 @@ def test_a_failed_rank_is_restarted_up_to_max_restarts_and_healthy_ones_never(tm
     assert proc.returncode == 0, proc.stderr  # tolerated: rank 0 ran on and succeeded
     table = [ln.split() for ln in proc.stderr.splitlines() if ln.startswith(("0 ", "1 "))]
     assert [row[0] for row in table] == ["0", "1", "1"], proc.stderr  # one row per process
+
+
+def test_a_failed_ranks_process_group_is_ended_while_the_survivors_run(tmp_path):
+    """Under shrink the job goes on after a rank failed; what the rank started in its process group
+    (a helper, a data loader) is ended with it, not left running beside the survivors (and a
+    replacement) until the job's end."""
+    env = base_env(PID_DIR=str(tmp_path), EXIT_RANK="1", EXIT_CODE="3", CHILD_RANKS="1", SLEEP="600")
+    agent = subprocess.Popen(launcher_cmd("--nproc-per-node", "2", "--on-failure", "shrink", worker("sleeper.py")),
+                             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    child = 0
+    try:
+        read_pids(tmp_path, 2)  # rank 1 wrote its child's pid before its own
+        survivor = int((tmp_path / "0.pid").read_text())
+        child = int((tmp_path / "1.child").read_text())
+        ended = wait_for(lambda: not pid_alive(child), timeout=30)
+        assert pid_alive(survivor)
+        agent.send_signal(signal.SIGTERM)
+        out, _ = agent.communicate(timeout=60)
+        assert ended, f"rank 1's child {child} ran on after rank 1 failed\n{out}"
+        assert "rank 1 on" in out and "failed (exit 3)" in out, out
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+        if child and pid_alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_the_replacement_of_a_hung_rank_is_not_killed_as_hung(tmp_path):
+    """The hung verdict's SIGKILL deadline was kept per rank: the process started in a hung
+    rank's place was SIGKILLed as soon as it ran (0.1 s), never judged itself."""
+    env = base_env(PID_DIR=str(tmp_path), HUNG_ONCE="1")
+    proc = run_launcher("--nproc-per-node", "2", "--on-failure", "shrink", "--max-restarts", "1",
+                        "--hung-timeout", "2", "--grace-period", "1", worker("hung.py"), env=env)
+    assert proc.stderr.count("is hung (no heartbeat") == 1, proc.stderr
+    assert "rank 1 restarted" in proc.stderr and (tmp_path / "1.replaced").exists(), proc.stderr
+    rows = [ln.split(None, 4)[4] for ln in proc.stderr.splitlines() if ln.startswith("1 ")]
+    assert [r.split("  ")[0] for r in rows] == ["hung, SIGKILL", "exit 0"], proc.stderr
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_without_max_restarts_shrink_restarts_nobody(tmp_path):
