@@ -316,12 +316,14 @@ compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
 got = compiled(q, k, v)
 assert not got[1].requires_grad  # the LSE is not differentiable, as in eager mode
 # the compiled graph runs the same kernels; the ops around them may be scheduled differently
-# (bitwise equal on this machine, not in one CI run), so: equal to fp32 rounding
+# (bitwise equal on this machine alone, 2.4e-5 apart for the output in one full suite run of
+# 2026-12-04 under load, not reproduced since), so: equal well within what a wrong graph (a
+# wrong scale, mask or operand) would change
 names = ("out", "lse", "dq", "dk", "dv")
 for name, a, b in zip(names, (*got, *torch.autograd.grad(got[0], (q, k, v), g)),
                       (*eager, *torch.autograd.grad(eager[0], (q, k, v), g))):
     err = float((a.double() - b.double()).norm() / b.double().norm())
-    assert err <= 1e-6, f"{name}: compiled vs eager relative error {err:.3g}"
+    assert err <= 1e-4, f"{name}: compiled vs eager relative error {err:.3g}"
 # a model routing its attention through the kernel compiles in one graph too
 from kernels.model import Llama, LlamaConfig
 model = Llama(LlamaConfig.tiny(max_seq_len=64).replace(attn_window=8, attn_backend="triton_window", loss_impl="torch"))

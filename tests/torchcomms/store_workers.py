@@ -1,6 +1,7 @@
 """Rank bodies for ``get_options().store``: the store a communicator met on."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -51,19 +52,29 @@ def attempt_under_agent_store(delay_s: float) -> list[float]:
 
 
 def rank_claimed_twice() -> dict[str, Any]:
-    """A process of a job where two were given rank 1: the second to claim it is refused at once."""
+    """A process of a job where two were given rank 1: the second to claim it is refused at once.
+    Rank 0 hosts the store, so it stays until all three processes are done with it (a refused
+    process that started late would otherwise find no store at all)."""
     import time
     from datetime import timedelta
 
-    t0 = time.monotonic()
+    timeout = timedelta(seconds=60)
     try:
-        c = torchcomms.new_comm("gloo", torch.device("cpu"), "claimed", timeout=timedelta(seconds=60))
+        c = torchcomms.new_comm("gloo", torch.device("cpu"), "claimed", timeout=timeout)
     except torchcomms.CommValueError as e:
-        return {"error": str(e), "s": time.monotonic() - t0}
-    t = torch.full((2,), float(c.get_rank() + 1))
-    c.all_reduce(t, torchcomms.ReduceOp.SUM, False)
-    c.finalize()
-    return {"sum": t.tolist()}
+        out: dict[str, Any] = {"error": str(e)}
+    else:
+        t = torch.full((2,), float(c.get_rank() + 1))
+        c.all_reduce(t, torchcomms.ReduceOp.SUM, False)
+        c.finalize()
+        out = {"sum": t.tolist()}
+    store = torchcomms.job_store(timeout)
+    store.add("claimed-done", 1)
+    if int(os.environ["TORCHCOMM_RANK"]) == 0:
+        deadline = time.monotonic() + 60
+        while int(store.add("claimed-done", 0)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    return out
 
 
 def beside_c10d_default_group() -> list[float]:
