@@ -350,6 +350,9 @@ def mismatched_calls(case: str) -> dict[str, Any]:
             if r != 0:
                 comm.barrier(False)
             comm.all_reduce(torch.ones(16), ReduceOp.SUM, False)
+        elif case == "splits":  # each rank's own splits fit its tensors, but rank n-1 expects 2 rows from rank 0
+            expect = [2] + [1] * (n - 1) if r == n - 1 else [1] * n
+            comm.all_to_all_v_single(torch.empty(sum(expect)), torch.ones(n), expect, [1] * n, False)
         elif case == "fits":
             # calls whose tensors legitimately differ per rank must pass the check
             t = torch.full((r + 1,), float(r))
@@ -365,6 +368,10 @@ def mismatched_calls(case: str) -> dict[str, Any]:
             x = torch.full((4,), float(r + 1))
             comm.all_reduce(x, ReduceOp.SUM, False)
             out["all_reduce"] = x.tolist()
+            a2a = torch.empty(sum(j + 1 for j in range(n)), 2)  # rank j sends j + 1 rows of 2 to every rank
+            comm.all_to_all_v_single(a2a, torch.full(((r + 1) * n, 2), float(r)), [j + 1 for j in range(n)],
+                                     [r + 1] * n, False)
+            out["all_to_all_v_single"] = a2a[:, 0].tolist()
         out["raised"] = None
     except torchcomms.CommError as e:
         out.update(raised=type(e).__name__, message=str(e), ranks=e.ranks, seq=e.seq)

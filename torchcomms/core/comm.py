@@ -6,6 +6,7 @@ lives in :mod:`torchcomms.recovery`. ``setup.create.new_comm`` makes communicato
 """
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import timedelta
@@ -332,8 +333,11 @@ class TorchComm:
                             input_split_sizes: list[int], async_op: bool, hints: _Hints = None,
                             timeout: _Timeout = None) -> TorchWork:
         outs, ins = self._core.checker.all_to_all_v_single(output, input, output_split_sizes, input_split_sizes)
+        check, row_in, row_out = self._core.signatures, math.prod(input.shape[1:]), math.prod(output.shape[1:])
+        bind = None if check is None else lambda rec: check.note_counts(  # elements sent to / expected from each rank
+            rec.op_id, [n * row_in for n in ins], [n * row_out for n in outs])
         return self._run(OpName.all_to_all_v_single, async_op, hints, timeout, [input], [output],
-                         (output, input, outs, ins))
+                         (output, input, outs, ins), bind=bind)
 
     def all_to_all(self, output_tensor_list: list[torch.Tensor], input_tensor_list: list[torch.Tensor],
                    async_op: bool, hints: _Hints = None, timeout: _Timeout = None) -> TorchWork:

@@ -37,7 +37,9 @@ _MAX_DIMS = 4
 # shapes, outputs' shapes). Rooted ops whose lists exist on the root only compare the side every
 # rank has. The *_v ops take per-rank sizes, but every rank lists them all alike: all_gather_v's
 # output list and reduce_scatter_v's input list (validation made this rank's entry fit its own
-# tensor); all_to_all_v_single's split sizes are not in the record, so only its dtypes are compared.
+# tensor). all_to_all_v_single's sizes differ per rank by design: besides its dtypes, what each
+# rank sends each other rank must be what that rank expects from it (compared as two sums of codes
+# of (sender, receiver, elements), one over what is sent, one over what is expected).
 _RULES: dict[str, tuple[bool, bool, bool, bool]] = {
     "broadcast": (True, True, True, True),
     "all_reduce": (True, True, True, True),
@@ -88,8 +90,17 @@ def _shape_slots(sizes: Sequence[Sequence[int]]) -> list[int]:
     return [len(first) if sizes else -1, *dims]
 
 
-def encode(rec: OpRecord) -> torch.Tensor:
-    """The fixed-size signature of the call ``rec`` describes."""
+def _pair_codes(rank: int, send: Sequence[int], receive: Sequence[int]) -> tuple[int, int]:
+    """The sums of the codes of (sender, receiver, elements) over what ``rank`` sends and over
+    what it expects: summed over all ranks, the two are equal when every pair agrees."""
+    sent = sum(_code(f"{rank}>{peer}:{n}") for peer, n in enumerate(send))
+    expected = sum(_code(f"{peer}>{rank}:{n}") for peer, n in enumerate(receive))
+    return sent, expected
+
+
+def encode(rec: OpRecord, counts: tuple[Sequence[int], Sequence[int]] | None = None) -> torch.Tensor:
+    """The fixed-size signature of the call ``rec`` describes; ``counts``: the elements it sends
+    to and expects from each rank (all_to_all_v_single)."""
     # one dtype per side: validation already made every tensor of a list share it
     in_dtype = rec.input_dtypes[0] if rec.input_dtypes else None
     out_dtype = rec.output_dtypes[0] if rec.output_dtypes else None
@@ -108,6 +119,7 @@ def encode(rec: OpRecord) -> torch.Tensor:
         *_shape_slots(rec.output_sizes or []),
         _code(repr(rec.input_sizes or [])),
         _code(repr(rec.output_sizes or [])),
+        *(_pair_codes(int(rec.rank), *counts) if counts is not None else (0, 0)),
     ]
     slots += [0] * (SLOTS - len(slots))
     return torch.tensor(slots, dtype=torch.int64)
@@ -129,6 +141,8 @@ class _Call:
     out_shape: tuple[int, ...]
     in_crc: int
     out_crc: int
+    sent: int
+    expected: int
 
     @classmethod
     def decode(cls, row: Sequence[int]) -> _Call:
@@ -138,7 +152,7 @@ class _Call:
 
         return cls(seq=row[1], op=_OP_NAMES.get(row[2], f"op{row[2]}"), root=row[3], redop=row[4],
                    in_dtype=row[5], out_dtype=row[6], n_in=row[7], n_out=row[8], in_shape=shape(9),
-                   out_shape=shape(14), in_crc=row[19], out_crc=row[20])
+                   out_shape=shape(14), in_crc=row[19], out_crc=row[20], sent=row[21], expected=row[22])
 
     def key(self, op: str) -> tuple[object, ...]:
         """What must be equal across ranks for ``op``."""
@@ -178,7 +192,10 @@ def compare(gathered: torch.Tensor, op: str) -> tuple[str, list[int]] | None:
     for rank, call in enumerate(calls):
         groups.setdefault(call.key(op), []).append(rank)
     if len(groups) == 1:
-        return None
+        if sum(c.sent for c in calls) == sum(c.expected for c in calls):
+            return None
+        return (f"collective mismatch: {calls[0].describe()}: the split sizes do not pair up (rank i's "
+                "input_split_sizes[j] must be rank j's output_split_sizes[i], in elements)", [])
     ordered = sorted(groups.values(), key=lambda ranks: (-len(ranks), ranks[0]))
     lines = [f"rank{'s' if len(r) > 1 else ''} {format_ranks(r)}: {calls[r[0]].describe()}" for r in ordered]
     odd = sorted(r for group in ordered[1:] for r in group)
@@ -194,18 +211,24 @@ class SignatureCheck:
         self._make_engine = make_engine
         self._size = size
         self._engine: TorchCommBackend | None = None
+        self._counts: dict[int, tuple[list[int], list[int]]] = {}
+
+    def note_counts(self, op_id: int, send: list[int], receive: list[int]) -> None:
+        """The elements op ``op_id`` sends to and expects from each rank, for its signature."""
+        self._counts[op_id] = (send, receive)
 
     def run(self, rec: OpRecord, deadline: float) -> tuple[str, list[int]] | None:
         """Exchange and compare ``rec``'s signature with every rank's, by ``deadline``
         (``time.monotonic()``). Returns ``None`` or ``(message, ranks that differ)``. Raises
         ``TimeoutError`` when not every rank arrived in time (:class:`EngineNotReady` when the
         side engine was not built in time), the engine's error otherwise."""
+        counts = self._counts.pop(rec.op_id, None)
         if self._engine is None:
             self._engine = self._make_engine(deadline)
             if self._engine is None:
                 raise EngineNotReady("the collective check's engine was not ready before the deadline")
         out = torch.empty(self._size * SLOTS, dtype=torch.int64)
-        error = self._engine.all_gather_single(out, encode(rec)).wait_until(deadline)
+        error = self._engine.all_gather_single(out, encode(rec, counts)).wait_until(deadline)
         if error is not None:
             raise error
         return compare(out.view(self._size, SLOTS), str(rec.name))
