@@ -73,8 +73,7 @@ def _located(error: CommError, where: Mapping[str, Any]) -> CommError:
     raised it without them (a framed receive's mismatch names only the ranks)."""
     if error.seq is not None or type(error) not in (CommError, CollectiveMismatchError, BackendError):
         return error
-    located = type(error)(str(error).split("] ", 1)[-1] if error.comm is not None else str(error),
-                          ranks=error.ranks, **where)
+    located = type(error)(error.message, ranks=error.ranks, **where)
     located.__cause__ = error
     return located
 

@@ -30,7 +30,8 @@ class CommError(RuntimeError):
     """Base class of every torchcomms failure.
 
     Attributes name where it happened: ``comm`` (communicator name), ``op`` (op name),
-    ``seq`` (the op's sequence number on that communicator) and ``ranks`` (ranks involved).
+    ``seq`` (the op's sequence number on that communicator) and ``ranks`` (ranks involved);
+    ``message`` is the text without that location.
     """
 
     def __init__(
@@ -42,6 +43,7 @@ class CommError(RuntimeError):
         seq: int | None = None,
         ranks: Iterable[int] | None = None,
     ) -> None:
+        self.message = message
         self.comm = comm
         self.op = op
         self.seq = seq
