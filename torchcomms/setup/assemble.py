@@ -113,7 +113,7 @@ def assemble_comm(
             global_ranks=(rank,) if deferred else (global_ranks or tuple(range(size))),
         )
         engine = cls(ctx)
-        claim = None if deferred or helper is not None else _RankClaim(ctx, rank_source, store_words)
+        claim = None if deferred or helper is not None else (lambda: _claim_rank(ctx, rank_source, store_words))
         _init_engine(engine, deadline, store_words, secs, where, claim)
         monitor = None
         if size > 1:
@@ -162,25 +162,19 @@ def job_store(timeout: timedelta | None = None) -> Any:
                                             dict(comm=None, op="job_store")) from None
 
 
-class _RankClaim:
-    """A rank's claim on its place in a communicator's rendezvous: the first process to claim a
-    rank in the store gets it; a second one (two processes given the same rank, or another job
-    meeting on the same store under the same name) is refused at once with ``CommValueError``
-    instead of both waiting for peers until the timeout."""
-
-    def __init__(self, ctx: Any, rank_source: str, store_words: str) -> None:
-        self.ctx, self.rank_source, self.store_words = ctx, rank_source, store_words
-
-    def __call__(self) -> None:
-        ctx = self.ctx
-        claims = int(ctx.store.add(f"{ctx.store_prefix}/claims/{ctx.rank}", 1))
-        if claims > 1:
-            raise CommValueError(
-                f"rank {ctx.rank} of {ctx.size} is already claimed by another process in {self.store_words} "
-                f"({claims} claims; this one's rank came from {self.rank_source}): every process of a job "
-                "needs a rank of its own, and jobs that share a store need communicator names of their own (a job "
-                "restarted on the store of its last run: a fresh store, or a dist.PrefixStore per attempt)",
-                comm=ctx.name, op="new_comm")
+def _claim_rank(ctx: BackendContext, rank_source: str, store_words: str) -> None:
+    """Claim this rank's place in the communicator's rendezvous: the first process to claim a rank
+    in the store gets it; a second one (two processes given the same rank, or another job meeting
+    on the same store under the same name) is refused at once with ``CommValueError`` instead of
+    both waiting for peers until the timeout."""
+    claims = int(ctx.store.add(f"{ctx.store_prefix}/claims/{ctx.rank}", 1))
+    if claims > 1:
+        raise CommValueError(
+            f"rank {ctx.rank} of {ctx.size} is already claimed by another process in {store_words} "
+            f"({claims} claims; this one's rank came from {rank_source}): every process of a job "
+            "needs a rank of its own, and jobs that share a store need communicator names of their own (a job "
+            "restarted on the store of its last run: a fresh store, or a dist.PrefixStore per attempt)",
+            comm=ctx.name, op="new_comm")
 
 
 def _init_engine(engine: TorchCommBackend, deadline: float, store_words: str, secs: float,
@@ -195,8 +189,13 @@ def _init_engine(engine: TorchCommBackend, deadline: float, store_words: str, se
             kind = "" if isinstance(e, CommError) else engine.classify_error(e)
             raise error_map.engine_start_error(e, kind, store_words, secs, where) from None
         return
+
+    def init() -> None:
+        if claim is not None:
+            claim()
+        engine.init()
+
     try:
-        init = engine.init if claim is None else lambda: (claim(), engine.init())[1]
         call_until("the engine's rendezvous", init, deadline, thread_name=f"torchcomms-init-{engine.ctx.name}",
                    on_late=lambda _none: engine.abort(), store=engine.ctx.store,
                    limit_s=engine.ctx.timeout.total_seconds())
