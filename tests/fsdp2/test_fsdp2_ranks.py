@@ -2,11 +2,17 @@
 killed rank, checkpoints across world sizes."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 
-from tests.helpers.ranks import RankGroup, RankResult, run_ranks
+from tests.helpers import ranks
+from tests.helpers.ranks import RankResult
 
 T = "tests.fsdp2.targets"
+#: ranks forked from a zygote that imported ``T`` (FSDP, DCP, the model: ~0.6 s of CPU a rank)
+run_ranks = functools.partial(ranks.run_ranks, preload_target=True)
+RankGroup = functools.partial(ranks.RankGroup, preload_target=True)
 ROUTE = {"TORCH_DISTRIBUTED_USE_TORCHCOMMS": "1", "TORCHCOMM_ABORT_ON_ERROR": "0"}
 
 

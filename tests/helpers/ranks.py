@@ -69,7 +69,11 @@ class RankGroup:
     """N rank processes; use as a context manager so none is ever left behind."""
 
     def __init__(self, n: int, target: str, kwargs: dict[str, Any] | None = None,
-                 env: dict[str, str] | None = None, per_rank_env: dict[int, dict[str, str]] | None = None) -> None:
+                 env: dict[str, str] | None = None, per_rank_env: dict[int, dict[str, str]] | None = None,
+                 preload_target: bool = False) -> None:
+        """``preload_target``: forked ranks come from a zygote that imported the target's module
+        before forking (for modules whose import is heavy, such as FSDP's: the rank's first
+        import, paid once per pytest worker instead of once per rank)."""
         self.n = n
         self.dir = Path(tempfile.mkdtemp(prefix="tc-ranks-"))
         port = free_port()
@@ -88,7 +92,7 @@ class RankGroup:
             e.update((per_rank_env or {}).get(r, {}))
             out, log_path = self.dir / f"rank{r}.json", self.dir / f"rank{r}.log"
             if fork_ranks_enabled() and e.get(EXIT_NORMALLY_ENV) != "1":
-                zygote = zygote_for(e, REPO)
+                zygote = zygote_for(e, REPO, (target.split(":")[0],) if preload_target else ())
                 self.procs.append(zygote.fork(e, REPO, log_path, target, json.dumps(kwargs or {}), out))
                 continue
             args = [sys.executable, "-m", "tests.helpers.rank_main", target, json.dumps(kwargs or {}), str(out)]
@@ -200,10 +204,11 @@ class RankGroup:
 
 
 def run_ranks(n: int, target: str, kwargs: dict[str, Any] | None = None, timeout: float = 120.0,
-              env: dict[str, str] | None = None, failed_grace: float = 20.0) -> list[RankResult]:
+              env: dict[str, str] | None = None, failed_grace: float = 20.0,
+              preload_target: bool = False) -> list[RankResult]:
     """Run ``target`` on ``n`` ranks and return every rank's result; asserts all succeeded (so
     once one rank failed, the others are given only ``failed_grace`` more seconds)."""
-    with RankGroup(n, target, kwargs, env) as g:
+    with RankGroup(n, target, kwargs, env, preload_target=preload_target) as g:
         results = g.wait(timeout, failed_grace=failed_grace)
     bad = [r for r in results if not r.ok()]
     assert not bad, "\n".join(f"rank {r.rank}: rc={r.returncode} error={r.error}\n{r.stderr[-3000:]}" for r in bad)

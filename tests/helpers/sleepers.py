@@ -5,6 +5,9 @@ import os
 import threading
 import time
 
+#: the process that imported this module: a zygote that preloaded it, or the rank itself
+IMPORTED_BY = os.getpid()
+
 
 def rank0_returns_others_block() -> int:
     """Rank 0 returns; every other rank blocks in a named function until it is killed."""
@@ -62,3 +65,8 @@ def intra_op_threads() -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+def importer() -> dict[str, int]:
+    """The pid of the process that imported this module, and this rank's own."""
+    return {"imported_by": IMPORTED_BY, "pid": os.getpid()}

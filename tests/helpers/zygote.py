@@ -1,7 +1,9 @@
 """Rank processes forked from a pre-imported process, so that a test pays for ``import torch``
 once per pytest worker instead of once per rank.
 
-The zygote (``python -m tests.helpers.zygote``) imports torch and torchcomms, then serves fork
+The zygote (``python -m tests.helpers.zygote [module ...]``) imports torch and torchcomms, and the
+modules named on its command line (a test's heavy rank module, e.g. one that imports FSDP: what
+the rank would import first anyway), then serves fork
 requests read from its stdin, one JSON line each: ``{"env", "cwd", "log", "target",
 "kwargs", "out", "cpus"}``. For each it forks a child that starts a session of its own, takes the
 request's environment, working directory, log and CPU affinity (the requesting thread's), and runs
@@ -71,8 +73,8 @@ class ForkedRank:
 class Zygote:
     """The test process's side of one zygote: sends fork requests, collects exit codes."""
 
-    def __init__(self, env: dict[str, str], cwd: Path) -> None:
-        self._proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.zygote"], cwd=cwd, env=env,
+    def __init__(self, env: dict[str, str], cwd: Path, preload: tuple[str, ...] = ()) -> None:
+        self._proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.zygote", *preload], cwd=cwd, env=env,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
         self._lock = threading.Lock()  # one request in flight at a time
         self._cond = threading.Condition()
@@ -157,7 +159,7 @@ _READ_AFTER_START = ("TORCHCOMM_", "TC_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "L
 #: zygotes kept per test process; the least recently used one is closed beyond this
 _KEEP = 3
 
-_ZYGOTES: dict[tuple[int, frozenset[tuple[str, str]]], Zygote] = {}  # registry, in order of use
+_ZYGOTES: dict[tuple[int, frozenset[tuple[str, str]], tuple[str, ...]], Zygote] = {}  # registry, in order of use
 _ZYGOTES_LOCK = threading.Lock()
 
 
@@ -165,15 +167,16 @@ def _import_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith(_READ_AFTER_START)}
 
 
-def zygote_for(env: dict[str, str], cwd: Path) -> Zygote:
-    """This test process's zygote for ranks with environment ``env`` (started on first use,
-    restarted if it died): its own environment is ``env`` less the variables read after start-up."""
+def zygote_for(env: dict[str, str], cwd: Path, preload: tuple[str, ...] = ()) -> Zygote:
+    """This test process's zygote for ranks with environment ``env`` that imported ``preload``
+    (started on first use, restarted if it died): its own environment is ``env`` less the
+    variables read after start-up."""
     base = _import_env(env)
-    key = (os.getpid(), frozenset(base.items()))
+    key = (os.getpid(), frozenset(base.items()), preload)
     with _ZYGOTES_LOCK:
         z = _ZYGOTES.pop(key, None)
         if z is None or not z.alive():
-            z = Zygote(base, cwd)
+            z = Zygote(base, cwd, preload)
         _ZYGOTES[key] = z
         while len(_ZYGOTES) > _KEEP:
             _ZYGOTES.pop(next(iter(_ZYGOTES))).close()
@@ -234,15 +237,20 @@ def _ended(children: set[int]) -> list[tuple[int, int]]:
     return ended
 
 
-def serve() -> None:
+def serve(preload: list[str]) -> None:
     """The zygote's loop: fork on each request, report each child's exit; ends at EOF (the test
     process is gone or done: its rank groups killed their children, and any left are orphans
     that their own session's ``killpg`` reaches, not the zygote)."""
+    import importlib
+
     import torch  # noqa: F401 - what every rank would import first
     import torch.distributed  # noqa: F401
 
     import torchcomms  # noqa: F401
     from tests.helpers import rank_main  # noqa: F401
+
+    for module in preload:
+        importlib.import_module(module)
 
     out = os.fdopen(os.dup(1), "wb")
     children: set[int] = set()
@@ -279,4 +287,4 @@ def serve() -> None:
 
 
 if __name__ == "__main__":
-    serve()
+    serve(sys.argv[1:])

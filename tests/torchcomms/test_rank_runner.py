@@ -10,6 +10,7 @@ import time
 import pytest
 
 from tests.helpers.ranks import RankGroup, run_ranks
+from tests.helpers.zygote import FORK_RANKS_ENV, fork_ranks_enabled
 
 
 def test_a_hung_rank_is_reported_with_its_stack_and_the_other_ranks_state():
@@ -58,6 +59,18 @@ def test_forked_ranks_are_their_own_sessions_with_their_own_environment(route):
         assert v["session"] == v["pid"] and v["rank"] == str(r.rank)
         assert v["route_env"] == route and v["route_on"] == (route == "1")
         assert v["sigpipe_ignored"]
+
+
+@pytest.mark.parametrize("preload", [False, True])
+def test_a_preloaded_target_module_was_imported_before_the_fork_and_only_then(preload):
+    if preload and not fork_ranks_enabled():
+        pytest.skip(f"{FORK_RANKS_ENV}=0: every rank is a fresh interpreter")
+    results = run_ranks(2, "tests.helpers.sleepers:importer", timeout=60, preload_target=preload)
+    importers = {r.value["imported_by"] for r in results}
+    if preload:  # imported once, by the zygote the ranks were forked from
+        assert len(importers) == 1 and importers.isdisjoint(r.value["pid"] for r in results), results
+    else:
+        assert all(r.value["imported_by"] == r.value["pid"] for r in results), results
 
 
 def test_a_forked_rank_killed_by_a_signal_reports_it_as_subprocess_does():
