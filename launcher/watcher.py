@@ -8,8 +8,9 @@ standard library: no torch, no package) with the read end of a pipe as its stdin
 the pid of each worker it starts (``+PID``) and of each worker it has ended with its group
 (``-PID``), and the folder to remove should it die (``@PATH``: its run folder, which holds the
 job's secret). ``exit`` means the agent is exiting normally: the watcher ends, killing nothing.
-The pipe closing without it means the agent died: the watcher then SIGKILLs, over and over until
-none is left (at most ``KILL_FOR_S``), every process of the job, and removes that folder:
+The pipe closing without it means the agent died: the watcher then SIGKILLs, pass after pass until
+a pass finds none it has not killed (at most ``KILL_FOR_S``), every process of the job, and
+removes that folder:
 
 - every process whose environment holds ``TORCHCOMM_AGENT_MARK=MARK`` (the agent sets it in
   each worker's, and it is inherited by whatever a worker starts, even a daemon in a session
@@ -129,21 +130,23 @@ def job_targets(procs: Mapping[int, Proc], groups: Mapping[int, int | None], spa
 
 
 def end_job(mark: str, groups: Mapping[int, int | None], kill_for: float = KILL_FOR_S) -> list[int]:
-    """SIGKILL the job's processes (:func:`job_targets`) until none is left or ``kill_for``
-    seconds passed; the pids killed."""
+    """SIGKILL the job's processes (:func:`job_targets`) until a pass finds none it has not
+    signalled yet (what they forked before they died) or ``kill_for`` seconds passed; the pids
+    killed."""
     killed: list[int] = []
+    tried: set[int] = set()
     deadline = time.monotonic() + kill_for
     me = os.getpid()
     while True:
-        targets = job_targets(read_procs(mark), groups, spare=(me,))
-        for pid in sorted(targets):
+        new = sorted(job_targets(read_procs(mark), groups, spare=(me,)) - tried)
+        for pid in new:
+            tried.add(pid)
             try:
                 os.kill(pid, signal.SIGKILL)
-                if pid not in killed:
-                    killed.append(pid)
+                killed.append(pid)
             except (ProcessLookupError, PermissionError):
                 pass
-        if not targets or time.monotonic() >= deadline:
+        if not new or time.monotonic() >= deadline:
             return killed
         time.sleep(0.02)
 
@@ -186,8 +189,7 @@ def main(argv: list[str]) -> int:
                 groups[pid] = start_time(pid)
             else:
                 groups.pop(pid, None)
-    # the pipe closed without "exit": the agent died (its groups' pgids may have been dropped
-    # between kill and "-PID": a group's start time then guards against a reused number)
+    # the pipe closed without "exit": the agent died
     killed = end_job(mark, groups)
     if folder:
         import shutil
