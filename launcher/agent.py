@@ -44,6 +44,7 @@ from .output import Console
 from .rendezvous import JoinRecord, Plan, host_round, join_round, wait_plan
 from .rounds import Decision, Round
 from .supervisor import Worker, WorkerGroup, proc_state
+from .watch import Watch
 
 __all__ = ["Agent", "Decision"]
 
@@ -109,6 +110,8 @@ class Agent:
         self.logs_root: Path | None = None
         self.keep_logs = False
         self.abandoned: list[tuple[int, Worker]] = []  # (attempt, worker) given up unreaped
+        #: ends what the workers started should this agent be SIGKILLed (see .watcher)
+        self.watch: Watch | None = None
         self._phase = "setup"
         self._round = 0  # the round being joined or run
         self._run_dir: Path | None = None
@@ -126,6 +129,7 @@ class Agent:
         self._install_signal_handlers()
         become_subreaper()  # what a worker leaves behind is ended with its group (see .orphans)
         try:
+            self._start_watch()
             self._setup()
             return self._run_rounds()
         except _Interrupted as exc:
@@ -170,6 +174,13 @@ class Agent:
 
     # ------------------------------------------------------------------ setup / teardown
 
+    def _start_watch(self) -> None:
+        try:
+            self.watch = Watch()
+        except OSError as exc:
+            self.console.event(f"cannot start the watcher ({exc.strerror or exc}): should this agent be "
+                               "SIGKILLed, what its workers started would run on")
+
     def _load_secret(self) -> tuple[bytes, str]:
         cfg = self.cfg
         try:
@@ -205,6 +216,8 @@ class Agent:
         cfg = self.cfg
         secret, source = self._load_secret()
         self._run_dir = Path(tempfile.mkdtemp(prefix=f"torchcomms-run-{cfg.rdzv_id}-"))
+        if self.watch is not None:
+            self.watch.remove_at_death(str(self._run_dir))
         self.secret_file = str(write_secret_file(self._run_dir / "job.secret", secret))
         if cfg.log_dir:
             self.logs_root = Path(cfg.log_dir) / cfg.rdzv_id
@@ -262,6 +275,8 @@ class Agent:
             shutil.rmtree(self._run_dir, ignore_errors=True)
         for sig, old in self._old_handlers.items():
             signal.signal(sig, old)
+        if self.watch is not None:
+            self.watch.close()  # a normal exit: it kills nothing
 
     # ------------------------------------------------------------------ rounds
 

@@ -14,6 +14,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 
 from .exceptions import UsageError
@@ -25,6 +26,7 @@ from .launch_config import (
     LaunchConfig,
     RendezvousConf,
 )
+from .module_lookup import search_path, top_level_found
 from .parser import build_parser, check_unknown_flags
 from .scheduler_env import detect_scheduler, mpi_rank_layout, mpi_rendezvous_port
 
@@ -59,10 +61,24 @@ def _positive(value: str, flag: str) -> float:
     return x
 
 
-def check_entrypoint(cfg: LaunchConfig) -> None:
-    """A script entry point (not ``-m``, not ``--no-python``) must exist before any worker starts:
-    each worker would otherwise fail on its own with Python's ``can't open file``."""
-    if cfg.module or cfg.no_python or os.path.exists(cfg.entrypoint):
+def check_entrypoint(cfg: LaunchConfig, environ: Mapping[str, str] | None = None) -> None:
+    """The entry point must be there before any worker starts: each worker would otherwise fail
+    on its own, with Python's ``can't open file`` or ``No module named``. A script must exist; a
+    module of ``-m`` must be found by the workers' interpreter with their working directory and
+    ``PYTHONPATH`` (from ``environ``), its top-level package only and without running any of it
+    (see :mod:`launcher.module_lookup`). ``--no-python`` is checked when its workers start."""
+    if cfg.no_python:
+        return
+    if cfg.module:
+        environ = os.environ if environ is None else environ
+        cwd = os.getcwd()
+        if not top_level_found(cfg.entrypoint, cwd, environ):
+            top = cfg.entrypoint.split(".", 1)[0]
+            raise UsageError(f"-m {cfg.entrypoint}: no module named {top!r} (looked in the working directory "
+                             f"{cwd}, PYTHONPATH and the paths of {sys.executable}: "
+                             f"{os.pathsep.join(search_path(cwd, environ))})")
+        return
+    if os.path.exists(cfg.entrypoint):
         return
     where = "" if os.path.isabs(cfg.entrypoint) else f" (in {os.getcwd()})"
     raise UsageError(f"the entry point {cfg.entrypoint!r} does not exist{where}")

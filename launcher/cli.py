@@ -27,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     library_log.addHandler(handler)
     try:
         cfg = parse_args(args, os.environ)
-        check_entrypoint(cfg)
+        check_entrypoint(cfg, os.environ)
         from .agent import Agent  # imported after parsing so that --help stays instant
 
         return Agent(cfg, console).run()

@@ -38,6 +38,8 @@ class JobEndpoints:
     max_restarts: int
     #: the agent process hosting the control plane, for the workers on its host (else None)
     control_pid: int | None = None
+    #: marks the processes of this agent's workers, for its watcher (see :mod:`launcher.watcher`)
+    agent_mark: str | None = None
 
 
 def worker_env(
@@ -81,6 +83,9 @@ def worker_env(
     env.pop("TORCHCOMM_CONTROL_PID", None)
     if job.control_pid is not None:
         env["TORCHCOMM_CONTROL_PID"] = str(job.control_pid)
+    env.pop("TORCHCOMM_AGENT_MARK", None)  # an outer agent's, when this one runs in a worker
+    if job.agent_mark is not None:
+        env["TORCHCOMM_AGENT_MARK"] = job.agent_mark
     if "OMP_NUM_THREADS" not in base and placement.local_world_size > 1:
         env["OMP_NUM_THREADS"] = "1"  # torchrun's rule: one thread each when sharing a node
     # Output goes through the agent's pipes; without this Python would buffer it in blocks.

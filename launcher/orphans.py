@@ -2,7 +2,8 @@
 ``PR_SET_CHILD_SUBREAPER``), so a descendant orphaned by a worker's exit is re-parented to it,
 not to init, even one that left the worker's process group (a program started in a session of
 its own). When a group of workers is stopped those adopted processes are ended too, and reaped:
-nothing the job started runs on after it.
+nothing the job started runs on after it. A SIGKILLed agent ends nothing itself: its watcher
+(:mod:`launcher.watcher`) does.
 """
 from __future__ import annotations
 

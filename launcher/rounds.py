@@ -91,7 +91,7 @@ class Round:
         self.hung: dict[int, float] = {}
         self.judge = LivenessJudge(hung_after=self.cfg.hung_timeout,
                                    stopped_after=self.cfg.stopped_timeout)
-        self.group = WorkerGroup(on_exit=self._on_worker_exit)
+        self.group = WorkerGroup(on_exit=self._on_worker_exit, watch=agent.watch)
         self.restarts: dict[int, int] = {}  # rank -> processes started in its place
 
     # ------------------------------------------------------------------ start / stop
@@ -113,7 +113,8 @@ class Round:
                            master_port=plan.master_port, control_addr=self.control.address,
                            secret_file=agent.secret_file, restart_count=plan.round + restart,
                            max_restarts=cfg.max_restarts,
-                           control_pid=os.getpid() if self.control.server is not None else None)
+                           control_pid=os.getpid() if self.control.server is not None else None,
+                           agent_mark=agent.watch.mark if agent.watch is not None else None)
         argv = cfg.worker_argv(agent.python)
         rank = slot.rank_offset + lr
         placement = WorkerPlacement(rank=rank, local_rank=lr, world_size=plan.world_size,

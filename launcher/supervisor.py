@@ -2,8 +2,9 @@
 
 Each worker runs in its own process group with ``PR_SET_PDEATHSIG = SIGKILL``, so it does not
 outlive the agent, even when the agent is SIGKILLed; what it forks is ended with its group when
-the agent stops it or exits (a SIGKILLed agent ends nothing: the worker's children then run on
-under init). Exits are seen at once (one waiter thread per worker) and reported through
+the agent stops it or exits, and, when the agent is SIGKILLed, by the agent's watcher
+(:mod:`launcher.watcher`), which a group given a :class:`~launcher.watch.Watch` tells of each
+worker it starts and ends. Exits are seen at once (one waiter thread per worker) and reported through
 ``on_exit`` and a queue.
 
 A worker that is still not reaped ``KILL_WAIT_S`` after its SIGKILL (a process in
@@ -37,6 +38,7 @@ from .env import WorkerPlacement
 from .exceptions import WorkerStartError
 from .orphans import end_adopted
 from .output import STDERR, STDOUT, OutputPump
+from .watch import Watch
 
 __all__ = ["WorkerSpec", "WorkerResult", "Worker", "WorkerGroup", "ProcessHandle",
            "spawn_process", "exit_code_of", "proc_state", "KILL_WAIT_S"]
@@ -248,16 +250,18 @@ class WorkerGroup:
 
     ``on_exit`` and the ``exits`` queue hear of every worker exactly once: when it is reaped,
     or when it is given up as unreapable (:meth:`abandon`). ``spawn`` starts a process
-    (default :func:`spawn_process`); ``kill_wait`` defaults to ``KILL_WAIT_S``."""
+    (default :func:`spawn_process`); ``kill_wait`` defaults to ``KILL_WAIT_S``; ``watch`` is
+    told of every worker started, and of every worker reaped once its group was killed."""
 
     def __init__(self, on_exit: Callable[[Worker], None] | None = None, *,
                  spawn: Callable[[WorkerSpec, Callable[[], None]], ProcessHandle] | None = None,
-                 kill_wait: float | None = None) -> None:
+                 kill_wait: float | None = None, watch: Watch | None = None) -> None:
         self.workers: list[Worker] = []
         self.exits: queue.Queue[Worker] = queue.Queue()
         self.kill_wait = KILL_WAIT_S if kill_wait is None else kill_wait
         self._on_exit = on_exit
         self._spawn = spawn_process if spawn is None else spawn
+        self._watch = watch
         self._lock = threading.Lock()  # a worker is reaped or abandoned, never both
 
     def start(self, specs: Iterable[WorkerSpec]) -> list[Worker]:
@@ -269,6 +273,8 @@ class WorkerGroup:
                 proc = self._spawn(spec, setup)
             except OSError as e:  # the workers started so far are stopped by the agent
                 raise WorkerStartError(p.rank, spec.argv[0], e) from None
+            if self._watch is not None:
+                self._watch.add(proc.pid)
             result = WorkerResult(rank=p.rank, local_rank=p.local_rank, node_rank=p.node_rank,
                                   host=spec.host, pid=proc.pid, started=time.time(),
                                   error_file=spec.error_file)
@@ -367,7 +373,12 @@ class WorkerGroup:
         left = [w for w in pending if self.abandon(w)]
         for w in self.workers:
             w.signal_group(signal.SIGKILL)  # children forked just before the leader died
-        end_adopted({w.pid for w in self.workers})  # and those that left the workers' groups
+        own = {w.pid for w in self.workers} | ({self._watch.pid} if self._watch is not None else set())
+        end_adopted(own)  # and those that left the workers' groups
+        if self._watch is not None:
+            for w in self.workers:
+                if w.done.is_set() and not w.abandoned:  # reaped: its pid may be reused from now on
+                    self._watch.drop(w.pid)
         for w in self.workers:
             if w.spec.output is not None and not w.abandoned:  # its pipes may never close
                 w.spec.output.join(timeout=2.0)

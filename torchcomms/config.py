@@ -133,6 +133,9 @@ VARIABLES: tuple[Var, ...] = (
         "the process hosting the control plane, when it runs on this host: while it is running, an "
         "unanswered control plane is slow, not lost (a starved node); stopped or gone, it is lost",
         "launcher", minimum=1),
+    Var("TORCHCOMM_AGENT_MARK", "agent_mark", "str", None,
+        "marks the processes of one agent's workers (what they start inherits it): should the agent be "
+        "SIGKILLed, its watcher kills every process that carries it", "launcher"),
     # --- communicators ---
     Var("TORCHCOMM_TIMEOUT_SECONDS", "timeout_s", "float", 600.0, "default op timeout (s)",
         minimum=0, positive=True),

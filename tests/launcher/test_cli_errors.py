@@ -4,10 +4,12 @@ traceback, and an exit code that says why."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
-from conftest import run_launcher
+from conftest import REPO, base_env, run_launcher
 
 
 @pytest.mark.parametrize("executable", [False, True], ids=["not-executable", "missing"])
@@ -48,3 +50,40 @@ def test_a_log_dir_that_cannot_be_made_is_one_line(tmp_path):
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith(f"[torchcomms-run] error: --log-dir {str(log_dir)!r}: cannot create "), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("module", ["missing_mod_x1", "missing_pkg_x1.train"])
+def test_a_module_that_cannot_be_found_is_one_line_before_any_worker_starts(module):
+    """Every worker used to start and fail with Python's ``No module named``."""
+    proc = run_launcher("--nproc-per-node", "2", "-m", module, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    top = module.split(".")[0]
+    assert proc.stderr.startswith(f"[torchcomms-run] error: -m {module}: no module named {top!r} (looked in the "
+                                  f"working directory {REPO}, PYTHONPATH and the paths of "), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not proc.stdout, proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("module", ["in_cwd_x1", "on_path_x1", "on_path_pkg_x1.train"])
+def test_a_module_the_workers_find_is_run_though_the_launchers_own_path_lacks_it(tmp_path, module):
+    """The launcher, started like a console script and ignoring PYTHONPATH (``-E -P``), has neither
+    the working directory nor PYTHONPATH on its own path: the workers, plain ``python -m``, do. The
+    package's ``__init__`` runs in the workers only, never in the launcher."""
+    lib = tmp_path / "lib"
+    (lib / "on_path_pkg_x1").mkdir(parents=True)
+    say = "import os\nprint('ran', __name__, os.environ['RANK'])\n"
+    (tmp_path / "in_cwd_x1.py").write_text(say)
+    (lib / "on_path_x1.py").write_text(say)
+    (lib / "on_path_pkg_x1" / "__init__.py").write_text(
+        "import os, pathlib\npathlib.Path(os.environ['MARKS'], str(os.getpid())).write_text('')\n")
+    (lib / "on_path_pkg_x1" / "train.py").write_text(say)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    main = f"import sys; sys.path.insert(0, {str(REPO)!r}); from launcher.cli import main; sys.exit(main())"
+    env = base_env(PYTHONPATH=os.pathsep.join([str(REPO), "lib"]), MARKS=str(marks))
+    proc = subprocess.run([sys.executable, "-E", "-P", "-c", main, "--nproc-per-node", "2", "--no-summary",
+                           "-m", module], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(line.split("] ", 1)[1] for line in proc.stdout.splitlines()) == [
+        f"ran __main__ {rank}" for rank in (0, 1)], proc.stdout
+    ran_init = sorted(int(p.name) for p in marks.iterdir())
+    assert len(ran_init) == (2 if "pkg" in module else 0), ran_init
