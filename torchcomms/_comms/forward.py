@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchcomms._comms.staging import staged, staged_input, staged_output
 from torchcomms.types import ReduceOp
 
 if TYPE_CHECKING:
@@ -190,14 +191,20 @@ class CommForwarder:
         for outs, x in zip(outputs, inputs):
             even = all(o.shape == x.shape for o in outs)
             fn = self.comm.all_gather if even else self.comm.all_gather_v
-            works.append(fn(outs, x, True, timeout=t))
+            pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+            bufs = [staged_output(o, pairs) for o in outs]
+            works.append(staged(fn(bufs, staged_input(x), True, timeout=t), pairs))
         return self._track(works)
 
     def allgather_into_tensor(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                               timeout: int | None) -> Any:
         t = _timeout(timeout)
-        return self._track([self.comm.all_gather_single(_flat_output(o), x.reshape(-1), True, timeout=t)
-                            for o, x in zip(outputs, inputs)])
+        works = []
+        for o, x in zip(outputs, inputs):
+            pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+            out = _flat_output(staged_output(o, pairs))
+            works.append(staged(self.comm.all_gather_single(out, x.reshape(-1), True, timeout=t), pairs))
+        return self._track(works)
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], red: tuple,
                        timeout: int | None) -> Any:
@@ -206,14 +213,18 @@ class CommForwarder:
         for o, xs in zip(outputs, inputs):
             even = all(x.shape == o.shape for x in xs)
             fn = self.comm.reduce_scatter if even else self.comm.reduce_scatter_v
-            works.append(fn(o, xs, op, True, timeout=t))
+            works.append(fn(o, [staged_input(x) for x in xs], op, True, timeout=t))
         return self._track(works)
 
     def reduce_scatter_tensor(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], red: tuple,
                               timeout: int | None) -> Any:
         op, t = reduce_op(red), _timeout(timeout)
-        return self._track([self.comm.reduce_scatter_single(_flat_output(o), x.reshape(-1), op, True, timeout=t)
-                            for o, x in zip(outputs, inputs)])
+        works = []
+        for o, x in zip(outputs, inputs):
+            pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+            out = _flat_output(staged_output(o, pairs))
+            works.append(staged(self.comm.reduce_scatter_single(out, x.reshape(-1), op, True, timeout=t), pairs))
+        return self._track(works)
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_splits: list[int],
                       input_splits: list[int], timeout: int | None) -> Any:
@@ -226,16 +237,21 @@ class CommForwarder:
         return self._track([self.comm.all_to_all_v_single(output, input, out_s, in_s, True, timeout=t)])
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], timeout: int | None) -> Any:
-        return self._track([self.comm.all_to_all(outputs, inputs, True, timeout=_timeout(timeout))])
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        bufs = [staged_output(o, pairs) for o in outputs]
+        work = self.comm.all_to_all(bufs, [staged_input(x) for x in inputs], True, timeout=_timeout(timeout))
+        return self._track([staged(work, pairs)])
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], root: int,
                timeout: int | None) -> Any:
-        outs = outputs[0] if outputs and self._rank == root else []
-        return self._track([self.comm.gather(outs, inputs[0], root, True, timeout=_timeout(timeout))])
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        outs = [staged_output(o, pairs) for o in outputs[0]] if outputs and self._rank == root else []
+        work = self.comm.gather(outs, staged_input(inputs[0]), root, True, timeout=_timeout(timeout))
+        return self._track([staged(work, pairs)])
 
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], root: int,
                 timeout: int | None) -> Any:
-        ins = inputs[0] if inputs and self._rank == root else []
+        ins = [staged_input(x) for x in inputs[0]] if inputs and self._rank == root else []
         return self._track([self.comm.scatter(outputs[0], ins, root, True, timeout=_timeout(timeout))])
 
     def barrier(self, timeout: int | None) -> Any:
