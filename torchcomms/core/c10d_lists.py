@@ -3,8 +3,8 @@ route (``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1``), read from c10d's frames.
 
 torch's ``split_group`` checks its lists (empty, longer than the world, a rank twice) only up to
 the list holding the calling rank, and ``new_group``'s non-members skip the check and split the
-communicator as non-members at once. So a list that torch refuses raised ``ValueError`` on some
-ranks before any split, while the others waited in a split that the refusing ranks never join.
+communicator as non-members at once. So a list that torch refuses raises ``ValueError`` on some
+ranks before any split, and the others would wait in a split that the refusing ranks never join:
 :func:`refuse_lists_c10d_refuses` refuses such lists on those other ranks too, before the split.
 """
 from __future__ import annotations
