@@ -135,7 +135,8 @@ def dcp_round_trip(path: str) -> dict[str, Any]:
 
 def _copied_layouts(r: int, n: int) -> dict[str, Any]:
     """(got, want) of ops on views that are not contiguous, which the route runs through contiguous
-    copies: c10d's gloo runs the list forms right, and refuses 2-D outputs of the ``*_tensor`` ops."""
+    copies: c10d's gloo runs the list forms right, and refuses 2-D outputs of the ``*_tensor`` ops
+    and the views of send and recv (on the side that has one: the peer went on waiting)."""
     cols = torch.zeros(3, 2 * n)
     dist.all_gather(list(cols.chunk(n, dim=1)), torch.full((3, 2), float(r + 1)) + torch.arange(3.0)[:, None])
     want_cols = torch.cat([torch.full((3, 2), float(q + 1)) + torch.arange(3.0)[:, None] for q in range(n)], dim=1)
@@ -154,6 +155,14 @@ def _copied_layouts(r: int, n: int) -> dict[str, Any]:
     rst = torch.zeros(2, 2).t()
     dist.reduce_scatter_tensor(rst, torch.arange(4.0 * n) + r)
     per_rank = sum(torch.arange(4.0 * n) + q for q in range(n))
+    nxt, prev, grid = (r + 1) % n, (r - 1) % n, torch.arange(6.0).reshape(2, 3)
+    ring, batched = torch.zeros(2, 3), torch.zeros(2, 3)
+    for w in (dist.isend((grid + 10 * r)[:, 1], dst=nxt), dist.irecv(ring[:, 1], src=prev)):
+        w.wait()
+    for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, (grid + 10 * r)[:, 2], nxt),
+                                     dist.P2POp(dist.irecv, batched[:, 2], prev)]):
+        w.wait()
+    from_prev = torch.zeros(2, 3)
     pairs = {
         "all_gather/column_outputs": (cols, want_cols),
         "all_gather/column_input": (torch.stack(outs), torch.stack([torch.tensor([1.0, 5, 9]) + q for q in range(n)])),
@@ -163,6 +172,8 @@ def _copied_layouts(r: int, n: int) -> dict[str, Any]:
         "scatter/column_inputs": (sc, torch.tensor([r, n + r], dtype=torch.float32)),
         "all_gather_into_tensor/transposed": (agt, torch.stack([torch.tensor([1.0, 2.0]) + 10 * q for q in range(n)])),
         "reduce_scatter_tensor/transposed": (rst, per_rank[4 * r: 4 * r + 4].reshape(2, 2)),
+        "send_recv/columns": (ring, from_prev.index_copy(1, torch.tensor([1]), (grid + 10 * prev)[:, 1:2])),
+        "batch_isend_irecv/columns": (batched, from_prev.index_copy(1, torch.tensor([2]), (grid + 10 * prev)[:, 2:3])),
     }
     return {name: [_flat(got), _flat(want)] for name, (got, want) in pairs.items()}
 

@@ -142,6 +142,7 @@ class CommForwarder:
         self._issued = 0
         self._coalesced: list[Any] | None = None
         self._p2p: list[tuple[str, torch.Tensor, int, DeferredP2P]] = []
+        self._p2p_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._completer: FutureCompleter | None = None
         self._lock = threading.Lock()
         self._split_names: dict[str, int] = {}
@@ -285,12 +286,20 @@ class CommForwarder:
         return self._track([self.comm.recv_any_source(x, True) for x in tensors])
 
     def _p2p_op(self, kind: str, tensors: list[torch.Tensor], peer: int) -> Any:
-        if self._coalesced is not None:
-            deferred = DeferredP2P()
-            self._p2p.extend((kind, x, peer, deferred) for x in tensors)
-            return deferred
+        """A view that is not contiguous goes through a contiguous copy (a receive's is copied
+        back once it arrived): refused on one side only, it would leave the peer waiting in its
+        send or receive until the timeout."""
         fn = self.comm.send if kind == "send" else self.comm.recv
-        return self._track([fn(x, peer, True) for x in tensors])
+        deferred, works = DeferredP2P(), []
+        for x in tensors:
+            pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+            buf = staged_input(x) if kind == "send" else staged_output(x, pairs)
+            if self._coalesced is not None:
+                self._p2p.append((kind, buf, peer, deferred))
+                self._p2p_copies.extend(pairs)
+            else:
+                works.append(staged(fn(buf, peer, True), pairs))
+        return deferred if self._coalesced is not None else self._track(works)
 
     # --- coalescing: collectives run as issued; send/recv join one batch at the end --------
     def start_coalescing(self) -> None:
@@ -303,11 +312,12 @@ class CommForwarder:
             raise RuntimeError("torchcomms: end_coalescing without start_coalescing")
         works, self._coalesced = self._coalesced, None
         p2p, self._p2p = self._p2p, []
+        copies, self._p2p_copies = self._p2p_copies, []
         if p2p:
             batch = self.comm.batch_op_create()
             for kind, x, peer, _ in p2p:
                 (batch.send if kind == "send" else batch.recv)(x, peer)
-            work = batch.issue(True)
+            work = staged(batch.issue(True), copies)
             self._issued += 1
             for *_, deferred in p2p:
                 deferred.batch = work
