@@ -8,8 +8,9 @@ import torch
 import torch.distributed as dist
 
 
-def bad_member_list(ranks: list[int]) -> dict[str, Any]:
-    """``new_group(ranks)`` with a rank out of range, then the world and a good subgroup."""
+def bad_member_list(ranks: list[int], split_ranks: list[list[int]] | None = None) -> dict[str, Any]:
+    """``new_group(ranks)`` with a rank out of range or listed twice, then ``split_group(split_ranks)``
+    (when given), then the world and a good subgroup."""
     dist.init_process_group("gloo", timeout=timedelta(seconds=20))
     out: dict[str, Any] = {}
     try:
@@ -18,6 +19,11 @@ def bad_member_list(ranks: list[int]) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - reported to the test
         out["new_group"] = type(e).__name__
         out["mro"] = [c.__name__ for c in type(e).__mro__]
+    if split_ranks is not None:
+        try:
+            out["split_group"] = "none" if dist.split_group(split_ranks=split_ranks) is None else "group"
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            out["split_group"] = [c.__name__ for c in type(e).__mro__]
     t = torch.ones(1)
     dist.all_reduce(t)
     g = dist.new_group([0, 1])

@@ -3,7 +3,13 @@
 ``new_group([0, 5])`` on two ranks: rank 0 (a member) raised CommValueError before the split
 collective, while rank 1 (left out; torch's path for it calls ``comm.split([])``) waited in it
 until the timeout, and the world communicator was broken (every later op: CommAbortedError).
-c10d's gloo raises ValueError on every rank and carries on."""
+c10d's gloo raises ValueError on every rank and carries on.
+
+``new_group([0, 0])`` and ``split_group([[0], [1, 1]])``: torch refuses a list with a rank twice on
+the ranks that read it (the members of a new group, the ranks whose group comes at or after it in
+``split_ranks``) before any split, while the others took part in a split that nobody answered
+(rank 1 of ``new_group([0, 0])`` waited in it and paired it with rank 0's next op; rank 0 of that
+``split_group`` waited until the timeout)."""
 from __future__ import annotations
 
 import pytest
@@ -24,3 +30,14 @@ def test_a_member_list_with_a_rank_out_of_range_is_refused_and_the_world_goes_on
         assert r0["new_group"] == "CommValueError" and "ValueError" in r0["mro"], r0
         assert r1["new_group"] == "non-member", r1
     assert r0["after"] == [2.0, 2.0] and r1["after"] == [2.0, 2.0]
+
+
+def test_a_member_list_with_a_rank_twice_is_refused_on_every_rank_and_the_world_goes_on() -> None:
+    results = run_ranks(2, "tests.dist.group_workers:bad_member_list",
+                        {"ranks": [0, 0], "split_ranks": [[0], [1, 1]]}, timeout=120, env=ROUTE)
+    for res in results:
+        v = res.value
+        assert v["new_group"] in ("ValueError", "CommValueError") and "ValueError" in v["mro"], (res.rank, v)
+        if TORCH_2_13:  # 2.11's split_group wants a device bound to the default group
+            assert "ValueError" in v["split_group"], (res.rank, v)
+        assert v["after"] == [2.0, 2.0], (res.rank, v)

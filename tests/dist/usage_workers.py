@@ -133,18 +133,64 @@ def dcp_round_trip(path: str) -> dict[str, Any]:
     return out
 
 
-def refused_layouts() -> dict[str, Any]:
-    """Layouts the route refuses before anything leaves the process: a strided slice (c10d's gloo
-    reduces its memory as if it were contiguous), a non-contiguous output of
-    ``all_gather_into_tensor`` / ``reduce_scatter_tensor``; then the world all-reduces."""
+def _copied_layouts(r: int, n: int) -> dict[str, Any]:
+    """(got, want) of ops on views that are not contiguous, which the route runs through contiguous
+    copies: c10d's gloo runs the list forms right, and refuses 2-D outputs of the ``*_tensor`` ops
+    and the views of send and recv (on the side that has one: the peer went on waiting)."""
+    cols = torch.zeros(3, 2 * n)
+    dist.all_gather(list(cols.chunk(n, dim=1)), torch.full((3, 2), float(r + 1)) + torch.arange(3.0)[:, None])
+    want_cols = torch.cat([torch.full((3, 2), float(q + 1)) + torch.arange(3.0)[:, None] for q in range(n)], dim=1)
+    outs = [torch.zeros(3) for _ in range(n)]
+    dist.all_gather(outs, (torch.arange(12.0).reshape(3, 4) + r)[:, 1])
+    gathered = torch.zeros(2, n)
+    dist.gather(torch.full((2,), float(r)), list(gathered.unbind(1)) if r == 0 else None, dst=0)
+    a2a = torch.zeros(2, n)
+    dist.all_to_all(list(a2a.unbind(1)), list((torch.arange(2.0 * n).reshape(2, n) + 10 * r).unbind(1)))
+    rs = torch.zeros(2)
+    dist.reduce_scatter(rs, list((torch.arange(2.0 * n).reshape(2, n) + r).unbind(1)))
+    sc = torch.zeros(2)
+    dist.scatter(sc, list(torch.arange(2.0 * n).reshape(2, n).unbind(1)) if r == 0 else None, src=0)
+    agt = torch.zeros(2, n).t()
+    dist.all_gather_into_tensor(agt, torch.tensor([1.0, 2.0]) + 10 * r)
+    rst = torch.zeros(2, 2).t()
+    dist.reduce_scatter_tensor(rst, torch.arange(4.0 * n) + r)
+    per_rank = sum(torch.arange(4.0 * n) + q for q in range(n))
+    nxt, prev, grid = (r + 1) % n, (r - 1) % n, torch.arange(6.0).reshape(2, 3)
+    ring, batched = torch.zeros(2, 3), torch.zeros(2, 3)
+    for w in (dist.isend((grid + 10 * r)[:, 1], dst=nxt), dist.irecv(ring[:, 1], src=prev)):
+        w.wait()
+    for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, (grid + 10 * r)[:, 2], nxt),
+                                     dist.P2POp(dist.irecv, batched[:, 2], prev)]):
+        w.wait()
+    from_prev = torch.zeros(2, 3)
+    pairs = {
+        "all_gather/column_outputs": (cols, want_cols),
+        "all_gather/column_input": (torch.stack(outs), torch.stack([torch.tensor([1.0, 5, 9]) + q for q in range(n)])),
+        "gather/column_outputs": (gathered, torch.arange(float(n)).expand(2, n) if r == 0 else torch.zeros(2, n)),
+        "all_to_all/columns": (a2a, torch.stack([torch.tensor([r, n + r]) + 10.0 * q for q in range(n)], dim=1)),
+        "reduce_scatter/column_inputs": (rs, sum(torch.tensor([r, n + r]) + float(q) for q in range(n))),
+        "scatter/column_inputs": (sc, torch.tensor([r, n + r], dtype=torch.float32)),
+        "all_gather_into_tensor/transposed": (agt, torch.stack([torch.tensor([1.0, 2.0]) + 10 * q for q in range(n)])),
+        "reduce_scatter_tensor/transposed": (rst, per_rank[4 * r: 4 * r + 4].reshape(2, 2)),
+        "send_recv/columns": (ring, from_prev.index_copy(1, torch.tensor([1]), (grid + 10 * prev)[:, 1:2])),
+        "batch_isend_irecv/columns": (batched, from_prev.index_copy(1, torch.tensor([2]), (grid + 10 * prev)[:, 2:3])),
+    }
+    return {name: [_flat(got), _flat(want)] for name, (got, want) in pairs.items()}
+
+
+def strided_layouts() -> dict[str, Any]:
+    """Views that are not contiguous: refused before anything leaves the process where c10d's gloo
+    gives wrong numbers (an all-reduce of a strided slice: its memory reduced as if it were
+    contiguous) or cannot write back (an expanded output), else run through contiguous copies
+    (:func:`_copied_layouts`); then the world all-reduces."""
     dist.init_process_group("gloo")
-    n = dist.get_world_size()
+    r, n = dist.get_rank(), dist.get_world_size()
     calls = {
         "all_reduce": lambda: dist.all_reduce(torch.arange(12.0).reshape(3, 4)[:, 1]),
-        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.zeros(2, n).t(), torch.ones(2)),
-        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(torch.zeros(2, 2).t(), torch.ones(4 * n)),
+        "all_reduce/expanded": lambda: dist.all_reduce(torch.ones(1).expand(4)),
+        "scatter/column_output": lambda: dist.scatter(torch.zeros(2, 2)[:, 0], [torch.ones(2)] * n if r == 0 else None),
     }
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"copied": _copied_layouts(r, n)}
     for name, call in calls.items():
         try:
             call()

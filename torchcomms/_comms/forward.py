@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchcomms._comms.staging import staged, staged_input, staged_output
 from torchcomms.types import ReduceOp
 
 if TYPE_CHECKING:
@@ -141,6 +142,7 @@ class CommForwarder:
         self._issued = 0
         self._coalesced: list[Any] | None = None
         self._p2p: list[tuple[str, torch.Tensor, int, DeferredP2P]] = []
+        self._p2p_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._completer: FutureCompleter | None = None
         self._lock = threading.Lock()
         self._split_names: dict[str, int] = {}
@@ -190,14 +192,20 @@ class CommForwarder:
         for outs, x in zip(outputs, inputs):
             even = all(o.shape == x.shape for o in outs)
             fn = self.comm.all_gather if even else self.comm.all_gather_v
-            works.append(fn(outs, x, True, timeout=t))
+            pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+            bufs = [staged_output(o, pairs) for o in outs]
+            works.append(staged(fn(bufs, staged_input(x), True, timeout=t), pairs))
         return self._track(works)
 
     def allgather_into_tensor(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                               timeout: int | None) -> Any:
         t = _timeout(timeout)
-        return self._track([self.comm.all_gather_single(_flat_output(o), x.reshape(-1), True, timeout=t)
-                            for o, x in zip(outputs, inputs)])
+        works = []
+        for o, x in zip(outputs, inputs):
+            pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+            out = _flat_output(staged_output(o, pairs))
+            works.append(staged(self.comm.all_gather_single(out, x.reshape(-1), True, timeout=t), pairs))
+        return self._track(works)
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], red: tuple,
                        timeout: int | None) -> Any:
@@ -206,14 +214,18 @@ class CommForwarder:
         for o, xs in zip(outputs, inputs):
             even = all(x.shape == o.shape for x in xs)
             fn = self.comm.reduce_scatter if even else self.comm.reduce_scatter_v
-            works.append(fn(o, xs, op, True, timeout=t))
+            works.append(fn(o, [staged_input(x) for x in xs], op, True, timeout=t))
         return self._track(works)
 
     def reduce_scatter_tensor(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], red: tuple,
                               timeout: int | None) -> Any:
         op, t = reduce_op(red), _timeout(timeout)
-        return self._track([self.comm.reduce_scatter_single(_flat_output(o), x.reshape(-1), op, True, timeout=t)
-                            for o, x in zip(outputs, inputs)])
+        works = []
+        for o, x in zip(outputs, inputs):
+            pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+            out = _flat_output(staged_output(o, pairs))
+            works.append(staged(self.comm.reduce_scatter_single(out, x.reshape(-1), op, True, timeout=t), pairs))
+        return self._track(works)
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_splits: list[int],
                       input_splits: list[int], timeout: int | None) -> Any:
@@ -226,16 +238,21 @@ class CommForwarder:
         return self._track([self.comm.all_to_all_v_single(output, input, out_s, in_s, True, timeout=t)])
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], timeout: int | None) -> Any:
-        return self._track([self.comm.all_to_all(outputs, inputs, True, timeout=_timeout(timeout))])
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        bufs = [staged_output(o, pairs) for o in outputs]
+        work = self.comm.all_to_all(bufs, [staged_input(x) for x in inputs], True, timeout=_timeout(timeout))
+        return self._track([staged(work, pairs)])
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], root: int,
                timeout: int | None) -> Any:
-        outs = outputs[0] if outputs and self._rank == root else []
-        return self._track([self.comm.gather(outs, inputs[0], root, True, timeout=_timeout(timeout))])
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        outs = [staged_output(o, pairs) for o in outputs[0]] if outputs and self._rank == root else []
+        work = self.comm.gather(outs, staged_input(inputs[0]), root, True, timeout=_timeout(timeout))
+        return self._track([staged(work, pairs)])
 
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], root: int,
                 timeout: int | None) -> Any:
-        ins = inputs[0] if inputs and self._rank == root else []
+        ins = [staged_input(x) for x in inputs[0]] if inputs and self._rank == root else []
         return self._track([self.comm.scatter(outputs[0], ins, root, True, timeout=_timeout(timeout))])
 
     def barrier(self, timeout: int | None) -> Any:
@@ -269,12 +286,20 @@ class CommForwarder:
         return self._track([self.comm.recv_any_source(x, True) for x in tensors])
 
     def _p2p_op(self, kind: str, tensors: list[torch.Tensor], peer: int) -> Any:
-        if self._coalesced is not None:
-            deferred = DeferredP2P()
-            self._p2p.extend((kind, x, peer, deferred) for x in tensors)
-            return deferred
+        """A view that is not contiguous goes through a contiguous copy (a receive's is copied
+        back once it arrived): refused on one side only, it would leave the peer waiting in its
+        send or receive until the timeout."""
         fn = self.comm.send if kind == "send" else self.comm.recv
-        return self._track([fn(x, peer, True) for x in tensors])
+        deferred, works = DeferredP2P(), []
+        for x in tensors:
+            pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+            buf = staged_input(x) if kind == "send" else staged_output(x, pairs)
+            if self._coalesced is not None:
+                self._p2p.append((kind, buf, peer, deferred))
+                self._p2p_copies.extend(pairs)
+            else:
+                works.append(staged(fn(buf, peer, True), pairs))
+        return deferred if self._coalesced is not None else self._track(works)
 
     # --- coalescing: collectives run as issued; send/recv join one batch at the end --------
     def start_coalescing(self) -> None:
@@ -287,11 +312,12 @@ class CommForwarder:
             raise RuntimeError("torchcomms: end_coalescing without start_coalescing")
         works, self._coalesced = self._coalesced, None
         p2p, self._p2p = self._p2p, []
+        copies, self._p2p_copies = self._p2p_copies, []
         if p2p:
             batch = self.comm.batch_op_create()
             for kind, x, peer, _ in p2p:
                 (batch.send if kind == "send" else batch.recv)(x, peer)
-            work = batch.issue(True)
+            work = staged(batch.issue(True), copies)
             self._issued += 1
             for *_, deferred in p2p:
                 deferred.batch = work

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from torchcomms.core.c10d_lists import refuse_lists_c10d_refuses
 from torchcomms.core.comm_core import CommCore
 from torchcomms.core.dispatch import dispatch
 from torchcomms.core.errors import CollectiveMismatchError, CommError
@@ -63,7 +64,10 @@ def split(core: CommCore, ranks: list[int], name: str, hints: dict[str, str] | N
     Arguments refused on a rank (duplicates, an out-of-range rank, a list without this rank, a bad
     name) are refused on every rank: the refusing rank still takes part in the exchange of
     member lists with a refusal mark, raises its own error after it, and every other rank raises
-    ``CollectiveMismatchError`` naming it (else they would wait for it until the timeout)."""
+    ``CollectiveMismatchError`` naming it (else they would wait for it until the timeout). A split
+    for ``torch.distributed`` whose member lists torch refuses on some ranks before they get here
+    is refused here, before the exchange (:mod:`torchcomms.core.c10d_lists`)."""
+    refuse_lists_c10d_refuses(core.name)
     c = core.checker
     refused: CommError | None = None
     try:

@@ -1,0 +1,63 @@
+"""The member lists of the ``torch.distributed`` call splitting a communicator on the torchcomms
+route (``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1``), read from c10d's frames.
+
+torch's ``split_group`` checks its lists (empty, longer than the world, a rank twice) only up to
+the list holding the calling rank, and ``new_group``'s non-members skip the check and split the
+communicator as non-members at once. So a list that torch refuses raises ``ValueError`` on some
+ranks before any split, and the others would wait in a split that the refusing ranks never join:
+:func:`refuse_lists_c10d_refuses` refuses such lists on those other ranks too, before the split.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from torchcomms.core.errors import CommValueError
+
+_C10D = "torch.distributed.distributed_c10d"
+#: c10d's functions that split the default group's communicator, and their local holding the lists
+_CALLERS = {"split_group": "split_ranks", "_new_group_via_split_group": "group_ranks"}
+
+
+def _c10d_caller(max_depth: int) -> tuple[list[list[int]], int] | None:
+    """(member lists, world size) of the innermost c10d splitting call among ``max_depth`` callers."""
+    frame = inspect.currentframe()
+    frame = frame.f_back.f_back if frame is not None and frame.f_back is not None else None  # the caller's caller
+    for _ in range(max_depth):
+        if frame is None:
+            return None
+        name = frame.f_code.co_name
+        if name in _CALLERS and frame.f_globals.get("__name__") == _C10D:
+            local: Any = frame.f_locals
+            lists, world = local.get(_CALLERS[name]), local.get("global_world_size")
+            if not isinstance(world, int) or not isinstance(lists, (list, tuple)):
+                return None
+            if name == "_new_group_via_split_group":  # an empty list makes every rank a non-member alike
+                return ([list(lists)] if lists else []), world
+            return [list(x) for x in lists], world
+        frame = frame.f_back
+    return None
+
+
+def _why(lists: list[list[int]], world: int) -> str | None:
+    """torch's reason to refuse one of ``lists`` (its ``split_group`` checks), else ``None``."""
+    for ranks in lists:
+        if not ranks:
+            return "a group is empty"
+        if len(ranks) > world:
+            return f"{ranks} has more ranks than the world's {world}"
+        if len(set(ranks)) != len(ranks):
+            return f"{ranks} lists a rank twice"
+    return None
+
+
+def refuse_lists_c10d_refuses(comm: str, max_depth: int = 8) -> None:
+    """Raises ``CommValueError`` when the c10d call splitting communicator ``comm`` (if one is
+    among the caller's ``max_depth`` callers) has member lists torch refuses on some ranks."""
+    found = _c10d_caller(max_depth)
+    if found is None:
+        return
+    why = _why(*found)
+    if why is not None:
+        raise CommValueError(f"cannot split by ranks {found[0]}: {why} (torch refuses it on the ranks that read "
+                             f"it, so no rank takes part in the split)", comm=comm, op="split")
