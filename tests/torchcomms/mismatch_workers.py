@@ -115,3 +115,24 @@ def all_reduce_sizes(sizes: list[int]) -> str:
     n = sizes[comm.get_rank()]
     return _outcome(lambda: comm.all_reduce(torch.ones(n), torchcomms.ReduceOp.SUM, False,
                                             timeout=timedelta(seconds=3)))
+
+
+def check_modes(modes: list[str]) -> str:
+    """Each rank makes a communicator with its own collective check hint (``modes[rank]``; ""
+    leaves it to ``TORCHCOMM_CHECK_COLLECTIVES``) and runs a barrier on it. Rank 0, whose process
+    hosts the store, leaves only once every rank has its outcome."""
+    import os
+
+    from tests.helpers.rank_sync import reach
+
+    mode = modes[int(os.environ.get("TORCHCOMM_RANK") or os.environ["OMPI_COMM_WORLD_RANK"])]
+    hints = {"torchcomms.check_collectives": mode} if mode else {}
+
+    def make_and_use() -> None:
+        comm = torchcomms.new_comm(engine(), "cpu", "mm", timeout=timedelta(seconds=5), hints=hints)
+        comm.barrier(False)
+        comm.finalize()
+
+    outcome = _outcome(make_and_use)
+    reach("ended")
+    return outcome

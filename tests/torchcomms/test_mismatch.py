@@ -90,6 +90,19 @@ def test_consistent_split_lists_still_split() -> None:
     assert values == ["ok", "ok", "ok"], values
 
 
+@pytest.mark.parametrize("modes,per_rank_env,words", [
+    (["1", "0", "1"], {}, "on at ranks 0,2, off at rank 1"),
+    (["", ""], {1: CHECK}, "on at rank 1, off at rank 0"),
+], ids=["hint", "environment"])
+def test_ranks_that_disagree_on_the_check_mode_are_refused_at_creation(modes, per_rank_env, words) -> None:
+    """Before, the checking ranks waited for the others at their side engine and the others in
+    the engine until the first op's deadline, both blaming the store or nobody."""
+    with RankGroup(len(modes), f"{WORKERS}:check_modes", dict(modes=modes), per_rank_env=per_rank_env) as g:
+        values = [r.value for r in g.wait(60, failed_grace=20)]
+    assert all(v.startswith("CommValueError") and "[comm 'mm', new_comm]" in v and words in v for v in values), values
+    assert len(set(values)) == 1, values  # the same verdict everywhere
+
+
 def test_local_argument_error_never_blames_its_peer() -> None:
     bad, peer = _run(2, "wrong_all_gather_size")
     assert bad.startswith("CommValueError") and "output must hold" in bad, bad

@@ -26,6 +26,7 @@ from torchcomms.backends.base import (BackendCapabilities, BlockingWait, EngineH
 from torchcomms.backends.gloo_p2p import FramedRecv, FramedSend
 from torchcomms.backends.gloo_sockets import EngineSockets
 from torchcomms.config import settings
+from torchcomms.core.errors import CommValueError, format_ranks
 from torchcomms.types import RedOpType, ReduceOp
 
 _C10D_OPS = {
@@ -50,8 +51,10 @@ _PEER_PATTERNS = ("connection closed", "connection reset", "broken pipe", "conne
 _TIMEOUT_PATTERNS = ("timed out", "timeout")
 
 
+#: a rank's published value: its check mode ("c" on, "-" off), then its listener's address
 _LISTENER_KEY = "torchcomms/listener/{}"
 _CHECK_HINT = "torchcomms.check_collectives"  # the collective check's hint: p2p is confirmed too
+_CHECK_ON, _CHECK_OFF = "c", "-"
 _log = logging.getLogger(__name__)
 _DRAIN_LIMIT_S = 5.0  # how long abort() waits for an abandoned engine's failed ops to be delivered
 _COMPLETING_LIMIT_S = 1.0  # how long the exit release waits for a future being completed (microseconds, as a rule)
@@ -218,35 +221,54 @@ class GlooBackend(TorchCommBackend):
             opts._threads = int(threads)
         self._sockets = EngineSockets()
         opts._devices = [self._sockets.open_device(self._device)]
+        check = ctx.hints.get(_CHECK_HINT)
+        self._confirm_p2p = settings().check_collectives if check is None else check.strip().lower() in (
+            "1", "true", "yes", "on")
         if ctx.size > 1:
-            self._store.set(_LISTENER_KEY.format(ctx.rank), self._sockets.listener or "")
+            mode = _CHECK_ON if self._confirm_p2p else _CHECK_OFF
+            self._store.set(_LISTENER_KEY.format(ctx.rank), mode + (self._sockets.listener or ""))
         self._pg = dist.ProcessGroupGloo(self._store, ctx.rank, ctx.size, opts)
         # ctx.timeout bounded the rendezvous just done (after a shrink: what was left of it); the
         # communicator ends each op at the op's own deadline, so gloo's own limit is a backstop
         self._pg._set_default_timeout(ENGINE_OP_BACKSTOP)
-        if ctx.size > 1:
-            self._sockets.engine_created(self._peer_listeners())
         self._waiter = _BlockingWaiter()
+        if ctx.size > 1:
+            published = self._published()
+            self._sockets.engine_created([v[1:] for r, v in enumerate(published) if r != ctx.rank and v[1:]])
         self._last_recv: dict[int, FramedRecv] = {}  # per source: receives post in program order
         self._last_send: dict[int, FramedSend] = {}  # per destination (the check mode's sends too)
-        check = ctx.hints.get(_CHECK_HINT)
-        self._confirm_p2p = settings().check_collectives if check is None else check.strip().lower() in (
-            "1", "true", "yes", "on")
         # the ops not yet done, by their future's id: the future, and the c10d work that holds
         # the op's tensors; a done one is dropped at once (the future's value holds the op's
         # outputs: an all-gather's whole output buffer)
         self._pending: dict[int, tuple[torch.futures.Future, dist.Work]] = {}
         self._pending_lock = threading.Lock()
+        if ctx.size > 1:
+            self._refuse_mixed_check([v[:1] == _CHECK_ON for v in published])
         exit_release.watch(self)
 
-    def _peer_listeners(self) -> list[str]:
-        """The listener addresses the peers published before building the engine (all set by now)."""
-        keys = [_LISTENER_KEY.format(r) for r in range(self.ctx.size) if r != self.ctx.rank]
+    def _published(self) -> list[str]:
+        """Every rank's check mode and listener address, as each published them before building
+        the engine (all set by now)."""
+        keys = [_LISTENER_KEY.format(r) for r in range(self.ctx.size)]
         try:
             values = self._store.multi_get(keys)
         except (AttributeError, NotImplementedError, RuntimeError):
             values = [self._store.get(k) for k in keys]
-        return [v.decode() for v in values if v]
+        return [v.decode() for v in values]
+
+    def _refuse_mixed_check(self, checks: list[bool]) -> None:
+        """Raise ``CommValueError`` on every rank when the ranks (``checks``: each one's mode) do
+        not all run the collective check: the checking ranks would wait for the others at the
+        check's engine, and the others in the op, until the first op's deadline, blaming the
+        store or nobody (a check-mode send likewise waits for an answer its receiver never sends)."""
+        on = [r for r, c in enumerate(checks) if c]
+        if 0 < len(on) < len(checks):
+            off = [r for r, c in enumerate(checks) if not c]
+            self.finalize()
+            raise CommValueError(
+                f"the ranks disagree on the collective check: on at {_ranks(on)}, off at {_ranks(off)}; "
+                f"every rank must pass the same hint {_CHECK_HINT} (or none, and the same "
+                "TORCHCOMM_CHECK_COLLECTIVES)", comm=self.ctx.name, ranks=on if len(on) <= len(off) else off)
 
     def _device(self) -> dist.ProcessGroupGloo.Device:
         hints = self.ctx.hints
@@ -545,6 +567,10 @@ class GlooBackend(TorchCommBackend):
         outs = [[_real(t) for t in output_list]] if output_list is not None else []
         return self._handle([self._pg.gather(outs, [_real(input)], opts)])
 
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {format_ranks(ranks)}"
 
 
 def _real(t: torch.Tensor) -> torch.Tensor:
