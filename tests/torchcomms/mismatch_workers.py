@@ -136,3 +136,43 @@ def check_modes(modes: list[str]) -> str:
     outcome = _outcome(make_and_use)
     reach("ended")
     return outcome
+
+
+def _call(comm: torchcomms.TorchComm, op: str, n: int, timeout: timedelta) -> None:
+    """``op`` on tensors of ``n`` float32 elements per rank (root 0)."""
+    r, w, s = comm.get_rank(), comm.get_size(), torchcomms.ReduceOp.SUM
+    ones, empty = (lambda: torch.ones(n)), (lambda: torch.empty(n))
+    many = lambda k: [torch.empty(n) for _ in range(k)]  # noqa: E731
+    calls = {
+        "all_reduce": lambda: comm.all_reduce(ones(), s, False, timeout=timeout),
+        "reduce": lambda: comm.reduce(ones(), 0, s, False, timeout=timeout),
+        "broadcast": lambda: comm.broadcast(ones(), 0, False, timeout=timeout),
+        "all_gather": lambda: comm.all_gather(many(w), ones(), False, timeout=timeout),
+        "all_gather_single": lambda: comm.all_gather_single(torch.empty(n * w), ones(), False, timeout=timeout),
+        "all_gather_v": lambda: comm.all_gather_v(many(w), ones(), False, timeout=timeout),
+        "reduce_scatter": lambda: comm.reduce_scatter(empty(), [ones() for _ in range(w)], s, False, timeout=timeout),
+        "reduce_scatter_single": lambda: comm.reduce_scatter_single(empty(), torch.ones(n * w), s, False,
+                                                                    timeout=timeout),
+        "all_to_all_single": lambda: comm.all_to_all_single(torch.empty(n * w), torch.ones(n * w), False,
+                                                            timeout=timeout),
+        "all_to_all": lambda: comm.all_to_all(many(w), [ones() for _ in range(w)], False, timeout=timeout),
+        "scatter": lambda: comm.scatter(empty(), [ones() for _ in range(w)] if r == 0 else None, 0, False,
+                                        timeout=timeout),
+        "gather": lambda: comm.gather(many(w) if r == 0 else None, ones(), 0, False, timeout=timeout),
+    }
+    calls[op]()
+
+
+def collective_sizes(ops: dict[str, int]) -> dict[str, list[str]]:
+    """For each op of ``ops`` (its name: the rank whose tensors have 8 elements, the other's 4),
+    a communicator of its own on which every rank calls the op: each rank's outcome of the op,
+    then of a barrier on the same communicator. Each rank finalizes the communicator then, which
+    abandons a broken one's engine: its peer's op fails at once instead of at its deadline."""
+    t = timedelta(seconds=10)
+    outcomes = {}
+    for op, big in ops.items():
+        comm = torchcomms.new_comm(engine(), "cpu", f"mm_{op}", timeout=timedelta(seconds=30))
+        n = 8 if comm.get_rank() == big else 4
+        outcomes[op] = [_outcome(lambda: _call(comm, op, n, t)), _outcome(lambda: comm.barrier(False, timeout=t))]
+        comm.finalize()
+    return outcomes

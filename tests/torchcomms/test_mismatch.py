@@ -2,6 +2,8 @@
 cases on each engine, through the ``launch`` fixture); none aborts in C++."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.helpers.ranks import RankGroup
@@ -139,3 +141,36 @@ def test_mpi_collective_whose_message_does_not_fit_raises_a_mismatch_not_a_backe
     assert short.startswith("CollectiveMismatchError") and "longer than this rank's buffer" in short, short
     assert "TORCHCOMM_CHECK_COLLECTIVES=1" in short, short
     assert long.startswith(("CommTimeoutError", "CollectiveMismatchError")), long
+
+
+#: each gloo collective: the rank whose tensors have twice the elements of the other's (the other
+#: rank then receives a message longer than its buffer; for gather, the root does)
+SIZE_MISMATCHES = {op: 0 for op in ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_single",
+                                     "all_gather_v", "reduce_scatter", "reduce_scatter_single", "all_to_all_single",
+                                     "all_to_all", "scatter")} | {"gather": 1}
+
+
+@pytest.fixture(scope="module")
+def gloo_size_mismatches() -> list:
+    """One job of 2 ranks that calls every collective of ``SIZE_MISMATCHES``, each on a communicator of its own."""
+    with RankGroup(2, f"{WORKERS}:collective_sizes", dict(ops=SIZE_MISMATCHES)) as g:
+        return g.wait(120, failed_grace=20)
+
+
+@pytest.mark.parametrize("op", SIZE_MISMATCHES)
+def test_gloo_collective_with_mismatched_sizes_raises_on_every_rank(op: str, gloo_size_mismatches: list) -> None:
+    """Before, gloo aborted the receiving process in C++ (terminate called after throwing
+    gloo::EnforceNotMet: "Received data size doesn't match expected size"). The receiver now
+    raises CollectiveMismatchError naming the sizes; its peer raises a CommError in the op, or,
+    where its own part of the op was complete, in its next op on that communicator."""
+    for r in gloo_size_mismatches:
+        assert r.returncode == 0 and r.error is None, f"rank {r.rank}: rc={r.returncode} {r.error}\n{r.stderr[-2000:]}"
+        assert "terminate called" not in r.stderr, r.stderr[-2000:]
+    sender, receiver = SIZE_MISMATCHES[op], 1 - SIZE_MISMATCHES[op]
+    got, _ = gloo_size_mismatches[receiver].value[op]
+    assert got.startswith("CollectiveMismatchError") and f"[comm 'mm_{op}', {op} #" in got, got
+    sizes = re.search(r"received a message of (\d+) bytes for a buffer of (\d+)", got)
+    assert sizes is not None and int(sizes[1]) == 2 * int(sizes[2]), got
+    sent, after = gloo_size_mismatches[sender].value[op]
+    errors = ("PeerFailureError", "CollectiveMismatchError", "CommAbortedError")
+    assert sent.startswith(errors) or (sent == "ok" and after.startswith(errors)), (sent, after)

@@ -11,6 +11,7 @@ import ctypes
 import logging
 import os
 import queue
+import re
 import socket
 import threading
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from torchcomms.backends.base import (BackendCapabilities, BlockingWait, EngineH
 from torchcomms.backends.gloo_p2p import FramedRecv, FramedSend
 from torchcomms.backends.gloo_sockets import EngineSockets
 from torchcomms.config import settings
+from torchcomms.csrc import gloo_guard
 from torchcomms.core.errors import CommValueError, format_ranks
 from torchcomms.types import RedOpType, ReduceOp
 
@@ -163,8 +165,23 @@ class _BlockingWaiter:
                 self._all_idle.notify_all()
 
 
-def _engine_wait(work: dist.Work) -> BlockingWait:
-    """Wait on a c10d work in the caller's thread, as c10d itself does (GIL released)."""
+class ReceiveOverflow(RuntimeError):
+    """This rank received a message longer than the buffer it posted for it: the ranks called
+    the op with tensors of different sizes. Gloo's network thread, which met it, is parked by
+    the guard (``torchcomms.csrc.gloo_guard``), so the engine is of no further use."""
+
+    def __init__(self, gloo_message: str) -> None:
+        sizes = re.search(r"(\d+) vs (\d+)", gloo_message)
+        got = (f"a message of {sizes[1]} bytes for a buffer of {sizes[2]}" if sizes
+               else "a message longer than its buffer")
+        super().__init__(f"this rank received {got}: the ranks passed tensors of different sizes "
+                         f"(TORCHCOMM_CHECK_COLLECTIVES=1 names them); gloo: {gloo_message}")
+
+
+def _engine_wait(work: dist.Work, overflow: Callable[[], ReceiveOverflow | None]) -> BlockingWait:
+    """Wait on a c10d work in the caller's thread, as c10d itself does (GIL released). When a
+    slice runs out, ``overflow()`` tells whether the engine met a receive overflow: the op then
+    fails with it (it would never end)."""
 
     def wait(timeout_s: float) -> bool:
         # c10d reads a 0 ms timeout as "no timeout": never pass less than 1 ms
@@ -173,6 +190,9 @@ def _engine_wait(work: dist.Work) -> BlockingWait:
             return True
         except RuntimeError:
             if not work.is_completed():  # the slice ran out ("Operation timed out!"), the op did not
+                error = overflow()
+                if error is not None:
+                    raise error from None
                 return False
         # Ended, maybe just after the slice ran out: ask again (no timeout: returns at once) so
         # that the outcome is the op's own, never the slice's "Operation timed out!".
@@ -219,6 +239,7 @@ class GlooBackend(TorchCommBackend):
         threads = ctx.hints.get("gloo.threads")
         if threads:
             opts._threads = int(threads)
+        gloo_guard.install()  # a receive overflow then parks gloo's network thread instead of aborting
         self._sockets = EngineSockets()
         opts._devices = [self._sockets.open_device(self._device)]
         check = ctx.hints.get(_CHECK_HINT)
@@ -349,18 +370,21 @@ class GlooBackend(TorchCommBackend):
             sockets: EngineSockets | None = getattr(self, "_sockets", None)
             pending = self._undelivered()  # their c10d works hold their tensors: kept for ever, below
             held = [work for _, work in pending]
+            # a parked network thread delivers nothing more and holds a connection's lock, which
+            # c10d's shutdown may wait for: only the connections are shut down then
+            parked = sockets is not None and self._receive_overflow() is not None
             try:
                 # counted before the shutdown: gloo's thread may fail an op and start its
                 # callbacks before this thread looks again, and a done future's callbacks
                 # cannot be waited for from outside
                 drained = _drain_counter([fut for fut, _ in pending])
                 recorded = len(sockets.fds) if sockets is not None else 0
-                if sockets is not None and sockets.shut_down():
+                if sockets is not None and sockets.shut_down() and not parked:
                     if not (drained(_DRAIN_LIMIT_S) and self._waiter.wait_idle(_DRAIN_LIMIT_S)):
                         _log.warning("abandoned gloo engine %s: its pending ops were not all delivered within "
                                      "%.0f s of shutting its %d connections down", self.ctx.name, _DRAIN_LIMIT_S,
                                      recorded)
-                elif recorded == 0 and self._undelivered():
+                elif recorded == 0 and self._undelivered() and not parked:
                     _log.warning("abandoned gloo engine %s: none of its connections was found (/proc), so its "
                                  "pending ops fail only when their peers' connections end", self.ctx.name)
             except Exception:  # noqa: BLE001 - abort never raises
@@ -378,7 +402,8 @@ class GlooBackend(TorchCommBackend):
             for kept in (pg, *held):
                 ctypes.pythonapi.Py_IncRef(ctypes.py_object(kept))  # outlives module teardown
             try:
-                pg.shutdown()
+                if not parked:
+                    pg.shutdown()
             except Exception:  # noqa: BLE001 - best effort; abort never raises
                 pass
 
@@ -388,6 +413,8 @@ class GlooBackend(TorchCommBackend):
             return [(fut, work) for fut, work in self._pending.values() if not fut.done()]
 
     def classify_error(self, error: BaseException) -> str:
+        if isinstance(error, ReceiveOverflow):
+            return "mismatch"
         msg = str(error).lower()
         if any(p in msg for p in _TIMEOUT_PATTERNS):
             return "timeout"
@@ -397,7 +424,39 @@ class GlooBackend(TorchCommBackend):
 
     # helpers ---------------------------------------------------------------------------------
     def _handle(self, works: list[dist.Work], finish: Callable[[], None] | None = None) -> EngineHandle:
-        return EngineHandle.waitable([_engine_wait(w) for w in works], lambda: [self._future(w) for w in works], finish)
+        return EngineHandle.waitable([_engine_wait(w, self._receive_overflow) for w in works],
+                                     lambda: [self._future(w) for w in works], finish)
+
+    def _waited_aside(self, work: dist.Work, finish: Callable[[], None] | None) -> EngineHandle:
+        """The handle of a c10d work whose timed wait ignores its timeout (gloo's reduce-scatter
+        waits for its inner all-reduce without one: a rank whose peer never came blocked past
+        its deadline): a helper thread waits for it, the caller waits in slices for that thread."""
+        fut = self._p2p_future(work)
+        ended = threading.Event()
+        fut.add_done_callback(lambda _: ended.set())
+
+        def wait(timeout_s: float) -> bool:
+            if ended.wait(timeout_s):
+                fut.wait()  # raises the op's error
+                return True
+            error = self._receive_overflow()
+            if error is not None:
+                raise error
+            return False
+
+        return EngineHandle.waitable([wait], lambda: [fut], finish)
+
+    def _receive_overflow(self) -> ReceiveOverflow | None:
+        """The receive overflow that parked this engine's network thread, if one did."""
+        message = gloo_guard.parked_message(self._sockets.loop_threads)
+        return None if message is None else ReceiveOverflow(message)
+
+    def _refuse_when_parked(self) -> None:
+        """Raise the receive overflow that parked this engine's network thread: a point-to-point
+        op posts on the caller's thread, which would wait for ever for the connection's lock."""
+        error = self._receive_overflow()
+        if error is not None:
+            raise error
 
     def _future(self, work: dist.Work) -> torch.futures.Future:
         """The work's future; gloo works without one are waited on by a helper thread."""
@@ -434,6 +493,7 @@ class GlooBackend(TorchCommBackend):
 
     # point to point (framed: see gloo_p2p) ---------------------------------------------------
     def _framed_recv(self, tensor: torch.Tensor, src: int, tag: int) -> FramedRecv:
+        self._refuse_when_parked()
         with self._pending_lock:
             last = self._last_recv.get(src)
             op = FramedRecv(self._pg, tensor, src, tag, self.ctx.rank, [last] if last else [], self._confirm_p2p)
@@ -444,6 +504,7 @@ class GlooBackend(TorchCommBackend):
         """A receive from any peer: it posts its header after every receive issued before it
         posted its payload buffer, and every receive issued after it waits likewise for it (so
         no two header receives that one message could match are ever posted together)."""
+        self._refuse_when_parked()
         with self._pending_lock:
             op = FramedRecv(self._pg, tensor, None, tag, self.ctx.rank, list(set(self._last_recv.values())),
                             self._confirm_p2p, found)
@@ -453,6 +514,7 @@ class GlooBackend(TorchCommBackend):
         return EngineHandle([self._p2p_future(op)])
 
     def _framed_send(self, tensor: torch.Tensor, dst: int, tag: int) -> FramedSend:
+        self._refuse_when_parked()
         with self._pending_lock:
             op = FramedSend(self._pg, tensor, dst, tag, self.ctx.rank, self._confirm_p2p, self._last_send.get(dst))
             if self._confirm_p2p:
@@ -515,7 +577,7 @@ class GlooBackend(TorchCommBackend):
         opts = dist.ReduceScatterOptions()
         opts.reduceOp = _C10D_OPS[op.type]
         inputs = self._scaled_copies(input_list, op)
-        return self._handle([self._pg.reduce_scatter([output], [inputs], opts)], self._avg_finish(output, op))
+        return self._waited_aside(self._pg.reduce_scatter([output], [inputs], opts), self._avg_finish(output, op))
 
     reduce_scatter_v = reduce_scatter
 
@@ -523,8 +585,8 @@ class GlooBackend(TorchCommBackend):
         opts = dist.ReduceScatterOptions()
         opts.reduceOp = _C10D_OPS[op.type]
         src = premul_scaled(input, op)
-        return self._handle([self._pg._reduce_scatter_base(output.view(-1), src.view(-1), opts)],
-                            self._avg_finish(output, op))
+        return self._waited_aside(self._pg._reduce_scatter_base(output.view(-1), src.view(-1), opts),
+                                  self._avg_finish(output, op))
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
         return self._handle([self._pg.alltoall_base(_real(output), _real(input), [], [], dist.AllToAllOptions())])

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from torchcomms.csrc.gloo_guard import loop_threads
+from torchcomms.csrc.gloo_guard import threads
 
 T = TypeVar("T")
 
@@ -93,7 +93,7 @@ class EngineSockets:
         self._before: dict[int, int] = {}
         self.listener: str | None = None
         self.fds: dict[int, int] = {}
-        self.loop_threads: frozenset[int] = frozenset()  # the device's network thread(s)
+        self.loop_threads: frozenset[int] = frozenset()  # the threads the device started: its network thread
 
     def open_device(self, create: Callable[[], T]) -> T:
         """``create()`` the engine's device and find the listener it opened. One device at a
@@ -102,9 +102,9 @@ class EngineSockets:
         device started is recorded too."""
         with _DEVICE_LOCK:
             self._before = _socket_fds()
-            loops = loop_threads()
+            before = threads()
             device = create()
-            self.loop_threads = frozenset(loop_threads() - loops)
+            self.loop_threads = frozenset(threads() - before)
             new = [ino for fd, ino in _socket_fds().items() if self._before.get(fd) != ino]
             endpoints = _tcp_endpoints(set(new))
             listening = [endpoints[i][0] for i in new if i in endpoints and endpoints[i][2] == "0A"]

@@ -20,8 +20,6 @@ from pathlib import Path
 from torchcomms.csrc.build import cache_root
 
 SOURCE = Path(__file__).resolve().parent / "gloo_guard.cpp"
-#: the name gloo gives its network threads (one per device)
-LOOP_THREAD = "gloo_tcp_loop"
 _MESSAGE_BYTES = 512
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -77,18 +75,10 @@ def parked_message(tids: frozenset[int]) -> str | None:
     return None
 
 
-def loop_threads() -> set[int]:
-    """The ids of this process's gloo network threads (empty where /proc is missing)."""
-    found = set()
+def threads() -> set[int]:
+    """The ids of this process's threads (empty where /proc is missing). Gloo's network thread
+    names itself once running, so a device's is found as the thread that its creation added."""
     try:
-        tasks = os.listdir("/proc/self/task")
+        return {int(tid) for tid in os.listdir("/proc/self/task")}
     except OSError:
-        return found
-    for tid in tasks:
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().strip() == LOOP_THREAD:
-                    found.add(int(tid))
-        except OSError:
-            continue
-    return found
+        return set()
