@@ -7,9 +7,9 @@ backend, and compares. Ranks that called different collectives, or the same one 
 that cannot fit together, all raise the same ``CollectiveMismatchError`` naming who called
 what, instead of hanging or (gloo, on a size mismatch) aborting the process in C++.
 
-Switched on by ``TORCHCOMM_CHECK_COLLECTIVES=1`` or the hint
-``torchcomms.check_collectives=1``; it costs one small all_gather per collective, so it is a
-debugging aid, like c10d's ``TORCH_DISTRIBUTED_DEBUG=DETAIL``.
+Switched on by ``TORCHCOMM_CHECK_COLLECTIVES=1`` or the hint ``torchcomms.check_collectives=1``
+on every rank alike (``torchcomms.backends.check_mode``); it costs one small all_gather per
+collective, so it is a debugging aid, like c10d's ``TORCH_DISTRIBUTED_DEBUG=DETAIL``.
 """
 from __future__ import annotations
 
@@ -20,14 +20,10 @@ from dataclasses import dataclass
 import torch
 
 from torchcomms.backends.base import TorchCommBackend
-from torchcomms.config import settings
 from torchcomms.core.errors import format_ranks
 from torchcomms.core.store_calls import EngineNotReady
 from torchcomms.core.op import OpRecord
 from torchcomms.core.types import OpName, RedOpType
-
-ENV = "TORCHCOMM_CHECK_COLLECTIVES"
-HINT = "torchcomms.check_collectives"
 
 SLOTS = 24
 _VERSION = 1
@@ -62,15 +58,6 @@ _RULES: dict[str, tuple[bool, bool, bool, bool]] = {
 _ROOTED = {"broadcast", "reduce", "scatter", "gather", "gather_single"}
 _OP_CODES = {str(op): i for i, op in enumerate(OpName)}
 _OP_NAMES = {i: name for name, i in _OP_CODES.items()}
-
-
-def enabled(hints: dict[str, str]) -> bool:
-    """Whether a communicator created with ``hints`` checks its collectives (the hint wins over
-    ``TORCHCOMM_CHECK_COLLECTIVES``)."""
-    raw = hints.get(HINT)
-    if raw is None:
-        return settings().check_collectives
-    return raw.strip().lower() in ("1", "true", "yes", "on")
 
 
 def _code(text: str) -> int:
