@@ -176,3 +176,17 @@ def collective_sizes(ops: dict[str, int]) -> dict[str, list[str]]:
         outcomes[op] = [_outcome(lambda: _call(comm, op, n, t)), _outcome(lambda: comm.barrier(False, timeout=t))]
         comm.finalize()
     return outcomes
+
+
+def skipped_reduce_scatter() -> str:
+    """Rank 0 runs a synchronous reduce_scatter_single (1 s deadline) that rank 1 never calls;
+    rank 1 leaves only once rank 0 has its outcome."""
+    from tests.helpers.rank_sync import reach
+
+    comm = _comm()
+    outcome = "ok"
+    if comm.get_rank() == 0:
+        outcome = _outcome(lambda: comm.reduce_scatter_single(torch.empty(2), torch.ones(4), torchcomms.ReduceOp.SUM,
+                                                              False, timeout=timedelta(seconds=1)))
+    reach("outcome", timeout=20)
+    return outcome

@@ -143,6 +143,14 @@ def test_mpi_collective_whose_message_does_not_fit_raises_a_mismatch_not_a_backe
     assert long.startswith(("CommTimeoutError", "CollectiveMismatchError")), long
 
 
+def test_sync_reduce_scatter_whose_peer_never_comes_ends_at_its_deadline() -> None:
+    """gloo's reduce-scatter work ignores the timeout of a timed wait: the op blocked until its
+    peer left (here, the peer waits for the op's outcome: both waited until the peer gave up)."""
+    waiting, peer = _run(2, "skipped_reduce_scatter")
+    assert waiting.startswith("CommTimeoutError") and "reduce_scatter_single #2" in waiting, waiting
+    assert peer == "ok"
+
+
 #: each gloo collective: the rank whose tensors have twice the elements of the other's (the other
 #: rank then receives a message longer than its buffer; for gather, the root does)
 SIZE_MISMATCHES = {op: 0 for op in ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_single",
