@@ -21,14 +21,13 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
-from torchcomms.backends import exit_release
+from torchcomms.backends import check_mode, exit_release
 from torchcomms.backends.base import (BackendCapabilities, BlockingWait, EngineHandle, TorchCommBackend, avg_finish,
                                       premul_in_place, premul_scaled)
 from torchcomms.backends.gloo_p2p import FramedRecv, FramedSend
 from torchcomms.backends.gloo_sockets import EngineSockets
 from torchcomms.config import settings
 from torchcomms.csrc import gloo_guard
-from torchcomms.core.errors import CommValueError, format_ranks
 from torchcomms.types import RedOpType, ReduceOp
 
 _C10D_OPS = {
@@ -55,7 +54,6 @@ _TIMEOUT_PATTERNS = ("timed out", "timeout")
 
 #: a rank's published value: its check mode ("c" on, "-" off), then its listener's address
 _LISTENER_KEY = "torchcomms/listener/{}"
-_CHECK_HINT = "torchcomms.check_collectives"  # the collective check's hint: p2p is confirmed too
 _CHECK_ON, _CHECK_OFF = "c", "-"
 _log = logging.getLogger(__name__)
 _DRAIN_LIMIT_S = 5.0  # how long abort() waits for an abandoned engine's failed ops to be delivered
@@ -242,9 +240,7 @@ class GlooBackend(TorchCommBackend):
         gloo_guard.install()  # a receive overflow then parks gloo's network thread instead of aborting
         self._sockets = EngineSockets()
         opts._devices = [self._sockets.open_device(self._device)]
-        check = ctx.hints.get(_CHECK_HINT)
-        self._confirm_p2p = settings().check_collectives if check is None else check.strip().lower() in (
-            "1", "true", "yes", "on")
+        self._confirm_p2p = check_mode.enabled(ctx.hints)  # the collective check's mode: p2p is confirmed too
         if ctx.size > 1:
             mode = _CHECK_ON if self._confirm_p2p else _CHECK_OFF
             self._store.set(_LISTENER_KEY.format(ctx.rank), mode + (self._sockets.listener or ""))
@@ -279,17 +275,12 @@ class GlooBackend(TorchCommBackend):
 
     def _refuse_mixed_check(self, checks: list[bool]) -> None:
         """Raise ``CommValueError`` on every rank when the ranks (``checks``: each one's mode) do
-        not all run the collective check: the checking ranks would wait for the others at the
-        check's engine, and the others in the op, until the first op's deadline, blaming the
-        store or nobody (a check-mode send likewise waits for an answer its receiver never sends)."""
-        on = [r for r, c in enumerate(checks) if c]
-        if 0 < len(on) < len(checks):
-            off = [r for r, c in enumerate(checks) if not c]
+        not all run the collective check (``check_mode``; a check-mode send would also wait for an
+        answer its receiver never sends)."""
+        error = check_mode.disagreement(checks, self.ctx.name)
+        if error is not None:
             self.finalize()
-            raise CommValueError(
-                f"the ranks disagree on the collective check: on at {_ranks(on)}, off at {_ranks(off)}; "
-                f"every rank must pass the same hint {_CHECK_HINT} (or none, and the same "
-                "TORCHCOMM_CHECK_COLLECTIVES)", comm=self.ctx.name, ranks=on if len(on) <= len(off) else off)
+            raise error
 
     def _device(self) -> dist.ProcessGroupGloo.Device:
         hints = self.ctx.hints
@@ -629,10 +620,6 @@ class GlooBackend(TorchCommBackend):
         outs = [[_real(t) for t in output_list]] if output_list is not None else []
         return self._handle([self._pg.gather(outs, [_real(input)], opts)])
 
-
-
-def _ranks(ranks: list[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {format_ranks(ranks)}"
 
 
 def _real(t: torch.Tensor) -> torch.Tensor:
