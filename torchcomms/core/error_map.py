@@ -23,7 +23,7 @@ from torchcomms.core.errors import (
     CommValueError,
     PeerFailureError,
 )
-from torchcomms.core.store_calls import StoreNotAnswering, describe_store
+from torchcomms.core.store_calls import StoreNotAnswering, describe_store, or_store_silent
 
 
 class FailureWitness(Protocol):
@@ -180,7 +180,7 @@ def engine_not_built(what: str, members: Collection[int], failures: Mapping[int,
             detected_by=",".join(sorted({failures[g] for g in failed})), **where)
     return CommTimeoutError(
         f"{what} was not ready within {timeout_s:g} s "
-        f"(a member never joined its rendezvous, or {describe_store(store)} did not answer)",
+        f"(a member never joined its rendezvous{or_store_silent(store)})",
         timeout_s=timeout_s, **where)
 
 
