@@ -176,7 +176,7 @@ class ReceiveOverflow(RuntimeError):
                          f"(TORCHCOMM_CHECK_COLLECTIVES=1 names them); gloo: {gloo_message}")
 
 
-def _engine_wait(work: dist.Work, overflow: Callable[[], ReceiveOverflow | None]) -> BlockingWait:
+def _engine_wait(work: dist.Work, overflow: Callable[[], ReceiveOverflow | None] | None = None) -> BlockingWait:
     """Wait on a c10d work in the caller's thread, as c10d itself does (GIL released). When a
     slice runs out, ``overflow()`` tells whether the engine met a receive overflow: the op then
     fails with it (it would never end)."""
@@ -188,7 +188,7 @@ def _engine_wait(work: dist.Work, overflow: Callable[[], ReceiveOverflow | None]
             return True
         except RuntimeError:
             if not work.is_completed():  # the slice ran out ("Operation timed out!"), the op did not
-                error = overflow()
+                error = overflow() if overflow is not None else None
                 if error is not None:
                     raise error from None
                 return False
