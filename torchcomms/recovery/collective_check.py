@@ -13,6 +13,7 @@ collective, so it is a debugging aid, like c10d's ``TORCH_DISTRIBUTED_DEBUG=DETA
 """
 from __future__ import annotations
 
+import threading
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -199,6 +200,9 @@ class SignatureCheck:
         self._size = size
         self._engine: TorchCommBackend | None = None
         self._counts: dict[int, tuple[list[int], list[int]]] = {}
+        #: held by dispatch from a collective's sequence number to its engine call (re-entrant: a
+        #: pre-hook may run a collective on the same communicator)
+        self.order = threading.RLock()
 
     def note_counts(self, op_id: int, send: list[int], receive: list[int]) -> None:
         """The elements op ``op_id`` sends to and expects from each rank, for its signature."""
