@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from torchcomms.backends import check_mode, exit_release
 from torchcomms.backends.base import (BackendCapabilities, BlockingWait, EngineHandle, TorchCommBackend, avg_finish,
-                                      premul_in_place, premul_scaled)
+                                      premul_in_place)
 from torchcomms.backends.gloo_p2p import FramedRecv, FramedSend
 from torchcomms.backends.gloo_sockets import EngineSockets
 from torchcomms.config import settings
@@ -418,25 +418,6 @@ class GlooBackend(TorchCommBackend):
         return EngineHandle.waitable([_engine_wait(w, self._receive_overflow) for w in works],
                                      lambda: [self._future(w) for w in works], finish)
 
-    def _waited_aside(self, work: dist.Work, finish: Callable[[], None] | None) -> EngineHandle:
-        """The handle of a c10d work whose timed wait ignores its timeout (gloo's reduce-scatter
-        waits for its inner all-reduce without one: a rank whose peer never came blocked past
-        its deadline): a helper thread waits for it, the caller waits in slices for that thread."""
-        fut = self._p2p_future(work)
-        ended = threading.Event()
-        fut.add_done_callback(lambda _: ended.set())
-
-        def wait(timeout_s: float) -> bool:
-            if ended.wait(timeout_s):
-                fut.wait()  # raises the op's error
-                return True
-            error = self._receive_overflow()
-            if error is not None:
-                raise error
-            return False
-
-        return EngineHandle.waitable([wait], lambda: [fut], finish)
-
     def _receive_overflow(self) -> ReceiveOverflow | None:
         """The receive overflow that parked this engine's network thread, if one did."""
         message = gloo_guard.parked_message(self._sockets.loop_threads)
@@ -476,11 +457,6 @@ class GlooBackend(TorchCommBackend):
 
     def _avg_finish(self, t: torch.Tensor, op: ReduceOp) -> Callable[[], None] | None:
         return avg_finish(t, op, self.ctx.size)
-
-    def _scaled_copies(self, ts: list[torch.Tensor], op: ReduceOp) -> list[torch.Tensor]:
-        if op.type is RedOpType.PREMUL_SUM:
-            return [premul_scaled(t, op) for t in ts]
-        return ts
 
     # point to point (framed: see gloo_p2p) ---------------------------------------------------
     def _framed_recv(self, tensor: torch.Tensor, src: int, tag: int) -> FramedRecv:
@@ -564,20 +540,38 @@ class GlooBackend(TorchCommBackend):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
         return self._handle([self._pg._allgather_base(_real(output.view(-1)), _real(input.view(-1)))])
 
+    # The reduce-scatters are what c10d's gloo makes of them (one all-reduce of the whole input, then
+    # this rank's piece) but through the all-reduce's own work: c10d's reduce-scatter work ignores
+    # the timeout of a timed wait (it waits for its inner all-reduce without one), so a caller whose
+    # peer never came blocked past its deadline.
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp) -> EngineHandle:
-        opts = dist.ReduceScatterOptions()
-        opts.reduceOp = _C10D_OPS[op.type]
-        inputs = self._scaled_copies(input_list, op)
-        return self._waited_aside(self._pg.reduce_scatter([output], [inputs], opts), self._avg_finish(output, op))
+        with torch.no_grad():
+            packed = torch.cat([t.reshape(-1) for t in input_list])
+        start = sum(t.numel() for t in input_list[:self.ctx.rank])
+        return self._reduced_piece(packed, start, output, op)
 
     reduce_scatter_v = reduce_scatter
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp) -> EngineHandle:
-        opts = dist.ReduceScatterOptions()
+        with torch.no_grad():
+            packed = input.reshape(-1).clone()
+        return self._reduced_piece(packed, self.ctx.rank * output.numel(), output, op)
+
+    def _reduced_piece(self, packed: torch.Tensor, start: int, output: torch.Tensor, op: ReduceOp) -> EngineHandle:
+        """All-reduce ``packed`` (a copy of the whole input), then copy its elements from ``start``
+        on into ``output``."""
+        premul_in_place(packed, op)
+        opts = dist.AllreduceOptions()
         opts.reduceOp = _C10D_OPS[op.type]
-        src = premul_scaled(input, op)
-        return self._waited_aside(self._pg._reduce_scatter_base(output.view(-1), src.view(-1), opts),
-                                  self._avg_finish(output, op))
+        avg = self._avg_finish(output, op)
+
+        def finish() -> None:
+            with torch.no_grad():
+                output.view(-1).copy_(packed[start:start + output.numel()])
+            if avg is not None:
+                avg()
+
+        return self._handle([self._pg.allreduce([packed], opts)], finish)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
         return self._handle([self._pg.alltoall_base(_real(output), _real(input), [], [], dist.AllToAllOptions())])
