@@ -129,8 +129,10 @@ def check_modes(modes: list[str]) -> str:
     hints = {"torchcomms.check_collectives": mode} if mode else {}
 
     def make_and_use() -> None:
-        comm = torchcomms.new_comm(engine(), "cpu", "mm", timeout=timedelta(seconds=5), hints=hints)
-        comm.barrier(False)
+        # the refusal comes once the engine's rendezvous is done: the timeout only bounds the
+        # ranks' start-up skew (the barrier's, how long ranks that were not refused wait)
+        comm = torchcomms.new_comm(engine(), "cpu", "mm", timeout=timedelta(seconds=60), hints=hints)
+        comm.barrier(False, timeout=timedelta(seconds=5))
         comm.finalize()
 
     outcome = _outcome(make_and_use)
