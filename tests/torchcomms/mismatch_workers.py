@@ -161,8 +161,22 @@ def _call(comm: torchcomms.TorchComm, op: str, n: int, timeout: timedelta) -> No
         "scatter": lambda: comm.scatter(empty(), [ones() for _ in range(w)] if r == 0 else None, 0, False,
                                         timeout=timeout),
         "gather": lambda: comm.gather(many(w) if r == 0 else None, ones(), 0, False, timeout=timeout),
+        "all_reduce_then_send": lambda: _all_reduce_then_send(comm, n, timeout),
     }
     calls[op]()
+
+
+def _all_reduce_then_send(comm: torchcomms.TorchComm, n: int, timeout: timedelta) -> None:
+    """An async all_reduce, then (rank 1, once its engine's network thread met the longer message)
+    a send to rank 0 on the same communicator, which is not broken yet; then the all_reduce's wait."""
+    work = comm.all_reduce(torch.ones(n), torchcomms.ReduceOp.SUM, True, timeout=timeout)
+    if comm.get_rank() == 1:
+        backend = comm._core.backend
+        end = time.monotonic() + timeout.total_seconds()
+        while backend._receive_overflow() is None and time.monotonic() < end:
+            time.sleep(0.01)
+        comm.send(torch.ones(1), 0, False, timeout=timeout)
+    work.wait()
 
 
 def collective_sizes(ops: dict[str, int]) -> dict[str, list[str]]:

@@ -161,7 +161,8 @@ SIZE_MISMATCHES = {op: 0 for op in ("all_reduce", "reduce", "broadcast", "all_ga
 @pytest.fixture(scope="module")
 def gloo_size_mismatches() -> list:
     """One job of 2 ranks that calls every collective of ``SIZE_MISMATCHES``, each on a communicator of its own."""
-    with RankGroup(2, f"{WORKERS}:collective_sizes", dict(ops=SIZE_MISMATCHES)) as g:
+    ops = SIZE_MISMATCHES | {"all_reduce_then_send": 0}
+    with RankGroup(2, f"{WORKERS}:collective_sizes", dict(ops=ops)) as g:
         return g.wait(120, failed_grace=20)
 
 
@@ -182,3 +183,13 @@ def test_gloo_collective_with_mismatched_sizes_raises_on_every_rank(op: str, glo
     sent, after = gloo_size_mismatches[sender].value[op]
     errors = ("PeerFailureError", "CollectiveMismatchError", "CommAbortedError")
     assert sent.startswith(errors) or (sent == "ok" and after.startswith(errors)), (sent, after)
+
+
+
+def test_gloo_send_on_an_engine_stuck_by_a_mismatch_raises_at_once(gloo_size_mismatches: list) -> None:
+    """The network thread that met the longer message holds its connection's lock: a send to
+    that peer, posted on the caller's thread, waited for it for ever (the async all_reduce had
+    not broken the communicator yet)."""
+    got, _ = gloo_size_mismatches[1].value["all_reduce_then_send"]
+    assert got.startswith("CollectiveMismatchError") and "[comm 'mm_all_reduce_then_send', send #" in got, got
+    assert "received a message of" in got, got
