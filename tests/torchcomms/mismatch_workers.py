@@ -162,6 +162,7 @@ def _call(comm: torchcomms.TorchComm, op: str, n: int, timeout: timedelta) -> No
                                         timeout=timeout),
         "gather": lambda: comm.gather(many(w) if r == 0 else None, ones(), 0, False, timeout=timeout),
         "all_reduce_then_send": lambda: _all_reduce_then_send(comm, n, timeout),
+        "all_reduce_then_exit": lambda: comm.all_reduce(ones(), s, False, timeout=timeout),
     }
     calls[op]()
 
@@ -183,14 +184,20 @@ def collective_sizes(ops: dict[str, int]) -> dict[str, list[str]]:
     """For each op of ``ops`` (its name: the rank whose tensors have 8 elements, the other's 4),
     a communicator of its own on which every rank calls the op: each rank's outcome of the op,
     then of a barrier on the same communicator. Each rank finalizes the communicator then, which
-    abandons a broken one's engine: its peer's op fails at once instead of at its deadline."""
+    abandons a broken one's engine: its peer's op fails at once instead of at its deadline. For an
+    op named ``*_then_exit`` it runs the engines' release at the interpreter's exit instead."""
+    from torchcomms.backends import exit_release
+
     t = timedelta(seconds=10)
     outcomes = {}
     for op, big in ops.items():
         comm = torchcomms.new_comm(engine(), "cpu", f"mm_{op}", timeout=timedelta(seconds=30))
         n = 8 if comm.get_rank() == big else 4
         outcomes[op] = [_outcome(lambda: _call(comm, op, n, t)), _outcome(lambda: comm.barrier(False, timeout=t))]
-        comm.finalize()
+        if op.endswith("_then_exit"):
+            exit_release._release_all()  # what atexit runs: the engine was never finalized
+        else:
+            comm.finalize()
     return outcomes
 
 

@@ -309,7 +309,10 @@ class GlooBackend(TorchCommBackend):
         """Let go of the engine now: with it, the last framed receive (and check-mode send) per
         peer, which hold it too; else it lived until the interpreter's teardown destroyed it,
         which can abort the process ("terminate called without an active exception"). The p2p
-        helper threads end."""
+        helper threads end. An engine whose network thread is parked is abandoned instead: its
+        destructor would wait for ever for the connection lock that thread holds."""
+        if self._receive_overflow() is not None:
+            self.abort()
         with self._pending_lock:
             self._last_recv.clear()
             self._last_send.clear()
@@ -338,7 +341,7 @@ class GlooBackend(TorchCommBackend):
             if waiter is not None:
                 waiter.wait_idle(_COMPLETING_LIMIT_S)
             return
-        if self._undelivered():
+        if self._undelivered() or self._receive_overflow() is not None:  # parked: see finalize()
             self.abort()
             return
         if waiter is not None:
