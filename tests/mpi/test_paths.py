@@ -54,7 +54,10 @@ def test_ranks_whose_allreduce_algorithms_differ_are_refused_with_the_choices_na
     ({"0": {"mpi.colectives": "blocking"}, "1": {}}, None, "unknown hint(s) mpi.colectives"),
     ({"0": {}, "1": {}}, {"0": {}, "1": {"mpi.collectives": "blocking"}},
      "rank 0: no path hint, rank 1: mpi.collectives=blocking"),
-], ids=["mode", "bound", "invalid-on-one", "non-ascii-digit", "misspelt-on-one", "split"])
+    # before: the checking rank waited at the check's engine, the other in the all_reduce, until its deadline
+    ({"0": {"torchcomms.check_collectives": "1"}, "1": {}}, None,
+     "the ranks disagree on the collective check: on at rank 0, off at rank 1"),
+], ids=["mode", "bound", "invalid-on-one", "non-ascii-digit", "misspelt-on-one", "split", "check"])
 def test_ranks_whose_path_hints_differ_are_refused_at_creation_with_each_named(
         hints: dict, split_hints: dict | None, named: str) -> None:
     """MPI's nonblocking collectives never match its blocking ones: ranks routing one op

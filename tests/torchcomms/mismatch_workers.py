@@ -115,3 +115,101 @@ def all_reduce_sizes(sizes: list[int]) -> str:
     n = sizes[comm.get_rank()]
     return _outcome(lambda: comm.all_reduce(torch.ones(n), torchcomms.ReduceOp.SUM, False,
                                             timeout=timedelta(seconds=3)))
+
+
+def check_modes(modes: list[str]) -> str:
+    """Each rank makes a communicator with its own collective check hint (``modes[rank]``; ""
+    leaves it to ``TORCHCOMM_CHECK_COLLECTIVES``) and runs a barrier on it. Rank 0, whose process
+    hosts the store, leaves only once every rank has its outcome."""
+    import os
+
+    from tests.helpers.rank_sync import reach
+
+    mode = modes[int(os.environ.get("TORCHCOMM_RANK") or os.environ["OMPI_COMM_WORLD_RANK"])]
+    hints = {"torchcomms.check_collectives": mode} if mode else {}
+
+    def make_and_use() -> None:
+        # the refusal comes once the engine's rendezvous is done: the timeout only bounds the
+        # ranks' start-up skew (the barrier's, how long ranks that were not refused wait)
+        comm = torchcomms.new_comm(engine(), "cpu", "mm", timeout=timedelta(seconds=60), hints=hints)
+        comm.barrier(False, timeout=timedelta(seconds=5))
+        comm.finalize()
+
+    outcome = _outcome(make_and_use)
+    reach("ended")
+    return outcome
+
+
+def _call(comm: torchcomms.TorchComm, op: str, n: int, timeout: timedelta) -> None:
+    """``op`` on tensors of ``n`` float32 elements per rank (root 0)."""
+    r, w, s = comm.get_rank(), comm.get_size(), torchcomms.ReduceOp.SUM
+    ones, empty = (lambda: torch.ones(n)), (lambda: torch.empty(n))
+    many = lambda k: [torch.empty(n) for _ in range(k)]  # noqa: E731
+    calls = {
+        "all_reduce": lambda: comm.all_reduce(ones(), s, False, timeout=timeout),
+        "reduce": lambda: comm.reduce(ones(), 0, s, False, timeout=timeout),
+        "broadcast": lambda: comm.broadcast(ones(), 0, False, timeout=timeout),
+        "all_gather": lambda: comm.all_gather(many(w), ones(), False, timeout=timeout),
+        "all_gather_single": lambda: comm.all_gather_single(torch.empty(n * w), ones(), False, timeout=timeout),
+        "all_gather_v": lambda: comm.all_gather_v(many(w), ones(), False, timeout=timeout),
+        "reduce_scatter": lambda: comm.reduce_scatter(empty(), [ones() for _ in range(w)], s, False, timeout=timeout),
+        "reduce_scatter_single": lambda: comm.reduce_scatter_single(empty(), torch.ones(n * w), s, False,
+                                                                    timeout=timeout),
+        "all_to_all_single": lambda: comm.all_to_all_single(torch.empty(n * w), torch.ones(n * w), False,
+                                                            timeout=timeout),
+        "all_to_all": lambda: comm.all_to_all(many(w), [ones() for _ in range(w)], False, timeout=timeout),
+        "scatter": lambda: comm.scatter(empty(), [ones() for _ in range(w)] if r == 0 else None, 0, False,
+                                        timeout=timeout),
+        "gather": lambda: comm.gather(many(w) if r == 0 else None, ones(), 0, False, timeout=timeout),
+        "all_reduce_then_send": lambda: _all_reduce_then_send(comm, n, timeout),
+        "all_reduce_then_exit": lambda: comm.all_reduce(ones(), s, False, timeout=timeout),
+    }
+    calls[op]()
+
+
+def _all_reduce_then_send(comm: torchcomms.TorchComm, n: int, timeout: timedelta) -> None:
+    """An async all_reduce, then (rank 1, once its engine's network thread met the longer message)
+    a send to rank 0 on the same communicator, which is not broken yet; then the all_reduce's wait."""
+    work = comm.all_reduce(torch.ones(n), torchcomms.ReduceOp.SUM, True, timeout=timeout)
+    if comm.get_rank() == 1:
+        backend = comm._core.backend
+        end = time.monotonic() + timeout.total_seconds()
+        while backend._receive_overflow() is None and time.monotonic() < end:
+            time.sleep(0.01)
+        comm.send(torch.ones(1), 0, False, timeout=timeout)
+    work.wait()
+
+
+def collective_sizes(ops: dict[str, int]) -> dict[str, list[str]]:
+    """For each op of ``ops`` (its name: the rank whose tensors have 8 elements, the other's 4),
+    a communicator of its own on which every rank calls the op: each rank's outcome of the op,
+    then of a barrier on the same communicator. Each rank finalizes the communicator then, which
+    abandons a broken one's engine: its peer's op fails at once instead of at its deadline. For an
+    op named ``*_then_exit`` it runs the engines' release at the interpreter's exit instead."""
+    from torchcomms.backends import exit_release
+
+    t = timedelta(seconds=10)
+    outcomes = {}
+    for op, big in ops.items():
+        comm = torchcomms.new_comm(engine(), "cpu", f"mm_{op}", timeout=timedelta(seconds=30))
+        n = 8 if comm.get_rank() == big else 4
+        outcomes[op] = [_outcome(lambda: _call(comm, op, n, t)), _outcome(lambda: comm.barrier(False, timeout=t))]
+        if op.endswith("_then_exit"):
+            exit_release._release_all()  # what atexit runs: the engine was never finalized
+        else:
+            comm.finalize()
+    return outcomes
+
+
+def skipped_reduce_scatter() -> str:
+    """Rank 0 runs a synchronous reduce_scatter_single (1 s deadline) that rank 1 never calls;
+    rank 1 leaves only once rank 0 has its outcome."""
+    from tests.helpers.rank_sync import reach
+
+    comm = _comm()
+    outcome = "ok"
+    if comm.get_rank() == 0:
+        outcome = _outcome(lambda: comm.reduce_scatter_single(torch.empty(2), torch.ones(4), torchcomms.ReduceOp.SUM,
+                                                              False, timeout=timedelta(seconds=1)))
+    reach("outcome", timeout=20)
+    return outcome

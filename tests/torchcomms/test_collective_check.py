@@ -51,6 +51,15 @@ def test_calls_whose_tensors_legitimately_differ_pass() -> None:
     assert values[1]["gather"] == [[0.0] * 3, [1.0] * 3, [2.0] * 3]
 
 
+def test_threads_that_share_a_communicator_pass_the_check() -> None:
+    """Two threads per rank run the same all_reduces. Before, a rank's two threads reached the
+    check's engine in an order of their own, so one rank's #2 met another's #3 and the very first
+    op raised CollectiveMismatchError on every rank, though every call fit."""
+    for v in _run("threads", world=2):
+        assert v["thread_errors"] == [] and v["raised"] is None, v
+        assert v["threads"] == [[2.0] * 4] * 40, v
+
+
 def _rec(name: OpName, seq: int, sizes: list[list[int]], dtype: str = "float32", root: int | None = None) -> OpRecord:
     rec = OpRecord("c", (0, 1), 0, 2, "gloo", name, seq, seq, 1.0, False, 0)
     rec.input_sizes, rec.input_dtypes = sizes, [dtype] * len(sizes)

@@ -2,6 +2,8 @@
 cases on each engine, through the ``launch`` fixture); none aborts in C++."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.helpers.ranks import RankGroup
@@ -90,6 +92,19 @@ def test_consistent_split_lists_still_split() -> None:
     assert values == ["ok", "ok", "ok"], values
 
 
+@pytest.mark.parametrize("modes,per_rank_env,words", [
+    (["1", "0", "1"], {}, "on at ranks 0,2, off at rank 1"),
+    (["", ""], {1: CHECK}, "on at rank 1, off at rank 0"),
+], ids=["hint", "environment"])
+def test_ranks_that_disagree_on_the_check_mode_are_refused_at_creation(modes, per_rank_env, words) -> None:
+    """Before, the checking ranks waited for the others at their side engine and the others in
+    the engine until the first op's deadline, both blaming the store or nobody."""
+    with RankGroup(len(modes), f"{WORKERS}:check_modes", dict(modes=modes), per_rank_env=per_rank_env) as g:
+        values = [r.value for r in g.wait(60, failed_grace=20)]
+    assert all(v.startswith("CommValueError") and "[comm 'mm', new_comm]" in v and words in v for v in values), values
+    assert len(set(values)) == 1, values  # the same verdict everywhere
+
+
 def test_local_argument_error_never_blames_its_peer() -> None:
     bad, peer = _run(2, "wrong_all_gather_size")
     assert bad.startswith("CommValueError") and "output must hold" in bad, bad
@@ -126,3 +141,63 @@ def test_mpi_collective_whose_message_does_not_fit_raises_a_mismatch_not_a_backe
     assert short.startswith("CollectiveMismatchError") and "longer than this rank's buffer" in short, short
     assert "TORCHCOMM_CHECK_COLLECTIVES=1" in short, short
     assert long.startswith(("CommTimeoutError", "CollectiveMismatchError")), long
+
+
+def test_sync_reduce_scatter_whose_peer_never_comes_ends_at_its_deadline() -> None:
+    """gloo's reduce-scatter work ignores the timeout of a timed wait: the op blocked until its
+    peer left (here, the peer waits for the op's outcome: both waited until the peer gave up)."""
+    waiting, peer = _run(2, "skipped_reduce_scatter")
+    assert waiting.startswith("CommTimeoutError") and "reduce_scatter_single #2" in waiting, waiting
+    assert peer == "ok"
+
+
+#: each gloo collective: the rank whose tensors have twice the elements of the other's (the other
+#: rank then receives a message longer than its buffer; for gather, the root does)
+SIZE_MISMATCHES = {op: 0 for op in ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_single",
+                                     "all_gather_v", "reduce_scatter", "reduce_scatter_single", "all_to_all_single",
+                                     "all_to_all", "scatter")} | {"gather": 1}
+
+
+@pytest.fixture(scope="module")
+def gloo_size_mismatches() -> list:
+    """One job of 2 ranks that calls every collective of ``SIZE_MISMATCHES``, each on a communicator of its own."""
+    ops = SIZE_MISMATCHES | {"all_reduce_then_send": 0, "all_reduce_then_exit": 0}
+    with RankGroup(2, f"{WORKERS}:collective_sizes", dict(ops=ops)) as g:
+        return g.wait(120, failed_grace=20)
+
+
+@pytest.mark.parametrize("op", SIZE_MISMATCHES)
+def test_gloo_collective_with_mismatched_sizes_raises_on_every_rank(op: str, gloo_size_mismatches: list) -> None:
+    """Before, gloo aborted the receiving process in C++ (terminate called after throwing
+    gloo::EnforceNotMet: "Received data size doesn't match expected size"). The receiver now
+    raises CollectiveMismatchError naming the sizes; its peer raises a CommError in the op, or,
+    where its own part of the op was complete, in its next op on that communicator."""
+    for r in gloo_size_mismatches:
+        assert r.returncode == 0 and r.error is None, f"rank {r.rank}: rc={r.returncode} {r.error}\n{r.stderr[-2000:]}"
+        assert "terminate called" not in r.stderr, r.stderr[-2000:]
+    sender, receiver = SIZE_MISMATCHES[op], 1 - SIZE_MISMATCHES[op]
+    got, _ = gloo_size_mismatches[receiver].value[op]
+    assert got.startswith("CollectiveMismatchError") and f"[comm 'mm_{op}', {op} #" in got, got
+    sizes = re.search(r"received a message of (\d+) bytes for a buffer of (\d+)", got)
+    assert sizes is not None and int(sizes[1]) == 2 * int(sizes[2]), got
+    sent, after = gloo_size_mismatches[sender].value[op]
+    errors = ("PeerFailureError", "CollectiveMismatchError", "CommAbortedError")
+    assert sent.startswith(errors) or (sent == "ok" and after.startswith(errors)), (sent, after)
+
+
+
+def test_gloo_send_on_an_engine_stuck_by_a_mismatch_raises_at_once(gloo_size_mismatches: list) -> None:
+    """The network thread that met the longer message holds its connection's lock: a send to
+    that peer, posted on the caller's thread, waited for it for ever (the async all_reduce had
+    not broken the communicator yet)."""
+    got, _ = gloo_size_mismatches[1].value["all_reduce_then_send"]
+    assert got.startswith("CollectiveMismatchError") and "[comm 'mm_all_reduce_then_send', send #" in got, got
+    assert "received a message of" in got, got
+
+
+def test_gloo_engine_stuck_by_a_mismatch_is_let_go_at_exit(gloo_size_mismatches: list) -> None:
+    """The release at the interpreter's exit dropped the broken engine (no op of it was pending):
+    its destructor waited for ever for the connection lock the parked network thread holds, so
+    the rank never exited (the fixture's job did not end)."""
+    got, _ = gloo_size_mismatches[1].value["all_reduce_then_exit"]
+    assert got.startswith("CollectiveMismatchError"), got

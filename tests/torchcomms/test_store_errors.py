@@ -5,7 +5,7 @@ import torch.distributed as dist
 
 from torchcomms.core.errors import CommAbortedError, CommTimeoutError
 from torchcomms.core.store_calls import StoreNotAnswering
-from torchcomms.core.error_map import store_error
+from torchcomms.core.error_map import engine_not_built, store_error
 
 WHERE = {"comm": "c", "op": "shrink"}
 
@@ -33,3 +33,16 @@ def test_a_lost_control_plane_is_the_error_of_any_store_failure() -> None:
 def test_other_errors_are_not_the_stores() -> None:
     assert store_error(RuntimeError("engine"), "s", 1.0, WHERE) is None
     assert store_error(dist.DistStoreError("timeout"), "s", 1.0, WHERE) is None
+
+
+def test_an_engine_not_built_in_time_blames_a_store_only_where_there_is_one() -> None:
+    """MPI has no store: its collective check's engine, not built by the op's deadline (a rank
+    never came), said "a member never joined its rendezvous, or the NoneType did not answer"."""
+    where = {"comm": "c", "op": "all_reduce", "seq": 2}
+    without = engine_not_built("the collective check's engine", [0, 1], {}, [0, 1], None, 2.0, where)
+    assert isinstance(without, CommTimeoutError)
+    assert str(without) == ("[comm 'c', all_reduce #2] the collective check's engine was not ready within 2 s "
+                            "(a member never joined its rendezvous)")
+    store = dist.HashStore()
+    with_store = engine_not_built("the collective check's engine", [0, 1], {}, [0, 1], store, 2.0, where)
+    assert str(with_store).endswith("(a member never joined its rendezvous, or the HashStore did not answer)")

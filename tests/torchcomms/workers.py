@@ -353,6 +353,41 @@ def mismatched_calls(case: str) -> dict[str, Any]:
         elif case == "splits":  # each rank's own splits fit its tensors, but rank n-1 expects 2 rows from rank 0
             expect = [2] + [1] * (n - 1) if r == n - 1 else [1] * n
             comm.all_to_all_v_single(torch.empty(sum(expect)), torch.ones(n), expect, [1] * n, False)
+        elif case == "threads":
+            # two threads share the communicator, each running the same all_reduces: every rank's
+            # calls fit whichever thread took which sequence number. On rank 0 the op that took #2
+            # waits in a pre-hook (at most 1 s) for #3 to pass its own, so that #3 reaches the check
+            # first wherever nothing keeps the threads in sequence order
+            import threading
+
+            sums: list[list[float]] = []
+            errors: list[str] = []
+            third_passed = threading.Event()
+
+            def hold_second(_name: object, _op_id: int, rec: Any) -> None:
+                if rec.seq == 2:
+                    third_passed.wait(1.0)
+                elif rec.seq == 3:
+                    third_passed.set()
+
+            if r == 0:
+                comm.register_pre_hook(hold_second)
+
+            def run() -> None:
+                try:
+                    for _ in range(20):
+                        t = torch.ones(4)
+                        comm.all_reduce(t, ReduceOp.SUM, False)
+                        sums.append(t.tolist())
+                except torchcomms.CommError as e:
+                    errors.append(f"{type(e).__name__}: {e}")
+
+            threads = [threading.Thread(target=run) for _ in range(2)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            out.update(threads=sums, thread_errors=errors)
         elif case == "fits":
             # calls whose tensors legitimately differ per rank must pass the check
             t = torch.full((r + 1,), float(r))

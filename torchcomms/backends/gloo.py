@@ -11,6 +11,7 @@ import ctypes
 import logging
 import os
 import queue
+import re
 import socket
 import threading
 from collections.abc import Callable
@@ -20,12 +21,13 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
-from torchcomms.backends import exit_release
+from torchcomms.backends import check_mode, exit_release
 from torchcomms.backends.base import (BackendCapabilities, BlockingWait, EngineHandle, TorchCommBackend, avg_finish,
-                                      premul_in_place, premul_scaled)
+                                      premul_in_place)
 from torchcomms.backends.gloo_p2p import FramedRecv, FramedSend
 from torchcomms.backends.gloo_sockets import EngineSockets
 from torchcomms.config import settings
+from torchcomms.csrc import gloo_guard
 from torchcomms.types import RedOpType, ReduceOp
 
 _C10D_OPS = {
@@ -50,8 +52,9 @@ _PEER_PATTERNS = ("connection closed", "connection reset", "broken pipe", "conne
 _TIMEOUT_PATTERNS = ("timed out", "timeout")
 
 
+#: a rank's published value: its check mode ("c" on, "-" off), then its listener's address
 _LISTENER_KEY = "torchcomms/listener/{}"
-_CHECK_HINT = "torchcomms.check_collectives"  # the collective check's hint: p2p is confirmed too
+_CHECK_ON, _CHECK_OFF = "c", "-"
 _log = logging.getLogger(__name__)
 _DRAIN_LIMIT_S = 5.0  # how long abort() waits for an abandoned engine's failed ops to be delivered
 _COMPLETING_LIMIT_S = 1.0  # how long the exit release waits for a future being completed (microseconds, as a rule)
@@ -160,8 +163,23 @@ class _BlockingWaiter:
                 self._all_idle.notify_all()
 
 
-def _engine_wait(work: dist.Work) -> BlockingWait:
-    """Wait on a c10d work in the caller's thread, as c10d itself does (GIL released)."""
+class ReceiveOverflow(RuntimeError):
+    """This rank received a message longer than the buffer it posted for it: the ranks called
+    the op with tensors of different sizes. Gloo's network thread, which met it, is parked by
+    the guard (``torchcomms.csrc.gloo_guard``), so the engine is of no further use."""
+
+    def __init__(self, gloo_message: str) -> None:
+        sizes = re.search(r"(\d+) vs (\d+)", gloo_message)
+        got = (f"a message of {sizes[1]} bytes for a buffer of {sizes[2]}" if sizes
+               else "a message longer than its buffer")
+        super().__init__(f"this rank received {got}: the ranks passed tensors of different sizes "
+                         f"(TORCHCOMM_CHECK_COLLECTIVES=1 names them); gloo: {gloo_message}")
+
+
+def _engine_wait(work: dist.Work, overflow: Callable[[], ReceiveOverflow | None] | None = None) -> BlockingWait:
+    """Wait on a c10d work in the caller's thread, as c10d itself does (GIL released). When a
+    slice runs out, ``overflow()`` tells whether the engine met a receive overflow: the op then
+    fails with it (it would never end)."""
 
     def wait(timeout_s: float) -> bool:
         # c10d reads a 0 ms timeout as "no timeout": never pass less than 1 ms
@@ -170,6 +188,9 @@ def _engine_wait(work: dist.Work) -> BlockingWait:
             return True
         except RuntimeError:
             if not work.is_completed():  # the slice ran out ("Operation timed out!"), the op did not
+                error = overflow() if overflow is not None else None
+                if error is not None:
+                    raise error from None
                 return False
         # Ended, maybe just after the slice ran out: ask again (no timeout: returns at once) so
         # that the outcome is the op's own, never the slice's "Operation timed out!".
@@ -216,37 +237,50 @@ class GlooBackend(TorchCommBackend):
         threads = ctx.hints.get("gloo.threads")
         if threads:
             opts._threads = int(threads)
+        gloo_guard.install()  # a receive overflow then parks gloo's network thread instead of aborting
         self._sockets = EngineSockets()
         opts._devices = [self._sockets.open_device(self._device)]
+        self._confirm_p2p = check_mode.enabled(ctx.hints)  # the collective check's mode: p2p is confirmed too
         if ctx.size > 1:
-            self._store.set(_LISTENER_KEY.format(ctx.rank), self._sockets.listener or "")
+            mode = _CHECK_ON if self._confirm_p2p else _CHECK_OFF
+            self._store.set(_LISTENER_KEY.format(ctx.rank), mode + (self._sockets.listener or ""))
         self._pg = dist.ProcessGroupGloo(self._store, ctx.rank, ctx.size, opts)
         # ctx.timeout bounded the rendezvous just done (after a shrink: what was left of it); the
         # communicator ends each op at the op's own deadline, so gloo's own limit is a backstop
         self._pg._set_default_timeout(ENGINE_OP_BACKSTOP)
-        if ctx.size > 1:
-            self._sockets.engine_created(self._peer_listeners())
         self._waiter = _BlockingWaiter()
+        if ctx.size > 1:
+            published = self._published()
+            self._sockets.engine_created([v[1:] for r, v in enumerate(published) if r != ctx.rank and v[1:]])
         self._last_recv: dict[int, FramedRecv] = {}  # per source: receives post in program order
         self._last_send: dict[int, FramedSend] = {}  # per destination (the check mode's sends too)
-        check = ctx.hints.get(_CHECK_HINT)
-        self._confirm_p2p = settings().check_collectives if check is None else check.strip().lower() in (
-            "1", "true", "yes", "on")
         # the ops not yet done, by their future's id: the future, and the c10d work that holds
         # the op's tensors; a done one is dropped at once (the future's value holds the op's
         # outputs: an all-gather's whole output buffer)
         self._pending: dict[int, tuple[torch.futures.Future, dist.Work]] = {}
         self._pending_lock = threading.Lock()
+        if ctx.size > 1:
+            self._refuse_mixed_check([v[:1] == _CHECK_ON for v in published])
         exit_release.watch(self)
 
-    def _peer_listeners(self) -> list[str]:
-        """The listener addresses the peers published before building the engine (all set by now)."""
-        keys = [_LISTENER_KEY.format(r) for r in range(self.ctx.size) if r != self.ctx.rank]
+    def _published(self) -> list[str]:
+        """Every rank's check mode and listener address, as each published them before building
+        the engine (all set by now)."""
+        keys = [_LISTENER_KEY.format(r) for r in range(self.ctx.size)]
         try:
             values = self._store.multi_get(keys)
         except (AttributeError, NotImplementedError, RuntimeError):
             values = [self._store.get(k) for k in keys]
-        return [v.decode() for v in values if v]
+        return [v.decode() for v in values]
+
+    def _refuse_mixed_check(self, checks: list[bool]) -> None:
+        """Raise ``CommValueError`` on every rank when the ranks (``checks``: each one's mode) do
+        not all run the collective check (``check_mode``; a check-mode send would also wait for an
+        answer its receiver never sends)."""
+        error = check_mode.disagreement(checks, self.ctx.name)
+        if error is not None:
+            self.finalize()
+            raise error
 
     def _device(self) -> dist.ProcessGroupGloo.Device:
         hints = self.ctx.hints
@@ -275,7 +309,10 @@ class GlooBackend(TorchCommBackend):
         """Let go of the engine now: with it, the last framed receive (and check-mode send) per
         peer, which hold it too; else it lived until the interpreter's teardown destroyed it,
         which can abort the process ("terminate called without an active exception"). The p2p
-        helper threads end."""
+        helper threads end. An engine whose network thread is parked is abandoned instead: its
+        destructor would wait for ever for the connection lock that thread holds."""
+        if self._receive_overflow() is not None:
+            self.abort()
         with self._pending_lock:
             self._last_recv.clear()
             self._last_send.clear()
@@ -304,7 +341,7 @@ class GlooBackend(TorchCommBackend):
             if waiter is not None:
                 waiter.wait_idle(_COMPLETING_LIMIT_S)
             return
-        if self._undelivered():
+        if self._undelivered() or self._receive_overflow() is not None:  # parked: see finalize()
             self.abort()
             return
         if waiter is not None:
@@ -327,18 +364,21 @@ class GlooBackend(TorchCommBackend):
             sockets: EngineSockets | None = getattr(self, "_sockets", None)
             pending = self._undelivered()  # their c10d works hold their tensors: kept for ever, below
             held = [work for _, work in pending]
+            # a parked network thread delivers nothing more and holds a connection's lock, which
+            # c10d's shutdown may wait for: only the connections are shut down then
+            parked = sockets is not None and self._receive_overflow() is not None
             try:
                 # counted before the shutdown: gloo's thread may fail an op and start its
                 # callbacks before this thread looks again, and a done future's callbacks
                 # cannot be waited for from outside
                 drained = _drain_counter([fut for fut, _ in pending])
                 recorded = len(sockets.fds) if sockets is not None else 0
-                if sockets is not None and sockets.shut_down():
+                if sockets is not None and sockets.shut_down() and not parked:
                     if not (drained(_DRAIN_LIMIT_S) and self._waiter.wait_idle(_DRAIN_LIMIT_S)):
                         _log.warning("abandoned gloo engine %s: its pending ops were not all delivered within "
                                      "%.0f s of shutting its %d connections down", self.ctx.name, _DRAIN_LIMIT_S,
                                      recorded)
-                elif recorded == 0 and self._undelivered():
+                elif recorded == 0 and self._undelivered() and not parked:
                     _log.warning("abandoned gloo engine %s: none of its connections was found (/proc), so its "
                                  "pending ops fail only when their peers' connections end", self.ctx.name)
             except Exception:  # noqa: BLE001 - abort never raises
@@ -356,7 +396,8 @@ class GlooBackend(TorchCommBackend):
             for kept in (pg, *held):
                 ctypes.pythonapi.Py_IncRef(ctypes.py_object(kept))  # outlives module teardown
             try:
-                pg.shutdown()
+                if not parked:
+                    pg.shutdown()
             except Exception:  # noqa: BLE001 - best effort; abort never raises
                 pass
 
@@ -366,6 +407,8 @@ class GlooBackend(TorchCommBackend):
             return [(fut, work) for fut, work in self._pending.values() if not fut.done()]
 
     def classify_error(self, error: BaseException) -> str:
+        if isinstance(error, ReceiveOverflow):
+            return "mismatch"
         msg = str(error).lower()
         if any(p in msg for p in _TIMEOUT_PATTERNS):
             return "timeout"
@@ -375,7 +418,20 @@ class GlooBackend(TorchCommBackend):
 
     # helpers ---------------------------------------------------------------------------------
     def _handle(self, works: list[dist.Work], finish: Callable[[], None] | None = None) -> EngineHandle:
-        return EngineHandle.waitable([_engine_wait(w) for w in works], lambda: [self._future(w) for w in works], finish)
+        return EngineHandle.waitable([_engine_wait(w, self._receive_overflow) for w in works],
+                                     lambda: [self._future(w) for w in works], finish)
+
+    def _receive_overflow(self) -> ReceiveOverflow | None:
+        """The receive overflow that parked this engine's network thread, if one did."""
+        message = gloo_guard.parked_message(self._sockets.loop_threads)
+        return None if message is None else ReceiveOverflow(message)
+
+    def _refuse_when_parked(self) -> None:
+        """Raise the receive overflow that parked this engine's network thread: a point-to-point
+        op posts on the caller's thread, which would wait for ever for the connection's lock."""
+        error = self._receive_overflow()
+        if error is not None:
+            raise error
 
     def _future(self, work: dist.Work) -> torch.futures.Future:
         """The work's future; gloo works without one are waited on by a helper thread."""
@@ -405,13 +461,9 @@ class GlooBackend(TorchCommBackend):
     def _avg_finish(self, t: torch.Tensor, op: ReduceOp) -> Callable[[], None] | None:
         return avg_finish(t, op, self.ctx.size)
 
-    def _scaled_copies(self, ts: list[torch.Tensor], op: ReduceOp) -> list[torch.Tensor]:
-        if op.type is RedOpType.PREMUL_SUM:
-            return [premul_scaled(t, op) for t in ts]
-        return ts
-
     # point to point (framed: see gloo_p2p) ---------------------------------------------------
     def _framed_recv(self, tensor: torch.Tensor, src: int, tag: int) -> FramedRecv:
+        self._refuse_when_parked()
         with self._pending_lock:
             last = self._last_recv.get(src)
             op = FramedRecv(self._pg, tensor, src, tag, self.ctx.rank, [last] if last else [], self._confirm_p2p)
@@ -422,6 +474,7 @@ class GlooBackend(TorchCommBackend):
         """A receive from any peer: it posts its header after every receive issued before it
         posted its payload buffer, and every receive issued after it waits likewise for it (so
         no two header receives that one message could match are ever posted together)."""
+        self._refuse_when_parked()
         with self._pending_lock:
             op = FramedRecv(self._pg, tensor, None, tag, self.ctx.rank, list(set(self._last_recv.values())),
                             self._confirm_p2p, found)
@@ -431,6 +484,7 @@ class GlooBackend(TorchCommBackend):
         return EngineHandle([self._p2p_future(op)])
 
     def _framed_send(self, tensor: torch.Tensor, dst: int, tag: int) -> FramedSend:
+        self._refuse_when_parked()
         with self._pending_lock:
             op = FramedSend(self._pg, tensor, dst, tag, self.ctx.rank, self._confirm_p2p, self._last_send.get(dst))
             if self._confirm_p2p:
@@ -489,20 +543,38 @@ class GlooBackend(TorchCommBackend):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
         return self._handle([self._pg._allgather_base(_real(output.view(-1)), _real(input.view(-1)))])
 
+    # The reduce-scatters are what c10d's gloo makes of them (one all-reduce of the whole input, then
+    # this rank's piece) but through the all-reduce's own work: c10d's reduce-scatter work ignores
+    # the timeout of a timed wait (it waits for its inner all-reduce without one), so a caller whose
+    # peer never came blocked past its deadline.
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp) -> EngineHandle:
-        opts = dist.ReduceScatterOptions()
-        opts.reduceOp = _C10D_OPS[op.type]
-        inputs = self._scaled_copies(input_list, op)
-        return self._handle([self._pg.reduce_scatter([output], [inputs], opts)], self._avg_finish(output, op))
+        with torch.no_grad():
+            packed = torch.cat([t.reshape(-1) for t in input_list])
+        start = sum(t.numel() for t in input_list[:self.ctx.rank])
+        return self._reduced_piece(packed, start, output, op)
 
     reduce_scatter_v = reduce_scatter
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp) -> EngineHandle:
-        opts = dist.ReduceScatterOptions()
+        with torch.no_grad():
+            packed = input.reshape(-1).clone()
+        return self._reduced_piece(packed, self.ctx.rank * output.numel(), output, op)
+
+    def _reduced_piece(self, packed: torch.Tensor, start: int, output: torch.Tensor, op: ReduceOp) -> EngineHandle:
+        """All-reduce ``packed`` (a copy of the whole input), then copy its elements from ``start``
+        on into ``output``."""
+        premul_in_place(packed, op)
+        opts = dist.AllreduceOptions()
         opts.reduceOp = _C10D_OPS[op.type]
-        src = premul_scaled(input, op)
-        return self._handle([self._pg._reduce_scatter_base(output.view(-1), src.view(-1), opts)],
-                            self._avg_finish(output, op))
+        avg = self._avg_finish(output, op)
+
+        def finish() -> None:
+            with torch.no_grad():
+                output.view(-1).copy_(packed[start:start + output.numel()])
+            if avg is not None:
+                avg()
+
+        return self._handle([self._pg.allreduce([packed], opts)], finish)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> EngineHandle:
         return self._handle([self._pg.alltoall_base(_real(output), _real(input), [], [], dist.AllToAllOptions())])

@@ -8,6 +8,8 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
+from torchcomms.csrc.gloo_guard import threads
+
 T = TypeVar("T")
 
 #: serialises device creation in this process (see :meth:`EngineSockets.open_device`)
@@ -91,14 +93,18 @@ class EngineSockets:
         self._before: dict[int, int] = {}
         self.listener: str | None = None
         self.fds: dict[int, int] = {}
+        self.loop_threads: frozenset[int] = frozenset()  # the threads the device started: its network thread
 
     def open_device(self, create: Callable[[], T]) -> T:
         """``create()`` the engine's device and find the listener it opened. One device at a
         time in this process (engines built concurrently, e.g. two communicators reconfigured
-        at once, would each see both new listeners and know neither)."""
+        at once, would each see both new listeners and know neither). The network thread the
+        device started is recorded too."""
         with _DEVICE_LOCK:
             self._before = _socket_fds()
+            before = threads()
             device = create()
+            self.loop_threads = frozenset(threads() - before)
             new = [ino for fd, ino in _socket_fds().items() if self._before.get(fd) != ino]
             endpoints = _tcp_endpoints(set(new))
             listening = [endpoints[i][0] for i in new if i in endpoints and endpoints[i][2] == "0A"]

@@ -33,7 +33,10 @@ S = CommState
 
 
 class PreflightCheck(Protocol):
-    """A check every rank runs before a collective (the collective check of ``recovery``)."""
+    """A check every rank runs before a collective (the collective check of ``recovery``);
+    ``order`` is held from a collective's sequence number to its engine call."""
+
+    order: threading.RLock
 
     def run(self, rec: OpRecord, deadline: float) -> tuple[str, list[int]] | None: ...
 

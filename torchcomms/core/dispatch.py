@@ -77,46 +77,57 @@ def dispatch(
         checker.hints(str(name), hints)
     if core.life.state is not CommState.ACTIVE:
         raise core.refusal(name)
-    if is_p2p:
-        seq = next(core.p2p_seq)
-    else:
-        seq = next(core.seq)
-        core.last_seq = seq
-    op_id = next(OP_IDS)
-    in_sizes, in_dtypes = _shapes(inputs), _dtype_names(inputs)  # once when outputs is inputs (in place)
-    rec = OpRecord(
-        core.name, core.global_ranks, core.rank, core.size, core.backend_name, name, seq, op_id,
-        timeout_s, async_op, time.time_ns(), is_p2p=is_p2p, peer=None if peer is None else int(peer),
-        root=None if root is None else int(root),
-        reduce_op=reduce_op.label if reduce_op is not None else None,
-        input_sizes=in_sizes, input_dtypes=in_dtypes,
-        output_sizes=in_sizes if outputs is inputs else _shapes(outputs),
-        output_dtypes=in_dtypes if outputs is inputs else _dtype_names(outputs),
-        hints=hints,
-    )
-    if bind is not None:
-        bind(rec)
-    if core.pre_hooks:
-        rec.extra = {"inputs": inputs, "outputs": outputs}  # for hooks that inspect data
-        try:
-            for hook in tuple(core.pre_hooks.values()):
-                hook(name, op_id, rec)
-        finally:
-            rec.extra = None  # tracing keeps records: never pin the tensors
-    work = TorchWork(core, rec, time.monotonic() + timeout_s)
-    rec.state = "started"
-    rec.time_started_ns = time.time_ns()
-    mismatch = _compare_signatures(core, rec, work) if core.signatures is not None and not is_p2p else None
+    # In the collective check, threads that share the communicator take their sequence numbers,
+    # pass the check and reach the engine one at a time: each rank's signatures then meet on the
+    # check's engine, and its ops on the engine, in sequence order (else two threads' calls,
+    # alike on every rank, met out of order and were called a mismatch).
+    order = core.signatures.order if core.signatures is not None and not is_p2p else None
+    if order is not None:
+        order.acquire()
     try:
-        if mismatch is not None:
-            handle = EngineHandle.failed(mismatch)
-        elif core.life.state is not CommState.ACTIVE:  # broken while the hooks or the check ran
-            handle = EngineHandle.failed(_late_break_error(core, rec))
+        if is_p2p:
+            seq = next(core.p2p_seq)
         else:
-            rec.in_engine = True
-            handle = launch(*args, async_op=async_op) if core.current_stream_sync else launch(*args)
-    except Exception as e:  # noqa: BLE001 - the engine may throw anything
-        handle = EngineHandle.failed(e)
+            seq = next(core.seq)
+            core.last_seq = seq
+        op_id = next(OP_IDS)
+        in_sizes, in_dtypes = _shapes(inputs), _dtype_names(inputs)  # once when outputs is inputs (in place)
+        rec = OpRecord(
+            core.name, core.global_ranks, core.rank, core.size, core.backend_name, name, seq, op_id,
+            timeout_s, async_op, time.time_ns(), is_p2p=is_p2p, peer=None if peer is None else int(peer),
+            root=None if root is None else int(root),
+            reduce_op=reduce_op.label if reduce_op is not None else None,
+            input_sizes=in_sizes, input_dtypes=in_dtypes,
+            output_sizes=in_sizes if outputs is inputs else _shapes(outputs),
+            output_dtypes=in_dtypes if outputs is inputs else _dtype_names(outputs),
+            hints=hints,
+        )
+        if bind is not None:
+            bind(rec)
+        if core.pre_hooks:
+            rec.extra = {"inputs": inputs, "outputs": outputs}  # for hooks that inspect data
+            try:
+                for hook in tuple(core.pre_hooks.values()):
+                    hook(name, op_id, rec)
+            finally:
+                rec.extra = None  # tracing keeps records: never pin the tensors
+        work = TorchWork(core, rec, time.monotonic() + timeout_s)
+        rec.state = "started"
+        rec.time_started_ns = time.time_ns()
+        mismatch = _compare_signatures(core, rec, work) if order is not None else None
+        try:
+            if mismatch is not None:
+                handle = EngineHandle.failed(mismatch)
+            elif core.life.state is not CommState.ACTIVE:  # broken while the hooks or the check ran
+                handle = EngineHandle.failed(_late_break_error(core, rec))
+            else:
+                rec.in_engine = True
+                handle = launch(*args, async_op=async_op) if core.current_stream_sync else launch(*args)
+        except Exception as e:  # noqa: BLE001 - the engine may throw anything
+            handle = EngineHandle.failed(e)
+    finally:
+        if order is not None:
+            order.release()
     if handle.is_immediate:
         rec.in_engine = False
     if handle.stream_ordered:

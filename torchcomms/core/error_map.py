@@ -23,7 +23,7 @@ from torchcomms.core.errors import (
     CommValueError,
     PeerFailureError,
 )
-from torchcomms.core.store_calls import StoreNotAnswering, describe_store
+from torchcomms.core.store_calls import StoreNotAnswering, describe_store, or_store_silent
 
 
 class FailureWitness(Protocol):
@@ -70,8 +70,9 @@ def translate_engine_error(error: BaseException, kind: str, timeout_s: float, wh
 
 def _located(error: CommError, where: Mapping[str, Any]) -> CommError:
     """``error`` naming the communicator, op and sequence number of ``where``, when an engine
-    raised it without them (a framed receive's mismatch names only the ranks)."""
-    if error.seq is not None or type(error) not in (CommError, CollectiveMismatchError, BackendError):
+    raised it without them (a framed receive's mismatch names only the ranks; gloo's refusal of
+    ranks that disagree on the collective check, only the communicator)."""
+    if error.seq is not None or type(error) not in (CommError, CollectiveMismatchError, BackendError, CommValueError):
         return error
     located = type(error)(error.message, ranks=error.ranks, **where)
     located.__cause__ = error
@@ -126,7 +127,7 @@ def engine_start_error(error: BaseException, kind: str, store_words: str, secs: 
     if typed is not None:
         return typed
     if isinstance(error, CommError):
-        return error
+        return _located(error, where)
     return engine_error(kind, error, secs, where)
 
 
@@ -179,7 +180,7 @@ def engine_not_built(what: str, members: Collection[int], failures: Mapping[int,
             detected_by=",".join(sorted({failures[g] for g in failed})), **where)
     return CommTimeoutError(
         f"{what} was not ready within {timeout_s:g} s "
-        f"(a member never joined its rendezvous, or {describe_store(store)} did not answer)",
+        f"(a member never joined its rendezvous{or_store_silent(store)})",
         timeout_s=timeout_s, **where)
 
 

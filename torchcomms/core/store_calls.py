@@ -144,6 +144,12 @@ def describe_store(store: Any) -> str:
     return f"the {type(inner).__name__}"
 
 
+def or_store_silent(store: Any) -> str:
+    """``", or <the store> did not answer"``, for a wait that the store's silence could explain;
+    nothing for an engine that has no store (MPI)."""
+    return "" if store is None else f", or {describe_store(store)} did not answer"
+
+
 def cancel_calls(store: Any, thread: threading.Thread) -> None:
     """Where ``store`` can, fail the call ``thread`` is blocked in, and every later one it makes
     through ``store``: an abandoned call then ends instead of waiting for a store that does not

@@ -104,10 +104,14 @@ def build_key() -> str:
     return f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{digest.hexdigest()[:12]}"
 
 
+def cache_root() -> Path:
+    """Where the native builds are kept: ``TORCHCOMMS_EXTENSIONS_DIR``, else ``~/.cache/torchcomms/extensions``."""
+    return Path(os.environ.get("TORCHCOMMS_EXTENSIONS_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "torchcomms", "extensions"))
+
+
 def cache_dir() -> Path:
-    root = os.environ.get("TORCHCOMMS_EXTENSIONS_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "torchcomms", "extensions")
-    return Path(root) / build_key()
+    return cache_root() / build_key()
 
 
 def module_name() -> str:

@@ -7,12 +7,13 @@ backend, and compares. Ranks that called different collectives, or the same one 
 that cannot fit together, all raise the same ``CollectiveMismatchError`` naming who called
 what, instead of hanging or (gloo, on a size mismatch) aborting the process in C++.
 
-Switched on by ``TORCHCOMM_CHECK_COLLECTIVES=1`` or the hint
-``torchcomms.check_collectives=1``; it costs one small all_gather per collective, so it is a
-debugging aid, like c10d's ``TORCH_DISTRIBUTED_DEBUG=DETAIL``.
+Switched on by ``TORCHCOMM_CHECK_COLLECTIVES=1`` or the hint ``torchcomms.check_collectives=1``
+on every rank alike (``torchcomms.backends.check_mode``); it costs one small all_gather per
+collective, so it is a debugging aid, like c10d's ``TORCH_DISTRIBUTED_DEBUG=DETAIL``.
 """
 from __future__ import annotations
 
+import threading
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,14 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from torchcomms.backends.base import TorchCommBackend
-from torchcomms.config import settings
 from torchcomms.core.errors import format_ranks
 from torchcomms.core.store_calls import EngineNotReady
 from torchcomms.core.op import OpRecord
 from torchcomms.core.types import OpName, RedOpType
-
-ENV = "TORCHCOMM_CHECK_COLLECTIVES"
-HINT = "torchcomms.check_collectives"
 
 SLOTS = 24
 _VERSION = 1
@@ -62,15 +59,6 @@ _RULES: dict[str, tuple[bool, bool, bool, bool]] = {
 _ROOTED = {"broadcast", "reduce", "scatter", "gather", "gather_single"}
 _OP_CODES = {str(op): i for i, op in enumerate(OpName)}
 _OP_NAMES = {i: name for name, i in _OP_CODES.items()}
-
-
-def enabled(hints: dict[str, str]) -> bool:
-    """Whether a communicator created with ``hints`` checks its collectives (the hint wins over
-    ``TORCHCOMM_CHECK_COLLECTIVES``)."""
-    raw = hints.get(HINT)
-    if raw is None:
-        return settings().check_collectives
-    return raw.strip().lower() in ("1", "true", "yes", "on")
 
 
 def _code(text: str) -> int:
@@ -212,6 +200,9 @@ class SignatureCheck:
         self._size = size
         self._engine: TorchCommBackend | None = None
         self._counts: dict[int, tuple[list[int], list[int]]] = {}
+        #: held by dispatch from a collective's sequence number to its engine call (re-entrant: a
+        #: pre-hook may run a collective on the same communicator)
+        self.order = threading.RLock()
 
     def note_counts(self, op_id: int, send: list[int], receive: list[int]) -> None:
         """The elements op ``op_id`` sends to and expects from each rank, for its signature."""

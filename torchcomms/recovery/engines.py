@@ -7,11 +7,12 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from torchcomms.backends.base import BackendContext, TorchCommBackend
+from torchcomms.backends.check_mode import enabled
 from torchcomms.core import error_map
 from torchcomms.core.comm_core import CommCore
 from torchcomms.core.errors import CommError
 from torchcomms.core.store_calls import StoreNotAnswering, call_until
-from torchcomms.recovery.collective_check import SignatureCheck, enabled
+from torchcomms.recovery.collective_check import SignatureCheck
 
 
 def derived_context(core: CommCore, members: Sequence[int], store_prefix: str, timeout_s: float, *,

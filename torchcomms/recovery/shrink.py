@@ -11,7 +11,7 @@ from torchcomms.core import error_map
 from torchcomms.core.comm_core import CommCore
 from torchcomms.core.errors import CommAbortedError, CommError, CommTimeoutError
 from torchcomms.core.state import CommState
-from torchcomms.core.store_calls import describe_store
+from torchcomms.core.store_calls import or_store_silent
 from torchcomms.core.types import OpName
 from torchcomms.recovery.agreement import RoundClosed, agree_on_flag_for, agree_on_survivors
 from torchcomms.recovery.engines import build_error, build_until, derived_context
@@ -57,7 +57,7 @@ def shrink(core: CommCore, secs: float, make_comm: MakeComm) -> Any:
         if time.monotonic() >= deadline:
             raise CommTimeoutError(
                 f"could not rebuild the engine over the survivors {survivors} within {secs:g} s (a survivor never "
-                f"joined its rendezvous, or {describe_store(core.ctx.store)} did not answer){_unseen_failures(core)}",
+                f"joined its rendezvous{or_store_silent(core.ctx.store)}){_unseen_failures(core)}",
                 timeout_s=secs, comm=core.name, op="shrink")
     return _become(core, backend, survivors, epoch, make_comm)
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from torchcomms.backends import check_mode
 from torchcomms.backends.mpi.engine import MpiEngineError
 from torchcomms.backends.mpi.hints import CollectivePaths, describe_signature, path_signature, paths_differ
 from torchcomms.backends.mpi.progress import blocking_wait
@@ -79,11 +80,13 @@ class CreationSteps:
         its creation is; skipped when ``agreed`` already, as by a shrink's parent): MPI's
         nonblocking collectives never match its blocking ones, so ranks whose hints route an op
         differently would hang in it until its deadline. Raises ``CommValueError`` on every
-        rank, naming each rank's hints, instead."""
+        rank, naming each rank's hints, instead; likewise when the ranks disagree on the
+        collective check (:mod:`torchcomms.backends.check_mode`), compared in the same exchange."""
         MPI = self.MPI  # noqa: N806
         sig, paths, invalid = path_signature(hints, self.name, allreduce_keeps_pace)
         if agreed and paths is not None:
             return paths
+        sig.append(int(check_mode.enabled(hints)))
         n = comm.Get_size()
         every = array.array("q", [0]) * (len(sig) * n)
         mine = array.array("q", sig)
@@ -91,7 +94,10 @@ class CreationSteps:
         self.wait(req, (mine, every), "the ranks' comparison of their hints", comm)
         if invalid is not None:
             raise invalid
-        sigs = [list(every[i * len(sig):(i + 1) * len(sig)]) for i in range(n)]
+        sigs = [list(every[i * len(sig):(i + 1) * len(sig) - 1]) for i in range(n)]
+        mixed = check_mode.disagreement([bool(every[(i + 1) * len(sig) - 1]) for i in range(n)], self.name)
+        if mixed is not None:
+            raise mixed
         if paths_differ(sigs):
             shown = ", ".join(f"rank {r}: {describe_signature(s)}" for r, s in enumerate(sigs))
             raise CommValueError(
