@@ -56,7 +56,7 @@ step "checking the install (torch 2.13.0 and the project's packages import)" \
   python3 -c 'import torch, torchcomms.control, launcher, kernels
 v = torch.__version__.split("+")[0]
 assert v == "2.13.0", f"torch {torch.__version__} is installed, the project pins 2.13.0"'
-step "building the c10d backend wrapper (torchcomms/csrc) into its per-torch cache" \
+step "building the c10d backend wrapper and the gloo guard (torchcomms/csrc) into their cache" \
   python3 -m torchcomms.csrc.build
 # Bytecode for the source tree (scripts/byte_compile.sh says why: ~50 ms of CPU a rank here)
 step "byte-compiling the project's packages, tests, benchmarks and examples" \

@@ -174,6 +174,11 @@ def main() -> None:
     start = time.perf_counter()
     build(verbose="-v" in sys.argv)
     print(f"torchcomms: C++ backend wrapper ready in {cache_dir()} ({time.perf_counter() - start:.1f} s)")
+    from torchcomms.csrc import gloo_guard  # imports this module: only once it is whole
+
+    start = time.perf_counter()
+    print(f"torchcomms: gloo's size-mismatch guard ready in {gloo_guard.built_library().parent} "
+          f"({time.perf_counter() - start:.1f} s)")
 
 
 if __name__ == "__main__":

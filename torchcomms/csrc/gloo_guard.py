@@ -43,6 +43,14 @@ def _build(path: Path) -> None:
         partial.unlink(missing_ok=True)
 
 
+def built_library() -> Path:
+    """The guard's library, built first if this machine's cache lacks it (set-up builds it)."""
+    path = _library_path()
+    if not path.exists():
+        _build(path)
+    return path
+
+
 def install() -> bool:
     """Install the handler in this process (built first where needed); whether it is installed."""
     global _lib, _tried
@@ -50,10 +58,7 @@ def install() -> bool:
         if not _tried:
             _tried = True
             try:
-                path = _library_path()
-                if not path.exists():
-                    _build(path)
-                lib = ctypes.CDLL(str(path))
+                lib = ctypes.CDLL(str(built_library()))
                 lib.tc_gloo_guard_message.argtypes = [ctypes.c_long, ctypes.c_char_p, ctypes.c_int]
                 lib.tc_gloo_guard_install()
                 _lib = lib
