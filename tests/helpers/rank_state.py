@@ -76,6 +76,9 @@ LIBRARY_STATE: dict[str, str] = {
     "torchcomms.backends.exit_release._LIVE": "checked: no gloo/nccl engine alive",
     "torchcomms.backends.gloo._ABANDONED": "checked: no abandoned gloo engine",
     "torchcomms.backends.nccl._ABANDONED": "checked: no abandoned nccl engine",
+    "torchcomms.csrc.gloo_guard._lib": "kept: gloo's size-mismatch guard, installed once per process (a parked "
+                                       "thread's engine is abandoned, which is checked)",
+    "torchcomms.csrc.gloo_guard._tried": "kept: whether the guard was installed, once per process",
     "torchcomms.backends.mpi.backend._RUNTIME": (
         "kept: MPI, its user-defined reduce ops and the progress thread (made once per process, as at "
         "a fresh rank's first communicator) and the all-reduce pace found from the job's own MPI settings; "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 import signal
 import socket
@@ -137,7 +138,8 @@ def test_a_signal_to_a_follower_agent_is_a_failure_of_its_ranks_for_the_job(secr
             if p.poll() is None:
                 p.kill()
     assert b.returncode == 128 + signal.SIGTERM, err_b
-    assert "rank 2 on" in err_a and "failed (SIGTERM)" in err_a and "stopping the job" in err_a, err_a
+    # ranks 2 and 3 both end with their agent: the host names whichever it heard of first
+    assert re.search(r"rank [23] on \S+ failed \(SIGTERM\)", err_a) and "stopping the job" in err_a, err_a
     assert a.returncode == 128 + signal.SIGTERM, err_a
 
 
