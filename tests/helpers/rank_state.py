@@ -16,8 +16,8 @@ and a target that leaves something behind must not run beside the next one.
 * :meth:`RankState.leftovers` names what a target left that the next one would see: a
   communicator it did not finalize (whether dropped or still referenced), a thread still
   running, an exit handler it registered, an MPI request still pending or abandoned, an
-  aborted communicator the MPI backend would end the job over at exit, an engine, store, store
-  watch or failure monitor still held. Any of them ends the job after that target, through the
+  aborted communicator still blocked in MPI (the MPI backend would end the job over it at
+  exit), an engine, store, store watch or failure monitor still held. Any of them ends the job after that target, through the
   ranks' normal exit (``sys.exit(0)``: the exit handlers, then ``MPI_Finalize``), as a fresh
   job of that target would end, and its exit status is checked as a fresh job's is. A target
   that left nothing has no exit of its own: nothing of it is left for one to run.
@@ -238,8 +238,9 @@ class RankState:
         progress = self.runtime.get("progress")
         if progress is not None and (progress._pending or progress.abandoned):
             found.append(f"{len(progress._pending)} MPI request(s) pending, {len(progress.abandoned)} abandoned")
-        if self.runtime.get("stuck"):
-            found.append("aborted communicator(s) " + ", ".join(n for n, _ in self.runtime["stuck"]))
+        stuck = [name for name, busy in self.runtime.get("stuck", ()) if busy()]
+        if stuck:  # one whose requests all ended is inert (the library's exit check reads it alike)
+            found.append("aborted communicator(s) still blocked in MPI: " + ", ".join(stuck))
         found += _held_by_the_library()
         if atexit._ncallbacks() > self.exit_handlers:
             found.append(f"{atexit._ncallbacks() - self.exit_handlers} exit handler(s) registered")

@@ -1,8 +1,11 @@
 """Rank targets for test_mismatch.py: ranks whose calls do not fit together."""
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any, TypeVar
 
 import torch
 
@@ -10,11 +13,30 @@ import torchcomms
 from tests.torchcomms.workers import engine
 
 
+#: the communicators ``_comm`` made for the target running in this process (one at a time)
+_MADE: list[torchcomms.TorchComm] = []
+_T = TypeVar("_T")
+
+
 def _comm(name: str = "mm") -> torchcomms.TorchComm:
     """A communicator of the engine under test (``TC_BACKEND``, gloo by default)."""
     comm = torchcomms.new_comm(engine(), "cpu", name, timeout=timedelta(seconds=30))
+    _MADE.append(comm)
     comm.barrier(False)
     return comm
+
+
+def _finalizes(target: Callable[..., _T]) -> Callable[..., _T]:
+    """``target``, finalizing the communicators it made once it returned: an MPI pool job
+    (``tests/helpers/mpi_pool.py``) then serves the next test instead of ending."""
+    @functools.wraps(target)
+    def run(*args: Any, **kwargs: Any) -> _T:
+        try:
+            return target(*args, **kwargs)
+        finally:
+            while _MADE:
+                _MADE.pop().finalize()
+    return run
 
 
 def _outcome(fn) -> str:
@@ -25,6 +47,7 @@ def _outcome(fn) -> str:
     return "ok"
 
 
+@_finalizes
 def p2p(sent: list[int], sent_dtype: str, expected: list[int], expected_dtype: str) -> str:
     """Rank 0 sends a tensor of shape ``sent``; rank 1 receives into one of shape ``expected``."""
     comm = _comm()
@@ -35,6 +58,7 @@ def p2p(sent: list[int], sent_dtype: str, expected: list[int], expected_dtype: s
                                       timeout=t))
 
 
+@_finalizes
 def p2p_in_order(sizes: list[int]) -> list[list[float]]:
     """Rank 0 sends one tensor per size (values = its index), rank 1 posts every receive at
     once (async) and returns what arrived: each must land in its own receive."""
@@ -83,6 +107,7 @@ def wrong_all_gather_size() -> str:
     return res
 
 
+@_finalizes
 def batch_p2p(sent: list[int], expected: list[int]) -> str:
     """Rank 0 sends one float32 tensor per entry of ``sent`` in a batch (then a recv of one
     element); rank 1 receives them in a batch into buffers of ``expected`` sizes (and sends one)."""
@@ -100,6 +125,7 @@ def batch_p2p(sent: list[int], expected: list[int]) -> str:
     return _outcome(lambda: batch.issue(False, torchcomms.BatchP2POptions(timeout=t)))
 
 
+@_finalizes
 def recv_any_source(sent: int, expected: int) -> str:
     """Rank 1 sends ``sent`` float32 elements; rank 0 receives from any source into ``expected``."""
     comm = _comm()
