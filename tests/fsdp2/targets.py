@@ -391,10 +391,13 @@ def c10d_ops_in_a_step(stock: bool = False) -> list[str]:
     return sorted({e.name for e in prof.events() if e.name.startswith("c10d::")})
 
 
-def step_memory(stock: bool, steps: int = 3, dim: int = 256, n_layers: int = 4, seq: int = 64) -> dict[str, Any]:
-    """Train one model (fsdp2's or stock's, alone in this process) ``steps`` steps, then one
-    more under the allocation count (every thread's): its peak, its start and what it left
-    allocated (``allocated_after``), in bytes above the count once the model was built."""
+def step_memory(stock: bool, steps: int = 3, traced: int = 3, dim: int = 256, n_layers: int = 4,
+                seq: int = 64) -> dict[str, Any]:
+    """Train one model (fsdp2's or stock's, alone in this process) ``steps`` steps, then
+    ``traced`` more, each under the allocation count (every thread's): the lowest of their peaks
+    (a thread that frees late, on a loaded machine, only ever raises a step's peak), the first
+    one's start and what the last one left allocated (``allocated_after``), in bytes above the
+    count once the model was built."""
     import gc
 
     from benchmarks.alloc_peak import AllocationTrace, allocated_after, allocated_now, count_allocations
@@ -410,9 +413,11 @@ def step_memory(stock: bool, steps: int = 3, dim: int = 256, n_layers: int = 4, 
         shard_ours(model, comm)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     base = allocated_now()
-    losses = []
-    for i, tok in enumerate(batches(rank, steps + 1, seq=seq)):
-        if i == steps:
+    losses: list[float] = []
+    peaks: list[int] = []
+    start = end = 0
+    for i, tok in enumerate(batches(rank, steps + traced, seq=seq)):
+        if i >= steps:
             gc.collect()
             comm.barrier(async_op=False)
             trace = AllocationTrace()
@@ -422,8 +427,11 @@ def step_memory(stock: bool, steps: int = 3, dim: int = 256, n_layers: int = 4, 
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
-    trace.__exit__(None, None, None)
-    peak = trace.peak()
-    end = allocated_after(peak)
+        if i >= steps:
+            trace.__exit__(None, None, None)
+            peak = trace.peak()
+            peaks.append(peak.peak - base)
+            start = peak.start - base if i == steps else start
+            end = allocated_after(peak) - base
     comm.barrier(async_op=False)
-    return {"peak": peak.peak - base, "start": peak.start - base, "end": end - base, "losses": losses}
+    return {"peak": min(peaks), "peaks": peaks, "start": start, "end": end, "losses": losses}

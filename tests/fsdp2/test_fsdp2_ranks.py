@@ -235,7 +235,8 @@ def test_no_collective_of_the_step_goes_through_c10d() -> None:
 
 def test_peak_allocated_memory_of_a_step_is_at_most_stock_and_nothing_outlives_the_step() -> None:
     # torch-allocated CPU bytes counted on every thread (the CPU analogue of
-    # torch.cuda.max_memory_allocated), deterministic. fsdp2 once held gloo's scratch copies of
+    # torch.cuda.max_memory_allocated); the lowest peak of three steps, as a thread that frees
+    # late on a loaded machine raises one step's peak (by 0.2-3.8 MiB on either side, measured). fsdp2 once held gloo's scratch copies of
     # in-flight all-gathers and reduce-scatters beside the next module's backward (+11 % at
     # dim 512), and 18 MiB of gradient buffers across steps (an engine thread kept its last op).
     ours = run_ranks(2, f"{T}:step_memory", {"stock": False}, timeout=240)
