@@ -289,17 +289,19 @@ class CommForwarder:
         """A view that is not contiguous goes through a contiguous copy (a receive's is copied
         back once it arrived): refused on one side only, it would leave the peer waiting in its
         send or receive until the timeout."""
+        if self._coalesced is not None:
+            deferred = DeferredP2P()
+            for x in tensors:
+                buf = staged_input(x) if kind == "send" else staged_output(x, self._p2p_copies)
+                self._p2p.append((kind, buf, peer, deferred))
+            return deferred
         fn = self.comm.send if kind == "send" else self.comm.recv
-        deferred, works = DeferredP2P(), []
+        works = []
         for x in tensors:
             pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
             buf = staged_input(x) if kind == "send" else staged_output(x, pairs)
-            if self._coalesced is not None:
-                self._p2p.append((kind, buf, peer, deferred))
-                self._p2p_copies.extend(pairs)
-            else:
-                works.append(staged(fn(buf, peer, True), pairs))
-        return deferred if self._coalesced is not None else self._track(works)
+            works.append(staged(fn(buf, peer, True), pairs))
+        return self._track(works)
 
     # --- coalescing: collectives run as issued; send/recv join one batch at the end --------
     def start_coalescing(self) -> None:
