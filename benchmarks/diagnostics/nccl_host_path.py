@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--burst", type=int, default=200, help="calls per timed burst (default 200)")
     p.add_argument("--numel", type=int, default=1024)
     p.add_argument("--gpu-us", type=float, default=20.0, help="--device cpu: the stand-in op's duration")
-    p.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile 'ours sync, traced'; top N")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile 'ours sync', untraced and traced; top N")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -270,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {s['wall_us']:.1f} | {s['wall_best_us']:.1f} | {s['thread_cpu_us']:.1f} | {s['cpu_us']:.1f} | "
               f"{s['switches']:.2f} |")
     if args.profile:
-        print(profile(rows["ours sync, traced"], 5000, args.profile))
+        for name in ("ours sync, untraced", "ours sync, traced"):
+            print(f"cProfile of {name!r}, 5000 calls:")
+            print(profile(rows[name], 5000, args.profile))
     for c in comms:
         c.finalize()
     if args.json:

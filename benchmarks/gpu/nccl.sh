@@ -29,9 +29,9 @@ timeout ${BENCH_LIMIT_S:-180} python3 benchmarks/comm_bench.py --device cuda --n
 echo "comm_bench rc=$?"
 sed -n '/^| op /,$p' "$OUT/comm_bench_cuda.log" | head -60
 
-HOST_ARGS="--device cuda --rounds ${HOST_ROUNDS:-15} --burst 100"
+HOST_ARGS="--device cuda --rounds ${HOST_ROUNDS:-15} --burst 100 --profile ${HOST_PROFILE:-0}"
 timeout 50 python3 benchmarks/diagnostics/nccl_host_path.py $HOST_ARGS --json "$OUT/host_path.json" > "$OUT/host_path.log" 2>&1
-echo "host path rc=$?"; cat "$OUT/host_path.log" | tail -14
+echo "host path rc=$?"; sed -n '/^nccl_host_path/,/^cProfile/p' "$OUT/host_path.log"
 BEFORE=${BEFORE_TREE:-../before}
 if [ -d "$BEFORE/torchcomms" ]; then
   cp benchmarks/diagnostics/nccl_host_path.py "$BEFORE/benchmarks/diagnostics/"

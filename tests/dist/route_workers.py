@@ -12,9 +12,21 @@ import torch.distributed as dist
 from torch import nn
 
 
-def _attach_recorder() -> Any:
+def _init(device: str) -> torch.device:
+    """``init_process_group`` as a user's program calls it: gloo on the CPU, nccl bound to this
+    rank's GPU for ``device="cuda"``; returns the device the program's tensors live on."""
+    if device == "cuda":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(dev)
+        dist.init_process_group("nccl", device_id=dev)
+        return dev
+    dist.init_process_group("gloo")
+    return torch.device("cpu")
+
+
+def _attach_recorder(device: torch.device = torch.device("cpu")) -> Any:
     """A flight recorder on the world communicator (it follows the groups split from it)."""
-    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    backend = dist.group.WORLD._get_backend(device)
     if not hasattr(backend, "get_comm"):
         return None
     from torchcomms.hooks import FlightRecorderHook
@@ -43,16 +55,16 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
 
 
-def ddp(steps: int = 3) -> dict[str, Any]:
+def ddp(steps: int = 3, device: str = "cpu") -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    dist.init_process_group("gloo")
-    rec = _attach_recorder()
-    model = DDP(_model())
+    dev = _init(device)
+    rec = _attach_recorder(dev)
+    model = DDP(_model().to(dev))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for step in range(steps):
-        x, y = _data(dist.get_rank(), step)
+        x, y = (t.to(dev) for t in _data(dist.get_rank(), step))
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -64,14 +76,14 @@ def ddp(steps: int = 3) -> dict[str, Any]:
     return {"losses": losses, "params": params, "recorded": ops}
 
 
-def fsdp2(steps: int = 3) -> dict[str, Any]:
+def fsdp2(steps: int = 3, device: str = "cpu") -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    dist.init_process_group("gloo")
-    rec = _attach_recorder()
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    model = _model()
+    dev = _init(device)
+    rec = _attach_recorder(dev)
+    mesh = init_device_mesh(dev.type, (dist.get_world_size(),))
+    model = _model().to(dev)
     for layer in model:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh)
@@ -79,7 +91,7 @@ def fsdp2(steps: int = 3) -> dict[str, Any]:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for step in range(steps):
-        x, y = _data(dist.get_rank(), step)
+        x, y = (t.to(dev) for t in _data(dist.get_rank(), step))
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()

@@ -54,12 +54,14 @@ def digest(params: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for n in sorted(params):
         h.update(n.encode())
-        h.update(params[n].float().numpy().tobytes())
+        h.update(params[n].float().cpu().numpy().tobytes())
     return h.hexdigest()
 
 
-def world_comm(name: str = "world", timeout_s: float = 60.0) -> Any:
-    return torchcomms.new_comm("gloo", torch.device("cpu"), name=name,
+def world_comm(name: str = "world", timeout_s: float = 60.0, device: str = "cpu") -> Any:
+    """The world communicator: gloo on the CPU, nccl on this rank's GPU for ``device="cuda"``."""
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if device == "cuda" else torch.device("cpu")
+    return torchcomms.new_comm("nccl" if device == "cuda" else "gloo", dev, name=name,
                                abort_process_on_timeout_or_error=False, timeout=timedelta(seconds=timeout_s))
 
 
@@ -78,22 +80,25 @@ def shard_stock(model: Llama, mesh: Any, **kw: Any) -> Llama:
 
 
 def numerics(steps: int = 20, replicate: int = 1, mp: bool = False, overlap: bool = True,
-             reshard_after_forward: bool | int = True) -> dict[str, Any]:
-    """Train the tiny Llama with stock fully_shard (c10d gloo) and with fsdp2 from the same
-    initial weights and data; return both loss curves, max |Δ| of the final parameters and
-    how many ops each of fsdp2's communicators ran."""
+             reshard_after_forward: bool | int = True, device: str = "cpu") -> dict[str, Any]:
+    """Train the tiny Llama with stock fully_shard (on the communicator's DeviceMesh) and with
+    fsdp2 from the same initial weights and data; return both loss curves, max |Δ| of the
+    final parameters and how many ops each of fsdp2's communicators ran. ``device="cuda"``: on
+    this rank's GPU over nccl."""
     rank = int(os.environ["RANK"])
-    comm = world_comm()
+    comm = world_comm(device=device)
+    dev = comm.get_device()
     raf = {"reshard_after_forward": reshard_after_forward}
-    ours = shard_ours(make_model(), comm, mp_policy=mp_policy(mp), replicate_size=replicate, overlap=overlap, **raf)
+    ours = shard_ours(make_model().to(dev), comm, mp_policy=mp_policy(mp), replicate_size=replicate, overlap=overlap,
+                      **raf)
     comms = fsdp2.comms_of(ours)
     ran: dict[str, int] = {}
     for c in comms.communicators():
         c.register_pre_hook(lambda name, op_id, rec, c=c.get_name(): ran.__setitem__(c, ran.get(c, 0) + 1))
-    data = batches(rank, steps)
+    data = [b.to(dev) for b in batches(rank, steps)]
     our_losses = train(ours, data)
     our_params = full_params(ours)
-    stock = shard_stock(make_model(), comms.global_mesh, mp_policy=mp_policy(mp), **raf)
+    stock = shard_stock(make_model().to(dev), comms.global_mesh, mp_policy=mp_policy(mp), **raf)
     stock_losses = train(stock, data)
     stock_params = full_params(stock)
     max_diff = max((our_params[n] - stock_params[n]).abs().max().item() for n in our_params)

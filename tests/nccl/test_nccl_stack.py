@@ -1,0 +1,60 @@
+"""The layers above the nccl backend on a GPU: fsdp2 against stock ``fully_shard`` on the
+communicator's DeviceMesh, unchanged torch.distributed programs through the route
+(``init_process_group("nccl")``), and the launcher's ``--nproc-per-node gpu``. One rank per GPU,
+so at the GPUs present (one on the lent H200)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.dist.test_route_programs import DDP_ON_ROUTE, ROUTE, _close
+from tests.helpers.ranks import run_ranks
+from tests.nccl.conftest import gpus, needs_gpu
+
+pytestmark = [pytest.mark.gpu, needs_gpu]
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("mp", [False, True], ids=["fp32", "bf16-params"])
+def test_fsdp2_on_nccl_trains_as_stock_fully_shard_does(mp: bool) -> None:
+    res = run_ranks(gpus(), "tests.fsdp2.targets:numerics", {"steps": 6, "mp": mp, "device": "cuda"}, timeout=240)
+    for r in res:
+        v = r.value
+        assert _close(v["ours"], v["stock"], 1e-4 if mp else 1e-5), (v["ours"], v["stock"])
+        assert v["max_param_diff"] <= (1e-3 if mp else 1e-5), v["max_param_diff"]
+        # all-gather, reduce-scatter and all-reduce each ran on the communicators fsdp2 made
+        assert len(v["ops"]) >= 2 and all(n > 0 for n in v["ops"].values()), v["ops"]
+
+
+@pytest.mark.parametrize("program,ops", [
+    pytest.param("ddp", ("all_reduce", "broadcast"), marks=DDP_ON_ROUTE),
+    ("fsdp2", ("all_gather_single", "reduce_scatter_single")),
+])
+def test_route_programs_on_nccl_match_c10d_nccl(program: str, ops: tuple[str, ...]) -> None:
+    target, kw = f"tests.dist.route_workers:{program}", {"device": "cuda"}
+    on = run_ranks(gpus(), target, kw, timeout=240, env=ROUTE)
+    off = run_ranks(gpus(), target, kw, timeout=240)
+    for a, b in zip(on, off):
+        assert _close(a.value["losses"], b.value["losses"], 1e-5), (a.value["losses"], b.value["losses"])
+        assert _close(a.value["params"], b.value["params"], 1e-5)
+        assert b.value["recorded"] == {}
+        rec = a.value["recorded"]
+        for op in ops:
+            assert any(k.endswith(":" + op) for k in rec), f"rank {a.rank}: no {op} in {rec}"
+
+
+def test_launcher_gpu_workers_train_fsdp2_on_nccl() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", "gpu", "examples/train_fsdp.py", "--device", "cuda",
+           "--steps", "11", "--dim", "256", "--layers", "2", "--seq", "256", "--batch", "4"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert f"world {gpus()} (FSDP) on cuda:0" in out, out[-4000:]
+    losses = [float(m) for m in re.findall(r"step +\d+ +loss ([0-9.]+)", out)]
+    assert len(losses) == 3 and losses[-1] < losses[0], out[-4000:]
