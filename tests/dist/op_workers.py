@@ -74,12 +74,21 @@ _OPS = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT, "min": dist.
         "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR}
 
 
-def every_op() -> dict[str, Any]:
-    """All c10d collectives and p2p ops on the default group (and one subgroup)."""
-    dist.init_process_group("gloo")
+def every_op(device: str = "cpu") -> dict[str, Any]:
+    """All c10d collectives and p2p ops on the default group (and one subgroup). ``device="cuda"``:
+    ``init_process_group("nccl")`` on this rank's GPU, every tensor made there (the default
+    device); point-to-point ops and subgroups need two ranks."""
+    if device == "cuda":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(dev)
+        dist.init_process_group("nccl", device_id=dev)
+        torch.set_default_device(dev)
+    else:
+        dev = torch.device("cpu")
+        dist.init_process_group("gloo")
     r, n = dist.get_rank(), dist.get_world_size()
     recorder = None
-    pg_backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    pg_backend = dist.group.WORLD._get_backend(dev)
     routed = hasattr(pg_backend, "get_comm")
     if routed:
         from torchcomms.hooks import FlightRecorderHook
@@ -218,7 +227,8 @@ def every_op() -> dict[str, Any]:
         for w in ws:
             w.wait()
         return got, torch.full((3,), float((r - 1) % n))
-    c.run("isend_irecv", isend_irecv)
+    if n > 1:
+        c.run("isend_irecv", isend_irecv)
 
     def batch_p2p():
         got = torch.empty(5)
@@ -227,7 +237,8 @@ def every_op() -> dict[str, Any]:
         for w in dist.batch_isend_irecv(ops):
             w.wait()
         return got, torch.full((5,), float(((r - 1) % n) * 3))
-    c.run("batch_isend_irecv", batch_p2p)
+    if n > 1:
+        c.run("batch_isend_irecv", batch_p2p)
 
     def coalesced_all_reduce():
         ts = [_val(r, 3, torch.float32, k) for k in range(3)]
@@ -284,14 +295,16 @@ def every_op() -> dict[str, Any]:
         t = torch.full((2,), float(r + 1))
         dist.all_reduce(t, group=g)
         return t, torch.full((2,), 3.0)
-    c.run("new_group/all_reduce", subgroup)
+    if n > 1:
+        c.run("new_group/all_reduce", subgroup)
 
     def split():
         g = dist.split_group(split_ranks=[[q for q in range(n) if q % 2 == 0], [q for q in range(n) if q % 2 == 1]])
         t = torch.full((2,), float(r))
         dist.all_reduce(t, group=g)
         return t, torch.full((2,), float(sum(q for q in range(n) if q % 2 == r % 2)))
-    c.run("split_group/all_reduce", split)
+    if n > 1:
+        c.run("split_group/all_reduce", split)
 
     ops: dict[str, int] = {}
     if recorder is not None:

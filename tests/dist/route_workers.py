@@ -73,7 +73,7 @@ def ddp(steps: int = 3, device: str = "cpu") -> dict[str, Any]:
     params = [p.detach().flatten().tolist() for p in model.parameters()]
     ops = _recorded(rec)
     dist.destroy_process_group()
-    return {"losses": losses, "params": params, "recorded": ops}
+    return {"losses": losses, "params": params, "recorded": ops, "routed": rec is not None}
 
 
 def fsdp2(steps: int = 3, device: str = "cpu") -> dict[str, Any]:
@@ -100,7 +100,7 @@ def fsdp2(steps: int = 3, device: str = "cpu") -> dict[str, Any]:
     params = [p.full_tensor().flatten().tolist() for p in model.parameters()]
     ops = _recorded(rec)
     dist.destroy_process_group()
-    return {"losses": losses, "params": params, "recorded": ops}
+    return {"losses": losses, "params": params, "recorded": ops, "routed": rec is not None}
 
 
 def mesh_2d(steps: int = 2) -> dict[str, Any]:
