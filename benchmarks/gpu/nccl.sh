@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The nccl backend on the lent GPU(s), one device call of at most ~9 minutes:
-#   1. every test of tests/nccl (the `gpu` ones at world size 1 on one GPU; the N-rank ones when
+#   1. every test of tests/nccl (the `gpu` ones at world size 1 on one GPU, fsdp2, the route and the
+#      launcher above the backend among them; the N-rank ones when
 #      N >= 2 GPUs are present; the CPU tests of the host path and the completion poller);
 #   2. the claim: benchmarks/comm_bench.py --device cuda, one rank per GPU, 4 KiB-256 MiB, ours
 #      (traced and untraced) beside c10d's ProcessGroupNCCL, with the host time per op;
@@ -19,6 +20,8 @@ NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 { uptime; python3 -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count())'; } \
   | tee -a "$OUT/gpu.txt"
 
+# the C++ extension (the route's backend wrapper) built once now, as scripts/setup.sh does elsewhere
+python3 -m torchcomms.csrc.build > "$OUT/build.log" 2>&1 || { echo "nccl: building the C++ extension failed"; tail -5 "$OUT/build.log"; }
 timeout ${TEST_LIMIT_S:-220} python3 -m pytest -v -p no:cacheprovider -rs tests/nccl > "$OUT/nccl_tests.log" 2>&1
 echo "nccl tests rc=$?"
 grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/nccl_tests.log" | grep -v "^tests/nccl/test_\(completion\|host_path\)" | tail -40
