@@ -46,8 +46,7 @@ import torch.distributed as dist
 from torchcomms.backends import exit_release
 from torchcomms.backends.base import (HIGH_PRIORITY_STREAM_HINT, BackendCapabilities, BackendContext, EngineHandle,
                                       TorchCommBackend, premul_in_place, premul_scaled)
-from torchcomms.backends.nccl_completion import (CompletionPoller, CurrentStreamWork, EngineFailed, StreamOrderedHandle,
-                                                 current_stream_of)
+from torchcomms.backends.nccl_completion import CompletionPoller, CurrentStreamWork, EngineFailed, StreamOrderedHandle
 from torchcomms.config import settings
 from torchcomms.types import RedOpType, ReduceOp
 
@@ -332,7 +331,7 @@ class NcclBackend(TorchCommBackend):
         start = None
         if not async_op and self._timed and not self._sync_work_given:
             start = torch.Event(self._device, enable_timing=True)
-            start.record(current_stream_of(self._device.index))
+            start.record(torch.accelerator.current_stream(self._device.index))
         return self._handle(call(*args), start)
 
     def _cached(self, key: tuple[Any, ...], kind: Any, async_op: bool, **fields: Any) -> Any:

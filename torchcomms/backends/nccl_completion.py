@@ -189,18 +189,6 @@ def _call(cb: DoneCallback, err: BaseException | None) -> None:
         pass
 
 
-def _stream_getter() -> Callable[[int], Any]:
-    """``torch.accelerator.current_stream(index)`` without its Python frames (the device index
-    check and the wrapper), as c10d's bindings reach it: the op's dispatch path asks for the
-    current stream once or twice per synchronous op."""
-    getter = getattr(torch._C, "_accelerator_getStream", None)
-    return getter if callable(getter) else torch.accelerator.current_stream
-
-
-#: the current stream of a device index (``torch.accelerator.current_stream``'s C++ lookup)
-current_stream_of = _stream_getter()
-
-
 class CurrentStreamWork:
     """Stands in for the c10d work of a synchronous op for which c10d returned none, as it may
     for an op it issued on the caller's current stream (torch.distributed's own ``all_reduce``
@@ -215,24 +203,19 @@ class CurrentStreamWork:
     H200 host), and a ``torch.Event`` recorded without a stream takes the current *device*'s,
     which is not the op's in a process that drives several GPUs."""
 
-    __slots__ = ("_event", "_start", "_index", "_stream")
+    __slots__ = ("_event", "_start", "_index")
 
     def __init__(self, device: torch.device, start: torch.Event | None = None) -> None:  # noqa: D107
         self._start = start
         self._index = index = device.index
         self._event = torch.Event(device, enable_timing=start is not None)
-        self._stream = stream = current_stream_of(index)  # where the op was issued
-        self._event.record(stream)
+        self._event.record(torch.accelerator.current_stream(index))  # where the op was issued
 
     def is_completed(self) -> bool:
         return bool(self._event.query())
 
     def wait(self) -> None:
-        """The current stream waits on the op's end; nothing to do on the stream the op ran on
-        (the synchronous op's own wait, right after it was issued, unless the stream changed)."""
-        stream = current_stream_of(self._index)
-        if stream != self._stream:
-            stream.wait_event(self._event)
+        torch.accelerator.current_stream(self._index).wait_event(self._event)
 
     def _get_duration(self) -> float:
         """Milliseconds from ``start`` to the op's end (c10d ``Work._get_duration``'s meaning)."""
