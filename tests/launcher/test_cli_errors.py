@@ -78,7 +78,10 @@ def test_a_module_the_workers_find_is_run_though_the_launchers_own_path_lacks_it
     (lib / "on_path_pkg_x1" / "train.py").write_text(say)
     marks = tmp_path / "marks"
     marks.mkdir()
-    main = f"import sys; sys.path.insert(0, {str(REPO)!r}); from launcher.cli import main; sys.exit(main())"
+    # the launcher's own path: the repository and where this interpreter finds the launcher's
+    # dependencies (a machine may hold them on PYTHONPATH, which -E drops), never cwd or lib
+    own = [str(REPO)] + [p for p in sys.path if p and os.path.isabs(p) and not p.startswith(str(tmp_path))]
+    main = f"import sys; sys.path[:0] = {own!r}; from launcher.cli import main; sys.exit(main())"
     env = base_env(PYTHONPATH=os.pathsep.join([str(REPO), "lib"]), MARKS=str(marks))
     proc = subprocess.run([sys.executable, "-E", "-P", "-c", main, "--nproc-per-node", "2", "--no-summary",
                            "-m", module], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from torchcomms.core.c10d_lists import refuse_lists_c10d_refuses
 from torchcomms.core.errors import CommTypeError, CommValueError
 
 if TYPE_CHECKING:
@@ -49,6 +50,9 @@ def new_comm(
         raise CommTypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
     if timeout is not None and timeout.total_seconds() <= 0:
         raise CommValueError(f"timeout must be positive, got {timeout}")
+    # a group c10d makes on the route (torch 2.11's new_group) with a rank twice: refused here, on
+    # the ranks it lists, instead of waiting in the rendezvous for a member that never comes
+    refuse_lists_c10d_refuses(name, op="make a group")
     from torchcomms.setup.assemble import assemble_comm
 
     return assemble_comm(backend, device, name, abort_process_on_timeout_or_error, timeout,
