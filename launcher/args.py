@@ -14,7 +14,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 
 from .exceptions import UsageError
@@ -26,7 +25,7 @@ from .launch_config import (
     LaunchConfig,
     RendezvousConf,
 )
-from .module_lookup import search_path, top_level_found
+from .module_lookup import find_missing
 from .parser import build_parser, check_unknown_flags
 from .scheduler_env import detect_scheduler, mpi_rank_layout, mpi_rendezvous_port
 
@@ -65,18 +64,15 @@ def check_entrypoint(cfg: LaunchConfig, environ: Mapping[str, str] | None = None
     """The entry point must be there before any worker starts: each worker would otherwise fail
     on its own, with Python's ``can't open file`` or ``No module named``. A script must exist; a
     module of ``-m`` must be found by the workers' interpreter with their working directory and
-    ``PYTHONPATH`` (from ``environ``), its top-level package only and without running any of it
-    (see :mod:`launcher.module_lookup`). ``--no-python`` is checked when its workers start."""
+    ``PYTHONPATH`` (from ``environ``), without running any of it: a submodule is refused only
+    where its packages cannot change their path (see :mod:`launcher.module_lookup`).
+    ``--no-python`` is checked when its workers start."""
     if cfg.no_python:
         return
     if cfg.module:
-        environ = os.environ if environ is None else environ
-        cwd = os.getcwd()
-        if not top_level_found(cfg.entrypoint, cwd, environ):
-            top = cfg.entrypoint.split(".", 1)[0]
-            raise UsageError(f"-m {cfg.entrypoint}: no module named {top!r} (looked in the working directory "
-                             f"{cwd}, PYTHONPATH and the paths of {sys.executable}: "
-                             f"{os.pathsep.join(search_path(cwd, environ))})")
+        missing = find_missing(cfg.entrypoint, os.getcwd(), os.environ if environ is None else environ)
+        if missing is not None:
+            raise UsageError(f"-m {cfg.entrypoint}: no module named {missing.name!r} ({missing.detail})")
         return
     if os.path.exists(cfg.entrypoint):
         return

@@ -63,19 +63,38 @@ def test_a_module_that_cannot_be_found_is_one_line_before_any_worker_starts(modu
     assert len(proc.stderr.strip().splitlines()) == 1 and not proc.stdout, proc.stderr + proc.stdout
 
 
-@pytest.mark.parametrize("module", ["in_cwd_x1", "on_path_x1", "on_path_pkg_x1.train"])
-def test_a_module_the_workers_find_is_run_though_the_launchers_own_path_lacks_it(tmp_path, module):
+#: -m NAME -> what the job does: "ran" (every worker ran it), "refused" (the launcher, before any
+#: worker starts) or "workers" (every worker starts and reports Python's own error)
+_MODULES = {
+    "in_cwd_x1": "ran",
+    "on_path_x1": "ran",
+    "on_path_pkg_x1.train": "ran",
+    "on_path_pkg_x1.sub_x1.leaf": "ran",
+    "on_path_pkg_x1.missing_x1": "refused",
+    "on_path_pkg_x1.sub_x1.missing_x1": "refused",
+    "on_path_pkg_x1.missing_x1.leaf": "refused",
+    "extends_path_x1.missing_x1": "workers",
+}
+
+
+@pytest.mark.parametrize("module", list(_MODULES))
+def test_a_module_is_looked_up_on_the_workers_path_without_running_it(tmp_path, module):
     """The launcher, started like a console script and ignoring PYTHONPATH (``-E -P``), has neither
-    the working directory nor PYTHONPATH on its own path: the workers, plain ``python -m``, do. The
-    package's ``__init__`` runs in the workers only, never in the launcher."""
+    the working directory nor PYTHONPATH on its own path: the workers, plain ``python -m``, do. A
+    missing submodule is refused before any worker starts, unless its package's ``__init__`` may
+    change where submodules are found. A package's ``__init__`` runs in the workers only."""
     lib = tmp_path / "lib"
-    (lib / "on_path_pkg_x1").mkdir(parents=True)
+    (lib / "on_path_pkg_x1" / "sub_x1").mkdir(parents=True)
+    (lib / "extends_path_x1").mkdir()
     say = "import os\nprint('ran', __name__, os.environ['RANK'])\n"
+    mark = "import os, pathlib\npathlib.Path(os.environ['MARKS'], str(os.getpid())).write_text('')\n"
     (tmp_path / "in_cwd_x1.py").write_text(say)
     (lib / "on_path_x1.py").write_text(say)
-    (lib / "on_path_pkg_x1" / "__init__.py").write_text(
-        "import os, pathlib\npathlib.Path(os.environ['MARKS'], str(os.getpid())).write_text('')\n")
+    (lib / "on_path_pkg_x1" / "__init__.py").write_text(mark)
     (lib / "on_path_pkg_x1" / "train.py").write_text(say)
+    (lib / "on_path_pkg_x1" / "sub_x1" / "__init__.py").write_text("")
+    (lib / "on_path_pkg_x1" / "sub_x1" / "leaf.py").write_text(say)
+    (lib / "extends_path_x1" / "__init__.py").write_text(mark + "__path__.append(os.environ['MARKS'])\n")
     marks = tmp_path / "marks"
     marks.mkdir()
     # the launcher's own path: the repository and where this interpreter finds the launcher's
@@ -85,8 +104,22 @@ def test_a_module_the_workers_find_is_run_though_the_launchers_own_path_lacks_it
     env = base_env(PYTHONPATH=os.pathsep.join([str(REPO), "lib"]), MARKS=str(marks))
     proc = subprocess.run([sys.executable, "-E", "-P", "-c", main, "--nproc-per-node", "2", "--no-summary",
                            "-m", module], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert sorted(line.split("] ", 1)[1] for line in proc.stdout.splitlines()) == [
-        f"ran __main__ {rank}" for rank in (0, 1)], proc.stdout
     ran_init = sorted(int(p.name) for p in marks.iterdir())
-    assert len(ran_init) == (2 if "pkg" in module else 0), ran_init
+    outcome = _MODULES[module]
+    if outcome == "refused":
+        assert proc.returncode == 2, proc.stderr
+        missing = ".".join(module.split(".")[:-1 if module.endswith(".leaf") else None])
+        parent = missing.rpartition(".")[0]
+        where = lib.joinpath(*parent.split("."))
+        assert proc.stderr == (f"[torchcomms-run] error: -m {module}: no module named {missing!r} "
+                               f"(looked in the package {parent!r}: {where})\n"), proc.stderr
+        assert not proc.stdout and ran_init == [], proc.stdout
+    elif outcome == "workers":
+        assert proc.returncode not in (0, 2), proc.stderr
+        # the first worker to fail stops the job: the other may be stopped before it reports
+        assert f"No module named {module}" in proc.stderr and ran_init, proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert sorted(line.split("] ", 1)[1] for line in proc.stdout.splitlines()) == [
+            f"ran __main__ {rank}" for rank in (0, 1)], proc.stdout
+        assert len(ran_init) == (2 if "pkg" in module else 0), ran_init
