@@ -39,8 +39,8 @@ std::terminate_handler g_previous = nullptr;
 
 // Only a thread of gloo's own reaches std::terminate with this exception: Python's calls into
 // gloo catch theirs (pybind11 turns them into Python errors). The thread is not asked its name:
-// the gloo of torch 2.13 names its network thread "gloo_tcp_loop", the gloo of torch 2.11 leaves
-// it the name of the thread that made it.
+// torch 2.13's gloo names its network thread "gloo_tcp_loop", and with that name required, a size
+// mismatch under torch 2.11 still aborted the process.
 bool is_receive_overflow(char* message, size_t size) {
   std::type_info* type = abi::__cxa_current_exception_type();
   if (type == nullptr || std::strcmp(type->name(), kEnforce) != 0) {
