@@ -106,6 +106,8 @@ def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    if "--fork-server" in cmd and "fork server" in proc.stderr:  # given up: its workers started fresh
+        raise SystemExit(f"{' '.join(cmd)}: the fork server did not serve:\n{proc.stderr[-2000:]}")
     return dt, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
