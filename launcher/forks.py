@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -69,7 +70,12 @@ class ForkedProcess:
 
     def wait(self, timeout: float | None = None) -> int:
         if timeout is not None:
-            raise NotImplementedError("the supervisor waits for a worker without a timeout")
+            deadline = time.monotonic() + timeout
+            while (code := self.poll()) is None:
+                if time.monotonic() >= deadline:
+                    raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
+                time.sleep(0.01)
+            return code
         with self._lock:
             while self.returncode is None:
                 self._reap(0)

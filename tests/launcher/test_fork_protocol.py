@@ -59,3 +59,19 @@ def test_a_malformed_frame_is_a_value_error_never_a_crash(raw, why):
 def test_a_request_is_checked_field_by_field(change, fds, why):
     assert check_request(_request(), [0, 1, 2]) is None
     assert why in (check_request(_request(**change), list(range(fds))) or "")
+
+
+def test_a_forked_process_handle_waits_by_pid_as_popen_does():
+    """The agent's handle on a worker the server forked (here: a child of the test's own)."""
+    from launcher.forks import ForkedProcess
+
+    pid = os.fork()
+    if pid == 0:
+        os.kill(os.getpid(), 15)
+        os._exit(0)
+    proc = ForkedProcess(pid, None, None)
+    assert proc.wait() == -15 and proc.poll() == -15 and proc.returncode == -15  # killed by SIGTERM
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3)
+    assert ForkedProcess(pid, None, None).wait(timeout=30) == 3
