@@ -122,6 +122,8 @@ def check_request(message: dict[str, Any], fds: list[int]) -> str | None:
     cwd = message.get("cwd")
     if not isinstance(cwd, str) or not os.path.isdir(cwd):
         return f"cwd must be an existing folder, got {cwd!r}"
+    if any("\0" in text for text in (message["target"], *args, *env, *env.values())):
+        return "target, args and env must hold no NUL character"
     return None
 
 
@@ -272,7 +274,11 @@ def _fork(request: dict[str, Any], fds: list[int], agent: int, keep: set[int]) -
             os._exit(1)
         if pid == 0:
             os.close(write)
-            return 0, _become_worker(request, fds, agent, me, keep)
+            try:
+                return 0, _become_worker(request, fds, agent, me, keep)
+            except BaseException as exc:  # noqa: BLE001 - it must never return into the server's loop
+                os.write(2, f"torchcomms-run fork server: cannot start the worker: {exc!r}\n".encode())
+                os._exit(1)
         try:
             os.setpgid(pid, pid)  # (the worker does it too): its group exists before the agent signals it
         except OSError:

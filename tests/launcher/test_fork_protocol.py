@@ -55,6 +55,8 @@ def test_a_malformed_frame_is_a_value_error_never_a_crash(raw, why):
     ({"args": ["a", 1]}, 3, "args must be a list of strings"),
     ({"env": {"RANK": 0}}, 3, "env must map strings to strings"),
     ({"cwd": "/nonexistent/folder"}, 3, "cwd must be an existing folder, got '/nonexistent/folder'"),
+    ({"env": {"RANK": "0\0"}}, 3, "must hold no NUL character"),
+    ({"args": ["a\0b"]}, 3, "must hold no NUL character"),
 ])
 def test_a_request_is_checked_field_by_field(change, fds, why):
     assert check_request(_request(), [0, 1, 2]) is None
