@@ -7,11 +7,18 @@ two alternates each round), reported as medians and their ratio. Both launchers 
 the same interpreter (``python -m launcher`` / ``python -m torch.distributed.run``) so that
 neither pays for a console-script shim.
 
+Then the fork server (``--fork-server``: one process per node imports torch and torchcomms once and
+forks the workers) beside the fresh-interpreter start and torchrun, in interleaved runs of the
+same round: (c) the start of 2 workers of a script that imports torch and torchcomms and does one
+gloo all_reduce on a ``new_comm`` communicator, and (d) the same job with ``--max-restarts 1``
+where rank 1 exits 3 once after its all_reduce (every worker started twice). Wall time and the
+CPU time of the whole command (its processes, from ``RUSAGE_CHILDREN``), medians.
+
 Then the time from a worker's SIGKILL to a surviving worker's ``rank_failed`` notification
 over the job's event bus (the victim writes its clock just before killing itself; the
 survivor, subscribed with the job secret, notes when the event arrives).
 
-    python benchmarks/launcher_bench.py --rounds 10 --notify-rounds 20 --json out/launcher_bench.json
+    python benchmarks/launcher_bench.py --rounds 10 --fork-rounds 10 --notify-rounds 20 --json out/launcher_bench.json
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -37,6 +45,19 @@ t = torch.ones(1)
 dist.all_reduce(t)
 assert t.item() == dist.get_world_size()
 dist.destroy_process_group()
+"""
+COMM = """\
+import os, sys
+import torch
+import torchcomms
+comm = torchcomms.new_comm("gloo", torch.device("cpu"), name="bench")
+t = torch.ones(1)
+comm.all_reduce(t, torchcomms.ReduceOp.SUM, async_op=False)
+assert t.item() == comm.get_size()
+comm.finalize()
+if os.environ.get("BENCH_FAIL_ONCE") == "1" and os.environ["RANK"] == "1" \\
+        and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+    sys.exit(3)
 """
 NOTIFY = """\
 import os, signal, threading, time
@@ -75,14 +96,23 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _timed(cmd: list[str], env: dict[str, str]) -> float:
+def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall time and CPU time (user + system of the command and every process it waited for)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
     dt = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    return dt
+    if "--fork-server" in cmd and "fork server" in proc.stderr:  # given up: its workers started fresh
+        raise SystemExit(f"{' '.join(cmd)}: the fork server did not serve:\n{proc.stderr[-2000:]}")
+    return dt, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def _timed(cmd: list[str], env: dict[str, str]) -> float:
+    return _run(cmd, env)[0]
 
 
 def bench_wall(script: Path, rounds: int, env: dict[str, str]) -> dict[str, object]:
@@ -99,6 +129,33 @@ def bench_wall(script: Path, rounds: int, env: dict[str, str]) -> dict[str, obje
     mo, mt = statistics.median(ours), statistics.median(theirs)
     return {"ours_s": ours, "torchrun_s": theirs, "ours_median_s": mo,
             "torchrun_median_s": mt, "ratio": mo / mt}
+
+
+def bench_fork(script: Path, rounds: int, env: dict[str, str], restart: bool) -> dict[str, object]:
+    """Fresh interpreters, the fork server and torchrun on one job, interleaved (the order
+    rotates each round)."""
+    extra = ["--max-restarts", "1"] if restart else []
+    env = dict(env, BENCH_FAIL_ONCE="1" if restart else "0")
+    ours = [sys.executable, "-m", "launcher", "--nproc-per-node", "2", "--no-summary", *extra]
+    cmds = {"fresh": [*ours, str(script)], "fork_server": [*ours, "--fork-server", str(script)],
+            "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                         *extra, str(script)]}
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in cmds}
+    for cmd in cmds.values():  # warm the page cache
+        _run(cmd, env)
+    names = list(cmds)
+    for i in range(rounds):
+        for name in names[i % 3:] + names[:i % 3]:
+            runs[name].append(_run(cmds[name], env))
+    out: dict[str, object] = {name: {"wall_s": [w for w, _ in r], "cpu_s": [c for _, c in r],
+                                     "wall_median_s": statistics.median(w for w, _ in r),
+                                     "cpu_median_s": statistics.median(c for _, c in r)} for name, r in runs.items()}
+    med = {name: out[name]["wall_median_s"] for name in cmds}  # type: ignore[index]
+    cpu = {name: out[name]["cpu_median_s"] for name in cmds}  # type: ignore[index]
+    out["ratio_vs_fresh"] = med["fork_server"] / med["fresh"]
+    out["ratio_vs_torchrun"] = med["fork_server"] / med["torchrun"]
+    out["cpu_ratio_vs_fresh"] = cpu["fork_server"] / cpu["fresh"]
+    return out
 
 
 def bench_notify(script: Path, rounds: int, env: dict[str, str]) -> dict[str, object]:
@@ -118,37 +175,57 @@ def bench_notify(script: Path, rounds: int, env: dict[str, str]) -> dict[str, ob
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=10, help="interleaved runs per script")
+    p.add_argument("--fork-rounds", type=int, default=10, help="interleaved runs of the fork-server rows")
     p.add_argument("--notify-rounds", type=int, default=20)
+    p.add_argument("--only-fork", action="store_true", help="only the fork-server rows")
     p.add_argument("--json", default="out/launcher_bench.json", help="where to write results")
     args = p.parse_args()
+    load_before = os.getloadavg()
     env = _env()
     with tempfile.TemporaryDirectory() as d:
-        scripts = {name: Path(d, f"{name}.py") for name in ("noop", "all_reduce", "notify")}
+        scripts = {name: Path(d, f"{name}.py") for name in ("noop", "all_reduce", "notify", "comm")}
         scripts["noop"].write_text(NOOP)
         scripts["all_reduce"].write_text(ALL_REDUCE)
         scripts["notify"].write_text(NOTIFY)
-        results = {
-            "noop": bench_wall(scripts["noop"], args.rounds, env),
-            "all_reduce": bench_wall(scripts["all_reduce"], args.rounds, env),
-            "notify": bench_notify(scripts["notify"], args.notify_rounds, env),
-        }
+        scripts["comm"].write_text(COMM)
+        results: dict[str, dict[str, object]] = {}
+        if not args.only_fork:
+            results["noop"] = bench_wall(scripts["noop"], args.rounds, env)
+            results["all_reduce"] = bench_wall(scripts["all_reduce"], args.rounds, env)
+        results["fork_start"] = bench_fork(scripts["comm"], args.fork_rounds, env, restart=False)
+        results["fork_restart"] = bench_fork(scripts["comm"], args.fork_rounds, env, restart=True)
+        if not args.only_fork:
+            results["notify"] = bench_notify(scripts["notify"], args.notify_rounds, env)
     import torch  # only for the record of which torch ran the anchor
 
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs",
             "python": platform.python_version(), "torch": torch.__version__,
-            "rounds": args.rounds, "notify_rounds": args.notify_rounds}
+            "rounds": args.rounds, "fork_rounds": args.fork_rounds, "notify_rounds": args.notify_rounds,
+            "load_before": load_before, "load_after": os.getloadavg()}
     print(f"launcher benchmark — {meta['machine']}, Python {meta['python']}, "
-          f"torch {meta['torch']}, {args.rounds} interleaved rounds")
-    print(f"{'workload (2 workers)':<28}{'torchcomms-run':>16}{'torchrun':>12}{'ratio':>8}")
-    for name, label in (("noop", "no-op script"), ("all_reduce", "gloo init + all_reduce")):
+          f"torch {meta['torch']}, {args.rounds} interleaved rounds, load {load_before[0]:.1f} -> "
+          f"{meta['load_after'][0]:.1f}")
+    if not args.only_fork:
+        print(f"{'workload (2 workers)':<28}{'torchcomms-run':>16}{'torchrun':>12}{'ratio':>8}")
+        for name, label in (("noop", "no-op script"), ("all_reduce", "gloo init + all_reduce")):
+            r = results[name]
+            print(f"{label:<28}{r['ours_median_s']:>15.3f}s{r['torchrun_median_s']:>11.3f}s"
+                  f"{r['ratio']:>7.2f}x")
+    print(f"\nfork server, {args.fork_rounds} interleaved rounds; wall (CPU of every process) medians")
+    print(f"{'job (2 workers, torch + torchcomms, new_comm gloo all_reduce)':<62}{'--fork-server':>16}"
+          f"{'fresh':>16}{'torchrun':>16}{'vs fresh':>10}{'vs torchrun':>13}")
+    for name, label in (("fork_start", "start"), ("fork_restart", "--max-restarts 1, rank 1 exits 3 once")):
         r = results[name]
-        print(f"{label:<28}{r['ours_median_s']:>15.3f}s{r['torchrun_median_s']:>11.3f}s"
-              f"{r['ratio']:>7.2f}x")
-    n = results["notify"]
-    print(f"{'SIGKILL -> rank_failed':<28}{n['median_s'] * 1e3:>13.1f} ms{'(none)':>12}"
-          f"{'':>8}   p90 {n['p90_s'] * 1e3:.1f} ms, max {n['max_s'] * 1e3:.1f} ms, "
-          f"{args.notify_rounds} runs")
+        cells = "".join(f"{r[k]['wall_median_s']:>7.2f}s ({r[k]['cpu_median_s']:>5.2f}s)"  # type: ignore[index]
+                        for k in ("fork_server", "fresh", "torchrun"))
+        print(f"{label:<62}{cells}{r['ratio_vs_fresh']:>9.2f}x{r['ratio_vs_torchrun']:>12.2f}x"
+              f"   CPU vs fresh {r['cpu_ratio_vs_fresh']:.2f}x")
+    if not args.only_fork:
+        n = results["notify"]
+        print(f"{'SIGKILL -> rank_failed':<28}{n['median_s'] * 1e3:>13.1f} ms{'(none)':>12}"
+              f"{'':>8}   p90 {n['p90_s'] * 1e3:.1f} ms, max {n['max_s'] * 1e3:.1f} ms, "
+              f"{args.notify_rounds} runs")
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))

@@ -37,9 +37,11 @@ from torchcomms.control.secrets import load_secret, new_secret, read_secret_file
 from .args import LaunchConfig
 from .control_plane import ControlPlane, lost
 from .decider import Decider, stop_between_rounds
+from .env import node_env
 from .exceptions import LauncherError, UsageError
 from .follower import Follower
-from .orphans import become_subreaper
+from .forks import ForkServer
+from .orphans import become_subreaper, is_subreaper
 from .output import Console
 from .rendezvous import JoinRecord, Plan, host_round, join_round, wait_plan
 from .rounds import Decision, Round
@@ -112,6 +114,8 @@ class Agent:
         self.abandoned: list[tuple[int, Worker]] = []  # (attempt, worker) given up unreaped
         #: ends what the workers started should this agent be SIGKILLed (see .watcher)
         self.watch: Watch | None = None
+        #: forks the workers (--fork-server), see .forks
+        self.fork_server: ForkServer | None = None
         self._phase = "setup"
         self._round = 0  # the round being joined or run
         self._run_dir: Path | None = None
@@ -130,6 +134,7 @@ class Agent:
         become_subreaper()  # what a worker leaves behind is ended with its group (see .orphans)
         try:
             self._start_watch()
+            self._start_fork_server()
             self._setup()
             return self._run_rounds()
         except _Interrupted as exc:
@@ -180,6 +185,20 @@ class Agent:
         except OSError as exc:
             self.console.event(f"cannot start the watcher ({exc.strerror or exc}): should this agent be "
                                "SIGKILLed, what its workers started would run on")
+
+    def _start_fork_server(self) -> None:
+        """Start the fork server now, so that it imports torch while the rendezvous runs."""
+        if not self.cfg.fork_server:
+            return
+        if not is_subreaper():
+            self.console.event("no fork server: this launcher cannot be the subreaper of its workers here "
+                               "(PR_SET_CHILD_SUBREAPER); workers start as fresh interpreters")
+            return
+        env = node_env(self.environ, self.cfg.nproc_per_node, self.watch.mark if self.watch is not None else None)
+        try:
+            self.fork_server = ForkServer(self.python, env, self.console.event)
+        except OSError as exc:
+            self.console.event(f"no fork server ({exc.strerror or exc}): workers start as fresh interpreters")
 
     def _load_secret(self) -> tuple[bytes, str]:
         cfg = self.cfg
@@ -269,6 +288,8 @@ class Agent:
                 f"exiting without reaping rank {w.result.rank} of attempt {attempt} (pid {w.pid}, "
                 f"state {proc_state(w.pid) or 'unknown'}): SIGKILL is pending, so it ends when "
                 f"the kernel lets it go, and its new parent (init) reaps it")
+        if self.fork_server is not None:
+            self.fork_server.close()
         if self.control is not None:
             self.control.close()  # (deregisters this node's heartbeats)
         if self._run_dir is not None:

@@ -16,6 +16,8 @@ import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 
+from torchcomms.config import ConfigError, var
+
 from .exceptions import UsageError
 from .launch_config import (
     DEFAULT_RDZV_PORT,
@@ -58,6 +60,18 @@ def _positive(value: str, flag: str) -> float:
     if not x > 0:
         raise UsageError(f"{flag} must be > 0, got {value}")
     return x
+
+
+def _fork_server(flag: bool, no_python: bool, environ: Mapping[str, str]) -> bool:
+    """``--fork-server``, else ``TORCHCOMM_FORK_SERVER``; a ``--no-python`` job's executables start
+    as they are (the variable is then ignored, the flag refused)."""
+    if flag and no_python:
+        raise UsageError("--fork-server forks Python workers; a --no-python entry point is an executable")
+    try:
+        wanted = flag or bool(var("TORCHCOMM_FORK_SERVER").parse(environ.get("TORCHCOMM_FORK_SERVER")))
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    return wanted and not no_python
 
 
 def check_entrypoint(cfg: LaunchConfig, environ: Mapping[str, str] | None = None) -> None:
@@ -319,6 +333,8 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
     if ns.run_path and (ns.module or ns.no_python):
         raise UsageError("--run-path cannot be combined with --module or --no-python")
 
+    fork_server = _fork_server(ns.fork_server, ns.no_python, environ)
+
     filt: frozenset[int] | None = None
     if ns.local_ranks_filter.strip():
         filt = frozenset(_check_local_rank(_int(x, "--local-ranks-filter", 0),
@@ -369,4 +385,5 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         hung_timeout=hung_timeout,
         stopped_timeout=stopped_timeout,
         backend=ns.backend,
+        fork_server=fork_server,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["WorkerPlacement", "JobEndpoints", "worker_env", "mpi_worker_env"]
+__all__ = ["WorkerPlacement", "JobEndpoints", "node_env", "worker_env", "mpi_worker_env"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,23 @@ class JobEndpoints:
     agent_mark: str | None = None
 
 
+def node_env(base: Mapping[str, str], local_world_size: int, agent_mark: str | None) -> dict[str, str]:
+    """What every worker of a node has in its environment besides its own place in the job
+    (:func:`worker_env` adds that): also a fork server's environment."""
+    env = dict(base)
+    # A secret given to the agent inline must not leak into every worker's environment:
+    # workers read it from the 0600 file instead (the file wins anyway).
+    env.pop("TORCHCOMM_CONTROL_SECRET", None)
+    env.pop("TORCHCOMM_AGENT_MARK", None)  # an outer agent's, when this one runs in a worker
+    if agent_mark is not None:
+        env["TORCHCOMM_AGENT_MARK"] = agent_mark
+    if "OMP_NUM_THREADS" not in base and local_world_size > 1:
+        env["OMP_NUM_THREADS"] = "1"  # torchrun's rule: one thread each when sharing a node
+    # Output goes through the agent's pipes; without this Python would buffer it in blocks.
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
 def worker_env(
     base: Mapping[str, str],
     placement: WorkerPlacement,
@@ -50,10 +67,7 @@ def worker_env(
     error_file: str,
 ) -> dict[str, str]:
     """Return the full environment of one worker, built on top of ``base``."""
-    env = dict(base)
-    # A secret given to the agent inline must not leak into every worker's environment:
-    # workers read it from the 0600 file instead (the file wins anyway).
-    env.pop("TORCHCOMM_CONTROL_SECRET", None)
+    env = node_env(base, placement.local_world_size, job.agent_mark)
     env.update(
         {
             "RANK": str(placement.rank),
@@ -83,13 +97,6 @@ def worker_env(
     env.pop("TORCHCOMM_CONTROL_PID", None)
     if job.control_pid is not None:
         env["TORCHCOMM_CONTROL_PID"] = str(job.control_pid)
-    env.pop("TORCHCOMM_AGENT_MARK", None)  # an outer agent's, when this one runs in a worker
-    if job.agent_mark is not None:
-        env["TORCHCOMM_AGENT_MARK"] = job.agent_mark
-    if "OMP_NUM_THREADS" not in base and placement.local_world_size > 1:
-        env["OMP_NUM_THREADS"] = "1"  # torchrun's rule: one thread each when sharing a node
-    # Output goes through the agent's pipes; without this Python would buffer it in blocks.
-    env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
 

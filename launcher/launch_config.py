@@ -71,6 +71,7 @@ class LaunchConfig:
     backend: str | None = None  # "mpi": one launcher per MPI rank (see --backend)
     hung_timeout: float = DEFAULT_HUNG_TIMEOUT_S
     stopped_timeout: float = DEFAULT_STOPPED_TIMEOUT_S
+    fork_server: bool = False  # workers forked from one process that imported torch (--fork-server)
 
     @property
     def rdzv_endpoint(self) -> str:
@@ -79,6 +80,14 @@ class LaunchConfig:
     @property
     def is_multinode(self) -> bool:
         return self.max_nodes > 1
+
+    def worker_entry(self) -> tuple[str, str, tuple[str, ...]] | None:
+        """What :meth:`worker_argv` runs, as a fork server runs it: (``path``, ``module`` or
+        ``run_path``, the script or module, its arguments); None for ``--no-python``."""
+        if self.no_python:
+            return None
+        mode = "module" if self.module else "run_path" if self.run_path else "path"
+        return mode, self.entrypoint, self.entrypoint_args
 
     def worker_argv(self, python: str) -> list[str]:
         """The command line each worker process runs."""

@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(p, "start-method", default="spawn",
           help="spawn only: every worker is a fresh process running the entry point, as "
           "torchrun does for a script (fork/forkserver apply to function entry points)")
+    _flag(p, "fork-server", action="store_true",
+          help="fork every worker from one process per node that imported torch and torchcomms once "
+          "(starts and restarts without an import of torch each; also TORCHCOMM_FORK_SERVER=1)")
     _flag(p, "backend", default=None,
           help="mpi: run as one rank of an Open MPI job, one torchcomms-run per rank started by "
           "mpiexec (mpiexec -n N [--with-ft ulfm] torchcomms-run --backend mpi train.py); each "

@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["processes_where"]
+__all__ = ["processes_where", "parent_of"]
 
 #: fields of ``/proc/<pid>/stat`` after the command name, by index
 _FIELDS = {"ppid": 1, "pgrp": 2}
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent of ``pid`` now; None when it is gone."""
+    fields = _stat_fields(pid)
+    return int(fields[_FIELDS["ppid"]]) if fields else None
 
 
 def processes_where(field: str, value: int) -> list[int]:
@@ -20,11 +34,7 @@ def processes_where(field: str, value: int) -> list[int]:
     for name in names:
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > index and fields[index] == want:
+        fields = _stat_fields(name)
+        if fields is not None and len(fields) > index and fields[index] == want:
             found.append(int(name))
     return found

@@ -91,7 +91,10 @@ class Round:
         self.hung: dict[int, float] = {}
         self.judge = LivenessJudge(hung_after=self.cfg.hung_timeout,
                                    stopped_after=self.cfg.stopped_timeout)
-        self.group = WorkerGroup(on_exit=self._on_worker_exit, watch=agent.watch)
+        server = agent.fork_server
+        self.group = WorkerGroup(on_exit=self._on_worker_exit, watch=agent.watch,
+                                 spawn=server.spawn if server is not None else None,
+                                 spare=(server.pid,) if server is not None else ())
         self.restarts: dict[int, int] = {}  # rank -> processes started in its place
 
     # ------------------------------------------------------------------ start / stop
@@ -145,7 +148,7 @@ class Round:
         meta = {"host": agent.hostname, "rank": rank, "local_rank": lr,
                 "node_rank": slot.node_rank, "attempt": plan.round}
         return WorkerSpec(placement=placement, argv=argv, env=env, host=agent.hostname,
-                          error_file=str(error_file),
+                          error_file=str(error_file), entry=cfg.worker_entry(),
                           output=OutputPump(self.console, prefix, meta, routes))
 
     def replace(self, w: Worker) -> bool:

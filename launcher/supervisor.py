@@ -41,7 +41,7 @@ from .output import STDERR, STDOUT, OutputPump
 from .watch import Watch
 
 __all__ = ["WorkerSpec", "WorkerResult", "Worker", "WorkerGroup", "ProcessHandle",
-           "spawn_process", "exit_code_of", "proc_state", "KILL_WAIT_S"]
+           "spawn_process", "child_setup", "exit_code_of", "proc_state", "KILL_WAIT_S"]
 
 #: How long a SIGKILLed worker may take to exit before it is given up as unreapable: one in
 #: an uninterruptible sleep (a hung driver or file system) cannot exit until the kernel lets
@@ -59,7 +59,10 @@ _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
 _prctl.restype = ctypes.c_int
 
 
-def _child_setup(parent_pid: int) -> Callable[[], None]:
+def child_setup(parent_pid: int) -> Callable[[], None]:
+    """What a child of the agent runs before exec: its own process group, and death with the
+    thread that forked it (``PR_SET_PDEATHSIG``)."""
+
     def setup() -> None:  # runs in the forked child, before exec
         os.setpgid(0, 0)
         _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
@@ -159,6 +162,8 @@ class WorkerSpec:
     error_file: str | None = None
     output: OutputPump | None = None
     cwd: str | None = None
+    #: what ``argv`` runs, for a fork server: (mode, target, args), see :meth:`LaunchConfig.worker_entry`
+    entry: tuple[str, str, tuple[str, ...]] | None = None
 
 
 class ProcessHandle(Protocol):
@@ -251,22 +256,25 @@ class WorkerGroup:
     ``on_exit`` and the ``exits`` queue hear of every worker exactly once: when it is reaped,
     or when it is given up as unreapable (:meth:`abandon`). ``spawn`` starts a process
     (default :func:`spawn_process`); ``kill_wait`` defaults to ``KILL_WAIT_S``; ``watch`` is
-    told of every worker started, and of every worker reaped once its group was killed."""
+    told of every worker started, and of every worker reaped once its group was killed; ``spare``
+    names the agent's other children (a fork server), never ended with the orphans it adopted."""
 
     def __init__(self, on_exit: Callable[[Worker], None] | None = None, *,
                  spawn: Callable[[WorkerSpec, Callable[[], None]], ProcessHandle] | None = None,
-                 kill_wait: float | None = None, watch: Watch | None = None) -> None:
+                 kill_wait: float | None = None, watch: Watch | None = None,
+                 spare: Iterable[int] = ()) -> None:
         self.workers: list[Worker] = []
         self.exits: queue.Queue[Worker] = queue.Queue()
         self.kill_wait = KILL_WAIT_S if kill_wait is None else kill_wait
         self._on_exit = on_exit
         self._spawn = spawn_process if spawn is None else spawn
         self._watch = watch
+        self._spare = set(spare)
         self._lock = threading.Lock()  # a worker is reaped or abandoned, never both
 
     def start(self, specs: Iterable[WorkerSpec]) -> list[Worker]:
         """Start every worker (call from the main thread, see the module docstring)."""
-        setup = _child_setup(os.getpid())
+        setup = child_setup(os.getpid())
         for spec in specs:
             p = spec.placement
             try:
@@ -373,7 +381,7 @@ class WorkerGroup:
         left = [w for w in pending if self.abandon(w)]
         for w in self.workers:
             w.signal_group(signal.SIGKILL)  # children forked just before the leader died
-        own = {w.pid for w in self.workers} | ({self._watch.pid} if self._watch is not None else set())
+        own = {w.pid for w in self.workers} | self._spare | ({self._watch.pid} if self._watch is not None else set())
         end_adopted(own)  # and those that left the workers' groups
         if self._watch is not None:
             for w in self.workers:

@@ -136,6 +136,9 @@ VARIABLES: tuple[Var, ...] = (
     Var("TORCHCOMM_AGENT_MARK", "agent_mark", "str", None,
         "marks the processes of one agent's workers (what they start inherits it): should the agent be "
         "SIGKILLed, its watcher kills every process that carries it", "launcher"),
+    Var("TORCHCOMM_FORK_SERVER", "fork_server", "bool", False,
+        "torchcomms-run forks every worker from one process per node that imported torch once "
+        "(`--fork-server`)"),
     # --- communicators ---
     Var("TORCHCOMM_TIMEOUT_SECONDS", "timeout_s", "float", 600.0, "default op timeout (s)",
         minimum=0, positive=True),

@@ -178,3 +178,18 @@ def test_a_monitor_interval_of_0_is_refused():
     with pytest.raises(UsageError, match=r"--monitor-interval must be > 0, got 0"):
         parse_args(["--monitor-interval", "0", "x.py"], {})
     assert parse_args(["--monitor-interval", "0.5", "x.py"], {}).monitor_interval == 0.5
+
+
+def test_fork_server_from_the_flag_or_the_variable():
+    assert not parse_args(["x.py"], {}).fork_server
+    assert parse_args(["--fork-server", "x.py"], {}).fork_server
+    assert parse_args(["x.py"], {"TORCHCOMM_FORK_SERVER": "1"}).fork_server
+    assert parse_args(["-m", "pkg.mod", "a"], {"TORCHCOMM_FORK_SERVER": "on"}).worker_entry() == ("module", "pkg.mod",
+                                                                                               ("a",))
+    assert parse_args(["--run-path", "x.py"], {}).worker_entry() == ("run_path", "x.py", ())
+    # a --no-python job's executables start as they are: the variable is ignored there, the flag refused
+    assert not parse_args(["--no-python", "prog"], {"TORCHCOMM_FORK_SERVER": "1"}).fork_server
+    with pytest.raises(UsageError, match="--fork-server forks Python workers"):
+        parse_args(["--fork-server", "--no-python", "prog"], {})
+    with pytest.raises(UsageError, match="TORCHCOMM_FORK_SERVER must be 0/1/true/false, got 'maybe'"):
+        parse_args(["x.py"], {"TORCHCOMM_FORK_SERVER": "maybe"})

@@ -16,19 +16,37 @@ from conftest import (REPO, base_env, launcher_cmd, pid_alive, read_pids, run_la
                       wait_for, worker)
 
 
-def test_exit_code_of_root_cause_propagates(tmp_path):
+#: the two ways a worker starts: a fresh interpreter, or forked from the node's fork server (which
+#: imports torch once: ~1 s of CPU more per test, spent once for all the workers it forks)
+STARTS = ["fresh", "fork-server"]
+
+
+def start_args(start: str) -> list[str]:
+    return ["--fork-server"] if start == "fork-server" else []
+
+
+def forked_throughout(start: str, stderr: str) -> bool:
+    """Every worker came from the fork server when asked for (it was never given up)."""
+    return start != "fork-server" or "fork server" not in stderr
+
+
+@pytest.mark.parametrize("start", STARTS)
+def test_exit_code_of_root_cause_propagates(tmp_path, start):
     env = base_env(PID_DIR=str(tmp_path), EXIT_RANK="1", EXIT_CODE="3")
-    proc = run_launcher("--nproc-per-node", "2", worker("sleeper.py"), env=env)
+    proc = run_launcher("--nproc-per-node", "2", *start_args(start), worker("sleeper.py"), env=env)
     assert proc.returncode == 3, proc.stderr
+    assert forked_throughout(start, proc.stderr), proc.stderr
     assert "rank 1 on" in proc.stderr and "failed (exit 3)" in proc.stderr
     assert "exit 3  <- root cause" in proc.stderr
     assert "SIGTERM" in proc.stderr  # rank 0 was stopped by policy "fail"
 
 
-def test_success_prints_prefixed_lines_and_summary(tmp_path):
+@pytest.mark.parametrize("start", STARTS)
+def test_success_prints_prefixed_lines_and_summary(tmp_path, start):
     env = base_env(DURATION="0")
-    proc = run_launcher("--nproc-per-node", "2", worker("ticker.py"), env=env)
+    proc = run_launcher("--nproc-per-node", "2", *start_args(start), worker("ticker.py"), env=env)
     assert proc.returncode == 0, proc.stderr
+    assert forked_throughout(start, proc.stderr), proc.stderr
     lines = proc.stdout.splitlines()
     host = os.uname().nodename
     assert f"[{host}:0] rank 0 of 2 up" in lines
@@ -64,13 +82,18 @@ def test_redirects_send_output_to_files_only(tmp_path):
     assert "rank 0 done" in (tmp_path / "r/attempt_0/0/stdout.log").read_text()
 
 
-def test_worker_environment(tmp_path):
+@pytest.mark.parametrize("start", STARTS)
+def test_worker_environment(tmp_path, start):
     env = base_env(OUT_DIR=str(tmp_path))
-    proc = run_launcher("--nproc-per-node", "2", "--rdzv-id", "envjob", worker("env_dump.py"),
-                        env=env)
+    proc = run_launcher("--nproc-per-node", "2", "--rdzv-id", "envjob", *start_args(start), worker("env_dump.py"),
+                        "--lr", "1", env=env)
     assert proc.returncode == 0, proc.stderr
     envs = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
     for rank, e in enumerate(envs):
+        # what `python env_dump.py --lr 1` gives, forked or not; the agent is its parent
+        assert e["_ARGV"] == [worker("env_dump.py"), "--lr", "1"] and e["_CWD"] == str(REPO)
+        assert e["_PATH0"] == str(Path(worker("env_dump.py")).parent) and e["_FILE"] == worker("env_dump.py")
+        assert e["_GROUP_LEADER"] and e["_TORCH_PRELOADED"] == (start == "fork-server")
         assert (e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"]) == \
             (str(rank), str(rank), "2", "2")
         assert (e["GROUP_RANK"], e["GROUP_WORLD_SIZE"], e["ROLE_NAME"]) == ("0", "1", "default")
@@ -95,9 +118,11 @@ def test_record_error_reaches_summary(tmp_path):
     assert "| Traceback" in proc.stderr
 
 
-def test_restart_policy_restarts_whole_group():
-    proc = run_launcher("--nproc-per-node", "2", "--max-restarts", "2", worker("restart_once.py"))
+@pytest.mark.parametrize("start", STARTS)
+def test_restart_policy_restarts_whole_group(start):
+    proc = run_launcher("--nproc-per-node", "2", "--max-restarts", "2", *start_args(start), worker("restart_once.py"))
     assert proc.returncode == 0, proc.stderr
+    assert forked_throughout(start, proc.stderr), proc.stderr  # the server outlives a round's stop
     out = proc.stdout
     assert "rank 1 attempt 0" in out and "rank 0 attempt 1" in out and "rank 1 attempt 1" in out
     assert "attempt 2" not in out
@@ -134,18 +159,36 @@ def test_fail_policy_with_survivors(tmp_path):
     assert proc.stderr.count("exit 0") == 2
 
 
-def test_sigkill_of_agent_leaves_no_worker(tmp_path):
+def _marked(mark: str) -> list[int]:
+    """The live processes whose environment (as /proc shows it) holds the agent's mark."""
+    entry, found = f"TORCHCOMM_AGENT_MARK={mark}".encode(), []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if entry in (proc / "environ").read_bytes().split(b"\0") and pid_alive(int(proc.name)):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("start", STARTS)
+def test_sigkill_of_agent_leaves_no_worker(tmp_path, start):
+    """Nor a fork server: every process that carries the agent's mark is gone."""
     env = base_env(PID_DIR=str(tmp_path))
-    agent = subprocess.Popen(launcher_cmd("--nproc-per-node", "3", worker("sleeper.py")),
+    agent = subprocess.Popen(launcher_cmd("--nproc-per-node", "3", *start_args(start), worker("sleeper.py")),
                              env=env, cwd=REPO, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
         pids = read_pids(tmp_path, 3)
         assert all(pid_alive(p) for p in pids)
+        environ = Path(f"/proc/{pids[0]}/environ").read_bytes().split(b"\0")
+        mark = next(e for e in environ if e.startswith(b"TORCHCOMM_AGENT_MARK=")).split(b"=", 1)[1].decode()
+        assert len(_marked(mark)) >= 3 + (start == "fork-server")
         agent.kill()
         agent.wait(timeout=10)
         assert wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=10), \
             [p for p in pids if pid_alive(p)]
+        assert wait_for(lambda: not _marked(mark), timeout=10), _marked(mark)
     finally:
         if agent.poll() is None:
             agent.kill()
@@ -189,18 +232,36 @@ def test_unknown_flag_cli_message():
     assert "unknown option --nproc_per_nod; did you mean --nproc_per_node?" in proc.stderr
 
 
-def test_module_and_run_path_modes(tmp_path):
+@pytest.mark.parametrize("start", STARTS)
+def test_module_and_run_path_modes(tmp_path, start):
     pkg = tmp_path / "mypkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "hello.py").write_text("import os, sys\nprint('module', os.environ['RANK'], sys.argv[1:])\n")
-    env = base_env()
+    (pkg / "hello.py").write_text("import os, sys\nprint('module', os.environ['RANK'], sys.argv[1:], __name__, "
+                                  "sys.argv[0], repr(sys.path[0]))\n")
+    env = base_env(TORCHCOMM_FORK_SERVER="1" if start == "fork-server" else "0")
     env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
     proc = run_launcher("--no-summary", "-m", "mypkg.hello", "a", "--b", env=env)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().endswith("module 0 ['a', '--b']")
+    assert proc.stdout.strip().endswith(f"module 0 ['a', '--b'] __main__ {pkg / 'hello.py'} {str(REPO)!r}")
     proc = run_launcher("--no-summary", "--run-path", str(pkg / "hello.py"), "z", env=env)
-    assert proc.stdout.strip().endswith("module 0 ['z']"), proc.stderr
+    assert proc.stdout.strip().endswith(f"module 0 ['z'] __main__ {pkg / 'hello.py'} ''"), proc.stderr
+    assert forked_throughout(start, proc.stderr), proc.stderr
+
+
+def test_a_fork_server_that_cannot_serve_is_given_up_and_the_workers_start_fresh(tmp_path):
+    """A torch that cannot be imported: said once, and the job runs as without --fork-server."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('this torch is broken')\n")
+    env = base_env(DURATION="0")
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+    proc = run_launcher("--nproc-per-node", "2", "--fork-server", "--no-summary", worker("ticker.py"), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("fork server") == 1, proc.stderr
+    assert "given up: import torch failed: ImportError: this torch is broken; workers start as fresh interpreters" \
+        in proc.stderr
+    assert {ln.split("] ", 1)[1] for ln in proc.stdout.splitlines()} == {"rank 0 of 2 up", "rank 1 of 2 up",
+                                                                          "rank 0 done", "rank 1 done"}
 
 
 @pytest.mark.slow

@@ -54,16 +54,18 @@ def test_a_worker_pid_of_unknown_start_counts_only_while_no_unmarked_process_hol
     assert job_targets({21: procs[21]}, {20: None}) == {21}
 
 
-@pytest.mark.parametrize("load", [False, True], ids=["idle", "oversubscribed"])
-def test_what_the_workers_started_dies_with_a_sigkilled_launcher(tmp_path, load):
+@pytest.mark.parametrize("load, start", [(False, "fresh"), (True, "fresh"), (True, "fork-server")],
+                         ids=["idle", "oversubscribed", "oversubscribed-fork-server"])
+def test_what_the_workers_started_dies_with_a_sigkilled_launcher(tmp_path, load, start):
     """Workers die with the agent (PR_SET_PDEATHSIG), but a ``sleep 600``, a Python child and a
     double-forked daemon in a session of its own they started ran on under init after a
-    ``kill -9`` of the launcher."""
+    ``kill -9`` of the launcher. A worker forked by the fork server is the agent's child as well."""
     env = base_env(PID_DIR=str(tmp_path), DAEMON="1")
-    run_id = f"watched{os.getpid()}{'load' if load else ''}"
+    run_id = f"watched{os.getpid()}{'load' if load else ''}{start[:4]}"
     kids: list[int] = []
     with oversubscribed(per_core=4, limit_s=120) if load else contextlib.nullcontext():
-        argv = launcher_cmd("--nproc-per-node", "1", "--rdzv-id", run_id, worker("spawns_children.py"))
+        argv = launcher_cmd("--nproc-per-node", "1", "--rdzv-id", run_id,
+                            *(["--fork-server"] if start == "fork-server" else []), worker("spawns_children.py"))
         agent = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             kids = _kids(tmp_path, 1)
@@ -81,6 +83,7 @@ def test_what_the_workers_started_dies_with_a_sigkilled_launcher(tmp_path, load)
     assert len(kids) == 3
     assert not list(Path(tempfile.gettempdir()).glob(f"torchcomms-run-{run_id}-*")), "its run folder (secret) stayed"
     assert "[torchcomms-run watcher] the agent" in out and "died without stopping its workers" in out, out
+    assert "fork server" not in out, out
 
 
 def test_a_launcher_that_exits_normally_stops_its_watcher_which_kills_nothing(tmp_path):

@@ -1,6 +1,11 @@
-"""Writes its environment (and its parent's pid, as ``_PPID``) as JSON to $OUT_DIR/<RANK>.json."""
+"""Writes its environment as JSON to $OUT_DIR/<RANK>.json, with what the interpreter gave it:
+its parent's pid (``_PPID``), argv, working directory, ``sys.path[0]``, ``__file__``, whether it
+leads its process group, and whether torch was imported before its first line (a forked worker)."""
 import json
 import os
+import sys
 from pathlib import Path
 
-Path(os.environ["OUT_DIR"], os.environ["RANK"] + ".json").write_text(json.dumps({**os.environ, "_PPID": str(os.getppid())}))
+facts = {"_PPID": str(os.getppid()), "_ARGV": sys.argv, "_CWD": os.getcwd(), "_PATH0": sys.path[0], "_FILE": __file__,
+         "_GROUP_LEADER": os.getpgid(0) == os.getpid(), "_TORCH_PRELOADED": "torch" in sys.modules}
+Path(os.environ["OUT_DIR"], os.environ["RANK"] + ".json").write_text(json.dumps({**os.environ, **facts}))
