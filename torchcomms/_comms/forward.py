@@ -147,10 +147,19 @@ class CommForwarder:
         self._lock = threading.Lock()
         self._split_names: dict[str, int] = {}
         self._last_split: tuple[tuple[str, tuple[int, ...]], Any] | None = None
+        self._options: Any = None
 
     # --- bookkeeping ---------------------------------------------------------------------
     def backend_name(self) -> str:
         return str(self.comm.get_backend())
+
+    def options(self) -> Any:
+        """c10d's ``backend.options`` (:mod:`torchcomms._comms.options`)."""
+        if self._options is None:
+            from torchcomms._comms.options import BackendOptions
+
+            self._options = BackendOptions(self.comm, self.backend_name())
+        return self._options.get()
 
     def timeout_ms(self) -> int:
         return int(self._timeout_s * 1000)
