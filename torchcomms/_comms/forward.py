@@ -188,8 +188,12 @@ class CommForwarder:
         return self._track([self.comm.all_reduce(_in_memory_order(x), op, True, timeout=t) for x in tensors])
 
     def broadcast(self, tensors: list[torch.Tensor], root: int, root_tensor: int, timeout: int | None) -> Any:
-        t = _timeout(timeout)
-        return self._track([self.comm.broadcast(_in_memory_order(x), root, True, timeout=t) for x in tensors])
+        """The root only reads its tensor: a view that is not contiguous (a strided slice, an
+        expanded tensor) is sent from a contiguous copy (c10d's gloo sends its memory as if it
+        were contiguous: wrong numbers; refused on the root alone, it left the others waiting)."""
+        t, own = _timeout(timeout), self._rank == root
+        bufs = [staged_input(_in_memory_order(x)) if own else _in_memory_order(x) for x in tensors]
+        return self._track([self.comm.broadcast(x, root, True, timeout=t) for x in bufs])
 
     def reduce(self, tensors: list[torch.Tensor], root: int, red: tuple, timeout: int | None) -> Any:
         op, t = reduce_op(red), _timeout(timeout)
