@@ -1,5 +1,5 @@
-"""Rank bodies for unchanged torch.distributed programs (DDP, FSDP2, 2-D DeviceMesh with DTensor
-tensor parallel, a dead peer), run with TORCH_DISTRIBUTED_USE_TORCHCOMMS on or off."""
+"""Rank bodies for unchanged torch.distributed programs (DDP, FSDP2, ZeRO, 2-D DeviceMesh with
+DTensor tensor parallel, a dead peer), run with TORCH_DISTRIBUTED_USE_TORCHCOMMS on or off."""
 from __future__ import annotations
 
 import json
@@ -101,6 +101,46 @@ def fsdp2(steps: int = 3, device: str = "cpu") -> dict[str, Any]:
     ops = _recorded(rec)
     dist.destroy_process_group()
     return {"losses": losses, "params": params, "recorded": ops, "routed": rec is not None}
+
+
+def _tree(o: Any) -> Any:
+    """``o`` (a state dict) as JSON: tensors as their values, dtype, device and shape."""
+    if torch.is_tensor(o):
+        return {"values": o.flatten().tolist(), "dtype": str(o.dtype), "device": str(o.device), "shape": list(o.shape)}
+    if isinstance(o, dict):
+        return {str(k): _tree(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_tree(v) for v in o]
+    return o
+
+
+def zero(steps: int = 2, to: int = 1) -> dict[str, Any]:
+    """``ZeroRedundancyOptimizer`` (Adam, two parameter groups) trained, then its state
+    consolidated on rank ``to`` and read there (``consolidate_state_dict`` and ``state_dict``)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    dist.init_process_group("gloo")
+    rec = _attach_recorder()
+    model = _model()
+    params = list(model.parameters())
+    opt = ZeroRedundancyOptimizer(params[:2], optimizer_class=torch.optim.Adam, lr=0.01)
+    opt.add_param_group({"params": params[2:], "lr": 0.05})
+    losses = []
+    for step in range(steps):
+        x, y = _data(dist.get_rank(), step)
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        for p in params:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+        opt.step()
+        losses.append(loss.item())
+    opt.consolidate_state_dict(to=to)
+    state = _tree(opt.state_dict()) if dist.get_rank() == to else None
+    out = {"losses": losses, "params": [p.detach().flatten().tolist() for p in params], "state": state,
+           "recorded": _recorded(rec)}
+    dist.destroy_process_group()
+    return out
 
 
 def mesh_2d(steps: int = 2) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Unchanged torch.distributed programs (DDP, FSDP2, a 2-D DeviceMesh with DTensor tensor
+"""Unchanged torch.distributed programs (DDP, FSDP2, ZeRO, a 2-D DeviceMesh with DTensor tensor
 parallel) with TORCH_DISTRIBUTED_USE_TORCHCOMMS=1: same numbers as on c10d's gloo, and the
 traffic went through our communicators; a dead peer surfaces as our typed error."""
 from __future__ import annotations
@@ -46,6 +46,19 @@ def test_program_same_numbers_and_routed(program: str, world: int, ops: tuple[st
         for res in on:
             assert res.value["backends"] == ["_BackendWrapper"]
             assert res.value["groups"] == off[res.rank].value["groups"]
+
+
+def test_zero_consolidated_state_same_as_c10d() -> None:
+    # ZeroRedundancyOptimizer's consolidate_state_dict: every rank's shard broadcast from its
+    # owner (a length, then the pickled bytes), kept on the target rank (1 of 3)
+    on, off = _both("tests.dist.route_workers:zero", 3)
+    for a, b in zip(on, off):
+        assert _close(a.value["losses"], b.value["losses"]) and _close(a.value["params"], b.value["params"])
+        assert a.value["state"] == b.value["state"], (a.rank, a.value["state"], b.value["state"])
+        assert (a.value["state"] is not None) == (a.rank == 1)
+        assert a.value["recorded"].get("gloo:broadcast", 0) >= 3 and b.value["recorded"] == {}
+    state = on[1].value["state"]
+    assert sorted(state["state"]) == ["0", "1", "2", "3"] and [g["lr"] for g in state["param_groups"]] == [0.01, 0.05]
 
 
 def test_dead_peer_raises_our_typed_error_through_torch_distributed() -> None:

@@ -52,3 +52,16 @@ def test_new_group_timeouts_hold_on_a_starved_cpu() -> None:
         # the deadline's own message, or that of gloo's per-op backstop, set from what was left
         # of it ("Timed out waiting 2990ms"); the world's 600 s would read "within 600 s"
         assert re.match(r"CommTimeoutError: .*(within 3 s|Timed out waiting \d{1,4}ms)", error), (op, error)
+
+
+def test_backend_options_same_as_c10d() -> None:
+    # the wrapper had no `options`, which c10d's backends expose and programs read (the group's
+    # timeout): AttributeError
+    on = run_ranks(2, f"{WORKERS}:backend_options", timeout=120, env=ROUTE)
+    off = run_ranks(2, f"{WORKERS}:backend_options", timeout=120)
+    for a, b in zip(on, off):
+        assert a.value == b.value, (a.rank, a.value, b.value)
+        v = a.value
+        assert [v[k]["timeout"] for k in ("world", "group", "world_after")] == [7.0, 4.0, 5.0], v
+        assert v["world"]["ranks"] == [] and v["group"]["ranks"] == [0, 1], v
+        assert v["world"]["type"] == "_Options" and v["world"]["backend"] == "gloo" and v["world"]["own_name"], v

@@ -90,3 +90,24 @@ def group_ops_time_out(group_s: float) -> dict[str, Any]:
                 out[name] = f"{type(e).__name__}: {e}"
     done_through_the_store(store, timedelta(seconds=300))
     return out
+
+
+def _options(group: Any) -> dict[str, Any]:
+    """What a program reads from ``group``'s c10d backend ``options``."""
+    opts = group._get_backend(torch.device("cpu")).options
+    return {"type": type(opts).__name__, "backend": opts.backend, "timeout": opts._timeout.total_seconds(),
+            "own_name": opts.group_name == group.group_name, "ranks": list(opts.global_ranks_in_group),
+            "threads": opts._threads, "devices": len(opts._devices)}
+
+
+def backend_options() -> dict[str, Any]:
+    """``backend.options`` of the world and of a subgroup, before and after ``_set_pg_timeout``."""
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=7))
+    g = dist.new_group([0, 1], timeout=timedelta(seconds=4))
+    out = {"world": _options(dist.group.WORLD), "group": _options(g)}
+    _set_pg_timeout(timedelta(seconds=5))
+    out["world_after"] = _options(dist.group.WORLD)
+    dist.destroy_process_group()
+    return out

@@ -133,6 +133,41 @@ def dcp_round_trip(path: str) -> dict[str, Any]:
     return out
 
 
+def _expanded_inputs(r: int, n: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """(got, want) of ops whose input is an expanded tensor or a strided slice on the odd ranks
+    (the root's tensor of a broadcast: on rank 0). c10d's gloo gets the gathers right and sends
+    wrong numbers from the root of a scatter or a broadcast."""
+    def val(x: float, k: int) -> torch.Tensor:
+        return torch.tensor([x]).expand(k) if r % 2 else torch.full((k,), x)
+
+    ag = [torch.zeros(3) for _ in range(n)]
+    dist.all_gather(ag, val(r + 1.0, 3))
+    ga = [torch.zeros(2) for _ in range(n)]
+    dist.gather(val(r + 5.0, 2), ga if r == 0 else None, dst=0)
+    a2a = [torch.zeros(2) for _ in range(n)]
+    dist.all_to_all(a2a, [val(10.0 * r + q, 2) for q in range(n)])
+    sc = torch.zeros(2)
+    dist.scatter(sc, [torch.tensor([q + 7.0]).expand(2) for q in range(n)] if r == 0 else None, src=0)
+    bx, bs = torch.tensor([3.0]).expand(4) if r == 0 else torch.zeros(4), torch.zeros(4)
+    dist.broadcast(bx, src=0)
+    dist.broadcast(torch.arange(8.0)[::2] if r == 0 else bs, src=0)
+    got = torch.zeros(3)
+    for w in (dist.isend(val(r + 20.0, 3), dst=(r + 1) % n), dist.irecv(got, src=(r - 1) % n)):
+        w.wait()
+    def rows(f: Any, k: int) -> torch.Tensor:
+        return torch.stack([torch.full((k,), float(f(q))) for q in range(n)])
+
+    return {
+        "all_gather/expanded_input": (torch.stack(ag), rows(lambda q: q + 1, 3)),
+        "gather/expanded_input": (torch.stack(ga), rows(lambda q: (q + 5) * (r == 0), 2)),
+        "all_to_all/expanded_inputs": (torch.stack(a2a), rows(lambda q: 10 * q + r, 2)),
+        "scatter/expanded_inputs": (sc, torch.full((2,), r + 7.0)),
+        "broadcast/expanded_root": (bx, torch.full((4,), 3.0)),
+        "broadcast/strided_root": (bs, torch.zeros(4) if r == 0 else torch.arange(0.0, 8.0, 2.0)),
+        "send_recv/expanded": (got, torch.full((3,), (r - 1) % n + 20.0)),
+    }
+
+
 def _copied_layouts(r: int, n: int) -> dict[str, Any]:
     """(got, want) of ops on views that are not contiguous, which the route runs through contiguous
     copies: c10d's gloo runs the list forms right, and refuses 2-D outputs of the ``*_tensor`` ops
@@ -163,7 +198,8 @@ def _copied_layouts(r: int, n: int) -> dict[str, Any]:
                                      dist.P2POp(dist.irecv, batched[:, 2], prev)]):
         w.wait()
     from_prev = torch.zeros(2, 3)
-    pairs = {
+    pairs = _expanded_inputs(r, n)
+    pairs.update({
         "all_gather/column_outputs": (cols, want_cols),
         "all_gather/column_input": (torch.stack(outs), torch.stack([torch.tensor([1.0, 5, 9]) + q for q in range(n)])),
         "gather/column_outputs": (gathered, torch.arange(float(n)).expand(2, n) if r == 0 else torch.zeros(2, n)),
@@ -174,7 +210,7 @@ def _copied_layouts(r: int, n: int) -> dict[str, Any]:
         "reduce_scatter_tensor/transposed": (rst, per_rank[4 * r: 4 * r + 4].reshape(2, 2)),
         "send_recv/columns": (ring, from_prev.index_copy(1, torch.tensor([1]), (grid + 10 * prev)[:, 1:2])),
         "batch_isend_irecv/columns": (batched, from_prev.index_copy(1, torch.tensor([2]), (grid + 10 * prev)[:, 2:3])),
-    }
+    })
     return {name: [_flat(got), _flat(want)] for name, (got, want) in pairs.items()}
 
 

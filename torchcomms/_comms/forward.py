@@ -147,10 +147,19 @@ class CommForwarder:
         self._lock = threading.Lock()
         self._split_names: dict[str, int] = {}
         self._last_split: tuple[tuple[str, tuple[int, ...]], Any] | None = None
+        self._options: Any = None
 
     # --- bookkeeping ---------------------------------------------------------------------
     def backend_name(self) -> str:
         return str(self.comm.get_backend())
+
+    def options(self) -> Any:
+        """c10d's ``backend.options`` (:mod:`torchcomms._comms.options`)."""
+        if self._options is None:
+            from torchcomms._comms.options import BackendOptions
+
+            self._options = BackendOptions(self.comm, self.backend_name())
+        return self._options.get()
 
     def timeout_ms(self) -> int:
         return int(self._timeout_s * 1000)
@@ -179,8 +188,12 @@ class CommForwarder:
         return self._track([self.comm.all_reduce(_in_memory_order(x), op, True, timeout=t) for x in tensors])
 
     def broadcast(self, tensors: list[torch.Tensor], root: int, root_tensor: int, timeout: int | None) -> Any:
-        t = _timeout(timeout)
-        return self._track([self.comm.broadcast(_in_memory_order(x), root, True, timeout=t) for x in tensors])
+        """The root only reads its tensor: a view that is not contiguous (a strided slice, an
+        expanded tensor) is sent from a contiguous copy (c10d's gloo sends its memory as if it
+        were contiguous: wrong numbers; refused on the root alone, it left the others waiting)."""
+        t, own = _timeout(timeout), self._rank == root
+        bufs = [staged_input(_in_memory_order(x)) if own else _in_memory_order(x) for x in tensors]
+        return self._track([self.comm.broadcast(x, root, True, timeout=t) for x in bufs])
 
     def reduce(self, tensors: list[torch.Tensor], root: int, red: tuple, timeout: int | None) -> Any:
         op, t = reduce_op(red), _timeout(timeout)

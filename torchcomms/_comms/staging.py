@@ -4,9 +4,11 @@ c10d's gloo gathers into, and reads from, views that are not contiguous (``out.c
 as ``all_gather``'s outputs, a column as its input) and gets them right, as it copies each piece
 into place. The communicator refuses such tensors, so the forwarder gives it contiguous copies
 instead: inputs are copied before the op, outputs are copied back into the caller's tensors once
-the op succeeded (:class:`StagedWork`). A view with a stride of 0 (several elements in one place)
-is left as it is, for the communicator to refuse: nothing could be copied back into it. Which
-tensors of which ops: ``forward.py`` (docs/INTERNALS.md, "The torch.distributed route").
+the op succeeded (:class:`StagedWork`). An output with a stride of 0 (several elements in one
+place) is left as it is, for the communicator to refuse: nothing could be copied back into it.
+An input with one (an expanded tensor) is copied like any other view: refused on the ranks that
+have it only, it left the others waiting in the op until the timeout. Which tensors of which
+ops: ``forward.py`` (docs/INTERNALS.md, "The torch.distributed route").
 """
 from __future__ import annotations
 
@@ -16,14 +18,17 @@ from typing import Any
 import torch
 
 
+def _copyable(t: torch.Tensor) -> bool:
+    return t.layout == torch.strided and not t.is_contiguous()
+
+
 def _stageable(t: torch.Tensor) -> bool:
-    return (t.layout == torch.strided and not t.is_contiguous()
-            and not any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)))
+    return _copyable(t) and not any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
 
 
 def staged_input(t: torch.Tensor) -> torch.Tensor:
-    """``t``, or a contiguous copy of it."""
-    return t.contiguous() if _stageable(t) else t
+    """``t``, or a contiguous copy of it (of an expanded view too)."""
+    return t.contiguous() if _copyable(t) else t
 
 
 def staged_output(t: torch.Tensor, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

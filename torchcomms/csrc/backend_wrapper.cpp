@@ -231,6 +231,11 @@ class BackendWrapper : public c10d::Backend {
     return comm_;
   }
 
+  // c10d's `backend.options` (torchcomms._comms.options); called with the GIL held
+  py::object options() const {
+    return fw_.attr("options")();
+  }
+
   const std::string getBackendName() const override {
     return name_;
   }
@@ -445,6 +450,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init([](py::object comm) { return c10::make_intrusive<torchcomms_ext::BackendWrapper>(comm); }),
            py::arg("comm"))
       .def("get_comm", &torchcomms_ext::BackendWrapper::getComm, "The communicator this backend forwards to.")
+      .def_property_readonly("options", &torchcomms_ext::BackendWrapper::options,
+                             "c10d's options of this group's backend: the communicator's timeout, the group's "
+                             "name and global ranks, the engine's own fields.")
       // c10d's _set_pg_timeout(timeout, group) calls this on the group's backends (on
       // ProcessGroupGloo / ProcessGroupNCCL, which bind it, and on this class by name)
       .def(
