@@ -101,8 +101,9 @@ def test_ranks_that_disagree_on_the_check_mode_are_refused_at_creation(modes, pe
     the engine until the first op's deadline, both blaming the store or nobody."""
     with RankGroup(len(modes), f"{WORKERS}:check_modes", dict(modes=modes), per_rank_env=per_rank_env) as g:
         values = [r.value for r in g.wait(60, failed_grace=20)]
-    assert all(v.startswith("CommValueError") and "[comm 'mm', new_comm]" in v and words in v for v in values), values
-    assert len(set(values)) == 1, values  # the same verdict everywhere
+    every = "\n".join(f"rank {r}: {v}" for r, v in enumerate(values))  # whole, as pytest shortens a list
+    assert all(v.startswith("CommValueError") and "[comm 'mm', new_comm]" in v and words in v for v in values), every
+    assert len(set(values)) == 1, every  # the same verdict everywhere
 
 
 def test_local_argument_error_never_blames_its_peer() -> None:
