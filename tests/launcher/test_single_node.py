@@ -106,6 +106,9 @@ def test_worker_environment(tmp_path, start):
         assert e["TORCHELASTIC_USE_AGENT_STORE"] == "False"
         assert e["OMP_NUM_THREADS"] == "1"
     assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
+    # each worker draws its own numbers, forked or not (Python's random reseeds itself at a fork;
+    # the server never imports numpy.random, so each worker seeds it from the OS at its import)
+    assert envs[0]["_RANDOM"] != envs[1]["_RANDOM"] and envs[0]["_NUMPY_RANDOM"] != envs[1]["_NUMPY_RANDOM"]
     secret = envs[0]["TORCHCOMM_CONTROL_SECRET_FILE"]
     assert not Path(secret).exists()  # the run directory is removed at the end
 
