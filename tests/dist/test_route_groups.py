@@ -12,6 +12,8 @@ the ranks that read it (the members of a new group, the ranks whose group comes 
 ``split_group`` waited until the timeout)."""
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from tests.helpers.ranks import run_ranks
@@ -44,3 +46,21 @@ def test_a_member_list_with_a_rank_twice_is_refused_on_every_rank_and_the_world_
         if TORCH_2_13:  # 2.11's split_group wants a device bound to the default group
             assert "ValueError" in v["split_group"], (res.rank, v)
         assert v["after"] == [2.0, 2.0], (res.rank, v)
+
+
+def test_a_group_c10ds_helper_makes_with_a_rank_twice_is_refused_before_its_rendezvous() -> None:
+    """torch 2.11's ``new_group([0, 0])`` does not refuse the list and makes the group through
+    c10d's process-group helper, whose arguments ``new_comm`` reads: rank 0 waited in the group's
+    rendezvous for a second member until the timeout. (2.13 refuses the list before the helper, so
+    the helper is stood in for here, by name and module, as ``new_comm`` finds it.)"""
+    import torch.distributed as dist
+
+    import torchcomms
+
+    src = ("def _new_process_group_helper(group_size, group_rank, global_ranks_in_group, store):\n"
+           "    return new_comm('gloo', 'cpu', name='twice', store=store, timeout=timedelta(seconds=5))\n")
+    scope = {"__name__": "torch.distributed.distributed_c10d", "new_comm": torchcomms.new_comm,
+             "timedelta": timedelta}
+    exec(compile(src, "c10d_helper_stand_in", "exec"), scope)  # noqa: S102 - the test's own source
+    with pytest.raises(torchcomms.CommValueError, match=r"ranks \[0, 0\]: it lists a rank twice"):
+        scope["_new_process_group_helper"](2, 0, [0, 0], dist.HashStore())

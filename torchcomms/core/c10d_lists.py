@@ -17,11 +17,6 @@ from torchcomms.core.errors import CommValueError
 _C10D = "torch.distributed.distributed_c10d"
 #: c10d's functions that split the default group's communicator, and their local holding the lists
 _CALLERS = {"split_group": "split_ranks", "_new_group_via_split_group": "group_ranks"}
-#: c10d's helper that makes a group's backend (torch 2.11's ``new_group`` on the route calls
-#: ``new_comm`` from it), and its local holding the group's global ranks: torch 2.11 does not refuse
-#: a rank listed twice, so the rank listed would wait in the new communicator's rendezvous for a
-#: member that never comes (torch 2.13 refuses it before the helper)
-_MAKER = ("_new_process_group_helper", "global_ranks_in_group")
 
 
 def _c10d_caller(max_depth: int) -> tuple[list[list[int]], int] | None:
@@ -32,12 +27,6 @@ def _c10d_caller(max_depth: int) -> tuple[list[list[int]], int] | None:
         if frame is None:
             return None
         name = frame.f_code.co_name
-        if name == _MAKER[0] and frame.f_globals.get("__name__") == _C10D:
-            ranks = frame.f_locals.get(_MAKER[1])
-            if not isinstance(ranks, (list, tuple)) or not ranks:
-                return None
-            world = _default_world_size()
-            return ([list(ranks)], world) if world is not None else None
         if name in _CALLERS and frame.f_globals.get("__name__") == _C10D:
             local: Any = frame.f_locals
             lists, world = local.get(_CALLERS[name]), local.get("global_world_size")
@@ -48,15 +37,6 @@ def _c10d_caller(max_depth: int) -> tuple[list[list[int]], int] | None:
             return [list(x) for x in lists], world
         frame = frame.f_back
     return None
-
-
-def _default_world_size() -> int | None:
-    try:
-        import torch.distributed as dist
-
-        return dist.get_world_size() if dist.is_initialized() else None
-    except Exception:  # noqa: BLE001 - c10d's state is not ours: no answer, no refusal
-        return None
 
 
 def _why(lists: list[list[int]], world: int) -> str | None:
@@ -71,7 +51,7 @@ def _why(lists: list[list[int]], world: int) -> str | None:
     return None
 
 
-def refuse_lists_c10d_refuses(comm: str, max_depth: int = 8, op: str = "split") -> None:
+def refuse_lists_c10d_refuses(comm: str, max_depth: int = 8) -> None:
     """Raises ``CommValueError`` when the c10d call splitting communicator ``comm`` (if one is
     among the caller's ``max_depth`` callers) has member lists torch refuses on some ranks."""
     found = _c10d_caller(max_depth)
@@ -79,5 +59,5 @@ def refuse_lists_c10d_refuses(comm: str, max_depth: int = 8, op: str = "split") 
         return
     why = _why(*found)
     if why is not None:
-        raise CommValueError(f"cannot {op} by ranks {found[0]}: {why} (torch refuses it on the ranks that read "
-                             f"it, or makes a group whose members never all come)", comm=comm, op=op)
+        raise CommValueError(f"cannot split by ranks {found[0]}: {why} (torch refuses it on the ranks that read "
+                             f"it, so no rank takes part in the split)", comm=comm, op="split")

@@ -65,6 +65,10 @@ def assemble_comm(
         group = bootstrap.c10d_group_being_made(helper)
         if group is not None:  # a torch.distributed subgroup: its own ranks, not the job's
             rank, size, global_ranks = group
+            if len(set(global_ranks)) != size:  # torch 2.11's new_group does not refuse it (2.13's does)
+                raise CommValueError(
+                    f"cannot make a group of ranks {list(global_ranks)}: it lists a rank twice, so its members "
+                    "would wait in its rendezvous for a member that never comes", comm=name, op="new_comm")
     if timeout is None and helper is not None:  # init_process_group(timeout=...) on the route
         timeout = bootstrap.c10d_group_timeout(helper)
     deferred = _deferred(hints, enable_reconfigure, name)

@@ -49,11 +49,7 @@ def new_comm(
         raise CommTypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
     if timeout is not None and timeout.total_seconds() <= 0:
         raise CommValueError(f"timeout must be positive, got {timeout}")
-    # a group c10d makes on the route (torch 2.11's new_group) with a rank twice: refused here, on
-    # the ranks it lists, instead of waiting in the rendezvous for a member that never comes
-    from torchcomms.core.c10d_lists import refuse_lists_c10d_refuses  # not at import: c10d's probe stays light
     from torchcomms.setup.assemble import assemble_comm
 
-    refuse_lists_c10d_refuses(name, op="make a group")
     return assemble_comm(backend, device, name, abort_process_on_timeout_or_error, timeout,
                          is_high_priority_stream, store, enable_reconfigure, hints)
