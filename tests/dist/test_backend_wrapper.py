@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.dist.route_runs import ROUTE
 from tests.helpers.ranks import run_ranks
 from tests.helpers.torch_versions import TORCH_2_13
 
-ROUTE = {"TORCH_DISTRIBUTED_USE_TORCHCOMMS": "1", "TORCHCOMM_ABORT_ON_ERROR": "0"}
 #: ops c10d's own gloo backend refuses (the route implements them on the communicator)
 GLOO_GAPS = ("all_reduce/avg", "all_reduce/premul_sum", "reduce_scatter/avg", "reduce_scatter_tensor/avg",
              "all_reduce/band", "all_reduce/bor", "all_reduce/bxor",

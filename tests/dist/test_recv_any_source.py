@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import torchcomms
+from tests.dist.route_runs import on_and_off
 from tests.dist.anysource_workers import PER_SENDER
 from tests.helpers.mpi_ranks import mpi_available, run_mpi_ranks
 from tests.helpers.ranks import run_ranks
 
-ROUTE = {"TORCH_DISTRIBUTED_USE_TORCHCOMMS": "1", "TORCHCOMM_ABORT_ON_ERROR": "0"}
 
 
 def _check_senders_and_order(v: dict) -> None:
@@ -57,8 +57,7 @@ def test_any_source_that_nobody_answers_ends_at_its_deadline() -> None:
 
 
 def test_recv_without_src_through_torch_distributed_matches_c10d_gloo() -> None:
-    on = run_ranks(3, "tests.dist.anysource_workers:c10d_any_source", timeout=120, env=ROUTE)
-    off = run_ranks(3, "tests.dist.anysource_workers:c10d_any_source", timeout=120)
+    on, off = on_and_off(3, "tests.dist.anysource_workers:c10d_any_source", timeout=120)
     assert on[0].value["backend"] == "_BackendWrapper" and off[0].value["backend"] == "ProcessGroupGloo"
     assert on[0].value["recv"] == [[1, [1.0] * 3], [2, [2.0] * 3]]
     assert on[0].value["irecv"] == [2, [20.0] * 3]

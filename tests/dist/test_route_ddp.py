@@ -7,16 +7,15 @@ the callback, so training hung at the hook's first compressed step (c10d's gloo 
 on its worker threads)."""
 from __future__ import annotations
 
-from tests.dist.test_route_programs import DDP_ON_ROUTE, ROUTE, _close
-from tests.helpers.ranks import run_ranks
+from tests.dist.route_runs import ROUTE, on_and_off
+from tests.dist.test_route_programs import DDP_ON_ROUTE, _close
 
 VARIANTS = ("unused", "no_sync", "static_graph", "small_buckets", "allreduce_hook", "fp16_hook", "powersgd", "join")
 
 
 @DDP_ON_ROUTE
 def test_ddp_variants_same_numbers_as_c10d() -> None:
-    on = run_ranks(2, "tests.dist.ddp_workers:variants", timeout=120, env=ROUTE)
-    off = run_ranks(2, "tests.dist.ddp_workers:variants", timeout=120)
+    on, off = on_and_off(2, "tests.dist.ddp_workers:variants", timeout=120)
     for a, b in zip(on, off):
         for name in VARIANTS:
             assert _close(a.value[name]["losses"], b.value[name]["losses"], 1e-5), (name, a.value[name]["losses"])

@@ -9,10 +9,10 @@ C++ destructor: "terminate called without an active exception", SIGABRT, in 3 of
 two-rank program of async collectives and futures."""
 from __future__ import annotations
 
+from tests.dist.route_runs import ROUTE
 from tests.helpers.ranks import run_ranks
 from tests.helpers.torch_versions import TORCH_2_13
 
-ROUTE = {"TORCH_DISTRIBUTED_USE_TORCHCOMMS": "1", "TORCHCOMM_ABORT_ON_ERROR": "0"}
 
 
 def test_a_completed_future_leaves_nothing_behind_and_its_thread_ends() -> None:

@@ -16,10 +16,10 @@ from datetime import timedelta
 
 import pytest
 
+from tests.dist.route_runs import ROUTE
 from tests.helpers.ranks import run_ranks
 from tests.helpers.torch_versions import TORCH_2_13
 
-ROUTE = {"TORCH_DISTRIBUTED_USE_TORCHCOMMS": "1", "TORCHCOMM_ABORT_ON_ERROR": "0"}
 
 
 @pytest.mark.parametrize("ranks", [[0, 5], [-1, 0]])

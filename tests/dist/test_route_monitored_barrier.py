@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.dist.route_runs import ROUTE
 from tests.helpers.ranks import run_ranks
 
-ROUTE = {"TORCH_DISTRIBUTED_USE_TORCHCOMMS": "1", "TORCHCOMM_ABORT_ON_ERROR": "0"}
 
 
 @pytest.mark.parametrize("wait_all_ranks", [True, False])

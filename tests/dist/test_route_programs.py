@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.ranks import run_ranks
+from tests.dist.route_runs import ROUTE, on_and_off
 from tests.helpers.torch_versions import TORCH_2_13
 
-ROUTE = {"TORCH_DISTRIBUTED_USE_TORCHCOMMS": "1", "TORCHCOMM_ABORT_ON_ERROR": "0"}
 # torch 2.13 makes a subgroup by splitting the default group's communicator (a "split" op of it);
 # 2.11's new_group makes a communicator of its own for it.
 #: torch 2.11's route registers our backend under CUSTOM while the group's default stays GLOO,
@@ -22,19 +21,13 @@ def _close(a: list, b: list, tol: float = 1e-6) -> bool:
     return abs(a - b) <= tol * max(1.0, abs(a), abs(b))
 
 
-def _both(target: str, world: int) -> tuple[list, list]:
-    on = run_ranks(world, target, timeout=300, env=ROUTE)
-    off = run_ranks(world, target, timeout=300)
-    return on, off
-
-
 @pytest.mark.parametrize("program,world,ops", [
     pytest.param("ddp", 2, ("all_reduce", "broadcast"), marks=DDP_ON_ROUTE),
     ("fsdp2", 2, ("all_gather_single", "reduce_scatter_single")),
     ("mesh_2d", 4, ("all_gather_single", "reduce_scatter_single", "all_reduce") + (("split",) if TORCH_2_13 else ())),
 ])
 def test_program_same_numbers_and_routed(program: str, world: int, ops: tuple[str, ...]) -> None:
-    on, off = _both(f"tests.dist.route_workers:{program}", world)
+    on, off = on_and_off(world, f"tests.dist.route_workers:{program}", timeout=300)
     for a, b in zip(on, off):
         assert _close(a.value["losses"], b.value["losses"]), (a.value["losses"], b.value["losses"])
         assert _close(a.value["params"], b.value["params"])
@@ -51,7 +44,7 @@ def test_program_same_numbers_and_routed(program: str, world: int, ops: tuple[st
 def test_zero_consolidated_state_same_as_c10d() -> None:
     # ZeroRedundancyOptimizer's consolidate_state_dict: every rank's shard broadcast from its
     # owner (a length, then the pickled bytes), kept on the target rank (1 of 3)
-    on, off = _both("tests.dist.route_workers:zero", 3)
+    on, off = on_and_off(3, "tests.dist.route_workers:zero", timeout=300)
     for a, b in zip(on, off):
         assert _close(a.value["losses"], b.value["losses"]) and _close(a.value["params"], b.value["params"])
         assert a.value["state"] == b.value["state"], (a.rank, a.value["state"], b.value["state"])

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.ranks import run_ranks
+from tests.dist.route_runs import on_and_off
 from tests.helpers.torch_versions import TORCH_2_13
 
-ROUTE = {"TORCH_DISTRIBUTED_USE_TORCHCOMMS": "1", "TORCHCOMM_ABORT_ON_ERROR": "0"}
 TARGET = "tests.dist.sparse_workers:sparse_all_reduce"
 
 
 @pytest.mark.skipif(not TORCH_2_13, reason="torch 2.11's route cannot run DDP (c10d's default backend type)")
 def test_sparse_all_reduce_and_ddp_with_sparse_gradients_as_on_c10ds_gloo() -> None:
-    on = run_ranks(3, TARGET, timeout=180, env=ROUTE)
-    off = run_ranks(3, TARGET, timeout=180)
+    on, off = on_and_off(3, TARGET, timeout=180)
     for a, b in zip(on, off):
         assert a.value["got"] == a.value["want"], a.value
         assert b.value["got"] == b.value["want"], b.value

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import re
 
+from tests.dist import route_runs
+from tests.dist.route_runs import on_and_off
 from tests.helpers.ranks import run_ranks
 from tests.helpers.torch_versions import TORCH_2_13
 
-ROUTE = {"TORCH_DISTRIBUTED_USE_TORCHCOMMS": "1", "TORCHCOMM_ABORT_ON_ERROR": "0",
-         "TORCHCOMM_TIMEOUT_SECONDS": "45"}
+ROUTE = {**route_runs.ROUTE, "TORCHCOMM_TIMEOUT_SECONDS": "45"}
 WORKERS = "tests.dist.timeout_workers"
 
 
@@ -57,8 +58,7 @@ def test_new_group_timeouts_hold_on_a_starved_cpu() -> None:
 def test_backend_options_same_as_c10d() -> None:
     # the wrapper had no `options`, which c10d's backends expose and programs read (the group's
     # timeout): AttributeError
-    on = run_ranks(2, f"{WORKERS}:backend_options", timeout=120, env=ROUTE)
-    off = run_ranks(2, f"{WORKERS}:backend_options", timeout=120)
+    on, off = on_and_off(2, f"{WORKERS}:backend_options", timeout=120, env=ROUTE)
     for a, b in zip(on, off):
         assert a.value == b.value, (a.rank, a.value, b.value)
         v = a.value

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from tests.dist.test_route_programs import ROUTE
+from tests.dist.route_runs import ROUTE, on_and_off
 from tests.helpers.ranks import run_ranks
 
 WORKERS = "tests.dist.usage_workers"
@@ -42,8 +42,7 @@ def test_views_are_run_through_copies_or_refused_with_a_typed_error() -> None:
 
 
 def test_device_mesh_and_dtensor_redistribution_same_as_c10d() -> None:
-    on = run_ranks(4, f"{WORKERS}:mesh_and_dtensor", timeout=180, env=ROUTE)
-    off = run_ranks(4, f"{WORKERS}:mesh_and_dtensor", timeout=180)
+    on, off = on_and_off(4, f"{WORKERS}:mesh_and_dtensor", timeout=180)
     for a, b in zip(on, off):
         assert a.value == b.value, (a.rank, a.value, b.value)
         r = a.rank

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.dist.test_route_programs import DDP_ON_ROUTE, ROUTE, _close
+from tests.dist.route_runs import on_and_off
+from tests.dist.test_route_programs import DDP_ON_ROUTE, _close
 from tests.helpers.ranks import run_ranks
 from tests.nccl.conftest import gpus, needs_gpu
 
@@ -37,8 +38,7 @@ def test_fsdp2_on_nccl_trains_as_stock_fully_shard_does(mp: bool) -> None:
 ])
 def test_route_programs_on_nccl_match_c10d_nccl(program: str, ops: tuple[str, ...]) -> None:
     target, kw = f"tests.dist.route_workers:{program}", {"device": "cuda"}
-    on = run_ranks(gpus(), target, kw, timeout=240, env=ROUTE)
-    off = run_ranks(gpus(), target, kw, timeout=240)
+    on, off = on_and_off(gpus(), target, kw, timeout=240)
     for a, b in zip(on, off):
         assert _close(a.value["losses"], b.value["losses"], 1e-5), (a.value["losses"], b.value["losses"])
         assert _close(a.value["params"], b.value["params"], 1e-5)
@@ -55,8 +55,7 @@ def _names(refusals: list[str]) -> set[str]:
 def test_every_c10d_op_through_the_route_on_nccl_as_on_c10d_nccl() -> None:
     """``init_process_group("nccl")`` with the route on: every op gives the values computed
     locally, and the route refuses nothing that c10d's ProcessGroupNCCL accepts."""
-    on = run_ranks(gpus(), "tests.dist.op_workers:every_op", {"device": "cuda"}, timeout=300, env=ROUTE)
-    off = run_ranks(gpus(), "tests.dist.op_workers:every_op", {"device": "cuda"}, timeout=300)
+    on, off = on_and_off(gpus(), "tests.dist.op_workers:every_op", {"device": "cuda"}, timeout=300)
     for a, b in zip(on, off):
         assert a.value["routed"] and a.value["backend"] == "_BackendWrapper" and not b.value["routed"]
         assert a.value["failures"] == [], a.value["failures"][:5]
