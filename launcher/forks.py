@@ -151,13 +151,15 @@ class ForkServer:
         readers = [os.fdopen(r, "rb") for r, _ in pipes]
         said = self._answer(REPLY_TIMEOUT_S)
         pid = said.get("pid")
-        if not isinstance(pid, int) or pid <= 0:
+        ours = isinstance(pid, int) and pid > 0 and parent_of(pid) == os.getpid()
+        if not ours:
             for f in readers:
                 f.close()
+        if not isinstance(pid, int) or pid <= 0:
             if "error" in said and "fork failed" in str(said["error"]):
                 raise OSError(str(said["error"]))  # as Popen's failed fork: the start fails
             raise ForkServerError(str(said.get("error", said)))
-        if parent_of(pid) != os.getpid():
+        if not ours:  # (the worker itself exits when it is not the agent's child)
             raise ForkServerError(f"its worker {pid} is not this agent's child")
         return ForkedProcess(pid, *(readers or [None, None]))
 
