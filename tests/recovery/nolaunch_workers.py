@@ -17,11 +17,12 @@ from torchcomms import ReduceOp
 NUMEL = 4 * 1024 * 1024  # 16 MiB of float32
 
 
-def kill_inside_all_reduce(victim: int, op_timeout_s: float) -> dict[str, Any]:
+def kill_inside_all_reduce(victim: int, op_timeout_s: float, shrink: bool = True) -> dict[str, Any]:
     """Every rank runs 16 MiB all_reduces; ``victim`` SIGKILLs itself while one is in flight
     (its engine is inside it) after writing the wall-clock time of the kill to
     ``$TC_READY_DIR/killed``. A survivor reports when and how its op failed, then shrinks and
-    checks that an all_reduce over the survivors is correct."""
+    checks that an all_reduce over the survivors is correct; without ``shrink`` it waits instead
+    until every survivor's op failed (no survivor's exit closes its connections early)."""
     ready_dir = os.environ["TC_READY_DIR"]
     world = int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore("127.0.0.1", int(os.environ["TC_STORE_PORT"]), world, False,
@@ -48,6 +49,9 @@ def kill_inside_all_reduce(victim: int, op_timeout_s: float) -> dict[str, Any]:
     except torchcomms.CommError as e:
         out.update(raised=type(e).__name__, at=time.time(), message=str(e)[:500],
                    failed_ranks=getattr(e, "failed_ranks", None))
+    if not shrink:
+        _meet_survivors(ready_dir, me, world - 1, op_timeout_s * 2)
+        return out
     t0 = time.monotonic()
     try:
         new = comm.shrink(timeout=timedelta(seconds=op_timeout_s))
@@ -62,6 +66,14 @@ def kill_inside_all_reduce(victim: int, op_timeout_s: float) -> dict[str, Any]:
     return out
 
 
+
+
+def _meet_survivors(ready_dir: str, me: int, count: int, timeout_s: float) -> None:
+    """Mark this rank's op ended, then wait (at most ``timeout_s``) until ``count`` ranks did."""
+    open(os.path.join(ready_dir, f"ended-{me}"), "w").close()
+    until = time.monotonic() + timeout_s
+    while len([n for n in os.listdir(ready_dir) if n.startswith("ended-")]) < count and time.monotonic() < until:
+        time.sleep(0.05)
 
 
 def _job(name: str) -> tuple[torchcomms.TorchComm, Any, int]:

@@ -2,18 +2,20 @@
 a rank SIGKILLed inside a 16 MiB all_reduce is seen by every survivor within a few seconds,
 named in its ``PeerFailureError``, and shrink over the survivors works; also with the CPU
 oversubscribed. (Before the store watch, one survivor waited for its op timeout and every
-shrink then timed out.)"""
+shrink then timed out.) Without the watch every survivor's op still fails at once: the survivor
+that saw the failure revokes its engine."""
 from __future__ import annotations
 
 import contextlib
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.cpu_load import oversubscribed
 from tests.helpers.ranks import RankGroup
-from tests.helpers.store_host import watched_tcp_store
+from tests.helpers.store_host import start_store_host, watched_tcp_store
 
 OP_TIMEOUT_S = 30.0  # the survivors' op and shrink timeout: detection must come far sooner
 DETECT_BOUND_S = 5.0
@@ -46,6 +48,29 @@ def test_kill_inside_all_reduce_every_survivor_raises_and_shrinks(world: int, vi
 def test_kill_inside_all_reduce_oversubscribed() -> None:
     with oversubscribed(per_core=8, limit_s=180):
         _run(3, 1)
+
+
+@pytest.mark.parametrize("world,victim,loaded", [(3, 2, False), (3, 0, False), (4, 1, False), (3, 2, True)])
+def test_without_a_failure_report_every_survivor_still_fails_at_once(world: int, victim: int, loaded: bool) -> None:
+    """No control plane and no store watch: a survivor whose op waits on another survivor (not
+    on the killed rank: gloo fails only the ops of the connection that broke) fails with
+    ``PeerFailureError`` too, because the survivor that saw the failure revokes its engine,
+    instead of waiting out its op timeout while that survivor lives on."""
+    with oversubscribed(per_core=8, limit_s=180) if loaded else contextlib.nullcontext():
+        host, env = start_store_host("tcp", Path(tempfile.mkdtemp(prefix="tc-unwatched-")))
+        try:
+            with RankGroup(world, "tests.recovery.nolaunch_workers:kill_inside_all_reduce",
+                           {"victim": victim, "op_timeout_s": 60.0, "shrink": False},
+                           env={**env, "TORCHCOMM_STORE_WATCH": "0"}) as g:
+                results = g.wait(timeout=300, failed_grace=200)
+        finally:
+            host.kill()
+            host.wait(10)
+    assert results[victim].returncode == -signal.SIGKILL
+    for r in results:
+        if r.rank != victim:
+            assert r.ok(), (r.error, r.stderr[-3000:])
+            assert r.value["raised"] == "PeerFailureError", r.value
 
 
 @pytest.mark.parametrize("loaded", [False, True], ids=["quiet", "oversubscribed"])

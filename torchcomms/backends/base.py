@@ -334,6 +334,12 @@ class TorchCommBackend:
     def abort(self) -> None:
         """Stop using the engine now; must not block or raise."""
 
+    def revoke(self) -> None:
+        """A peer's failure broke the communicator: make every peer's pending and later ops on
+        this engine fail now (MPI's revoke), so that no survivor waits for this rank until its
+        deadline. Called from any thread, the engine's own included: must not block or raise.
+        The engine is then aborted, never used again. Engines without such a means do nothing."""
+
     def split(self, ctx: BackendContext) -> TorchCommBackend:
         """A new backend over a subset of ranks (``ctx`` has the new rank/size/prefix)."""
         child = type(self)(ctx)

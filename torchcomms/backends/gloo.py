@@ -227,6 +227,8 @@ class GlooBackend(TorchCommBackend):
     backend_name = "gloo"
     capabilities = BackendCapabilities(devices=("cpu",), abort=False, shrink=True, dtypes=_GLOO_DTYPES,
                                        complex_product=False, recv_any_source=True)
+    #: connections :meth:`revoke` shut down (then the engine is only ever abandoned)
+    _revoked = 0
 
     def init(self) -> None:
         ctx = self.ctx
@@ -311,7 +313,7 @@ class GlooBackend(TorchCommBackend):
         which can abort the process ("terminate called without an active exception"). The p2p
         helper threads end. An engine whose network thread is parked is abandoned instead: its
         destructor would wait for ever for the connection lock that thread holds."""
-        if self._receive_overflow() is not None:
+        if self._revoked or self._receive_overflow() is not None:
             self.abort()
         with self._pending_lock:
             self._last_recv.clear()
@@ -341,7 +343,7 @@ class GlooBackend(TorchCommBackend):
             if waiter is not None:
                 waiter.wait_idle(_COMPLETING_LIMIT_S)
             return
-        if self._undelivered() or self._receive_overflow() is not None:  # parked: see finalize()
+        if self._revoked or self._undelivered() or self._receive_overflow() is not None:  # see finalize()
             self.abort()
             return
         if waiter is not None:
@@ -350,6 +352,18 @@ class GlooBackend(TorchCommBackend):
             self._last_recv.clear()  # framed p2p ops hold the engine too
             self._last_send.clear()
         self._pg = None  # type: ignore[assignment]
+
+    def revoke(self) -> None:
+        """Shut the engine's connections down, without waiting for anything: a peer failure
+        broke the communicator, and a survivor blocked on this rank (gloo fails only the ops of
+        the connection that broke) then fails at once with a lost connection instead of at its
+        deadline. The engine is abandoned later by :meth:`abort` (or ``finalize``), which
+        delivers the ops this failed."""
+        sockets: EngineSockets | None = getattr(self, "_sockets", None)
+        pg = getattr(self, "_pg", None)
+        if sockets is None or pg is None or any(p is pg for p in _ABANDONED):
+            return
+        self._revoked += sockets.shut_down()
 
     def abort(self) -> None:
         """Abandon the engine: its pending ops fail now, and it is never destroyed.
@@ -372,8 +386,9 @@ class GlooBackend(TorchCommBackend):
                 # callbacks before this thread looks again, and a done future's callbacks
                 # cannot be waited for from outside
                 drained = _drain_counter([fut for fut, _ in pending])
-                recorded = len(sockets.fds) if sockets is not None else 0
-                if sockets is not None and sockets.shut_down() and not parked:
+                recorded = (len(sockets.fds) if sockets is not None else 0) + self._revoked
+                shut = (sockets.shut_down() if sockets is not None else 0) + self._revoked  # revoked: shut already
+                if shut and not parked:
                     if not (drained(_DRAIN_LIMIT_S) and self._waiter.wait_idle(_DRAIN_LIMIT_S)):
                         _log.warning("abandoned gloo engine %s: its pending ops were not all delivered within "
                                      "%.0f s of shutting its %d connections down", self.ctx.name, _DRAIN_LIMIT_S,

@@ -174,6 +174,8 @@ class CommCore:
             self.life.move(S.BROKEN)
             others = self.in_flight_locked()
         self.fail_works(others, lambda rec: error_map.in_flight_error(cause, self.where(rec)))
+        if isinstance(cause, PeerFailureError):
+            self.revoke_engines()
         self.run_abort_hooks()
         if self.options.abort_process_on_timeout_or_error:
             print(f"torchcomms: {cause}; abort_process_on_timeout_or_error is set, exiting", file=sys.stderr)
@@ -238,6 +240,13 @@ class CommCore:
                                          self.monitor.control_lost if self.monitor is not None else None)
 
     # --- lifecycle -------------------------------------------------------------------------
+    def revoke_engines(self) -> None:
+        """A peer failure broke this communicator: its engines fail the peers' ops now, so that
+        a survivor blocked on this rank (not on the failed one) does not wait for its deadline."""
+        if self.signatures is not None:
+            self.signatures.revoke()
+        self.backend.revoke()
+
     def close_engines(self, abort: bool) -> None:
         """Release (or abandon, after a failure) the engine and the collective check's."""
         if self.signatures is not None:

@@ -42,8 +42,9 @@ def engine_error(kind: str, error: BaseException, timeout_s: float, where: Mappi
     msg = f"engine error: {error}".strip()
     if kind == "timeout":
         return CommTimeoutError(msg, timeout_s=timeout_s, **where)
-    if kind == "peer":
-        return PeerFailureError(msg, detected_by="engine", **where)
+    if kind == "peer":  # unattributed: the peer that closed the connection may not be the one that failed
+        return PeerFailureError(f"{msg} (a peer failed, or broke off this communicator after a failure it saw)",
+                                detected_by="engine", **where)
     if kind == "mismatch":
         return CollectiveMismatchError(msg, **where)
     return BackendError(msg, **where)

@@ -224,6 +224,11 @@ class SignatureCheck:
             raise error
         return compare(out.view(self._size, SLOTS), str(rec.name))
 
+    def revoke(self) -> None:
+        """Make the peers' ops on the side engine fail now (see ``TorchCommBackend.revoke``)."""
+        if self._engine is not None:
+            self._engine.revoke()
+
     def close(self, abort: bool) -> None:
         """Release (or, after a failure, abandon) the side engine."""
         engine, self._engine = self._engine, None

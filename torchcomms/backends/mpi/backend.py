@@ -191,6 +191,10 @@ class MpiBackend(TorchCommBackend):
         except Exception:  # noqa: BLE001 - abort never raises
             pass
 
+    def revoke(self) -> None:
+        """With ULFM, revoke the communicator (peers' ops on it fail with ``MPI_ERR_REVOKED``)."""
+        self._revoke()
+
     def _unfinished(self, pending: list[list[Any]]) -> bool:
         """True while an op of this aborted communicator may still be blocked in MPI on a peer."""
         if self._thread is not None and self._thread.busy():
