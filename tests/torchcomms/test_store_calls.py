@@ -109,6 +109,17 @@ def test_a_call_made_after_the_deadline_is_still_asked_and_a_silent_one_named_af
     assert STORE_CALL_GRACE_S <= waited < STORE_CALL_GRACE_S + 5.0, waited
 
 
+def test_a_call_made_just_before_the_deadline_is_waited_for_the_grace() -> None:
+    """A survivor agreement's last calls come right at its deadline: one made 10 ms before it,
+    answered in 100 ms, raised "did not answer check(...) within 0 s", and the shrink then blamed
+    the store instead of the dead member it waited for (a full file run of test_without_launcher)."""
+    calls = BoundedCalls(time.monotonic() + 0.01)
+    try:
+        assert calls("check('closed')", lambda: time.sleep(0.1) or True) is True
+    finally:
+        calls.close()
+
+
 def test_describe_store_names_the_innermost_store_and_its_address() -> None:
     class TCPStore:
         host, port = "10.0.0.1", 29500

@@ -260,9 +260,9 @@ class BoundedCalls:
     ``until`` (``time.monotonic()`` seconds): for a sequence of calls under one deadline (the
     survivor agreement's). A call that misses it is abandoned, and the helper exits after it.
 
-    A call made when ``until`` has passed already (its caller ran late: a descheduled thread on
-    a loaded host) is still made, and waited for :data:`STORE_CALL_GRACE_S`: only a store that
-    was asked and did not answer raises :class:`StoreNotAnswering`."""
+    A call is waited for at least :data:`STORE_CALL_GRACE_S`, also when ``until`` is nearer or
+    has passed already (its caller ran late: a descheduled thread on a loaded host): only a
+    store that was asked and did not answer raises :class:`StoreNotAnswering`."""
 
     def __init__(self, until: float, thread_name: str = "torchcomms-store-calls", limit_s: float | None = None) -> None:
         self._until = until
@@ -276,8 +276,7 @@ class BoundedCalls:
             self._helper = threading.Thread(target=self._serve, args=(self._jobs,),
                                             name=self._thread_name, daemon=True)
             self._helper.start()
-        now = time.monotonic()
-        until = self._until if now < self._until else now + STORE_CALL_GRACE_S  # a late caller's call
+        until = max(self._until, time.monotonic() + STORE_CALL_GRACE_S)  # a call made at (or past) the deadline
         call = PendingCall(fn)
         self._jobs.put(call)
         try:
