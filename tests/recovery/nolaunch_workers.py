@@ -68,6 +68,55 @@ def kill_inside_all_reduce(victim: int, op_timeout_s: float, shrink: bool = True
 
 
 
+def _issue(comm: torchcomms.TorchComm, op: str, step: int, async_op: bool) -> Any:
+    """One op of ``kill_inside_op``'s loop (16 MiB of float32 where the op has one tensor)."""
+    me, n = comm.get_rank(), comm.get_size()
+    if op == "all_reduce":
+        return comm.all_reduce(torch.ones(NUMEL), ReduceOp.SUM, async_op)
+    if op == "broadcast":
+        return comm.broadcast(torch.ones(NUMEL), step % n, async_op)
+    if op == "all_gather_single":
+        return comm.all_gather_single(torch.empty(NUMEL), torch.ones(NUMEL // n), async_op)
+    if op == "reduce_scatter_single":
+        return comm.reduce_scatter_single(torch.empty(NUMEL // n), torch.ones(NUMEL), ReduceOp.SUM, async_op)
+    if op == "all_to_all_single":
+        return comm.all_to_all_single(torch.empty(NUMEL), torch.ones(NUMEL), async_op)
+    if op == "ring_p2p":  # each rank sends to the next and receives from the one before
+        batch = comm.batch_op_create()
+        batch.send(torch.ones(NUMEL // 4), (me + 1) % n)
+        batch.recv(torch.empty(NUMEL // 4), (me - 1) % n)
+        return batch.issue(async_op)
+    raise ValueError(op)
+
+
+def kill_inside_op(victim: int, op: str, op_timeout_s: float) -> dict[str, Any]:
+    """Every rank runs ``op`` in a loop; ``victim`` SIGKILLs itself while one is in flight. A
+    survivor reports how its op failed, then waits until every survivor's did (so no survivor's
+    exit closes its connections before the others' ops ended)."""
+    ready_dir = os.environ["TC_READY_DIR"]
+    world = int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore("127.0.0.1", int(os.environ["TC_STORE_PORT"]), world, False,
+                          timeout=timedelta(seconds=120), wait_for_workers=False)
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "killop", timeout=timedelta(seconds=120), store=store)
+    me = comm.get_rank()
+    for step in range(2):
+        _issue(comm, op, step, False)
+    comm.set_timeout(timedelta(seconds=op_timeout_s))
+    if me == victim:
+        _issue(comm, op, 2, True)  # in flight in the engine: the peers are inside it too
+        time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGKILL)
+    out: dict[str, Any] = {"rank": me}
+    try:
+        for step in range(2, 100000):
+            _issue(comm, op, step, False)
+        out["raised"] = None
+    except torchcomms.CommError as e:
+        out.update(raised=type(e).__name__, message=str(e)[:300])
+    _meet_survivors(ready_dir, me, world - 1, op_timeout_s * 2)
+    return out
+
+
 def _meet_survivors(ready_dir: str, me: int, count: int, timeout_s: float) -> None:
     """Mark this rank's op ended, then wait (at most ``timeout_s``) until ``count`` ranks did."""
     open(os.path.join(ready_dir, f"ended-{me}"), "w").close()

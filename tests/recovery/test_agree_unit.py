@@ -126,6 +126,32 @@ def test_the_store_keeps_no_key_of_a_round_once_every_member_read_it(flags: dict
     assert store.get("p/agree/closed") == b"25"
 
 
+class _SilentOnDelete(dist.HashStore):
+    """A HashStore whose ``delete_key`` is never answered (its host stalled as the round closes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def delete_key(self, key):  # type: ignore[no-untyped-def]
+        self.release.wait(30)
+        return super().delete_key(key)
+
+
+def test_a_round_whose_keys_the_store_does_not_delete_in_time_still_returns_its_decision() -> None:
+    """The last reader deletes the round's keys after the decision: a store that did not answer
+    that in time failed the whole agreement (seen: a shrink blamed its TCPStore's
+    ``delete_key(.../read)`` instead of the dead member it waited for)."""
+    store = _SilentOnDelete()
+    store.set_timeout(timedelta(seconds=5))
+    try:  # one member: it is the decision's last reader, which closes the round
+        assert agree_on_flag(store, "d", 1, 0, [0], True, lambda: set(), time.monotonic() + 0.5) is True
+        # the round is closed for later members, its keys still in the store
+        assert store.check(["d/agree/closed", "d/agree1/decision"]) and store.get("d/agree/closed") == b"1"
+    finally:
+        store.release.set()
+
+
 def test_a_slow_reader_still_reads_the_decision_and_the_keys_go_after_it() -> None:
     """The last of three members is held inside its read of the decision while the other two
     return: the round's keys stay until it has read it, then go."""

@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from torchcomms.core.store_calls import STORE_CALL_GRACE_S, BoundedCalls
+from torchcomms.core.store_calls import STORE_CALL_GRACE_S, BoundedCalls, StoreNotAnswering
 from torchcomms.recovery.agreement_round import decide, Round
 
 class RoundClosed(Exception):
@@ -134,8 +134,13 @@ def agree_on_flag_for(
         if me in readers:
             read_key = f"{key_prefix}/read"
             if call(f"add({read_key!r})", lambda: store.add(read_key, 1)) == len(readers):
-                _close(call, store, closed_key, round_no,
-                       [decision_key, read_key, *votes.keys(members)])
+                try:
+                    _close(call, store, closed_key, round_no, [decision_key, read_key, *votes.keys(members)])
+                except StoreNotAnswering:
+                    # the decision stands (every member it is for read it); its keys stay in the
+                    # store, as a round's whose reader died do, and a late member still finds
+                    # either the decision or the closed round
+                    pass
         return decided, readers
     finally:
         call.close()
