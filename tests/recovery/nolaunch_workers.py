@@ -17,12 +17,11 @@ from torchcomms import ReduceOp
 NUMEL = 4 * 1024 * 1024  # 16 MiB of float32
 
 
-def kill_inside_all_reduce(victim: int, op_timeout_s: float, shrink: bool = True) -> dict[str, Any]:
+def kill_inside_all_reduce(victim: int, op_timeout_s: float) -> dict[str, Any]:
     """Every rank runs 16 MiB all_reduces; ``victim`` SIGKILLs itself while one is in flight
     (its engine is inside it) after writing the wall-clock time of the kill to
     ``$TC_READY_DIR/killed``. A survivor reports when and how its op failed, then shrinks and
-    checks that an all_reduce over the survivors is correct; without ``shrink`` it waits instead
-    until every survivor's op failed (no survivor's exit closes its connections early)."""
+    checks that an all_reduce over the survivors is correct."""
     ready_dir = os.environ["TC_READY_DIR"]
     world = int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore("127.0.0.1", int(os.environ["TC_STORE_PORT"]), world, False,
@@ -49,9 +48,6 @@ def kill_inside_all_reduce(victim: int, op_timeout_s: float, shrink: bool = True
     except torchcomms.CommError as e:
         out.update(raised=type(e).__name__, at=time.time(), message=str(e)[:500],
                    failed_ranks=getattr(e, "failed_ranks", None))
-    if not shrink:
-        _meet_survivors(ready_dir, me, world - 1, op_timeout_s * 2)
-        return out
     t0 = time.monotonic()
     try:
         new = comm.shrink(timeout=timedelta(seconds=op_timeout_s))
@@ -69,22 +65,23 @@ def kill_inside_all_reduce(victim: int, op_timeout_s: float, shrink: bool = True
 
 
 def _issue(comm: torchcomms.TorchComm, op: str, step: int, async_op: bool) -> Any:
-    """One op of ``kill_inside_op``'s loop (16 MiB of float32 where the op has one tensor)."""
+    """One op of ``kill_inside_op``'s loop (about 16 MiB of float32 where the op has one tensor)."""
     me, n = comm.get_rank(), comm.get_size()
+    numel = NUMEL // (4 * n) * 4 * n  # whole pieces for every rank
     if op == "all_reduce":
-        return comm.all_reduce(torch.ones(NUMEL), ReduceOp.SUM, async_op)
+        return comm.all_reduce(torch.ones(numel), ReduceOp.SUM, async_op)
     if op == "broadcast":
-        return comm.broadcast(torch.ones(NUMEL), step % n, async_op)
+        return comm.broadcast(torch.ones(numel), step % n, async_op)
     if op == "all_gather_single":
-        return comm.all_gather_single(torch.empty(NUMEL), torch.ones(NUMEL // n), async_op)
+        return comm.all_gather_single(torch.empty(numel), torch.ones(numel // n), async_op)
     if op == "reduce_scatter_single":
-        return comm.reduce_scatter_single(torch.empty(NUMEL // n), torch.ones(NUMEL), ReduceOp.SUM, async_op)
+        return comm.reduce_scatter_single(torch.empty(numel // n), torch.ones(numel), ReduceOp.SUM, async_op)
     if op == "all_to_all_single":
-        return comm.all_to_all_single(torch.empty(NUMEL), torch.ones(NUMEL), async_op)
+        return comm.all_to_all_single(torch.empty(numel), torch.ones(numel), async_op)
     if op == "ring_p2p":  # each rank sends to the next and receives from the one before
         batch = comm.batch_op_create()
-        batch.send(torch.ones(NUMEL // 4), (me + 1) % n)
-        batch.recv(torch.empty(NUMEL // 4), (me - 1) % n)
+        batch.send(torch.ones(numel // 4), (me + 1) % n)
+        batch.recv(torch.empty(numel // 4), (me - 1) % n)
         return batch.issue(async_op)
     raise ValueError(op)
 
