@@ -91,10 +91,7 @@ def kill_inside_op(victim: int, op: str, op_timeout_s: float) -> dict[str, Any]:
     survivor reports how its op failed, then waits until every survivor's did (so no survivor's
     exit closes its connections before the others' ops ended)."""
     ready_dir = os.environ["TC_READY_DIR"]
-    world = int(os.environ["WORLD_SIZE"])
-    store = dist.TCPStore("127.0.0.1", int(os.environ["TC_STORE_PORT"]), world, False,
-                          timeout=timedelta(seconds=120), wait_for_workers=False)
-    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "killop", timeout=timedelta(seconds=120), store=store)
+    comm, _store, world = _job("killop")
     me = comm.get_rank()
     for step in range(2):
         _issue(comm, op, step, False)
