@@ -71,8 +71,6 @@ def test_dead_peer_raises_our_typed_error_through_torch_distributed() -> None:
 
 @pytest.mark.parametrize("victim", [0, 2])  # rank 0 also hosts init_process_group's TCPStore
 def test_a_rank_killed_mid_all_reduce_fails_the_survivors_op(victim: int) -> None:
-    """Every survivor's op fails with PeerFailureError, the one blocked on the other survivor
-    too (that survivor revokes its engine), while both stay alive until both are done."""
     from tests.helpers.ranks import RankGroup
 
     env = dict(ROUTE, TORCHCOMM_TIMEOUT_SECONDS="60")

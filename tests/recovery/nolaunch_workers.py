@@ -65,9 +65,9 @@ def kill_inside_all_reduce(victim: int, op_timeout_s: float) -> dict[str, Any]:
 
 
 def _issue(comm: torchcomms.TorchComm, op: str, step: int, async_op: bool) -> Any:
-    """One op of ``kill_inside_op``'s loop (about 16 MiB of float32 where the op has one tensor)."""
+    """One op of ``kill_inside_op``'s loop (about 64 MiB of float32 where the op has one tensor)."""
     me, n = comm.get_rank(), comm.get_size()
-    numel = NUMEL // (4 * n) * 4 * n  # whole pieces for every rank
+    numel = 4 * NUMEL // (4 * n) * 4 * n  # whole pieces for every rank
     if op == "all_reduce":
         return comm.all_reduce(torch.ones(numel), ReduceOp.SUM, async_op)
     if op == "broadcast":
@@ -97,7 +97,9 @@ def kill_inside_op(victim: int, op: str, op_timeout_s: float) -> dict[str, Any]:
         _issue(comm, op, step, False)
     comm.set_timeout(timedelta(seconds=op_timeout_s))
     if me == victim:
-        _issue(comm, op, 2, True)  # in flight in the engine: the peers are inside it too
+        # killed 10 ms into the op, when the others are inside it too, and long before it can
+        # have sent its 64 MiB: no survivor completes it
+        _issue(comm, op, 2, True)
         time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL)
     out: dict[str, Any] = {"rank": me}
