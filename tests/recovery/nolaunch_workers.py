@@ -97,8 +97,8 @@ def kill_inside_op(victim: int, op: str, op_timeout_s: float) -> dict[str, Any]:
         _issue(comm, op, step, False)
     comm.set_timeout(timedelta(seconds=op_timeout_s))
     if me == victim:
-        # killed 10 ms into the op, when the others are inside it too, and long before it can
-        # have sent its 64 MiB: no survivor completes it
+        # killed 10 ms into the op, when the others are inside it too (it has rarely sent all
+        # of its 64 MiB by then: test_without_launcher allows for the race that follows)
         _issue(comm, op, 2, True)
         time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL)
