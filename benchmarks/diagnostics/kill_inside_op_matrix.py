@@ -11,30 +11,25 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.helpers.ranks import RankGroup  # noqa: E402
-from tests.helpers.store_host import start_store_host  # noqa: E402
+from tests.helpers.store_host import watched_tcp_store  # noqa: E402
 
 OPS = ("all_reduce", "broadcast", "all_gather_single", "reduce_scatter_single", "all_to_all_single", "ring_p2p")
 
 
 def run_one(world: int, victim: int, op: str, op_timeout_s: float) -> tuple[list[str], float]:
     """The survivors that did not raise ``PeerFailureError`` (with what they got), and the wall time."""
-    host, env = start_store_host("tcp", Path(tempfile.mkdtemp(prefix="tc-killop-")))
     start = time.monotonic()
-    try:
+    with watched_tcp_store("tc-killop-") as env:  # the watch turned off below
         with RankGroup(world, "tests.recovery.nolaunch_workers:kill_inside_op",
                        {"victim": victim, "op": op, "op_timeout_s": op_timeout_s},
                        env={**env, "TORCHCOMM_STORE_WATCH": "0"}) as g:
             results = g.wait(timeout=op_timeout_s * 4 + 60, failed_grace=op_timeout_s * 3 + 30)
-    finally:
-        host.kill()
-        host.wait(10)
     late = []
     for r in results:
         if r.rank == victim:

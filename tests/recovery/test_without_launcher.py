@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.cpu_load import oversubscribed
 from tests.helpers.ranks import RankGroup
-from tests.helpers.store_host import start_store_host, watched_tcp_store
+from tests.helpers.store_host import watched_tcp_store
 
 OP_TIMEOUT_S = 30.0  # the survivors' op and shrink timeout: detection must come far sooner
 DETECT_BOUND_S = 5.0
@@ -56,15 +55,11 @@ JOBS = 3
 
 def _survivors_of_a_kill(op: str, world: int, victim: int) -> list[str]:
     """One job of ``kill_inside_op`` without a launcher or store watch: what each survivor raised."""
-    host, env = start_store_host("tcp", Path(tempfile.mkdtemp(prefix="tc-unwatched-")))
-    try:
+    with watched_tcp_store("tc-unwatched-") as env:
         with RankGroup(world, "tests.recovery.nolaunch_workers:kill_inside_op",
                        {"victim": victim, "op": op, "op_timeout_s": 20.0},
                        env={**env, "TORCHCOMM_STORE_WATCH": "0"}) as g:
             results = g.wait(timeout=120, failed_grace=90)
-    finally:
-        host.kill()
-        host.wait(10)
     assert results[victim].returncode == -signal.SIGKILL
     for r in results:
         assert r.rank == victim or r.ok(), (r.error, r.stderr[-3000:])

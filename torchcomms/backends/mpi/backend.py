@@ -182,7 +182,7 @@ class MpiBackend(TorchCommBackend):
             if self._aborted:
                 return
             self._aborted = True
-            self._revoke()
+            self.revoke()
             pending = [p.requests for p in self._progress.abandon(self)] + [self._last_reqs]
             if self._thread is not None:
                 self._thread.stop(mpi_engine.MpiEngineError("the communicator was aborted"))
@@ -190,10 +190,6 @@ class MpiBackend(TorchCommBackend):
                 _RUNTIME["stuck"].append((self.ctx.name, lambda: self._unfinished(pending)))
         except Exception:  # noqa: BLE001 - abort never raises
             pass
-
-    def revoke(self) -> None:
-        """With ULFM, revoke the communicator (peers' ops on it fail with ``MPI_ERR_REVOKED``)."""
-        self._revoke()
 
     def _unfinished(self, pending: list[list[Any]]) -> bool:
         """True while an op of this aborted communicator may still be blocked in MPI on a peer."""
@@ -204,7 +200,8 @@ class MpiBackend(TorchCommBackend):
         except self.MPI.Exception:
             return False  # ended, with an error
 
-    def _revoke(self) -> None:
+    def revoke(self) -> None:
+        """With ULFM, revoke the communicator (peers' ops on it fail with ``MPI_ERR_REVOKED``)."""
         if self._ft and self._comm is not None:
             try:
                 if not self._comm.Is_revoked():
@@ -228,7 +225,7 @@ class MpiBackend(TorchCommBackend):
             return mpi_engine.MpiEngineError(f"the communicator was revoked by a peer (ULFM): {wrapped}",
                                              getattr(self.MPI, "ERR_REVOKED", None), "peer")
         if wrapped.kind == "peer":
-            self._revoke()
+            self.revoke()
         return wrapped
 
     def _revoked(self) -> bool:
