@@ -9,7 +9,9 @@ import ctypes
 import gc
 import os
 import signal
+import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from torchcomms.tracing.viewer.parallel import AnswerTooLarge, Limits, WorkerDie
 
 ITEMS = 16
 SLOW_ITEM_S = 0.5
+HANG_S = 60  # a map of four trivial inputs not done by then hangs
 
 
 def _square(i: int) -> int:
@@ -54,6 +57,13 @@ def _crash_at_2(i: int) -> int:
 def _collect(i: int) -> int:
     gc.collect()
     return i
+
+
+class _Cycle:
+    """Garbage holding ``x`` that only the cyclic collector frees."""
+
+    def __init__(self, x: object) -> None:
+        self.x, self.cycle = x, self
 
 
 class _MadeHereOnly:
@@ -194,3 +204,25 @@ def test_a_worker_never_finalizes_garbage_it_inherited() -> None:
         if collecting:
             gc.enable()
         gc.collect()  # finalized here, where it was made
+
+
+def test_a_worker_never_finalizes_a_gloo_process_group_it_inherited() -> None:
+    """Finalized in a forked child, torch's gloo process group waits for ever on a condition
+    variable of its threads, which the child lacks: the workers, and the map, hung."""
+    import torch.distributed as dist
+
+    got: list[int] = []
+    collecting = gc.isenabled()
+    gc.disable()  # the garbage is still there when the pool forks
+    try:
+        _Cycle(dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=60)))
+        runner = threading.Thread(target=lambda: got.extend(
+            ordered_map(_collect, list(range(4)), workers=2, limits=_one_cpu_second)), daemon=True)
+        runner.start()
+        runner.join(HANG_S)
+        assert not runner.is_alive(), "the map hangs: a worker finalizes the caller's process group"
+        assert got == [0, 1, 2, 3]
+    finally:
+        if collecting:
+            gc.enable()
+        gc.collect()  # finalized here, where its threads run
