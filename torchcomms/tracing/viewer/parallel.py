@@ -210,8 +210,7 @@ class _Pool:
 
     def _start(self) -> _Worker:
         mine, theirs = self.ctx.Pipe()
-        forked = self.ctx.get_start_method() == "fork"
-        fault = tempfile.TemporaryFile() if forked else None  # a spawned worker does not inherit it
+        fault = _fault_file() if self.ctx.get_start_method() == "fork" else None  # a spawned one does not inherit it
         proc = self.ctx.Process(target=_serve, args=(theirs, self.fn, self.stop, fault.fileno() if fault else None),
                                 daemon=True)
         collecting = gc.isenabled()
@@ -305,6 +304,14 @@ class _Pool:
                     break
             w.proc.join()
             w.release()
+
+
+def _fault_file() -> Any:
+    """A file for a worker's faulthandler report, or None where none can be made (no report)."""
+    try:
+        return tempfile.TemporaryFile()
+    except OSError:
+        return None
 
 
 def _serve(conn: Connection, fn: Callable[[Any], Any], stop: Any, fault_fd: int | None) -> None:
