@@ -136,7 +136,9 @@ def test_a_pickle_that_crashes_the_interpreter_is_refused(tmp_path: Path) -> Non
     bomb = tmp_path / "bomb_0"  # a dict key of a tuple nested a million deep: hashing it overflows the C stack
     bomb.write_bytes(b"\x80\x04}(" + _bin_str("version") + _bin_str("2.10") + _bin_str("entries") + b"]N"
                      + b"\x85" * 1_000_000 + b"Nu.")
-    _refused(_load([bomb], workers=1), "bomb_0", "the process reading it was killed by SIG")
+    res = _load([bomb], workers=1)
+    _refused(res, "bomb_0", "the process reading it was killed by SIG")
+    assert " in _read_raw (load.py:" in res.stdout, res.stdout  # where it crashed, from the worker's faulthandler
 
 
 def test_a_name_that_spells_out_past_the_memory_bound_is_refused(tmp_path: Path) -> None:

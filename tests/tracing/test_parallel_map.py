@@ -5,9 +5,13 @@ the viewer's load once stalled 131 s stopping its pool after a bad dump). With l
 that runs for ever inside C, or kills its worker, is reported at its turn, after those before it."""
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import signal
+import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,7 @@ from torchcomms.tracing.viewer.parallel import AnswerTooLarge, Limits, WorkerDie
 
 ITEMS = 16
 SLOW_ITEM_S = 0.5
+HANG_S = 60  # a map of four trivial inputs not done by then hangs
 
 
 def _square(i: int) -> int:
@@ -41,6 +46,36 @@ def _killed_at_3(i: int) -> int:
     if i == 3:
         os.kill(os.getpid(), signal.SIGKILL)
     return i
+
+
+def _crash_at_2(i: int) -> int:
+    if i == 2:
+        ctypes.memset(0, 0, 1)  # a write to address 0, inside C
+    return i
+
+
+def _collect(i: int) -> int:
+    gc.collect()
+    return i
+
+
+class _Cycle:
+    """Garbage holding ``x`` that only the cyclic collector frees."""
+
+    def __init__(self, x: object) -> None:
+        self.x, self.cycle = x, self
+
+
+class _MadeHereOnly:
+    """Garbage (a cycle: only the collector frees it) whose finalizer works only in the process
+    that made it, as a native handle whose threads a forked child lacks: elsewhere it crashes."""
+
+    def __init__(self) -> None:
+        self.pid, self.cycle = os.getpid(), self
+
+    def __del__(self) -> None:
+        if os.getpid() != self.pid:
+            ctypes.memset(0, 0, 1)
 
 
 def _one_cpu_second(i: int) -> Limits:
@@ -144,3 +179,50 @@ def test_an_answer_past_its_bound_is_not_sent_and_is_reported_at_its_turn() -> N
             got.append(r)
     assert got == [b"x", b"x" * 10, b"x" * 100]
     assert info.value.item == 1 << 20 and info.value.size > 1 << 20
+
+
+def test_a_crash_in_a_worker_is_reported_with_the_function_it_crashed_in() -> None:
+    got: list[int] = []
+    with pytest.raises(WorkerDied) as info:
+        for r in ordered_map(_crash_at_2, list(range(4)), workers=1, limits=_one_cpu_second):
+            got.append(r)
+    assert got == [0, 1]
+    assert info.value.item == 2 and info.value.exitcode == -signal.SIGSEGV, info.value
+    assert "killed by SIGSEGV in _crash_at_2 (test_parallel_map.py:" in str(info.value), info.value
+    assert "Fatal Python error: Segmentation fault" in info.value.fault
+
+
+def test_a_worker_never_finalizes_garbage_it_inherited() -> None:
+    """A worker's full collection (here asked for; in a suite run, the first one the collector
+    made on its own) once finalized the caller's garbage and died of SIGSEGV."""
+    collecting = gc.isenabled()
+    gc.disable()  # the garbage is still there when the pool forks
+    try:
+        _MadeHereOnly()
+        assert list(ordered_map(_collect, list(range(4)), workers=2, limits=_one_cpu_second)) == [0, 1, 2, 3]
+    finally:
+        if collecting:
+            gc.enable()
+        gc.collect()  # finalized here, where it was made
+
+
+def test_a_worker_never_finalizes_a_gloo_process_group_it_inherited() -> None:
+    """Finalized in a forked child, torch's gloo process group waits for ever on a condition
+    variable of its threads, which the child lacks: the workers, and the map, hung."""
+    import torch.distributed as dist
+
+    got: list[int] = []
+    collecting = gc.isenabled()
+    gc.disable()  # the garbage is still there when the pool forks
+    try:
+        _Cycle(dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=60)))
+        runner = threading.Thread(target=lambda: got.extend(
+            ordered_map(_collect, list(range(4)), workers=2, limits=_one_cpu_second)), daemon=True)
+        runner.start()
+        runner.join(HANG_S)
+        assert not runner.is_alive(), "the map hangs: a worker finalizes the caller's process group"
+        assert got == [0, 1, 2, 3]
+    finally:
+        if collecting:
+            gc.enable()
+        gc.collect()  # finalized here, where its threads run

@@ -467,7 +467,7 @@ def _died(job: _Job, exc: WorkerDied) -> TraceInputError:
     if exc.out_of_cpu:
         return TraceInputError(f"{job.path}: not a flight-recorder dump (reading it took more than "
                                f"{job.limits.cpu_s} s of CPU; a dump of {job.size} bytes takes well under one)")
-    how = describe_exit(exc.exitcode)
+    how = describe_exit(exc.exitcode) + (f" {exc.where}" if exc.where else "")
     return TraceInputError(f"{job.path}: not a flight-recorder dump (the process reading it {how})")
 
 

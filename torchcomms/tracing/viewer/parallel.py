@@ -7,6 +7,15 @@ big yet), take one input at a time with a few more queued (so they do not wait f
 a busy machine schedules late), and return what they made by pickle; an exception in a worker is raised in the caller when its
 input's turn comes, so the first bad input in order is the one reported.
 
+A forked worker never collects, finalizes or even traverses an object it inherited: the caller
+forks with its cyclic garbage collector off and the worker freezes every object it holds
+(``gc.freeze``) before it turns the collector on. The caller may hold objects, and garbage, that
+only work in the process and with the threads that made them (native handles of communicators,
+stores, thread pools); in a suite run a worker died of SIGSEGV inside the collector, in a full
+collection (which, unlike the young ones, goes over what the worker inherited). A worker that dies
+of a signal ``faulthandler`` catches (SIGSEGV, SIGBUS, SIGFPE, SIGABRT, SIGILL) leaves its
+traceback in a file the caller reads: :class:`WorkerDied` says in which function it died.
+
 With ``limits``, every input runs in a worker, even a single one, under ``RLIMIT_CPU`` (the
 CPU time the worker has used so far plus the input's budget) and ``RLIMIT_AS`` (its address
 space so far plus the input's budget): an input that runs for ever inside C, where no Python
@@ -26,10 +35,14 @@ pool's pipe or a pipe lock held; the viewer's load once stalled 131 s stopping i
 """
 from __future__ import annotations
 
+import faulthandler
+import gc
 import math
 import multiprocessing as mp
 import os
+import re
 import signal
+import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +67,9 @@ MIN_PARALLEL = 8
 MAX_DEFAULT_WORKERS = 8
 #: inputs handed to a worker at a time: the one it runs and those it takes next
 QUEUED = 4
+#: bytes of a dead worker's faulthandler report read back (a report names at most 100 frames)
+FAULT_REPORT_BYTES = 64 << 10
+_FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+) in (.+)$')
 _OK, _ERROR, _TOO_LARGE = "ok", "error", "too large"  # how a worker's answer went
 
 
@@ -69,11 +85,15 @@ class Limits:
 
 class WorkerDied(Exception):
     """The worker running ``item`` ended before it answered: the kernel's SIGXCPU at the
-    input's CPU limit, or another death (``exitcode``: minus the signal, as ``Process`` has it)."""
+    input's CPU limit, or another death (``exitcode``: minus the signal, as ``Process`` has it).
+    ``fault`` is the worker's ``faulthandler`` report where it made one (a crash), ``where`` the
+    place that report names in words (:func:`crash_site`)."""
 
-    def __init__(self, item: Any, exitcode: int | None, limits: Limits | None) -> None:
-        self.item, self.exitcode, self.limits = item, exitcode, limits
-        super().__init__(f"the worker process running it {describe_exit(exitcode)}")
+    def __init__(self, item: Any, exitcode: int | None, limits: Limits | None, fault: str = "") -> None:
+        self.item, self.exitcode, self.limits, self.fault = item, exitcode, limits, fault
+        self.where = crash_site(fault)
+        where = f" {self.where}" if self.where else ""
+        super().__init__(f"the worker process running it {describe_exit(exitcode)}{where}")
 
     @property
     def out_of_cpu(self) -> bool:
@@ -97,6 +117,28 @@ def describe_exit(exitcode: int | None) -> str:
         except ValueError:
             return f"was killed by signal {-exitcode}"
     return f"exited with status {exitcode}"
+
+
+def crash_site(report: str) -> str | None:
+    """Where a ``faulthandler`` report says the crashed thread was, in words: ``in fn
+    (file.py:line)``, after ``while garbage-collecting`` when the collector ran; None when the
+    report names no frame."""
+    lines = report.splitlines()
+    start = next((k for k, line in enumerate(lines) if line.startswith("Current thread")), None)
+    if start is None:
+        return None
+    collecting = False
+    for line in lines[start + 1:]:
+        if line.strip() == "Garbage-collecting":
+            collecting = True
+            continue
+        m = _FRAME_RE.match(line)
+        if m is None:
+            return None
+        path, lineno, name = m.groups()
+        gc_words = "while garbage-collecting " if collecting else ""
+        return f"{gc_words}in {name} ({os.path.basename(path)}:{lineno})"
+    return None
 
 
 def usable_cpus() -> int:
@@ -134,8 +176,24 @@ def ordered_map(fn: Callable[[_T], _R], items: Sequence[_T], workers: int | None
 class _Worker:
     proc: Any
     conn: Connection
+    fault: Any = None  # the file its faulthandler writes to (forked workers)
     pending: deque[int] = field(default_factory=deque)
     closed: bool = False  # it could not take an input: it is handed no more (the input stays pending)
+
+    def fault_report(self) -> str:
+        """What the worker's faulthandler wrote ("" if nothing)."""
+        if self.fault is None:
+            return ""
+        try:
+            self.fault.seek(0)
+            return self.fault.read(FAULT_REPORT_BYTES).decode("utf-8", "replace")
+        except (OSError, ValueError):
+            return ""
+
+    def release(self) -> None:
+        self.conn.close()
+        if self.fault is not None:
+            self.fault.close()
 
 
 class _Pool:
@@ -152,10 +210,22 @@ class _Pool:
 
     def _start(self) -> _Worker:
         mine, theirs = self.ctx.Pipe()
-        proc = self.ctx.Process(target=_serve, args=(theirs, self.fn, self.stop), daemon=True)
-        proc.start()
+        fault = _fault_file() if self.ctx.get_start_method() == "fork" else None  # a spawned one does not inherit it
+        proc = self.ctx.Process(target=_serve, args=(theirs, self.fn, self.stop, fault.fileno() if fault else None),
+                                daemon=True)
+        collecting = gc.isenabled()
+        gc.disable()  # so the worker starts with nothing to collect before it freezes what it inherited
+        try:
+            proc.start()
+        except BaseException:
+            if fault is not None:
+                fault.close()
+            raise
+        finally:
+            if collecting:
+                gc.enable()
         theirs.close()
-        return _Worker(proc, mine)
+        return _Worker(proc, mine, fault)
 
     def _limits_of(self, item: Any) -> Limits | None:
         return self.limits(item) if self.limits is not None else None
@@ -210,10 +280,11 @@ class _Pool:
         order, so every input still to hand out, and those queued behind it, come after that
         failure, which ends the map: none is handed out again."""
         w.proc.join()
-        w.conn.close()
+        fault = w.fault_report()
+        w.release()
         self.workers.remove(w)
         item = self.items[w.pending[0]]
-        self.done[w.pending[0]] = (False, WorkerDied(item, w.proc.exitcode, self._limits_of(item)))
+        self.done[w.pending[0]] = (False, WorkerDied(item, w.proc.exitcode, self._limits_of(item), fault))
         self.todo.clear()
 
     def close(self) -> None:
@@ -232,12 +303,26 @@ class _Pool:
                 except (EOFError, OSError):
                     break
             w.proc.join()
-            w.conn.close()
+            w.release()
 
 
-def _serve(conn: Connection, fn: Callable[[Any], Any], stop: Any) -> None:
+def _fault_file() -> Any:
+    """A file for a worker's faulthandler report, or None where none can be made (no report)."""
+    try:
+        return tempfile.TemporaryFile()
+    except OSError:
+        return None
+
+
+def _serve(conn: Connection, fn: Callable[[Any], Any], stop: Any, fault_fd: int | None) -> None:
     """A worker: run each input handed over, under its limits, and answer ``(index, ok, value)``.
-    Ctrl-C stops the caller, which stops its workers once their inputs are done (see ``close``)."""
+    Ctrl-C stops the caller, which stops its workers once their inputs are done (see ``close``).
+    What it inherited is frozen, never collected (see the module doc); a crash's traceback goes
+    to ``fault_fd``."""
+    gc.freeze()
+    gc.enable()
+    if fault_fd is not None:
+        faulthandler.enable(file=fault_fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if resource is not None:
         signal.signal(signal.SIGXCPU, signal.SIG_DFL)  # the kernel's SIGXCPU ends the process
