@@ -60,6 +60,16 @@ def kills_itself() -> int:
     return 0
 
 
+def waits_for_file(path: str) -> int:
+    """Returns once ``path`` exists."""
+    import os
+    import time
+
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return 0
+
+
 def intra_op_threads() -> int:
     """torch's intra-op thread count in this rank."""
     import torch

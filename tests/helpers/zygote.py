@@ -50,13 +50,19 @@ class ForkedRank:
     def __init__(self, zygote: Zygote, pid: int) -> None:
         self._zygote = zygote
         self.pid = pid
+        self._code: int | None = None
+        self._lock = threading.Lock()
 
     @property
     def returncode(self) -> int | None:
-        """The exit code once the child ended; reading it lets the zygote reap the child (until
-        then its pid stays taken, as a ``Popen`` child's does until it is waited for, so a
-        signal sent by pid can never reach a process that reused it)."""
-        return self._zygote.exit_code(self.pid, release=True)
+        """The exit code once the child ended; the first read lets the zygote reap the child
+        (until then its pid stays taken, as a ``Popen`` child's does until it is waited for, so
+        a signal sent by pid can never reach a process that reused it). The code is kept here,
+        not by pid: once reaped, the pid may name a later child of the same zygote."""
+        with self._lock:
+            if self._code is None:
+                self._code = self._zygote.exit_code(self.pid, release=True)
+            return self._code
 
     def poll(self) -> int | None:
         return self.returncode
@@ -78,8 +84,7 @@ class Zygote:
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
         self._lock = threading.Lock()  # one request in flight at a time
         self._cond = threading.Condition()
-        self._exits: dict[int, int] = {}
-        self._released: set[int] = set()
+        self._exits: dict[int, int] = {}  # children ended and not yet released, by pid
         self._reaped: set[int] = set()
         self._write_lock = threading.Lock()  # one message on the zygote's stdin at a time
         self._pids: list[int] = []
@@ -105,16 +110,15 @@ class Zygote:
         return ForkedRank(self, pid)
 
     def exit_code(self, pid: int, release: bool = False) -> int | None:
-        """``pid``'s exit code, ``None`` while it runs; with ``release``, the zygote may now reap it."""
+        """``pid``'s exit code, ``None`` while it runs; with ``release``, the zygote may now reap it,
+        and the pid is forgotten (a later child may get it: its code must not be this one's)."""
         with self._cond:
-            code = self._exits.get(pid)
-            release = release and code is not None and pid not in self._released
-            if release:
-                self._released.add(pid)
-        if release:  # reaped before this returns, as Popen.poll() reaps
+            code = self._exits.pop(pid, None) if release else self._exits.get(pid)
+        if release and code is not None:  # reaped before this returns, as Popen.poll() reaps
             self._send({"reap": pid})
             with self._cond:
                 self._cond.wait_for(lambda: pid in self._reaped or not self.alive(), 10)
+                self._reaped.discard(pid)
         return code
 
     def _send(self, message: dict[str, Any]) -> None:

@@ -2,6 +2,7 @@
 rank's state and the hung rank's stacks (before, the report named only the rank)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -9,6 +10,7 @@ import time
 
 import pytest
 
+from tests.helpers.paths import REPO, child_pythonpath
 from tests.helpers.ranks import RankGroup, run_ranks
 from tests.helpers.zygote import FORK_RANKS_ENV, fork_ranks_enabled
 
@@ -98,6 +100,40 @@ def test_a_forked_rank_keeps_its_pid_until_its_exit_code_was_read():
         while os.path.exists(f"/proc/{proc.pid}"):
             assert time.monotonic() < deadline
             time.sleep(0.02)
+
+
+
+def test_a_forked_rank_that_got_an_earlier_ranks_pid_is_not_taken_for_that_rank(tmp_path):
+    # The test side kept each child's exit code by pid after the zygote had reaped it: a later
+    # child given the same pid (pids wrap around in a long suite) was reported ended, with the
+    # earlier child's code, from its start (a suite run saw a live rank 0 as "killed by SIGKILL").
+    # The next pid is chosen through ns_last_pid; other processes forking meanwhile may take it
+    # first, so the test tries until the zygote's fork gets it.
+    if not fork_ranks_enabled():
+        pytest.skip("ranks are not forked (TC_TEST_FORK_RANKS=0)")
+    if not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK):
+        pytest.skip("choosing the next pid needs root (/proc/sys/kernel/ns_last_pid)")
+    with RankGroup(1, "tests.helpers.sleepers:kills_itself") as group:
+        (first,) = group.procs
+        assert first.wait(60) == -signal.SIGKILL
+        zygote = first._zygote
+        env = dict(os.environ, PYTHONPATH=child_pythonpath())
+        for attempt in range(200):
+            release = tmp_path / f"release{attempt}"
+            with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+                f.write(str(first.pid - 1))
+            later = zygote.fork(env, REPO, tmp_path / f"log{attempt}", "tests.helpers.sleepers:waits_for_file",
+                                json.dumps({"path": str(release)}), tmp_path / f"out{attempt}.json")
+            if later.pid == first.pid:
+                break
+            release.touch()
+            assert later.wait(60) == 0
+        else:
+            pytest.skip("other processes took the pid first in 200 tries")
+        assert later.poll() is None  # it waits for its file
+        release.touch()
+        assert later.wait(60) == 0
+        assert first.returncode == -signal.SIGKILL
 
 
 _CLAIM_ONE_CPU = (
