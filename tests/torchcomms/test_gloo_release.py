@@ -1,6 +1,9 @@
 """A completed gloo op holds none of its tensors once its caller let go of them."""
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 from tests.helpers.ranks import run_ranks
 
 
@@ -36,20 +39,26 @@ def test_p2p_waiter_is_idle_only_once_its_threads_returned_from_completing() -> 
     opened, callback_may_end = threading.Event(), threading.Event()
 
     class Gated:
-        """A real barrier of the engine, reported done only once ``opened`` is set."""
+        """A real barrier of the engine, reported done only once ``opened`` is set. It holds the
+        work, not the process group: a class is part of a reference cycle, so a group its methods
+        named would outlive the test as garbage of the pytest process, which a forked child would
+        then finalize (and hang in ``~ProcessGroupGloo``)."""
 
-        def __init__(self) -> None:
-            self.work = pg.barrier()
+        def __init__(self, work: Any) -> None:
+            self.work = work
 
         def wait(self) -> None:
             opened.wait(10)
             self.work.wait()
 
     waiter = _BlockingWaiter()
-    fut = waiter.future_of(Gated())
+    fut = waiter.future_of(Gated(pg.barrier()))
     fut.add_done_callback(lambda _: callback_may_end.wait(10))  # added before the work is done
     opened.set()
     assert waiter.wait_idle(0.3) is False  # its thread is inside set_result, running the callback
     callback_may_end.set()
     assert waiter.wait_idle(10) is True
     assert fut.done()
+    group = weakref.ref(pg)
+    del pg, fut
+    assert group() is None  # freed now, not left to the collector
