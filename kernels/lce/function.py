@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -378,7 +378,10 @@ def linear_cross_entropy(
     if compiling:
         need = [needs_grad and input.requires_grad, needs_grad and weight.requires_grad,
                 needs_grad and bias is not None and bias.requires_grad]
-        loss, z, *_ = linear_cross_entropy_op(x2d, w2d, flat_target, bias, cw, *astuple(cfg),
+        # the fields one by one: dataclasses.astuple deep-copies each, which torch 2.11's dynamo
+        # refuses (a graph break: "copy.deepcopy()")
+        cfg_args = tuple(getattr(cfg, f.name) for f in fields(cfg))
+        loss, z, *_ = linear_cross_entropy_op(x2d, w2d, flat_target, bias, cw, *cfg_args,
                                               triton_route, rows, slab_rows, accum_dtype, need)
         loss, z = loss.reshape(plan.loss_shape), z.detach().reshape(plan.loss_shape)
         return (loss, z) if return_z_loss else loss
