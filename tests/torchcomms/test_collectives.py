@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers.ranks import run_ranks
 from tests.torchcomms.conftest import Launch
 
 
@@ -49,3 +50,18 @@ def test_split(world: int, launch: Launch) -> None:
             else:
                 assert got.startswith("CollectiveMismatchError") and f"[{refusers[case]}]" in got, (case, got)
         assert v["sum_after_refusals"] == float(world)
+
+
+def test_ops_on_memory_an_earlier_async_op_uses_run_after_it(launch: Launch) -> None:
+    """Two all-reduces of one tensor, a slice's then the whole's, an all-reduce then a broadcast:
+    the later op sees the earlier one's result (gloo ran both together, MPI too)."""
+    for res in launch(3, "tests.torchcomms.workers:ops_on_shared_memory", timeout=120):
+        assert res.value == {"all_reduce twice": 0, "a slice, then the whole": 0,
+                             "all_reduce, then a sync broadcast": 0}, (res.rank, res.value)
+
+
+def test_an_op_waiting_for_an_earlier_one_on_its_memory_ends_at_its_own_deadline() -> None:
+    results = run_ranks(2, "tests.torchcomms.workers:waits_for_an_earlier_op_within_its_own_deadline", timeout=120)
+    got = results[0].value
+    assert got["error"] == "CommTimeoutError" and "first" in got, got  # the first ended too (the break)
+    assert "did not start within 1 s: it waited for all_reduce #1" in got["message"], got

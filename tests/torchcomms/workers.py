@@ -600,3 +600,59 @@ def peer_failure_during_a_sync_op_in_its_first_slice() -> dict[str, Any]:
     time.sleep(0.5)  # the sampler has run
     return {"raised": raised, "state_at_0.6s": sampled[0] if sampled else None, "elapsed": elapsed,
             "in_table": len(comm._core.watchdog.inflight)}  # noqa: SLF001
+
+
+def ops_on_shared_memory(rounds: int = 15) -> dict[str, int]:
+    """Ops on one tensor issued back to back, the earlier ones asynchronous and not waited for:
+    each must see the result of the one before it, as on a device stream. Per case, the rounds
+    whose result was wrong (gloo ran the two all-reduces together and summed a half-reduced
+    tensor in most rounds; MPI in every one)."""
+    comm = torchcomms.new_comm(engine(), torch.device("cpu"), "shared", timeout=timedelta(seconds=60))
+    n, r = comm.get_size(), comm.get_rank()
+    total = float(n * (n + 1) // 2)
+    wrong = {"all_reduce twice": 0, "a slice, then the whole": 0, "all_reduce, then a sync broadcast": 0}
+    numel = 1 << 16
+    for _ in range(rounds):
+        t = torch.ones(numel)
+        first, second = comm.all_reduce(t, ReduceOp.SUM, True), comm.all_reduce(t, ReduceOp.SUM, True)
+        first.wait()
+        second.wait()
+        wrong["all_reduce twice"] += not bool(torch.all(t == n * n))
+        t = torch.ones(numel)
+        first = comm.all_reduce(t[: numel // 2], ReduceOp.SUM, True)
+        second = comm.all_reduce(t, ReduceOp.SUM, True)
+        second.wait()
+        first.wait()
+        wrong["a slice, then the whole"] += not (bool(torch.all(t[: numel // 2] == n * n))
+                                                 and bool(torch.all(t[numel // 2:] == n)))
+        t = torch.full((numel,), float(r + 1))
+        first = comm.all_reduce(t, ReduceOp.SUM, True)
+        comm.broadcast(t, 0, False)
+        first.wait()
+        wrong["all_reduce, then a sync broadcast"] += not bool(torch.all(t == total))
+    comm.finalize()
+    return wrong
+
+
+def waits_for_an_earlier_op_within_its_own_deadline() -> dict[str, Any]:
+    """Rank 0 issues an all-reduce that rank 1 does not join, then a second all-reduce of the
+    same tensor with a 1 s timeout: the second waits for the first, and ends at its own deadline
+    saying what it waited for. Rank 1 only keeps its communicator until rank 0 is done."""
+    from tests.helpers.rank_sync import reach
+
+    comm = torchcomms.new_comm(engine(), torch.device("cpu"), "blocked", timeout=timedelta(seconds=60))
+    out: dict[str, Any] = {}
+    if comm.get_rank() == 0:
+        t = torch.ones(8)
+        first = comm.all_reduce(t, ReduceOp.SUM, True)
+        try:
+            comm.all_reduce(t, ReduceOp.SUM, False, timeout=timedelta(seconds=1))
+        except torchcomms.CommError as e:
+            out = {"error": type(e).__name__, "message": str(e)}
+        try:  # the timeout broke the communicator, which ends the first op too
+            first.wait()
+        except torchcomms.CommError as e:
+            out["first"] = type(e).__name__
+    reach("done")
+    comm.abort()
+    return out

@@ -289,6 +289,9 @@ class BackendCapabilities:
     # op methods take a keyword ``async_op``: a synchronous op is issued on the caller's current
     # device stream (no cross-stream events), an asynchronous one on the engine's own stream
     current_stream_sync: bool = False
+    # ops on the same memory run in the order they were issued (a device stream orders them);
+    # else the communicator makes a later op wait for an earlier one in flight (core.busy_memory)
+    orders_ops_on_shared_memory: bool = False
     recv_any_source: bool = False  # implements recv_any_source()
     # the engine has its own fault-tolerant agreement (``agree``); else ``TorchComm.agree`` uses the store
     agree: bool = False

@@ -162,7 +162,8 @@ class NcclBackend(TorchCommBackend):
 
     backend_name = "nccl"
     capabilities = BackendCapabilities(devices=("cuda",), abort=True, shrink=True, split=True, dtypes=_NCCL_DTYPES,
-                                       bitwise_ops=False, current_stream_sync=True)
+                                       bitwise_ops=False, current_stream_sync=True,
+                                       orders_ops_on_shared_memory=True)
 
     @classmethod
     def is_available(cls) -> bool:

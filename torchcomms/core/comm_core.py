@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.core import error_map
+from torchcomms.core.busy_memory import BusyMemory
 from torchcomms.core.errors import CommAbortedError, CommArgumentError, CommError, CommTimeoutError, PeerFailureError
 from torchcomms.core.names import NAMES
 from torchcomms.core.op import OpRecord
@@ -94,6 +95,10 @@ class CommCore:
         self.checker = Checker(self.name, self.rank, self.size, self.device, caps.dtypes, caps.bitwise_ops,
                                backend.backend_name, caps.recv_any_source, caps.complex_product)
         self.current_stream_sync = caps.current_stream_sync  # launch(..., async_op=) (see dispatch)
+        #: the memory of asynchronous ops in flight, where the engine does not order ops itself,
+        #: and its table (``busy_ops``: always empty where ``busy`` is None)
+        self.busy = None if caps.orders_ops_on_shared_memory else BusyMemory()
+        self.busy_ops = {} if self.busy is None else self.busy.ops
         self.seq = itertools.count(1)
         self.p2p_seq = itertools.count(1)
         self.last_seq = 0
@@ -118,6 +123,8 @@ class CommCore:
     def work_ended(self, work: TorchWork, exc: CommError | None) -> None:
         if work.tracked:
             self.watchdog.forget(work)
+        if self.busy_ops:
+            self.busy.release(work)  # type: ignore[union-attr]
         for hook in tuple(self.post_hooks.values()) if self.post_hooks else ():
             try:
                 hook(work.record.op_id, work.record)

@@ -104,6 +104,9 @@ def dispatch(
         )
         if bind is not None:
             bind(rec)
+        # an op on memory that an earlier asynchronous op still uses runs after it (busy_memory)
+        blocked = (core.busy.wait_for_conflicts(rec, inputs, outputs, time.monotonic() + timeout_s)
+                   if core.busy_ops else None)
         if core.pre_hooks:
             rec.extra = {"inputs": inputs, "outputs": outputs}  # for hooks that inspect data
             try:
@@ -112,9 +115,11 @@ def dispatch(
             finally:
                 rec.extra = None  # tracing keeps records: never pin the tensors
         work = TorchWork(core, rec, time.monotonic() + timeout_s)
+        if async_op and core.busy is not None:
+            core.busy.claim(work, inputs, outputs, is_p2p)
         rec.state = "started"
         rec.time_started_ns = time.time_ns()
-        mismatch = _compare_signatures(core, rec, work) if order is not None else None
+        mismatch = _compare_signatures(core, rec, work) if order is not None and blocked is None else blocked
         try:
             if mismatch is not None:
                 handle = EngineHandle.failed(mismatch)
