@@ -1,6 +1,5 @@
-"""A derived engine (split, shrink, reconfigure, the collective check) rendezvous through a
-TCPStore client of its own (``BackendContext.own_store_client``), one process, real gloo
-engines and a real TCPStore."""
+"""A shrink's engine rendezvous through a TCPStore client of its own
+(``BackendContext.own_store_client``): one process, real gloo engines and a real TCPStore."""
 from __future__ import annotations
 
 import sys
@@ -15,6 +14,7 @@ import torchcomms
 from torchcomms.backends import gloo_sockets
 from torchcomms.recovery.agreement import agree_on_flag_for
 from torchcomms.recovery.engines import build_until, derived_context
+from torchcomms.recovery.shrink import engine_context
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -36,14 +36,14 @@ def test_an_abandoned_engine_build_leaves_the_communicators_store_client_to_the_
     store call for a member that never joins, then agrees on the outcome through the
     communicator's store. A TCPStore client serves one call at a time: when the rendezvous used
     the communicator's client, the agreement's calls waited behind it, and the shrink said that
-    the store did not answer instead of naming the dead rank it had waited for (1 run of 12 of
-    test_without_launcher.py's shrink without a failure report)."""
+    the store did not answer instead of naming the dead rank it had waited for (2 runs of 30 of
+    test_without_launcher.py's quiet shrink without a failure report)."""
     server, client = _store()
     comm = torchcomms.new_comm("gloo", "cpu", "abandoned-build", store=client)
     core = comm._core  # noqa: SLF001 - the shrink's own steps on its communicator
     keys = server.num_keys()
-    # an engine over this rank and global rank 1, which never joins: its rendezvous waits for it
-    ctx = derived_context(core, [0, 1], f"{core.ctx.store_prefix}/e1", 20.0, rank=0)
+    # the epoch's engine over this rank and global rank 1, which never joins: its rendezvous waits for it
+    ctx = engine_context(core, [0, 1], 1, time.monotonic() + 20.0)
     assert build_until(core, ctx, time.monotonic()) is None  # abandoned at once
     while server.num_keys() < keys + 2:  # it published its listener and its gloo address: now it waits
         time.sleep(0.001)
@@ -57,7 +57,7 @@ def test_an_abandoned_engine_build_leaves_the_communicators_store_client_to_the_
         assert not t.is_alive()
 
 
-def test_an_aborted_derived_engine_leaves_no_connection_to_the_store() -> None:
+def test_an_aborted_engine_with_a_store_client_of_its_own_leaves_no_connection_to_the_store() -> None:
     """An aborted gloo engine is never destroyed: its own store client's connection is shut
     down with its other connections, so each shrink (which aborts the engine it replaces) does
     not leave one more connection to the store behind."""
@@ -67,8 +67,8 @@ def test_an_aborted_derived_engine_leaves_no_connection_to_the_store() -> None:
     before = _connected_to(server.port)
     built: dict[int, object] = {}
 
-    def build(rank: int) -> None:  # the two members of one derived engine, on two threads
-        ctx = derived_context(core, [0, 1], f"{core.ctx.store_prefix}/e1", 20.0, rank=rank)
+    def build(rank: int) -> None:  # the two members of one engine, on two threads
+        ctx = derived_context(core, [0, 1], f"{core.ctx.store_prefix}/e1", 20.0, rank=rank, own_store_client=True)
         built[rank] = build_until(core, ctx, time.monotonic() + 20.0)
 
     threads = [threading.Thread(target=build, args=(rank,)) for rank in (0, 1)]

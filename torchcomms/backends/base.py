@@ -264,11 +264,10 @@ class BackendContext:
     an engine must not end ops sooner by itself (gloo's own limit is set to a backstop).
 
     ``own_store_client``: the rendezvous goes through a client of ``store``'s host of its own
-    where the engine can make one (gloo, over a TCPStore), not through ``store``'s: an engine
-    derived from a communicator (split, shrink, reconfigure, the collective check) may be
-    abandoned while its rendezvous waits in a store call, and a TCPStore client serves one call
-    at a time, so the communicator's own store calls after it (a shrink's agreement) would
-    wait behind it until its timeout."""
+    where the engine can make one (gloo, over a TCPStore), not through ``store``'s: a TCPStore
+    client serves one call at a time, and a shrink's engine may be abandoned while its
+    rendezvous waits in a store call, which the shrink's own store calls after it must not
+    wait behind."""
 
     name: str
     rank: int
