@@ -261,7 +261,13 @@ class BackendContext:
 
     ``timeout`` bounds the engine's set-up (its rendezvous; after a shrink, what is left of the
     shrink). It is not an op timeout: ``TorchComm`` ends each op at that op's own deadline, so
-    an engine must not end ops sooner by itself (gloo's own limit is set to a backstop)."""
+    an engine must not end ops sooner by itself (gloo's own limit is set to a backstop).
+
+    ``own_store_client``: the rendezvous goes through a client of ``store``'s host of its own
+    where the engine can make one (gloo, over a TCPStore), not through ``store``'s: a TCPStore
+    client serves one call at a time, and a shrink's engine may be abandoned while its
+    rendezvous waits in a store call, which the shrink's own store calls after it must not
+    wait behind."""
 
     name: str
     rank: int
@@ -272,6 +278,7 @@ class BackendContext:
     timeout: timedelta
     hints: dict[str, str] = field(default_factory=dict)
     global_ranks: tuple[int, ...] = ()
+    own_store_client: bool = False
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import socket
 import threading
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 from urllib.parse import urlparse
 
 import torch
@@ -233,14 +234,16 @@ class GlooBackend(TorchCommBackend):
     def init(self) -> None:
         ctx = self.ctx
         store = ctx.store if ctx.store is not None else dist.HashStore()
-        self._store = dist.PrefixStore(ctx.store_prefix + "/gloo", store)
+        self._sockets = EngineSockets()
+        if ctx.own_store_client and ctx.size > 1:  # a store client of its own: see BackendContext
+            store = self._sockets.store_client(store)
+        self._store: Any = dist.PrefixStore(ctx.store_prefix + "/gloo", store)
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = ctx.timeout
         threads = ctx.hints.get("gloo.threads")
         if threads:
             opts._threads = int(threads)
         gloo_guard.install()  # a receive overflow then parks gloo's network thread instead of aborting
-        self._sockets = EngineSockets()
         opts._devices = [self._sockets.open_device(self._device)]
         self._confirm_p2p = check_mode.enabled(ctx.hints)  # the collective check's mode: p2p is confirmed too
         if ctx.size > 1:
@@ -319,6 +322,7 @@ class GlooBackend(TorchCommBackend):
             self._last_recv.clear()
             self._last_send.clear()
         self._pg = None  # type: ignore[assignment]
+        self._store = None  # with the engine, its own store client (if it has one) is let go of
         self._waiter.close()
 
     def release_at_exit(self) -> None:

@@ -6,7 +6,9 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import torch.distributed as dist
 
 from torchcomms.csrc.gloo_guard import threads
 
@@ -14,6 +16,8 @@ T = TypeVar("T")
 
 #: serialises device creation in this process (see :meth:`EngineSockets.open_device`)
 _DEVICE_LOCK = threading.Lock()
+#: serialises the making of engines' own store clients (see :meth:`EngineSockets.store_client`)
+_CLIENT_LOCK = threading.Lock()
 
 
 def _socket_fds() -> dict[int, int]:
@@ -86,13 +90,16 @@ class EngineSockets:
 
     The engine's sockets are the ones created while it was built that touch its own
     listener (accepted) or a peer's listener (connected); peers' listener addresses are
-    exchanged through the engine's store.
+    exchanged through the engine's store. Its own store client's connection is recorded too
+    (:meth:`store_client`): an abandoned engine is never destroyed, and that client would stay
+    connected to the store's host for ever.
     """
 
     def __init__(self) -> None:
         self._before: dict[int, int] = {}
         self.listener: str | None = None
-        self.fds: dict[int, int] = {}
+        self.fds: dict[int, int] = {}  # its connections to its peers
+        self.store_fds: dict[int, int] = {}  # its own store client's (see store_client)
         self.loop_threads: frozenset[int] = frozenset()  # the threads the device started: its network thread
 
     def open_device(self, create: Callable[[], T]) -> T:
@@ -111,6 +118,30 @@ class EngineSockets:
             self.listener = listening[0] if len(listening) == 1 else None
         return device
 
+    def store_client(self, store: Any) -> Any:
+        """A client of ``store``'s host of the engine's own (``store.clone()``: a connection of its
+        own, recorded with the engine's, so shut down with them) where ``store`` is a TCPStore or
+        a PrefixStore over one; else ``store`` itself (the control plane's client serves calls
+        concurrently). Connects: blocks while the store's host does not answer."""
+        inner = store
+        while getattr(inner, "underlying_store", None) is not None:  # PrefixStore
+            inner = inner.underlying_store
+        if not isinstance(inner, dist.TCPStore):
+            return store
+        with _CLIENT_LOCK:  # another engine's client made meanwhile would look like this one's
+            before = _socket_fds()
+            try:
+                client = store.clone()
+            except Exception:  # noqa: BLE001 - no Store.clone, or no connection: the shared client, as before
+                return store
+            new = {fd: ino for fd, ino in _socket_fds().items() if before.get(fd) != ino}
+        endpoints = _tcp_endpoints(set(new.values()))
+        port = f":{inner.port:04X}"
+        for fd, ino in new.items():
+            if ino in endpoints and endpoints[ino][1].endswith(port):  # connected to the store's port
+                self.store_fds[fd] = ino
+        return client
+
     def engine_created(self, peer_listeners: list[str]) -> None:
         """Record the connections the engine opened towards its peers."""
         if self.listener is None:
@@ -128,24 +159,31 @@ class EngineSockets:
         self._before = {}
 
     def shut_down(self) -> int:
-        """Shut every recorded connection down (both directions); returns how many were."""
-        done = 0
-        for fd, ino in self.fds.items():
-            try:
-                dup = os.dup(fd)
-            except OSError:
-                continue
-            try:
-                if os.fstat(dup).st_ino != ino:  # the descriptor was closed and reused
-                    continue
-                with socket.socket(fileno=dup) as s:
-                    dup = -1
-                    s.shutdown(socket.SHUT_RDWR)
-                done += 1
-            except OSError:
-                pass
-            finally:
-                if dup >= 0:
-                    os.close(dup)
-        self.fds = {}
+        """Shut every recorded connection down (both directions), the store client's too;
+        returns how many of those to its peers were."""
+        done = sum(_shut_down(fd, ino) for fd, ino in self.fds.items())
+        for fd, ino in self.store_fds.items():
+            _shut_down(fd, ino)
+        self.fds, self.store_fds = {}, {}
         return done
+
+
+def _shut_down(fd: int, ino: int) -> bool:
+    """Shut the connection of descriptor ``fd`` down (both directions), unless ``fd`` was closed
+    and reused (its socket is no longer ``ino``); whether it was."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return False
+    try:
+        if os.fstat(dup).st_ino != ino:  # the descriptor was closed and reused
+            return False
+        with socket.socket(fileno=dup) as s:
+            dup = -1
+            s.shutdown(socket.SHUT_RDWR)
+        return True
+    except OSError:
+        return False
+    finally:
+        if dup >= 0:
+            os.close(dup)

@@ -17,16 +17,17 @@ from torchcomms.recovery.collective_check import SignatureCheck
 
 def derived_context(core: CommCore, members: Sequence[int], store_prefix: str, timeout_s: float, *,
                     rank: int | None = None, name: str | None = None,
-                    hints: dict[str, str] | None = None) -> BackendContext:
+                    hints: dict[str, str] | None = None, own_store_client: bool = False) -> BackendContext:
     """The context of an engine over ``members`` (global ranks, in their new order), derived
     from ``core``'s: same device and store, its own rendezvous prefix. ``rank`` defaults to this
-    rank's index in ``members``; ``hints`` are added to the communicator's."""
+    rank's index in ``members``; ``hints`` are added to the communicator's; ``own_store_client``:
+    see ``BackendContext``."""
     if rank is None:
         rank = list(members).index(core.global_ranks[core.rank])
     return BackendContext(
         name=name or core.name, rank=rank, size=len(members), device=core.device, store=core.ctx.store,
         store_prefix=store_prefix, timeout=timedelta(seconds=timeout_s), hints={**core.hints, **(hints or {})},
-        global_ranks=tuple(members),
+        global_ranks=tuple(members), own_store_client=own_store_client,
     )
 
 

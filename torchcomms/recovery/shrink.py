@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from torchcomms.backends.base import TorchCommBackend
+from torchcomms.backends.base import BackendContext, TorchCommBackend
 from torchcomms.core import error_map
 from torchcomms.core.comm_core import CommCore
 from torchcomms.core.errors import CommAbortedError, CommError, CommTimeoutError
@@ -87,13 +87,21 @@ def _shrink_in_engine(core: CommCore, shrink_survivors: Callable[[float], tuple[
                                                core.monitor) from None
 
 
+def engine_context(core: CommCore, survivors: list[int], epoch: int, deadline: float) -> BackendContext:
+    """The context of the epoch's engine over ``survivors``. Its rendezvous goes through a store
+    client of its own: one abandoned at the deadline (or when a survivor failed) stays in its
+    store wait until its timeout, and on the communicator's client (a TCPStore's serves one call
+    at a time) the agreement on the outcome and the next epoch's build would wait behind it."""
+    return derived_context(core, survivors, f"{core.ctx.store_prefix}/e{epoch}",
+                           max(1.0, deadline - time.monotonic()), own_store_client=True)
+
+
 def _build_engine(core: CommCore, survivors: list[int], epoch: int, deadline: float) -> TorchCommBackend | None:
     """A fresh engine over ``survivors`` under the epoch's store prefix; ``None`` when a
     survivor failed meanwhile or the build lost a connection to one (the survivors agree on
     that, then again on who is left, at the next epoch). Raises other build errors, after
     telling the other survivors (they do not wait out their deadline for this one)."""
-    ctx = derived_context(core, survivors, f"{core.ctx.store_prefix}/e{epoch}",
-                          max(1.0, deadline - time.monotonic()))
+    ctx = engine_context(core, survivors, epoch, deadline)
     try:
         return build_until(core, ctx, deadline)
     except BaseException as e:  # noqa: BLE001 - the engine may throw anything
