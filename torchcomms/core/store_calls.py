@@ -261,8 +261,10 @@ class BoundedCalls:
     survivor agreement's). A call that misses it is abandoned, and the helper exits after it.
 
     A call is waited for at least :data:`STORE_CALL_GRACE_S`, also when ``until`` is nearer or
-    has passed already (its caller ran late: a descheduled thread on a loaded host): only a
-    store that was asked and did not answer raises :class:`StoreNotAnswering`."""
+    has passed already (its caller ran late: a descheduled thread on a loaded host), and that
+    grace counts from when the store is asked to answer (``answer_in_s``: a ``wait``'s own
+    timeout, which the store's host then ends with one more round trip): only a store that was
+    asked and did not answer raises :class:`StoreNotAnswering`."""
 
     def __init__(self, until: float, thread_name: str = "torchcomms-store-calls", limit_s: float | None = None) -> None:
         self._until = until
@@ -271,12 +273,13 @@ class BoundedCalls:
         self._jobs: queue.SimpleQueue[PendingCall[Any] | None] = queue.SimpleQueue()
         self._helper: threading.Thread | None = None
 
-    def __call__(self, what: str, fn: Callable[[], _T]) -> _T:
+    def __call__(self, what: str, fn: Callable[[], _T], answer_in_s: float = 0.0) -> _T:
         if self._helper is None:
             self._helper = threading.Thread(target=self._serve, args=(self._jobs,),
                                             name=self._thread_name, daemon=True)
             self._helper.start()
-        until = max(self._until, time.monotonic() + STORE_CALL_GRACE_S)  # a call made at (or past) the deadline
+        # a call made at (or past) the deadline, or a wait that ends there
+        until = max(self._until, time.monotonic() + answer_in_s + STORE_CALL_GRACE_S)
         call = PendingCall(fn)
         self._jobs.put(call)
         try:

@@ -185,7 +185,7 @@ class Round:
         decision, store = self.decision, self.store
         started = time.monotonic()
         try:
-            self.call(f"wait({decision!r})", lambda: store.wait([decision], timedelta(seconds=secs)))
+            self.call(f"wait({decision!r})", lambda: store.wait([decision], timedelta(seconds=secs)), secs)
         except Exception as e:  # noqa: BLE001 - a store may raise anything
             if not _is_wait_timeout(e) or time.monotonic() - started < secs / 2:  # failed, did not wait
                 raise
