@@ -32,3 +32,24 @@ def bad_member_list(ranks: list[int], split_ranks: list[list[int]] | None = None
     out["after"] = [t.item(), u.item()]
     dist.destroy_process_group()
     return out
+
+
+def groups_naming_a_backend(world: str | None) -> dict[str, Any]:
+    """``new_group`` with a ``backend`` (the world's, or one device's) for all ranks and for some,
+    on a world made with backend ``world``: each group's all-reduce and device types, or the
+    rank's ``"non-member"``."""
+    dist.init_process_group(world, timeout=timedelta(seconds=20))
+    out: dict[str, Any] = {}
+    for label, ranks, backend in (("all", None, "gloo"), ("some", [1, 2], "gloo"), ("cpu", [0, 1], "cpu:gloo")):
+        g = dist.new_group(ranks, backend=backend)
+        if g == dist.GroupMember.NON_GROUP_MEMBER:
+            out[label] = "non-member"
+            continue
+        t = torch.full((2,), float(dist.get_rank() + 1))
+        dist.all_reduce(t, group=g)
+        out[label] = [t.tolist(), sorted(str(d) for d in g._device_types)]
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    out["after"] = t.item()
+    dist.destroy_process_group()
+    return out

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.dist.route_runs import ROUTE
+from tests.dist.route_runs import ROUTE, on_and_off
 from tests.helpers.ranks import run_ranks
 from tests.helpers.torch_versions import TORCH_2_13
 
@@ -64,3 +64,22 @@ def test_a_group_c10ds_helper_makes_with_a_rank_twice_is_refused_before_its_rend
     exec(compile(src, "c10d_helper_stand_in", "exec"), scope)  # noqa: S102 - the test's own source
     with pytest.raises(torchcomms.CommValueError, match=r"ranks \[0, 0\]: it lists a rank twice"):
         scope["_new_process_group_helper"](2, 0, [0, 0], dist.HashStore())
+
+
+
+@pytest.mark.parametrize("world", ["gloo", None])
+def test_groups_naming_a_backend_same_as_c10d(world: str | None) -> None:
+    # new_group(backend="gloo") on a gloo world raised c10d's RuntimeError ("... not present in
+    # the parent process group: mps") on the members while the ranks left out waited in the split
+    # until the timeout; new_group([0, 1], backend="cpu:gloo") left rank 2 in a second split (one
+    # per device type of the world) that the members, splitting the cpu's only, never joined; a
+    # world made without a backend could not be split with one at all
+    on, off = on_and_off(3, "tests.dist.group_workers:groups_naming_a_backend", {"world": world}, timeout=120,
+                         env=dict(ROUTE, TORCHCOMM_TIMEOUT_SECONDS="20"))
+    sums = lambda v: {k: x[0] if isinstance(x, list) else x for k, x in v.items()}  # noqa: E731
+    for a, b in zip(on, off):  # the route's groups are split from the world's: its device types only
+        assert (a.value if world else sums(a.value)) == (b.value if world else sums(b.value)), (a.rank, a.value, b.value)
+    devices = ["cpu", "cuda"] if world == "gloo" else ["cpu"]
+    v = on[1].value
+    assert v["all"] == [[6.0, 6.0], devices] and v["some"] == [[5.0, 5.0], devices], v
+    assert v["cpu"] == [[3.0, 3.0], ["cpu"]] and on[2].value["cpu"] == "non-member" and v["after"] == 3.0, v

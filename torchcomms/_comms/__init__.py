@@ -24,6 +24,9 @@ class _LoadedOnCall(type):
     class, loaded on first construction or attribute access."""
 
     def __call__(cls, comm: Any) -> Any:
+        from torchcomms._comms import backend_names
+
+        backend_names.install()
         return build.wrapper_class()(comm)
 
     def __instancecheck__(cls, obj: Any) -> bool:

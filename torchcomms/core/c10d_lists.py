@@ -61,3 +61,28 @@ def refuse_lists_c10d_refuses(comm: str, max_depth: int = 8) -> None:
     if why is not None:
         raise CommValueError(f"cannot split by ranks {found[0]}: {why} (torch refuses it on the ranks that read "
                              f"it, so no rank takes part in the split)", comm=comm, op="split")
+
+
+def c10d_members_skip_this_device(max_depth: int = 8) -> bool:
+    """Whether the caller is ``new_group``'s non-member path (2.13's ``_new_group_via_split_group``,
+    among the caller's ``max_depth`` callers) splitting the communicator of a device type that the
+    call's ``backend`` leaves out (``new_group(ranks, backend="cpu:gloo")`` on a group with cpu
+    and cuda): the members split only the devices ``backend`` names, while that path splits one
+    communicator per device type of the world, so the extra split waited for a partner until the
+    timeout. Such a split is skipped there."""
+    frame = inspect.currentframe()
+    frame = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
+    for _ in range(max_depth):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "_new_group_via_split_group" and frame.f_globals.get("__name__") == _C10D:
+            local: Any = frame.f_locals
+            backend, device, parse = local.get("backend"), local.get("device"), frame.f_globals.get(
+                "_parse_backend_string")
+            if backend is None or device is None or parse is None:
+                return False
+            import torch
+
+            return torch.device(device).type not in parse(str(backend))
+        frame = frame.f_back
+    return False
