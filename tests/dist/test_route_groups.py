@@ -83,3 +83,36 @@ def test_groups_naming_a_backend_same_as_c10d(world: str | None) -> None:
     v = on[1].value
     assert v["all"] == [[6.0, 6.0], devices] and v["some"] == [[5.0, 5.0], devices], v
     assert v["cpu"] == [[3.0, 3.0], ["cpu"]] and on[2].value["cpu"] == "non-member" and v["after"] == 3.0, v
+
+
+
+def test_a_group_whose_devices_use_different_backends_gets_a_communicator_per_device() -> None:
+    """``init_process_group("cpu:gloo,cuda:nccl")`` on the route: c10d's helper calls ``new_comm``
+    once per backend under the group's name, and the second call raised CommValueError ("a
+    communicator named '0' already exists in this process"). The helper is stood in for (as in
+    the test above; the route's nccl needs a GPU): both communicators are gloo's on the CPU here."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import Backend, BackendConfig
+
+    import torchcomms
+
+    src = ("def _new_process_group_helper(backend_config, devices):\n"
+           "    comms = []\n"
+           "    for device in devices:\n"
+           "        comms.append(new_comm('gloo', 'cpu', name='mixed', store=HashStore(), timeout=timedelta(seconds=5)))\n"
+           "    return comms\n")
+    scope = {"__name__": "torch.distributed.distributed_c10d", "new_comm": torchcomms.new_comm,
+             "timedelta": timedelta, "HashStore": dist.HashStore}
+    exec(compile(src, "c10d_helper_stand_in", "exec"), scope)  # noqa: S102 - the test's own source
+    made = scope["_new_process_group_helper"]
+    comms = made(BackendConfig(Backend("cpu:gloo,cuda:nccl")), ["cpu", "cuda"])
+    comms += made(BackendConfig(Backend("gloo")), ["cpu"])  # one backend for every device: one communicator
+    try:
+        assert [c.get_name() for c in comms] == ["mixed:cpu", "mixed:cuda", "mixed"]
+        t = torch.ones(2)
+        comms[1].all_reduce(t, torchcomms.ReduceOp.SUM, async_op=False)
+        assert t.tolist() == [1.0, 1.0]
+    finally:
+        for c in comms:
+            c.finalize()

@@ -55,6 +55,7 @@ def assemble_comm(
         rank, size = int(hints.get("rank", rank)), int(hints.get("size", size))
         rank_source = "hint 'rank'" if "rank" in hints else rank_source
     elif helper is not None:
+        name = bootstrap.c10d_device_comm_name(helper, name, dev)
         if bootstrap.c10d_unranked_default_group(helper):
             raise CommValueError(
                 f"torch.distributed.init_process_group({backend!r}) on the torchcomms route makes c10d's default "

@@ -99,6 +99,19 @@ def c10d_group_being_made(helper: dict[str, Any]) -> tuple[int, int, tuple[int, 
     return rank, size, tuple(int(g) for g in ranks)
 
 
+def c10d_device_comm_name(helper: dict[str, Any], name: str, device: Any) -> str:
+    """The name of the communicator c10d's helper call ``helper`` makes for the device type it is
+    at (its loop's ``device``, else ``device``): the group's name, with ``:<device type>`` appended
+    where the group's devices use different backends (``init_process_group("cpu:gloo,cuda:nccl")``).
+    c10d then makes one communicator per backend under the same group name, and the second was
+    refused ("a communicator named '0' already exists in this process")."""
+    try:
+        backends = {str(b) for b in helper["backend_config"].get_device_backend_map().values()}
+    except (KeyError, AttributeError):
+        return name
+    return f"{name}:{torch.device(helper.get('device', device)).type}" if len(backends) > 1 else name
+
+
 def c10d_unranked_default_group(helper: dict[str, Any]) -> bool:
     """Whether c10d's helper call ``helper`` makes a default group of rank -1 and size -1: c10d
     does so for the backend name ``"mpi"``, whose own ``ProcessGroupMPI`` would give them, and
