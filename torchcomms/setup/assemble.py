@@ -64,7 +64,7 @@ def assemble_comm(
                 "world_size=...) (from OMPI_COMM_WORLD_RANK/_SIZE, with a store at MASTER_ADDR/MASTER_PORT or an "
                 "init_method), or torchcomms.new_comm('mpi', ...)", comm=name, op="new_comm")
         group = bootstrap.c10d_group_being_made(helper)
-        if group is not None:  # a torch.distributed subgroup: its own ranks, not the job's
+        if group is not None:  # c10d's rank and size for the group (a subgroup: its own ranks, not the job's)
             rank, size, global_ranks = group
             if len(set(global_ranks)) != size:  # torch 2.11's new_group does not refuse it (2.13's does)
                 raise CommValueError(

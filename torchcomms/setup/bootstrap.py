@@ -85,16 +85,21 @@ def c10d_helper_call(max_depth: int = 8) -> dict[str, Any] | None:
 
 
 def c10d_group_being_made(helper: dict[str, Any]) -> tuple[int, int, tuple[int, ...]] | None:
-    """(group rank, group size, global ranks) of the subgroup c10d's helper call ``helper``
-    (:func:`c10d_helper_call`) makes, else ``None`` (the default group: the environment's). On
-    torch 2.11, whose ``new_group`` makes subgroups that way (2.13 splits the default group
-    instead), the rank and size from the environment are the job's, and a subgroup's members
-    waited in its rendezvous for ranks outside it."""
+    """(group rank, group size, global ranks) of the group c10d's helper call ``helper``
+    (:func:`c10d_helper_call`) makes, else ``None`` (the environment's then). On torch 2.11, whose
+    ``new_group`` makes subgroups that way (2.13 splits the default group instead), the rank and
+    size from the environment are the job's, and a subgroup's members waited in its rendezvous
+    for ranks outside it. The default group (no ranks listed) has the rank and world size c10d's
+    rendezvous gave it: ``init_process_group(rank=, world_size=)`` with an ``init_method`` or a
+    ``store`` (``mp.spawn``'s programs) sets no environment variable, and every process made a
+    communicator of rank 0 and size 1 (every collective a no-op)."""
     ranks = helper.get("global_ranks_in_group")
     rank, size = helper.get("group_rank"), helper.get("group_size")
-    if not ranks or not isinstance(rank, int) or not isinstance(size, int):
-        return None  # the default group (no ranks listed): the environment's
-    if len(ranks) != size or not 0 <= rank < size:
+    if not isinstance(rank, int) or not isinstance(size, int) or not 0 <= rank < size:
+        return None
+    if not ranks:
+        return rank, size, tuple(range(size))
+    if len(ranks) != size:
         return None
     return rank, size, tuple(int(g) for g in ranks)
 
