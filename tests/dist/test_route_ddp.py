@@ -39,3 +39,17 @@ def test_a_peer_killed_mid_training_raises_our_typed_error_from_backward() -> No
     for res in (results[0], results[2]):
         v = res.value
         assert v["steps"] == 1 and v["error"] == "PeerFailureError" and "CommError" in v["mro"], v
+
+
+
+@DDP_ON_ROUTE
+def test_compiled_ddp_same_numbers_as_eager() -> None:
+    # dynamo compiled the route's Python frames that c10d's C++ entered from the eager part of a
+    # compiled function (DDP's forward rebuilding its buckets, an async op's wait()) and raised
+    # its own AssertionError ("DictGetItemSource index must be a ConstDictKeySource or literal")
+    from tests.helpers.ranks import run_ranks
+
+    for res in run_ranks(2, "tests.dist.ddp_workers:compiled", timeout=180, env=ROUTE):
+        v = res.value
+        assert _close(v["compiled"]["losses"], v["eager"]["losses"], 1e-5), v
+        assert _close(v["compiled"]["params"], v["eager"]["params"], 1e-5) and v["waited"] == [7.0, 7.0], v
