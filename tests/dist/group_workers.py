@@ -37,7 +37,7 @@ def bad_member_list(ranks: list[int], split_ranks: list[list[int]] | None = None
 def groups_naming_a_backend(world: str | None) -> dict[str, Any]:
     """``new_group`` with a ``backend`` (the world's, or one device's) for all ranks and for some,
     on a world made with backend ``world``: each group's all-reduce and device types, or the
-    rank's ``"non-member"``."""
+    rank's ``"non-member"``; then a group with a backend the world does not use (``"nccl"``)."""
     dist.init_process_group(world, timeout=timedelta(seconds=20))
     out: dict[str, Any] = {}
     for label, ranks, backend in (("all", None, "gloo"), ("some", [1, 2], "gloo"), ("cpu", [0, 1], "cpu:gloo")):
@@ -48,6 +48,11 @@ def groups_naming_a_backend(world: str | None) -> dict[str, Any]:
         t = torch.full((2,), float(dist.get_rank() + 1))
         dist.all_reduce(t, group=g)
         out[label] = [t.tolist(), sorted(str(d) for d in g._device_types)]
+    try:  # a backend the world's devices do not use: refused on the members
+        refused = dist.new_group([0, 1], backend="nccl")
+        out["refused"] = "non-member" if refused == dist.GroupMember.NON_GROUP_MEMBER else "member"
+    except (RuntimeError, ValueError) as e:
+        out["refused"] = type(e).__name__
     t = torch.ones(1)
     dist.all_reduce(t)
     out["after"] = t.item()

@@ -66,10 +66,13 @@ def refuse_lists_c10d_refuses(comm: str, max_depth: int = 8) -> None:
 def c10d_members_skip_this_device(max_depth: int = 8) -> bool:
     """Whether the caller is ``new_group``'s non-member path (2.13's ``_new_group_via_split_group``,
     among the caller's ``max_depth`` callers) splitting the communicator of a device type that the
-    call's ``backend`` leaves out (``new_group(ranks, backend="cpu:gloo")`` on a group with cpu
-    and cuda): the members split only the devices ``backend`` names, while that path splits one
-    communicator per device type of the world, so the extra split waited for a partner until the
-    timeout. Such a split is skipped there."""
+    group's members do not split: one the call's ``backend`` leaves out (``new_group(ranks,
+    backend="cpu:gloo")`` on a group with cpu and cuda), or any, where torch's ``split_group``
+    refuses that ``backend`` on the members before splitting (``backend="nccl"`` on a gloo world:
+    a device the world lacks or gives another backend). That path splits one communicator per
+    device type of the world, whatever ``backend`` says, so the extra splits waited for members
+    that never came until the timeout. Such a split is skipped there, and a rank left out of a
+    refused group goes on, as it does on c10d's own backends."""
     frame = inspect.currentframe()
     frame = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
     for _ in range(max_depth):
@@ -77,12 +80,19 @@ def c10d_members_skip_this_device(max_depth: int = 8) -> bool:
             return False
         if frame.f_code.co_name == "_new_group_via_split_group" and frame.f_globals.get("__name__") == _C10D:
             local: Any = frame.f_locals
-            backend, device, parse = local.get("backend"), local.get("device"), frame.f_globals.get(
-                "_parse_backend_string")
-            if backend is None or device is None or parse is None:
+            backend, device, c10d = local.get("backend"), local.get("device"), frame.f_globals
+            if backend is None or device is None or "_parse_backend_string" not in c10d:
                 return False
             import torch
 
-            return torch.device(device).type not in parse(str(backend))
+            parse = c10d["_parse_backend_string"]
+            try:
+                requested = parse(str(backend))
+                world = parse(str(c10d["_world"].pg_map[c10d["_get_default_group"]()][0]))
+            except ValueError:  # torch's split_group raises it on the members
+                return True
+            if any(world.get(d) != b for d, b in requested.items()):
+                return True
+            return torch.device(device).type not in requested
         frame = frame.f_back
     return False
