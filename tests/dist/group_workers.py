@@ -48,11 +48,13 @@ def groups_naming_a_backend(world: str | None) -> dict[str, Any]:
         t = torch.full((2,), float(dist.get_rank() + 1))
         dist.all_reduce(t, group=g)
         out[label] = [t.tolist(), sorted(str(d) for d in g._device_types)]
-    try:  # a backend the world's devices do not use: refused on the members
-        refused = dist.new_group([0, 1], backend="nccl")
-        out["refused"] = "non-member" if refused == dist.GroupMember.NON_GROUP_MEMBER else "member"
-    except (RuntimeError, ValueError) as e:
-        out["refused"] = type(e).__name__
+    # refused on the members: a backend the world's devices do not use, a timeout not a timedelta
+    for label, kwargs in (("refused", {"backend": "nccl"}), ("bad timeout", {"timeout": 5})):
+        try:
+            g = dist.new_group([0, 1], **kwargs)
+            out[label] = "non-member" if g == dist.GroupMember.NON_GROUP_MEMBER else "member"
+        except (RuntimeError, ValueError, TypeError) as e:
+            out[label] = [c.__name__ for c in type(e).__mro__]
     t = torch.ones(1)
     dist.all_reduce(t)
     out["after"] = t.item()
