@@ -85,7 +85,8 @@ def test_groups_naming_a_backend_same_as_c10d(world: str | None) -> None:
         assert "TypeError" in res.value.pop("bad timeout"), res.rank  # on every rank, as c10d's gloo raises it
     sums = lambda v: {k: x[0] if isinstance(x, list) else x for k, x in v.items()}  # noqa: E731
     for a, b in zip(on, off):  # the route's groups are split from the world's: its device types only
-        assert (a.value if world else sums(a.value)) == (b.value if world else sums(b.value)), (a.rank, a.value, b.value)
+        same = a.value == b.value if world else sums(a.value) == sums(b.value)
+        assert same, (a.rank, a.value, b.value)
     devices = ["cpu", "cuda"] if world == "gloo" or not TORCH_2_13 else ["cpu"]  # 2.11's new_group does not split
     v = on[1].value
     assert v["all"] == [[6.0, 6.0], devices] and v["some"] == [[5.0, 5.0], devices], v
@@ -107,7 +108,8 @@ def test_a_group_whose_devices_use_different_backends_gets_a_communicator_per_de
     src = ("def _new_process_group_helper(backend_config, devices):\n"
            "    comms = []\n"
            "    for device in devices:\n"
-           "        comms.append(new_comm('gloo', 'cpu', name='mixed', store=HashStore(), timeout=timedelta(seconds=5)))\n"
+           "        comms.append(new_comm('gloo', 'cpu', name='mixed', store=HashStore(),\n"
+           "                              timeout=timedelta(seconds=5)))\n"
            "    return comms\n")
     scope = {"__name__": "torch.distributed.distributed_c10d", "new_comm": torchcomms.new_comm,
              "timedelta": timedelta, "HashStore": dist.HashStore}
