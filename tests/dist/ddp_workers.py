@@ -122,3 +122,21 @@ def peer_killed_before_backward(victim: int) -> dict[str, Any]:
         out.update(error=type(e).__name__, mro=[c.__name__ for c in type(e).__mro__], message=str(e)[:300],
                    failed_ranks=getattr(e, "failed_ranks", None))
     return out
+
+
+def compiled() -> dict[str, Any]:
+    """``torch.compile`` (dynamo's eager backend: no code generation) of a DDP model beside the
+    same model uncompiled, and of a function that waits on an async all-reduce: c10d calls the
+    backend from their eager parts."""
+    dist.init_process_group("gloo")
+
+    @torch.compile(backend="eager")
+    def doubled_sum(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        dist.all_reduce(y, async_op=True).wait()
+        return y + 1
+
+    out = {"eager": _train(DDP(Branchy()), 2), "compiled": _train(torch.compile(DDP(Branchy()), backend="eager"), 2),
+           "waited": doubled_sum(torch.full((2,), float(dist.get_rank() + 1))).tolist()}
+    dist.destroy_process_group()
+    return out

@@ -32,3 +32,31 @@ def bad_member_list(ranks: list[int], split_ranks: list[list[int]] | None = None
     out["after"] = [t.item(), u.item()]
     dist.destroy_process_group()
     return out
+
+
+def groups_naming_a_backend(world: str | None) -> dict[str, Any]:
+    """``new_group`` with a ``backend`` (the world's, or one device's) for all ranks and for some,
+    on a world made with backend ``world``: each group's all-reduce and device types, or the
+    rank's ``"non-member"``; then a group with a backend the world does not use (``"nccl"``)."""
+    dist.init_process_group(world, timeout=timedelta(seconds=20))
+    out: dict[str, Any] = {}
+    for label, ranks, backend in (("all", None, "gloo"), ("some", [1, 2], "gloo"), ("cpu", [0, 1], "cpu:gloo")):
+        g = dist.new_group(ranks, backend=backend)
+        if g == dist.GroupMember.NON_GROUP_MEMBER:
+            out[label] = "non-member"
+            continue
+        t = torch.full((2,), float(dist.get_rank() + 1))
+        dist.all_reduce(t, group=g)
+        out[label] = [t.tolist(), sorted(str(d) for d in g._device_types)]
+    # refused on the members: a backend the world's devices do not use, a timeout not a timedelta
+    for label, kwargs in (("refused", {"backend": "nccl"}), ("bad timeout", {"timeout": 5})):
+        try:
+            g = dist.new_group([0, 1], **kwargs)
+            out[label] = "non-member" if g == dist.GroupMember.NON_GROUP_MEMBER else "member"
+        except (RuntimeError, ValueError, TypeError) as e:
+            out[label] = [c.__name__ for c in type(e).__mro__]
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    out["after"] = t.item()
+    dist.destroy_process_group()
+    return out

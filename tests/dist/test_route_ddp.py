@@ -8,12 +8,11 @@ on its worker threads)."""
 from __future__ import annotations
 
 from tests.dist.route_runs import ROUTE, on_and_off
-from tests.dist.test_route_programs import DDP_ON_ROUTE, _close
+from tests.dist.test_route_programs import _close
 
 VARIANTS = ("unused", "no_sync", "static_graph", "small_buckets", "allreduce_hook", "fp16_hook", "powersgd", "join")
 
 
-@DDP_ON_ROUTE
 def test_ddp_variants_same_numbers_as_c10d() -> None:
     on, off = on_and_off(2, "tests.dist.ddp_workers:variants", timeout=120)
     for a, b in zip(on, off):
@@ -26,7 +25,6 @@ def test_ddp_variants_same_numbers_as_c10d() -> None:
         assert on[0].value[name]["params"] == on[1].value[name]["params"], name
 
 
-@DDP_ON_ROUTE
 def test_a_peer_killed_mid_training_raises_our_typed_error_from_backward() -> None:
     # the failed all-reduce's error reached backward() as a RuntimeError("PeerFailureError: ..."):
     # the future held it as an exception torch's bindings turn into RuntimeError
@@ -39,3 +37,16 @@ def test_a_peer_killed_mid_training_raises_our_typed_error_from_backward() -> No
     for res in (results[0], results[2]):
         v = res.value
         assert v["steps"] == 1 and v["error"] == "PeerFailureError" and "CommError" in v["mro"], v
+
+
+
+def test_compiled_ddp_same_numbers_as_eager() -> None:
+    # dynamo compiled the route's Python frames that c10d's C++ entered from the eager part of a
+    # compiled function (DDP's forward rebuilding its buckets, an async op's wait()) and raised
+    # its own AssertionError ("DictGetItemSource index must be a ConstDictKeySource or literal")
+    from tests.helpers.ranks import run_ranks
+
+    for res in run_ranks(2, "tests.dist.ddp_workers:compiled", timeout=180, env=ROUTE):
+        v = res.value
+        assert _close(v["compiled"]["losses"], v["eager"]["losses"], 1e-5), v
+        assert _close(v["compiled"]["params"], v["eager"]["params"], 1e-5) and v["waited"] == [7.0, 7.0], v

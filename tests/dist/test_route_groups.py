@@ -16,7 +16,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.dist.route_runs import ROUTE
+from tests.dist.route_runs import ROUTE, on_and_off
 from tests.helpers.ranks import run_ranks
 from tests.helpers.torch_versions import TORCH_2_13
 
@@ -64,3 +64,64 @@ def test_a_group_c10ds_helper_makes_with_a_rank_twice_is_refused_before_its_rend
     exec(compile(src, "c10d_helper_stand_in", "exec"), scope)  # noqa: S102 - the test's own source
     with pytest.raises(torchcomms.CommValueError, match=r"ranks \[0, 0\]: it lists a rank twice"):
         scope["_new_process_group_helper"](2, 0, [0, 0], dist.HashStore())
+
+
+
+@pytest.mark.parametrize("world", ["gloo", None])
+def test_groups_naming_a_backend_same_as_c10d(world: str | None) -> None:
+    # new_group(backend="gloo") on a gloo world raised c10d's RuntimeError ("... not present in
+    # the parent process group: mps") on the members while the ranks left out waited in the split
+    # until the timeout; new_group([0, 1], backend="cpu:gloo") left rank 2 in a second split (one
+    # per device type of the world) that the members, splitting the cpu's only, never joined; a
+    # world made without a backend could not be split with one at all; new_group([0, 1],
+    # backend="nccl"), which torch refuses on the members before splitting, left rank 2 in a split
+    # until the timeout, and the world communicator was broken; so did a timeout of 5 (not a
+    # timedelta), which torch refuses on the members only
+    on, off = on_and_off(3, "tests.dist.group_workers:groups_naming_a_backend", {"world": world}, timeout=120,
+                         env=dict(ROUTE, TORCHCOMM_TIMEOUT_SECONDS="20"))
+    for res in on + off:  # an error on the members (torch's split_group refusal, or no nccl); rank 2 goes on
+        refused = res.value.pop("refused")
+        assert refused == "non-member" if res.rank == 2 else isinstance(refused, list), (res.rank, refused)
+        assert "TypeError" in res.value.pop("bad timeout"), res.rank  # on every rank, as c10d's gloo raises it
+    sums = lambda v: {k: x[0] if isinstance(x, list) else x for k, x in v.items()}  # noqa: E731
+    for a, b in zip(on, off):  # the route's groups are split from the world's: its device types only
+        same = a.value == b.value if world else sums(a.value) == sums(b.value)
+        assert same, (a.rank, a.value, b.value)
+    devices = ["cpu", "cuda"] if world == "gloo" or not TORCH_2_13 else ["cpu"]  # 2.11's new_group does not split
+    v = on[1].value
+    assert v["all"] == [[6.0, 6.0], devices] and v["some"] == [[5.0, 5.0], devices], v
+    assert v["cpu"] == [[3.0, 3.0], ["cpu"]] and on[2].value["cpu"] == "non-member" and v["after"] == 3.0, v
+
+
+
+def test_a_group_whose_devices_use_different_backends_gets_a_communicator_per_device() -> None:
+    """``init_process_group("cpu:gloo,cuda:nccl")`` on the route: c10d's helper calls ``new_comm``
+    once per backend under the group's name, and the second call raised CommValueError ("a
+    communicator named '0' already exists in this process"). The helper is stood in for (as in
+    the test above; the route's nccl needs a GPU): both communicators are gloo's on the CPU here."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import Backend, BackendConfig
+
+    import torchcomms
+
+    src = ("def _new_process_group_helper(backend_config, devices):\n"
+           "    comms = []\n"
+           "    for device in devices:\n"
+           "        comms.append(new_comm('gloo', 'cpu', name='mixed', store=HashStore(),\n"
+           "                              timeout=timedelta(seconds=5)))\n"
+           "    return comms\n")
+    scope = {"__name__": "torch.distributed.distributed_c10d", "new_comm": torchcomms.new_comm,
+             "timedelta": timedelta, "HashStore": dist.HashStore}
+    exec(compile(src, "c10d_helper_stand_in", "exec"), scope)  # noqa: S102 - the test's own source
+    made = scope["_new_process_group_helper"]
+    comms = made(BackendConfig(Backend("cpu:gloo,cuda:nccl")), ["cpu", "cuda"])
+    comms += made(BackendConfig(Backend("gloo")), ["cpu"])  # one backend for every device: one communicator
+    try:
+        assert [c.get_name() for c in comms] == ["mixed:cpu", "mixed:cuda", "mixed"]
+        t = torch.ones(2)
+        comms[1].all_reduce(t, torchcomms.ReduceOp.SUM, async_op=False)
+        assert t.tolist() == [1.0, 1.0]
+    finally:
+        for c in comms:
+            c.finalize()

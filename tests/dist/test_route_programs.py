@@ -10,9 +10,6 @@ from tests.helpers.torch_versions import TORCH_2_13
 
 # torch 2.13 makes a subgroup by splitting the default group's communicator (a "split" op of it);
 # 2.11's new_group makes a communicator of its own for it.
-#: torch 2.11's route registers our backend under CUSTOM while the group's default stays GLOO,
-#: so DDP's logger fails in c10d itself ("Could not find backend type 1"); fixed in 2.13
-DDP_ON_ROUTE = pytest.mark.skipif(not TORCH_2_13, reason="torch 2.11's route cannot run DDP (c10d's default backend type)")
 
 
 def _close(a: list, b: list, tol: float = 1e-6) -> bool:
@@ -22,7 +19,7 @@ def _close(a: list, b: list, tol: float = 1e-6) -> bool:
 
 
 @pytest.mark.parametrize("program,world,ops", [
-    pytest.param("ddp", 2, ("all_reduce", "broadcast"), marks=DDP_ON_ROUTE),
+    ("ddp", 2, ("all_reduce", "broadcast")),
     ("fsdp2", 2, ("all_gather_single", "reduce_scatter_single")),
     ("mesh_2d", 4, ("all_gather_single", "reduce_scatter_single", "all_reduce") + (("split",) if TORCH_2_13 else ())),
 ])

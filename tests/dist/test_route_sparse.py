@@ -3,15 +3,11 @@ gloo sums them, and DDP over ``nn.Embedding(sparse=True)`` relies on it; the rou
 CommTypeError ("tensor must be a dense (strided) tensor") for both."""
 from __future__ import annotations
 
-import pytest
-
 from tests.dist.route_runs import on_and_off
-from tests.helpers.torch_versions import TORCH_2_13
 
 TARGET = "tests.dist.sparse_workers:sparse_all_reduce"
 
 
-@pytest.mark.skipif(not TORCH_2_13, reason="torch 2.11's route cannot run DDP (c10d's default backend type)")
 def test_sparse_all_reduce_and_ddp_with_sparse_gradients_as_on_c10ds_gloo() -> None:
     on, off = on_and_off(3, TARGET, timeout=180)
     for a, b in zip(on, off):

@@ -68,3 +68,12 @@ def test_dcp_round_trip_of_fsdp2_state(tmp_path: Path) -> None:
         v = res.value
         assert v["loaded"] == v["saved"] and v["next_loaded"] == v["next"], res.rank
         assert v["next"] != v["saved"]  # the optimizer state came back too: the next step matches
+
+
+def test_rank_and_world_size_given_as_arguments_only() -> None:
+    # with no rank or size variable in the environment, each process's communicator was rank 0
+    # of 1: every collective returned its own input (all_gather refused a list of n tensors)
+    on, off = on_and_off(3, f"{WORKERS}:rank_and_world_size_arguments", timeout=120)
+    for a, b in zip(on, off):
+        assert a.value == b.value == {"rank": a.rank, "sum": [6.0, 6.0], "broadcast": [2.0],
+                                      "gathered": [0.0, 10.0, 20.0]}, (a.rank, a.value, b.value)

@@ -238,3 +238,23 @@ def strided_layouts() -> dict[str, Any]:
     out["after"] = t.item()
     dist.destroy_process_group()
     return out
+
+
+def rank_and_world_size_arguments() -> dict[str, Any]:
+    """``init_process_group("gloo", rank=r, world_size=n)`` as ``mp.spawn``'s programs call it:
+    MASTER_ADDR/MASTER_PORT in the environment, no rank or size variable."""
+    import os
+
+    r, n = int(os.environ.pop("TORCHCOMM_RANK")), int(os.environ.pop("TORCHCOMM_SIZE"))
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        os.environ.pop(var, None)
+    dist.init_process_group("gloo", rank=r, world_size=n)
+    t = torch.full((2,), float(r + 1))
+    dist.all_reduce(t)
+    b = torch.full((1,), float(r))
+    dist.broadcast(b, src=n - 1)
+    outs = [torch.zeros(1) for _ in range(n)]
+    dist.all_gather(outs, torch.full((1,), float(10 * r)))
+    out = {"rank": dist.get_rank(), "sum": t.tolist(), "broadcast": b.tolist(), "gathered": [o.item() for o in outs]}
+    dist.destroy_process_group()
+    return out

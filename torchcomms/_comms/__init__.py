@@ -24,7 +24,12 @@ class _LoadedOnCall(type):
     class, loaded on first construction or attribute access."""
 
     def __call__(cls, comm: Any) -> Any:
-        return build.wrapper_class()(comm)
+        from torchcomms._comms import backend_names, registration
+
+        backend_names.install()
+        backend = build.wrapper_class()(comm)
+        registration.register_as_engine_type(backend)
+        return backend
 
     def __instancecheck__(cls, obj: Any) -> bool:
         real = build.wrapper_class(loaded_only=True)

@@ -43,6 +43,20 @@ void dropPy(py::object& obj) {
   }
 }
 
+// obj.method(args...) with the GIL held. Once torch._dynamo is imported, through
+// torchcomms._comms.eager's disabled call: c10d may call the backend inside a torch.compile'd
+// function's eager part, where dynamo would compile every Python frame entered (see eager.py).
+template <typename... Args>
+py::object pyCall(const py::object& obj, const char* method, Args&&... args) {
+  if (PyDict_GetItemString(PyImport_GetModuleDict(), "torch._dynamo") == nullptr) {
+    return obj.attr(method)(std::forward<Args>(args)...);
+  }
+  // one reference kept for the process's life (never dropped during finalization)
+  static PyObject* eager =
+      py::module_::import("torchcomms._comms.eager").attr("disabled_call")().release().ptr();
+  return py::reinterpret_borrow<py::object>(eager)(obj, method, std::forward<Args>(args)...);
+}
+
 // A Python exception object in a C++ exception, rethrown into Python as that same object, as
 // often as it is rethrown: a c10 future rethrows its error on every wait() and value(), and a
 // py::error_already_set can be restored only once (the second wait() on a failed op's future
@@ -131,17 +145,17 @@ class ForwardedWork : public c10d::Work {
 
   bool isCompleted() override {
     py::gil_scoped_acquire gil;
-    return work_.attr("is_completed")().cast<bool>();
+    return pyCall(work_, "is_completed").cast<bool>();
   }
 
   bool isSuccess() const override {
     py::gil_scoped_acquire gil;
-    return work_.attr("is_success")().cast<bool>();
+    return pyCall(work_, "is_success").cast<bool>();
   }
 
   std::exception_ptr exception() const override {
     py::gil_scoped_acquire gil;
-    py::object exc = work_.attr("exception")();
+    py::object exc = pyCall(work_, "exception");
     return exc.is_none() ? nullptr : asRestoredOnce(exc);
   }
 
@@ -149,11 +163,11 @@ class ForwardedWork : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout) override {
     py::gil_scoped_acquire gil;
     if (timeout.count() <= 0) {  // c10d's kNoTimeout: wait for the op itself
-      work_.attr("wait")();
+      pyCall(work_, "wait");
       return true;
     }
     double secs = static_cast<double>(timeout.count()) / 1000.0;
-    if (!work_.attr("wait")(secs).cast<bool>()) {
+    if (!pyCall(work_, "wait", secs).cast<bool>()) {
       throw std::runtime_error("torchcomms: Work.wait(timeout) ended before the operation did");
     }
     return true;
@@ -164,7 +178,7 @@ class ForwardedWork : public c10d::Work {
   // The sender of a completed receive (c10d's recv without a source asks for it after wait()).
   int sourceRank() const override {
     py::gil_scoped_acquire gil;
-    return work_.attr("source_rank")().cast<int>();
+    return pyCall(work_, "source_rank").cast<int>();
   }
 
   std::vector<at::Tensor> result() override {
@@ -173,7 +187,7 @@ class ForwardedWork : public c10d::Work {
 
   void abort() override {
     py::gil_scoped_acquire gil;
-    fw_.attr("abort")();
+    pyCall(fw_, "abort");
   }
 
   // Completed (with the outputs, or the op's error) by the forwarder's completion threads (_comms/completion.py).
@@ -196,7 +210,7 @@ class ForwardedWork : public c10d::Work {
         fut->setError(eptr);
       }
     });
-    fw_.attr("on_done")(work_, done);
+    pyCall(fw_, "on_done", work_, done);
     return future_;
   }
 
@@ -210,7 +224,7 @@ class ForwardedWork : public c10d::Work {
 
 int commInt(const py::object& comm, const char* method) {
   py::gil_scoped_acquire gil;
-  return comm.attr(method)().cast<int>();
+  return pyCall(comm, method).cast<int>();
 }
 
 class BackendWrapper : public c10d::Backend {
@@ -218,8 +232,8 @@ class BackendWrapper : public c10d::Backend {
   explicit BackendWrapper(py::object comm)
       : c10d::Backend(commInt(comm, "get_rank"), commInt(comm, "get_size")), comm_(std::move(comm)) {
     py::gil_scoped_acquire gil;
-    fw_ = py::module_::import("torchcomms._comms.forward").attr("CommForwarder")(comm_);
-    name_ = fw_.attr("backend_name")().cast<std::string>();
+    fw_ = pyCall(py::module_::import("torchcomms._comms.forward"), "CommForwarder", comm_);
+    name_ = pyCall(fw_, "backend_name").cast<std::string>();
   }
 
   ~BackendWrapper() override {
@@ -233,7 +247,7 @@ class BackendWrapper : public c10d::Backend {
 
   // c10d's `backend.options` (torchcomms._comms.options); called with the GIL held
   py::object options() const {
-    return fw_.attr("options")();
+    return pyCall(fw_, "options");
   }
 
   const std::string getBackendName() const override {
@@ -242,7 +256,7 @@ class BackendWrapper : public c10d::Backend {
 
   c10::intrusive_ptr<Options> getBackendOptions() override {
     py::gil_scoped_acquire gil;
-    auto ms = fw_.attr("timeout_ms")().cast<int64_t>();
+    auto ms = pyCall(fw_, "timeout_ms").cast<int64_t>();
     return c10::make_intrusive<Options>(name_, std::chrono::milliseconds(ms));
   }
 
@@ -375,8 +389,8 @@ class BackendWrapper : public c10d::Backend {
       const c10::intrusive_ptr<c10d::Store>& /*store*/, const std::vector<int>& ranks,
       const c10::intrusive_ptr<Options>& opts) override {
     py::gil_scoped_acquire gil;
-    py::object child = fw_.attr("split")(ranks, opts ? opts->group_name : std::string(),
-                                         opts ? timeoutArg(opts->timeout) : std::nullopt);
+    py::object child = pyCall(fw_, "split", ranks, opts ? opts->group_name : std::string(),
+                               opts ? timeoutArg(opts->timeout) : std::nullopt);
     if (child.is_none()) {
       return nullptr;
     }
@@ -387,7 +401,7 @@ class BackendWrapper : public c10d::Backend {
 
   uint64_t getSequenceNumberForGroup() override {
     py::gil_scoped_acquire gil;
-    return fw_.attr("sequence_number")().cast<uint64_t>();
+    return pyCall(fw_, "sequence_number").cast<uint64_t>();
   }
 
   void abort() override {
@@ -423,14 +437,14 @@ class BackendWrapper : public c10d::Backend {
   template <typename... Args>
   void call(const char* method, Args&&... args) {
     py::gil_scoped_acquire gil;
-    fw_.attr(method)(std::forward<Args>(args)...);
+    pyCall(fw_, method, std::forward<Args>(args)...);
   }
 
   template <typename... Args>
   c10::intrusive_ptr<c10d::Work> issue(
       c10d::OpType type, std::vector<at::Tensor> outputs, const char* method, Args&&... args) {
     py::gil_scoped_acquire gil;
-    py::object work = fw_.attr(method)(std::forward<Args>(args)...);
+    py::object work = pyCall(fw_, method, std::forward<Args>(args)...);
     return c10::make_intrusive<ForwardedWork>(work, fw_, std::move(outputs), type, getRank());
   }
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from torchcomms.core.c10d_lists import refuse_lists_c10d_refuses
+from torchcomms.core.c10d_lists import c10d_members_skip_this_device, refuse_lists_c10d_refuses
 from torchcomms.core.comm_core import CommCore
 from torchcomms.core.dispatch import dispatch
 from torchcomms.core.errors import CollectiveMismatchError, CommError
@@ -66,8 +66,11 @@ def split(core: CommCore, ranks: list[int], name: str, hints: dict[str, str] | N
     member lists with a refusal mark, raises its own error after it, and every other rank raises
     ``CollectiveMismatchError`` naming it (else they would wait for it until the timeout). A split
     for ``torch.distributed`` whose member lists torch refuses on some ranks before they get here
-    is refused here, before the exchange (:mod:`torchcomms.core.c10d_lists`)."""
+    is refused here, before the exchange, and c10d's non-member split of a device type its
+    members do not split is skipped (:mod:`torchcomms.core.c10d_lists`)."""
     refuse_lists_c10d_refuses(core.name)
+    if not ranks and c10d_members_skip_this_device():
+        return None
     c = core.checker
     refused: CommError | None = None
     try:

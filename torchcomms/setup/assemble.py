@@ -55,6 +55,7 @@ def assemble_comm(
         rank, size = int(hints.get("rank", rank)), int(hints.get("size", size))
         rank_source = "hint 'rank'" if "rank" in hints else rank_source
     elif helper is not None:
+        name = bootstrap.c10d_device_comm_name(helper, name, dev)
         if bootstrap.c10d_unranked_default_group(helper):
             raise CommValueError(
                 f"torch.distributed.init_process_group({backend!r}) on the torchcomms route makes c10d's default "
@@ -63,7 +64,7 @@ def assemble_comm(
                 "world_size=...) (from OMPI_COMM_WORLD_RANK/_SIZE, with a store at MASTER_ADDR/MASTER_PORT or an "
                 "init_method), or torchcomms.new_comm('mpi', ...)", comm=name, op="new_comm")
         group = bootstrap.c10d_group_being_made(helper)
-        if group is not None:  # a torch.distributed subgroup: its own ranks, not the job's
+        if group is not None:  # c10d's rank and size for the group (a subgroup: its own ranks, not the job's)
             rank, size, global_ranks = group
             if len(set(global_ranks)) != size:  # torch 2.11's new_group does not refuse it (2.13's does)
                 raise CommValueError(

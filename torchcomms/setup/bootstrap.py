@@ -85,18 +85,36 @@ def c10d_helper_call(max_depth: int = 8) -> dict[str, Any] | None:
 
 
 def c10d_group_being_made(helper: dict[str, Any]) -> tuple[int, int, tuple[int, ...]] | None:
-    """(group rank, group size, global ranks) of the subgroup c10d's helper call ``helper``
-    (:func:`c10d_helper_call`) makes, else ``None`` (the default group: the environment's). On
-    torch 2.11, whose ``new_group`` makes subgroups that way (2.13 splits the default group
-    instead), the rank and size from the environment are the job's, and a subgroup's members
-    waited in its rendezvous for ranks outside it."""
+    """(group rank, group size, global ranks) of the group c10d's helper call ``helper``
+    (:func:`c10d_helper_call`) makes, else ``None`` (the environment's then). On torch 2.11, whose
+    ``new_group`` makes subgroups that way (2.13 splits the default group instead), the rank and
+    size from the environment are the job's, and a subgroup's members waited in its rendezvous
+    for ranks outside it. The default group (no ranks listed) has the rank and world size c10d's
+    rendezvous gave it: ``init_process_group(rank=, world_size=)`` with an ``init_method`` or a
+    ``store`` (``mp.spawn``'s programs) sets no environment variable, and every process made a
+    communicator of rank 0 and size 1 (every collective a no-op)."""
     ranks = helper.get("global_ranks_in_group")
     rank, size = helper.get("group_rank"), helper.get("group_size")
-    if not ranks or not isinstance(rank, int) or not isinstance(size, int):
-        return None  # the default group (no ranks listed): the environment's
-    if len(ranks) != size or not 0 <= rank < size:
+    if not isinstance(rank, int) or not isinstance(size, int) or not 0 <= rank < size:
+        return None
+    if not ranks:
+        return rank, size, tuple(range(size))
+    if len(ranks) != size:
         return None
     return rank, size, tuple(int(g) for g in ranks)
+
+
+def c10d_device_comm_name(helper: dict[str, Any], name: str, device: Any) -> str:
+    """The name of the communicator c10d's helper call ``helper`` makes for the device type it is
+    at (its loop's ``device``, else ``device``): the group's name, with ``:<device type>`` appended
+    where the group's devices use different backends (``init_process_group("cpu:gloo,cuda:nccl")``).
+    c10d then makes one communicator per backend under the same group name, and the second was
+    refused ("a communicator named '0' already exists in this process")."""
+    try:
+        backends = {str(b) for b in helper["backend_config"].get_device_backend_map().values()}
+    except (KeyError, AttributeError):
+        return name
+    return f"{name}:{torch.device(helper.get('device', device)).type}" if len(backends) > 1 else name
 
 
 def c10d_unranked_default_group(helper: dict[str, Any]) -> bool:
