@@ -84,6 +84,7 @@ LIBRARY_STATE: dict[str, str] = {
         "a fresh rank's first communicator) and the all-reduce pace found from the job's own MPI settings; "
         "checked: no pending or abandoned request, no aborted communicator that exit would end the job over"),
     "torchcomms.backends.registry._registered": "kept: backend classes found (the same for every target)",
+    "torchcomms._comms.eager._DISABLED": "kept: the route's call with dynamo off, made once per process (stateless)",
     "torchcomms.config._cached": "reset: settings are read from the environment again",
     "torchcomms.tracing.flight_recorder._PROCESS_RECORDER": "reset: a fresh process recorder (no records, no comms)",
     "torchcomms.tracing.attach._attached": "reset",
