@@ -491,7 +491,10 @@ def test_probability_targets_match_cross_entropy(impl, dtype, reduction, feats):
     assert out.shape == ref.shape == (n,) if reduction == "none" else out.shape == ()
     assert _rel(out, ref) <= TOL[dtype], msg
     for name, g, r in zip(("dX", "dW", "dbias"), grads, ref_grads):
-        assert _rel(g, r) <= TOL[dtype], f"{name}: {msg}"
+        if name == "dbias":  # a sum that cancels: measured against its terms (seed 1246660863 was off by 1.6e-2)
+            assert _rel_to(g, r, _bias_grad_terms(x, w, b, y, cw, reduction, kw, grad_out)) <= TOL[dtype], msg
+        else:
+            assert _rel(g, r) <= TOL[dtype], f"{name}: {msg}"
 
 
 def test_probability_targets_keep_leading_dimensions_and_work_without_grad():
