@@ -22,15 +22,15 @@ from collections.abc import Callable
 _MARK = "_torchcomms_backend_config"
 
 
-def _world_devices(c10d: object, backend: str) -> dict[str, str]:
-    """The device types of the default group's backend config that use ``backend``."""
+def _world_devices(c10d: object, backend: str, parse: Callable[[str], dict[str, str]]) -> dict[str, str]:
+    """The device types of the default group's backend config that use ``backend`` (the config,
+    ``"cpu:gloo,cuda:nccl"``, read by torch's own ``parse``)."""
     world = getattr(c10d, "_world", None)
     default = getattr(world, "default_pg", None)
     config = getattr(world, "pg_backend_config", {}).get(default) if default is not None else None
     if not config or ":" not in str(config):
         return {}
-    pairs = (part.split(":", 1) for part in str(config).split(","))
-    return {device.strip(): name.strip() for device, name in pairs if name.strip() == backend}
+    return {device: name for device, name in parse(str(config)).items() if name == backend}
 
 
 def _as_backend_config(parse: Callable[[str], dict[str, str]]) -> Callable[[str], dict[str, str]]:
@@ -41,7 +41,8 @@ def _as_backend_config(parse: Callable[[str], dict[str, str]]) -> Callable[[str]
 
         name = str(backend).lower()
         try:
-            return _world_devices(c10d, name) or dict(c10d.BackendConfig(c10d.Backend(name)).get_device_backend_map())
+            return (_world_devices(c10d, name, parse)
+                    or dict(c10d.BackendConfig(c10d.Backend(name)).get_device_backend_map()))
         except ValueError:
             return parse(backend)
 
