@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
+from torchcomms.core.store_calls import innermost_store
 from torchcomms.csrc.gloo_guard import threads
 
 T = TypeVar("T")
@@ -123,9 +124,7 @@ class EngineSockets:
         own, recorded with the engine's, so shut down with them) where ``store`` is a TCPStore or
         a PrefixStore over one; else ``store`` itself (the control plane's client serves calls
         concurrently). Connects: blocks while the store's host does not answer."""
-        inner = store
-        while getattr(inner, "underlying_store", None) is not None:  # PrefixStore
-            inner = inner.underlying_store
+        inner = innermost_store(store)
         if not isinstance(inner, dist.TCPStore):
             return store
         with _CLIENT_LOCK:  # another engine's client made meanwhile would look like this one's
