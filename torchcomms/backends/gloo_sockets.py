@@ -10,7 +10,6 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from torchcomms.core.store_calls import innermost_store
 from torchcomms.csrc.gloo_guard import threads
 
 T = TypeVar("T")
@@ -124,7 +123,9 @@ class EngineSockets:
         own, recorded with the engine's, so shut down with them) where ``store`` is a TCPStore or
         a PrefixStore over one; else ``store`` itself (the control plane's client serves calls
         concurrently). Connects: blocks while the store's host does not answer."""
-        inner = innermost_store(store)
+        inner = store
+        while getattr(inner, "underlying_store", None) is not None:  # PrefixStore
+            inner = inner.underlying_store
         if not isinstance(inner, dist.TCPStore):
             return store
         with _CLIENT_LOCK:  # another engine's client made meanwhile would look like this one's
