@@ -33,7 +33,7 @@ def _run(target: str, kwargs: dict, kind: str, sig: int, world: int = WORLD,
     ``tmp``: the ranks' directory (the test's ready files and what the ranks leave there)."""
     tmp = tmp or Path(tempfile.mkdtemp(prefix="tc-store-stop-"))
     host, rank_env = start_store_host(kind, tmp)
-    rank_env.update(env or {})
+    rank_env.update(env or {}, TC_STORE_HOST_PID=str(host.pid))
     try:
         with RankGroup(world, target, kwargs, env=rank_env) as g:
             g.wait_ready(tmp, world)
@@ -99,6 +99,18 @@ def test_shrink_raises_a_typed_error_when_the_store_host_is_gone(kind: str) -> N
         names = ["TCPStore at 127.0.0.1:"] if kind == "tcp" else ["control plane at tcp://", "control-plane store at tcp://"]
         assert any(n in v["message"] for n in names), v
         assert v["elapsed"] <= TIMEOUT_S + GRACE_S, v
+
+
+def test_a_store_that_stops_after_the_shrinks_engine_was_built_is_named_with_the_shrinks_timeout() -> None:
+    """The survivors built the new engine, then the store host stopped before they agreed that
+    all did: the error said the store "did not answer ... within 0 s" (the time left at the
+    deadline), not the shrink's timeout."""
+    results, _ = _run("tests.recovery.workers:op_with_store_host_stopped",
+                      {"op": "shrink_store_stops_after_build", "store_kind": "tcp", "timeout_s": TIMEOUT_S}, "tcp", 0)
+    for res in results:
+        v = _assert_typed_in_time(res, "CommTimeoutError", "shrink", "stalled-store", "tcp")
+        assert "in the survivor agreement" in v["message"], v
+        assert f"within {TIMEOUT_S:g} s" in v["message"], v
 
 
 @pytest.mark.parametrize("op", ["split", "reconfigure"])

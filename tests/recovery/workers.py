@@ -169,6 +169,30 @@ def _outcome_of(e: Exception) -> dict[str, Any]:
             "op": getattr(e, "op", None), "comm": getattr(e, "comm", None), "message": str(e)[:600]}
 
 
+def _stop_store_before_the_build_agreement(ready_dir: str, me: int, world: int, sig: int) -> None:
+    """Makes this rank's shrink wait, once its engine is built, until every rank's is; then rank 0
+    sends ``sig`` to the store host (``TC_STORE_HOST_PID``) and all go on to the agreement on
+    whether every survivor built it."""
+    import time
+
+    from torchcomms.recovery import shrink as shrink_steps
+
+    all_built = shrink_steps._all_built
+
+    def when_every_rank_built(*args: Any, **kwargs: Any) -> bool:
+        open(os.path.join(ready_dir, f"built{me}"), "w").close()
+        while not all(os.path.exists(os.path.join(ready_dir, f"built{r}")) for r in range(world)):
+            time.sleep(0.01)
+        if me == 0:
+            os.kill(int(os.environ["TC_STORE_HOST_PID"]), sig)
+            open(os.path.join(ready_dir, "store-stopped"), "w").close()
+        while not os.path.exists(os.path.join(ready_dir, "store-stopped")):
+            time.sleep(0.01)
+        return all_built(*args, **kwargs)
+
+    shrink_steps._all_built = when_every_rank_built  # type: ignore[assignment]
+
+
 def op_with_store_host_stopped(op: str, store_kind: str, timeout_s: float) -> dict[str, Any]:
     """Every rank forms a gloo communicator whose store is hosted outside the ranks, by the test
     (a TCPStore server, or the control plane), runs one all_reduce, reports ready and waits until
@@ -176,7 +200,10 @@ def op_with_store_host_stopped(op: str, store_kind: str, timeout_s: float) -> di
     and reports how and when that ended: ``shrink``, ``split``, ``reconfigure``, ``new_comm``
     (a second communicator over the same store), ``checked_op`` (the first collective of a
     communicator made with the collective check on: its side engine rendezvous then),
-    ``finalize``, ``abort`` or ``exit`` (nothing: what is timed is the interpreter's exit)."""
+    ``finalize``, ``abort`` or ``exit`` (nothing: what is timed is the interpreter's exit);
+    ``shrink_store_stops_after_build``: a shrink whose store host rank 0 stops (SIGSTOP) once
+    every survivor has built the new engine, before they agree that all did."""
+    import signal
     import time
 
     ready_dir = os.environ["TC_READY_DIR"]
@@ -202,6 +229,9 @@ def op_with_store_host_stopped(op: str, store_kind: str, timeout_s: float) -> di
     t0 = time.monotonic()
     try:
         if op == "shrink":
+            comm.shrink(timeout=timeout)
+        elif op == "shrink_store_stops_after_build":
+            _stop_store_before_the_build_agreement(ready_dir, me, world, signal.SIGSTOP)
             comm.shrink(timeout=timeout)
         elif op == "split":
             comm.split(list(range(world)), "child", timeout=timeout)

@@ -51,8 +51,8 @@ def shrink(core: CommCore, secs: float, make_comm: MakeComm) -> Any:
             core.expel("excluded from the survivor set")
             raise CommAbortedError(f"this rank ({me}) is not in the survivor set {survivors} agreed at epoch {epoch}",
                                    comm=core.name, op="shrink")
-        backend = _build_engine(core, survivors, epoch, deadline)
-        if _all_built(core, survivors, epoch, backend, deadline):
+        backend = _build_engine(core, survivors, epoch, deadline, secs)
+        if _all_built(core, survivors, epoch, backend, deadline, secs):
             break
         if time.monotonic() >= deadline:
             raise CommTimeoutError(
@@ -96,7 +96,8 @@ def engine_context(core: CommCore, survivors: list[int], epoch: int, deadline: f
                            max(1.0, deadline - time.monotonic()), own_store_client=True)
 
 
-def _build_engine(core: CommCore, survivors: list[int], epoch: int, deadline: float) -> TorchCommBackend | None:
+def _build_engine(core: CommCore, survivors: list[int], epoch: int, deadline: float,
+                  secs: float) -> TorchCommBackend | None:
     """A fresh engine over ``survivors`` under the epoch's store prefix; ``None`` when a
     survivor failed meanwhile or the build lost a connection to one (the survivors agree on
     that, then again on who is left, at the next epoch). Raises other build errors, after
@@ -108,12 +109,12 @@ def _build_engine(core: CommCore, survivors: list[int], epoch: int, deadline: fl
         if core.known_failures().keys() & set(survivors) or (
                 not isinstance(e, CommError) and core.backend.classify_error(e) == "peer"):
             return None
-        _all_built(core, survivors, epoch, None, deadline)
-        raise build_error(core, e, 0.0, str(OpName.shrink), None) from None
+        _all_built(core, survivors, epoch, None, deadline, secs)
+        raise build_error(core, e, secs, str(OpName.shrink), None) from None
 
 
 def _all_built(core: CommCore, survivors: list[int], epoch: int, backend: TorchCommBackend | None,
-               deadline: float) -> bool:
+               deadline: float, secs: float) -> bool:
     """Whether every survivor built the epoch's engine and none is known to have failed since,
     agreed on the store (the AND of each one's outcome, decided for all of ``survivors``).
 
@@ -133,7 +134,7 @@ def _all_built(core: CommCore, survivors: list[int], epoch: int, backend: TorchC
     except Exception as e:  # noqa: BLE001 - a store may raise anything
         if backend is not None:
             backend.abort()
-        raise core.agreement_error(e, max(0.0, deadline - time.monotonic()), core.where(op="shrink")) from e
+        raise core.agreement_error(e, secs, core.where(op="shrink")) from e
     if not agreed and backend is not None:
         backend.abort()
     return agreed
