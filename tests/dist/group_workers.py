@@ -34,21 +34,45 @@ def bad_member_list(ranks: list[int], split_ranks: list[list[int]] | None = None
     return out
 
 
+#: a second name of the gloo engine (torchcomms' GlooBackend, c10d's ProcessGroupGloo): a backend
+#: that no device of a gloo world uses and that both can build on the CPU, as gloo beside an nccl world
+ALIAS = "glooalias"
+
+
+def _register_alias() -> None:
+    import torchcomms
+    from torchcomms.backends.gloo import GlooBackend
+
+    torchcomms.register_backend(ALIAS, GlooBackend)
+    dist.Backend.register_backend(ALIAS, lambda store, rank, size, timeout: dist.ProcessGroupGloo(
+        store, rank, size, timeout), devices=["cpu"])
+
+
 def groups_naming_a_backend(world: str | None) -> dict[str, Any]:
     """``new_group`` with a ``backend`` (the world's, or one device's) for all ranks and for some,
     on a world made with backend ``world``: each group's all-reduce and device types, or the
-    rank's ``"non-member"``; then a group with a backend the world does not use (``"nccl"``)."""
+    rank's ``"non-member"``; a group of ranks 0 and 1 with a backend the world's devices do not use
+    (:data:`ALIAS`): its all-reduce, broadcast, all-gather of objects, device types and backend;
+    then a group with a backend the world does not use and this machine lacks (``"nccl"``)."""
+    _register_alias()
     dist.init_process_group(world, timeout=timedelta(seconds=20))
     out: dict[str, Any] = {}
-    for label, ranks, backend in (("all", None, "gloo"), ("some", [1, 2], "gloo"), ("cpu", [0, 1], "cpu:gloo")):
+    rank = dist.get_rank()
+    for label, ranks, backend in (("all", None, "gloo"), ("some", [1, 2], "gloo"), ("cpu", [0, 1], "cpu:gloo"),
+                                  ("fresh", [0, 1], ALIAS)):
         g = dist.new_group(ranks, backend=backend)
         if g == dist.GroupMember.NON_GROUP_MEMBER:
             out[label] = "non-member"
             continue
-        t = torch.full((2,), float(dist.get_rank() + 1))
+        t = torch.full((2,), float(rank + 1))
         dist.all_reduce(t, group=g)
         out[label] = [t.tolist(), sorted(str(d) for d in g._device_types)]
-    # refused on the members: a backend the world's devices do not use, a timeout not a timedelta
+        if label == "fresh":
+            b, objs = torch.full((2,), float(rank)), [None, None]
+            dist.broadcast(b, group_src=1, group=g)
+            dist.all_gather_object(objs, {"rank": rank}, group=g)
+            out[label] += [b.tolist(), objs, dist.get_backend(g)]
+    # refused on the members: a backend this machine lacks (nccl without CUDA), a timeout not a timedelta
     for label, kwargs in (("refused", {"backend": "nccl"}), ("bad timeout", {"timeout": 5})):
         try:
             g = dist.new_group([0, 1], **kwargs)

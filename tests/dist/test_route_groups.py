@@ -91,6 +91,10 @@ def test_groups_naming_a_backend_same_as_c10d(world: str | None) -> None:
     v = on[1].value
     assert v["all"] == [[6.0, 6.0], devices] and v["some"] == [[5.0, 5.0], devices], v
     assert v["cpu"] == [[3.0, 3.0], ["cpu"]] and on[2].value["cpu"] == "non-member" and v["after"] == 3.0, v
+    # a backend that no device of the world uses: a group of its own over the store, as c10d makes it
+    # (split_group, which torch 2.13's new_group delegates to there, raised ValueError on every member)
+    assert v["fresh"] == [[3.0, 3.0], ["cpu"], [1.0, 1.0], [{"rank": 0}, {"rank": 1}], "glooalias"], v
+    assert on[0].value["fresh"] == v["fresh"] and on[2].value["fresh"] == "non-member", on[0].value
 
 
 
