@@ -129,3 +129,25 @@ def test_a_group_whose_devices_use_different_backends_gets_a_communicator_per_de
     finally:
         for c in comms:
             c.finalize()
+
+
+def test_the_ranks_left_out_of_a_group_c10ds_helper_makes_on_a_bound_world_split_nothing() -> None:
+    """c10d's process-group helper calls ``perform_nocolor_split`` (ProcessGroupNCCL's) on the
+    default group's backend on the ranks left out of a group it makes while the default group
+    has a bound device (``init_process_group("nccl", device_id=...)``, then ``new_group(ranks,
+    backend="gloo")``): the route's backend had no such method (AttributeError on those ranks).
+    The route's members make a new communicator over the store, so there is nothing to join."""
+    import torch
+
+    import torchcomms
+    from torchcomms._comms import _BackendWrapper
+
+    comm = torchcomms.new_comm("fake", "cpu", "nocolor-split", hints={"rank": "0", "size": "1"})
+    try:
+        backend = _BackendWrapper(comm)
+        assert backend.perform_nocolor_split(torch.device("cuda", 0)) is None
+        t = torch.ones(2)
+        comm.all_reduce(t, torchcomms.ReduceOp.SUM, async_op=False)
+        assert t.tolist() == [1.0, 1.0]
+    finally:
+        comm.finalize()

@@ -464,6 +464,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init([](py::object comm) { return c10::make_intrusive<torchcomms_ext::BackendWrapper>(comm); }),
            py::arg("comm"))
       .def("get_comm", &torchcomms_ext::BackendWrapper::getComm, "The communicator this backend forwards to.")
+      // c10d's process-group helper calls it (as on ProcessGroupNCCL, which binds it) on the ranks
+      // left out of a group it makes while the default group has a bound device (its "split
+      // source"), for them to join an ncclCommSplit of the members. On the route the members make
+      // a new communicator over the store and split nothing, so the ranks left out have nothing
+      // to join (without it they raised AttributeError).
+      .def(
+          "perform_nocolor_split", [](torchcomms_ext::BackendWrapper&, const py::object&) {}, py::arg("device"),
+          "Nothing: the members of a group c10d's helper makes on the route split no communicator.")
       .def_property_readonly("options", &torchcomms_ext::BackendWrapper::options,
                              "c10d's options of this group's backend: the communicator's timeout, the group's "
                              "name and global ranks, the engine's own fields.")
