@@ -84,3 +84,37 @@ def groups_naming_a_backend(world: str | None) -> dict[str, Any]:
     out["after"] = t.item()
     dist.destroy_process_group()
     return out
+
+
+def gloo_groups_beside_nccl(bound: bool) -> dict[str, Any]:
+    """``init_process_group("nccl")`` (with ``device_id``, the rank's GPU, where ``bound``), then
+    ``new_group(backend="gloo")`` of every rank: its CPU all-reduce, broadcast from the last rank,
+    all-gather of objects, backend and whether the route made it; then ``new_group([0],
+    backend="gloo")`` (rank 0's membership) and an all-reduce of the world on the GPU."""
+    import os
+
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", device_id=dev if bound else None, timeout=timedelta(seconds=60))
+    rank, size = dist.get_rank(), dist.get_world_size()
+    g = dist.new_group(backend="gloo")
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t, group=g)
+    b = torch.full((2,), float(rank))
+    dist.broadcast(b, group_src=size - 1, group=g)
+    objs: list[Any] = [None] * size
+    dist.all_gather_object(objs, {"rank": rank}, group=g)
+    out: dict[str, Any] = {"all_reduce": t.tolist(), "broadcast": b.tolist(), "objects": objs,
+                           "backend": dist.get_backend(g),
+                           "routed": type(g._get_backend(torch.device("cpu"))).__name__ == "_BackendWrapper"}
+    only0 = dist.new_group([0], backend="gloo")  # ranks 1.. are left out (a bound world: c10d's "nocolor split")
+    out["only_0"] = only0 != dist.GroupMember.NON_GROUP_MEMBER
+    if out["only_0"]:
+        x = torch.full((1,), 7.0)
+        dist.all_reduce(x, group=only0)
+        out["only_0_sum"] = x.item()
+    w = torch.ones(2, device=dev)
+    dist.all_reduce(w)
+    out["world"] = w.tolist()
+    dist.destroy_process_group()
+    return out
