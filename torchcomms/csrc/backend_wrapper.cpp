@@ -309,9 +309,13 @@ class BackendWrapper : public c10d::Backend {
     return issue(c10d::OpType::ALLGATHER_COALESCED, flat(outputs), "allgather", outputs, inputs, to(o.timeout));
   }
 
+  // The work's result (its future's value) is what c10d's engine of this backend gives: gloo's
+  // _allgather_base is its allgather into output.chunk(size), so the output's chunks, one per
+  // rank (views of it); nccl's (and the others') [output].
   c10::intrusive_ptr<c10d::Work> _allgather_base(
       at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& o) override {
-    return issue(c10d::OpType::_ALLGATHER_BASE, {output}, "allgather_into_tensor",
+    std::vector<at::Tensor> result = name_ == "gloo" ? output.chunk(getSize(), 0) : std::vector<at::Tensor>{output};
+    return issue(c10d::OpType::_ALLGATHER_BASE, std::move(result), "allgather_into_tensor",
                  std::vector<at::Tensor>{output}, std::vector<at::Tensor>{input}, to(o.timeout));
   }
 
