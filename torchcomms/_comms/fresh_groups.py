@@ -12,6 +12,7 @@ return ``GroupMember.NON_GROUP_MEMBER`` after the same checks, with no collectiv
 """
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -37,17 +38,19 @@ def world_serves(c10d: Any, backend: Any) -> bool:
 
 
 def _fresh_unless_served(split: Callable[..., Any]) -> Callable[..., Any]:
-    def new_group_via_split_group(ranks: Any, timeout: Any, backend: Any, pg_options: Any,
-                                  use_local_synchronization: bool, group_desc: Any, device_id: Any,
-                                  sort_ranks: bool) -> Any:
+    signature = inspect.signature(split)
+
+    def new_group_via_split_group(*args: Any, **kwargs: Any) -> Any:
         from torch.distributed import distributed_c10d as c10d
 
-        if world_serves(c10d, backend):
-            return split(ranks, timeout, backend, pg_options, use_local_synchronization, group_desc, device_id,
-                         sort_ranks)
-        return c10d._new_group_with_tag(ranks, timeout, backend, pg_options, None,
-                                        use_local_synchronization=use_local_synchronization, group_desc=group_desc,
-                                        device_id=device_id, sort_ranks=sort_ranks)
+        given = signature.bind(*args, **kwargs).arguments
+        if world_serves(c10d, given.get("backend")):
+            return split(*args, **kwargs)
+        return c10d._new_group_with_tag(
+            given.get("ranks"), given.get("timeout"), given.get("backend"), given.get("pg_options"), None,
+            use_local_synchronization=given.get("use_local_synchronization", False),
+            group_desc=given.get("group_desc"), device_id=given.get("device_id"),
+            sort_ranks=given.get("sort_ranks", True))
 
     setattr(new_group_via_split_group, _MARK, True)
     return new_group_via_split_group
