@@ -84,3 +84,27 @@ def failed_future_rethrows() -> dict[str, Any]:
     done_through_the_store(store, timedelta(seconds=60))
     dist.destroy_process_group()
     return out
+
+
+def future_values() -> dict[str, Any]:
+    """The values of the futures (and works' results) of ``all_gather_into_tensor``,
+    ``all_gather`` and ``all_reduce``: each tensor's values, and for the first, whether each
+    tensor is a view of the output (at the offset of its chunk)."""
+    dist.init_process_group("gloo")
+    r = dist.get_rank()
+    x = torch.full((2,), float(r + 1))
+    out = torch.zeros(4)
+    work = dist.all_gather_into_tensor(out, x, async_op=True)
+    value = work.get_future().wait()
+    work.wait()  # c10d's gloo gives result() only once wait() returned
+    res: dict[str, Any] = {
+        "all_gather_into_tensor": [t.tolist() for t in value],
+        "views": [t.data_ptr() == out[2 * i:].data_ptr() if len(value) > 1 else t.data_ptr() == out.data_ptr()
+                  for i, t in enumerate(value)],
+        "result": [t.tolist() for t in work.result()],
+    }
+    outs = [torch.zeros(2), torch.zeros(2)]
+    res["all_gather"] = [t.tolist() for t in dist.all_gather(outs, x, async_op=True).get_future().wait()]
+    res["all_reduce"] = [t.tolist() for t in dist.all_reduce(x.clone(), async_op=True).get_future().wait()]
+    dist.destroy_process_group()
+    return res

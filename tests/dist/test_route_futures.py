@@ -9,7 +9,7 @@ C++ destructor: "terminate called without an active exception", SIGABRT, in 3 of
 two-rank program of async collectives and futures."""
 from __future__ import annotations
 
-from tests.dist.route_runs import ROUTE
+from tests.dist.route_runs import ROUTE, on_and_off
 from tests.helpers.ranks import run_ranks
 from tests.helpers.torch_versions import TORCH_2_13
 
@@ -32,3 +32,13 @@ def test_a_failed_futures_typed_error_is_raised_every_time_it_is_asked_for() -> 
     assert v["seen"] == ["CommTimeoutError"] * 4, v
     assert v["then"].startswith("RuntimeError") and "CommTimeoutError" in v["then"], v
     assert v.get("exception") == ("CommTimeoutError" if TORCH_2_13 else None), v
+
+
+def test_future_values_as_c10ds_gloo_gives_them() -> None:
+    # all_gather_into_tensor's was [output] (ProcessGroupNCCL's value) where c10d's gloo gives the
+    # output's chunks, one per rank (its _allgather_base is its allgather into output.chunk(size))
+    on, off = on_and_off(2, "tests.dist.future_workers:future_values", timeout=120)
+    for a, b in zip(on, off):
+        assert a.value == b.value, (a.rank, a.value, b.value)
+    assert on[0].value["all_gather_into_tensor"] == [[1.0, 1.0], [2.0, 2.0]] == on[0].value["result"], on[0].value
+    assert on[0].value["views"] == [True, True], on[0].value

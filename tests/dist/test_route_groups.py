@@ -91,6 +91,10 @@ def test_groups_naming_a_backend_same_as_c10d(world: str | None) -> None:
     v = on[1].value
     assert v["all"] == [[6.0, 6.0], devices] and v["some"] == [[5.0, 5.0], devices], v
     assert v["cpu"] == [[3.0, 3.0], ["cpu"]] and on[2].value["cpu"] == "non-member" and v["after"] == 3.0, v
+    # a backend that no device of the world uses: a group of its own over the store, as c10d makes it
+    # (split_group, which torch 2.13's new_group delegates to there, raised ValueError on every member)
+    assert v["fresh"] == [[3.0, 3.0], ["cpu"], [1.0, 1.0], [{"rank": 0}, {"rank": 1}], "glooalias"], v
+    assert on[0].value["fresh"] == v["fresh"] and on[2].value["fresh"] == "non-member", on[0].value
 
 
 
@@ -124,4 +128,76 @@ def test_a_group_whose_devices_use_different_backends_gets_a_communicator_per_de
         assert t.tolist() == [1.0, 1.0]
     finally:
         for c in comms:
+            c.finalize()
+
+
+def test_the_ranks_left_out_of_a_group_c10ds_helper_makes_on_a_bound_world_split_nothing() -> None:
+    """c10d's process-group helper calls ``perform_nocolor_split`` (ProcessGroupNCCL's) on the
+    default group's backend on the ranks left out of a group it makes while the default group
+    has a bound device (``init_process_group("nccl", device_id=...)``, then ``new_group(ranks,
+    backend="gloo")``): the route's backend had no such method (AttributeError on those ranks).
+    The route's members make a new communicator over the store, so there is nothing to join."""
+    import torch
+
+    import torchcomms
+    from torchcomms._comms import _BackendWrapper
+
+    comm = torchcomms.new_comm("fake", "cpu", "nocolor-split", hints={"rank": "0", "size": "1"})
+    try:
+        backend = _BackendWrapper(comm)
+        assert backend.perform_nocolor_split(torch.device("cuda", 0)) is None
+        t = torch.ones(2)
+        comm.all_reduce(t, torchcomms.ReduceOp.SUM, async_op=False)
+        assert t.tolist() == [1.0, 1.0]
+    finally:
+        comm.finalize()
+
+
+@pytest.mark.parametrize("devices,splits", [
+    ({"cpu": "refused-cpu", "cuda": "refused-cuda"}, {"refused-cpu": 1, "refused-cuda": 1}),  # cpu:gloo,cuda:nccl
+    ({"cpu": "refused-one", "cuda": "refused-one"}, {"refused-one": 2}),  # gloo: one communicator, two device types
+])
+def test_a_refused_member_list_takes_part_in_each_split_of_the_call_once(devices: dict[str, str],
+                                                                        splits: dict[str, int]) -> None:
+    """A member refusing ``new_group([0, 5])`` takes part as a non-member in each split the other
+    ranks make: one per device type of the parent group, on that device type's communicator (the
+    split loop of c10d's ``split_group``; 2.13's ``new_group`` on the ranks it leaves out). It split
+    its own communicator once per device type of the world: on a ``"cpu:gloo,cuda:nccl"`` world
+    twice (once too often) and the other device's not at all, so both fell out of step with the
+    ranks left out. The parent is a c10d ``ProcessGroup`` holding the route's backends over fake
+    communicators (a second engine on the CPU here), and ``split_group`` is stood in for, by name
+    and module, as the forwarder finds it."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    import torchcomms
+    from torchcomms._comms import _BackendWrapper
+    from torchcomms._comms.forward import CommForwarder
+    from torchcomms.hooks import FlightRecorderHook
+
+    comms, recorders = {}, {}
+    for name in dict.fromkeys(devices.values()):
+        comms[name] = torchcomms.new_comm("fake", "cpu", name, hints={"rank": "0", "size": "2"})
+        recorders[name] = FlightRecorderHook(max_entries=64)
+        recorders[name].register_with_comm(comms[name])
+    try:
+        parent = dist.ProcessGroup(dist.HashStore(), 0, 2)
+        wrappers = {name: _BackendWrapper(c) for name, c in comms.items()}
+        types = {"cpu": dist.ProcessGroup.BackendType.GLOO, "cuda": dist.ProcessGroup.BackendType.CUSTOM}
+        for device, name in devices.items():
+            parent._register_backend(torch.device(device), types[device], wrappers[name])
+        src = ("def split_group(parent_pg, device_types_filter, forwarder):\n"
+               "    return forwarder.split([0, 5], 'refused', None)\n")
+        scope: dict = {"__name__": "torch.distributed.distributed_c10d"}
+        exec(compile(src, "c10d_split_group_stand_in", "exec"), scope)  # noqa: S102 - the test's own source
+        first = parent._get_backend(parent._device_types[0]).get_comm()
+        with pytest.raises(torchcomms.CommValueError, match=r"ranks \[5\] out of range"):
+            scope["split_group"](parent, None, CommForwarder(first))
+        made = {name: sum(e["profiling_name"] == "fake:split" and e["pg_id"] == name
+                          for e in json.loads(r.dump_json())["entries"]) for name, r in recorders.items()}
+        assert made == splits, made
+    finally:
+        for c in comms.values():
             c.finalize()

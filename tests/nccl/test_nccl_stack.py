@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dist.route_runs import on_and_off
+from tests.dist.route_runs import ROUTE, on_and_off
 from tests.dist.test_route_programs import _close
 from tests.helpers.ranks import run_ranks
 from tests.helpers.torch_versions import TORCH_2_13
@@ -71,6 +71,22 @@ def test_every_c10d_op_through_the_route_on_nccl_as_on_c10d_nccl() -> None:
         for op in ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_single", "reduce_scatter",
                    "reduce_scatter_single", "all_to_all_single", "barrier"):
             assert any(k.endswith(":" + op) for k in rec), f"rank {a.rank}: no {op} in {sorted(rec)}"
+
+
+@pytest.mark.parametrize("bound", [False, True], ids=["unbound", "device_id"])
+def test_gloo_groups_beside_an_nccl_world_on_the_route(bound: bool) -> None:
+    """``new_group(backend="gloo")`` on a world made by ``init_process_group("nccl")``: torch 2.13's
+    route split the world's nccl communicator and raised ValueError ("Backend mismatch for device
+    'cuda' ...") on every rank, where c10d makes a gloo group over the store (Megatron's CPU groups)."""
+    n = gpus()
+    res = run_ranks(n, "tests.dist.group_workers:gloo_groups_beside_nccl", {"bound": bound}, timeout=180, env=ROUTE)
+    for r in res:
+        v = r.value
+        assert v["routed"] and v["backend"] == "gloo", v
+        assert v["all_reduce"] == [n * (n + 1) / 2] * 2 and v["broadcast"] == [float(n - 1)] * 2, v
+        assert v["objects"] == [{"rank": i} for i in range(n)], v
+        assert v["only_0"] == (r.rank == 0) and v.get("only_0_sum", 7.0) == 7.0, v
+        assert v["world"] == [float(n)] * 2, v
 
 
 def test_launcher_gpu_workers_train_fsdp2_on_nccl() -> None:

@@ -24,9 +24,10 @@ class _LoadedOnCall(type):
     class, loaded on first construction or attribute access."""
 
     def __call__(cls, comm: Any) -> Any:
-        from torchcomms._comms import backend_names, registration
+        from torchcomms._comms import backend_names, fresh_groups, registration
 
         backend_names.install()
+        fresh_groups.install()
         backend = build.wrapper_class()(comm)
         registration.register_as_engine_type(backend)
         return backend

@@ -364,21 +364,20 @@ class CommForwarder:
 
     def _refuse_bad_members(self, ranks: list[int], timeout: int | None) -> None:
         """Raises ``CommValueError`` for a member list with a rank out of range or twice
-        (``new_group([0, 5])``), after taking part in the split as a non-member once per device
-        type of the group, as c10d's non-member path for that group does on the ranks it left
-        out: raised before that, those ranks waited in the split until the timeout and the
-        parent communicator was broken."""
+        (``new_group([0, 5])``), after taking part as a non-member in each split of the call (one
+        per device type of the parent group, on that device type's communicator:
+        :mod:`torchcomms._comms.split_parent`), as c10d's non-member path for that group does on
+        the ranks it left out: raised before that, those ranks waited in the split until the
+        timeout and the parent communicator was broken."""
         size = self.comm.get_size()
         wrong = sorted({r for r in ranks if not 0 <= r < size})
         if not wrong and len(set(ranks)) == len(ranks):
             return
-        from torch.distributed import distributed_c10d as c10d
-
+        from torchcomms._comms.split_parent import split_call_comms
         from torchcomms.errors import CommValueError
 
-        aliases = len(c10d._get_default_group()._device_types) if c10d.is_initialized() else 1
-        for _ in range(max(1, aliases)):
-            self.comm.split([], "c10d-refused-split", timeout=_timeout(timeout))
+        for comm in split_call_comms(self.comm):
+            comm.split([], "c10d-refused-split", timeout=_timeout(timeout))
         what = f"ranks {wrong} out of range for a group of {size}" if wrong else "a rank listed twice"
         raise CommValueError(f"cannot make a group of ranks {list(ranks)}: {what}", comm=self.comm.get_name(),
                              op="split")

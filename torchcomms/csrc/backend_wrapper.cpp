@@ -309,9 +309,13 @@ class BackendWrapper : public c10d::Backend {
     return issue(c10d::OpType::ALLGATHER_COALESCED, flat(outputs), "allgather", outputs, inputs, to(o.timeout));
   }
 
+  // The work's result (its future's value) is what c10d's engine of this backend gives: gloo's
+  // _allgather_base is its allgather into output.chunk(size), so the output's chunks, one per
+  // rank (views of it); nccl's (and the others') [output].
   c10::intrusive_ptr<c10d::Work> _allgather_base(
       at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& o) override {
-    return issue(c10d::OpType::_ALLGATHER_BASE, {output}, "allgather_into_tensor",
+    std::vector<at::Tensor> result = name_ == "gloo" ? output.chunk(getSize(), 0) : std::vector<at::Tensor>{output};
+    return issue(c10d::OpType::_ALLGATHER_BASE, std::move(result), "allgather_into_tensor",
                  std::vector<at::Tensor>{output}, std::vector<at::Tensor>{input}, to(o.timeout));
   }
 
@@ -464,6 +468,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init([](py::object comm) { return c10::make_intrusive<torchcomms_ext::BackendWrapper>(comm); }),
            py::arg("comm"))
       .def("get_comm", &torchcomms_ext::BackendWrapper::getComm, "The communicator this backend forwards to.")
+      // c10d's process-group helper calls it (as on ProcessGroupNCCL, which binds it) on the ranks
+      // left out of a group it makes while the default group has a bound device (its "split
+      // source"), for them to join an ncclCommSplit of the members. On the route the members make
+      // a new communicator over the store and split nothing, so the ranks left out have nothing
+      // to join (without it they raised AttributeError).
+      .def(
+          "perform_nocolor_split", [](torchcomms_ext::BackendWrapper&, const py::object&) {}, py::arg("device"),
+          "Nothing: the members of a group c10d's helper makes on the route split no communicator.")
       .def_property_readonly("options", &torchcomms_ext::BackendWrapper::options,
                              "c10d's options of this group's backend: the communicator's timeout, the group's "
                              "name and global ranks, the engine's own fields.")
