@@ -15,14 +15,10 @@ import pytest
 from tests.dist.route_runs import ROUTE, on_and_off
 from tests.dist.test_route_programs import _close
 from tests.helpers.ranks import run_ranks
-from tests.helpers.torch_versions import TORCH_2_13
 from tests.nccl.conftest import gpus, needs_gpu
 
 pytestmark = [pytest.mark.gpu, needs_gpu]
 REPO = Path(__file__).resolve().parents[2]
-#: DDP on torch 2.11's route needs our backend registered under c10d's engine type
-#: (_comms/registration.py), checked with gloo on the CPU only so far
-DDP_ON_ROUTE = pytest.mark.skipif(not TORCH_2_13, reason="DDP on torch 2.11's nccl route not checked on a GPU yet")
 
 
 @pytest.mark.parametrize("mp", [False, True], ids=["fp32", "bf16-params"])
@@ -37,7 +33,7 @@ def test_fsdp2_on_nccl_trains_as_stock_fully_shard_does(mp: bool) -> None:
 
 
 @pytest.mark.parametrize("program,ops", [
-    pytest.param("ddp", ("all_reduce", "broadcast"), marks=DDP_ON_ROUTE),
+    ("ddp", ("all_reduce", "broadcast")),
     ("fsdp2", ("all_gather_single", "reduce_scatter_single")),
 ])
 def test_route_programs_on_nccl_match_c10d_nccl(program: str, ops: tuple[str, ...]) -> None:
