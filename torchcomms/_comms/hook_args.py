@@ -17,9 +17,12 @@ from torchcomms.types import OpName
 
 @dataclass(frozen=True)
 class AllReducePreHookArgs:
+    """``tensor`` and ``async_op`` in the reference's order; ``op`` (the reduction's label) is
+    this project's addition, last so that positional construction keeps working."""
+
     tensor: torch.Tensor
-    op: str | None
     async_op: bool
+    op: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ def pre_hook_args(name: OpName, record: Any) -> Any:
     inputs, outputs = extra.get("inputs", []), extra.get("outputs", [])
     first = (inputs or outputs or [None])[0]
     if name is OpName.all_reduce:
-        return AllReducePreHookArgs(first, record.reduce_op, record.async_op)
+        return AllReducePreHookArgs(first, record.async_op, record.reduce_op)
     if name is OpName.broadcast:
         return BroadcastPreHookArgs(first, record.root, record.async_op)
     if name is OpName.send:
