@@ -65,6 +65,32 @@ class OpPostHookArgs:
     error: str | None
 
 
+@dataclass(frozen=True)
+class AllReducePostHookArgs(OpPostHookArgs):
+    """How an all_reduce ended (the post-hook type matching :class:`AllReducePreHookArgs`)."""
+
+
+@dataclass(frozen=True)
+class BroadcastPostHookArgs(OpPostHookArgs):
+    """How a broadcast ended."""
+
+
+@dataclass(frozen=True)
+class SendPostHookArgs(OpPostHookArgs):
+    """How a send ended."""
+
+
+@dataclass(frozen=True)
+class RecvPostHookArgs(OpPostHookArgs):
+    """How a receive ended."""
+
+
+_POST_TYPES: dict[str, type[OpPostHookArgs]] = {
+    "all_reduce": AllReducePostHookArgs, "broadcast": BroadcastPostHookArgs,
+    "send": SendPostHookArgs, "recv": RecvPostHookArgs,
+}
+
+
 def pre_hook_args(name: OpName, record: Any) -> Any:
     """The reference-style argument object for a pre-hook call ``(name, op_id, record)``."""
     extra = record.extra or {}
@@ -82,4 +108,7 @@ def pre_hook_args(name: OpName, record: Any) -> Any:
 
 
 def post_hook_args(record: Any) -> OpPostHookArgs:
-    return OpPostHookArgs(str(record.name), record.seq, record.state, record.error)
+    """The post-hook argument object of the op of ``record``: the op's ``…PostHookArgs`` where the
+    op has one, else :class:`OpPostHookArgs`."""
+    name = str(record.name)
+    return _POST_TYPES.get(name, OpPostHookArgs)(name, record.seq, record.state, record.error)
