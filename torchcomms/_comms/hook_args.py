@@ -17,9 +17,12 @@ from torchcomms.types import OpName
 
 @dataclass(frozen=True)
 class AllReducePreHookArgs:
+    """``tensor`` and ``async_op`` in the reference's order; ``op`` (the reduction's label) is
+    this project's addition, last so that positional construction keeps working."""
+
     tensor: torch.Tensor
-    op: str | None
     async_op: bool
+    op: str | None = None
 
 
 @dataclass(frozen=True)
@@ -62,13 +65,39 @@ class OpPostHookArgs:
     error: str | None
 
 
+@dataclass(frozen=True)
+class AllReducePostHookArgs(OpPostHookArgs):
+    """How an all_reduce ended (the post-hook type matching :class:`AllReducePreHookArgs`)."""
+
+
+@dataclass(frozen=True)
+class BroadcastPostHookArgs(OpPostHookArgs):
+    """How a broadcast ended."""
+
+
+@dataclass(frozen=True)
+class SendPostHookArgs(OpPostHookArgs):
+    """How a send ended."""
+
+
+@dataclass(frozen=True)
+class RecvPostHookArgs(OpPostHookArgs):
+    """How a receive ended."""
+
+
+_POST_TYPES: dict[str, type[OpPostHookArgs]] = {
+    "all_reduce": AllReducePostHookArgs, "broadcast": BroadcastPostHookArgs,
+    "send": SendPostHookArgs, "recv": RecvPostHookArgs,
+}
+
+
 def pre_hook_args(name: OpName, record: Any) -> Any:
     """The reference-style argument object for a pre-hook call ``(name, op_id, record)``."""
     extra = record.extra or {}
     inputs, outputs = extra.get("inputs", []), extra.get("outputs", [])
     first = (inputs or outputs or [None])[0]
     if name is OpName.all_reduce:
-        return AllReducePreHookArgs(first, record.reduce_op, record.async_op)
+        return AllReducePreHookArgs(first, record.async_op, record.reduce_op)
     if name is OpName.broadcast:
         return BroadcastPreHookArgs(first, record.root, record.async_op)
     if name is OpName.send:
@@ -79,4 +108,7 @@ def pre_hook_args(name: OpName, record: Any) -> Any:
 
 
 def post_hook_args(record: Any) -> OpPostHookArgs:
-    return OpPostHookArgs(str(record.name), record.seq, record.state, record.error)
+    """The post-hook argument object of the op of ``record``: the op's ``…PostHookArgs`` where the
+    op has one, else :class:`OpPostHookArgs`."""
+    name = str(record.name)
+    return _POST_TYPES.get(name, OpPostHookArgs)(name, record.seq, record.state, record.error)

@@ -12,8 +12,10 @@ class OpRecord:
     ``completed``, ``failed``, ``timed_out`` or ``aborted``); ``in_engine`` is true from the
     engine call until the engine is done with the op. The two differ when the caller was
     failed (deadline, peer failure, abort) while the engine still blocks in the op: then the
-    op ended for the caller but not in the engine, and tracing says so. Hooks receive it (``pre_hook(name, op_id, record)``, ``post_hook(op_id,
-    record)``); tracing keeps references to it, so fields are only ever filled in, never reused.
+    op ended for the caller but not in the engine, and tracing says so. Hooks receive it
+    (``pre_hook(name, op_id, record)``, ``post_hook(op_id, record)``), so it carries the fields of
+    the reference's pre-hook arguments (``tensor``, ``root``, ``peer``, ``async_op``); tracing
+    keeps references to it, so fields are only ever filled in, never reused.
     """
 
     __slots__ = (
@@ -99,6 +101,15 @@ class OpRecord:
         self.error: str | None = None
         self.hints = hints
         self.extra: dict[str, Any] | None = None
+
+    @property
+    def tensor(self) -> Any:
+        """The tensor the op works on, as the reference's pre-hook arguments name it (the first
+        of its inputs, else of its outputs: a receive's buffer). Set only while pre-hooks run;
+        ``None`` otherwise (records outlive ops and never pin their tensors)."""
+        if self.extra is None:
+            return None
+        return (self.extra.get("inputs") or self.extra.get("outputs") or [None])[0]
 
     @property
     def duration_ms(self) -> float | None:
