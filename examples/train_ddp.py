@@ -2,7 +2,7 @@
 
 Run with the launcher (it sets rank, size and the control-plane address):
 
-    torchcomms-run --nproc-per-node 2 examples/train_ddp.py --steps 30
+    torchcomms-run --nproc-per-node 2 examples/train_ddp.py --steps 40
 
 Each rank trains on its own shard of a synthetic regression problem; gradients are averaged
 with one synchronous all_reduce per step of all of them flattened into one buffer (for
