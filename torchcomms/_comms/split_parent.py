@@ -11,11 +11,10 @@ non-member, so that every communicator of the parent stays in step with the othe
 """
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable
 from typing import Any
 
-_C10D = "torch.distributed.distributed_c10d"
+from torchcomms.core.c10d_lists import c10d_frame
 
 
 def device_comms(group: Any, devices: Iterable[Any] | None = None) -> list[Any]:
@@ -35,23 +34,12 @@ def device_comms(group: Any, devices: Iterable[Any] | None = None) -> list[Any]:
     return comms
 
 
-def _split_group_frame(max_depth: int) -> Any:
-    frame = inspect.currentframe()
-    for _ in range(max_depth):
-        frame = frame.f_back if frame is not None else None
-        if frame is None:
-            return None
-        if frame.f_code.co_name == "split_group" and frame.f_globals.get("__name__") == _C10D:
-            return frame
-    return None
-
-
 def split_call_comms(comm: Any, max_depth: int = 12) -> list[Any]:
     """The communicators that the c10d ``split_group`` call among the callers splits
     (:func:`device_comms` of its parent, filtered by its ``backend``), which must include
     ``comm``; else (a split called otherwise) ``comm`` once per device type of the default group
     that it serves (at least once)."""
-    frame = _split_group_frame(max_depth)
+    frame = c10d_frame(("split_group",), max_depth)
     if frame is not None:
         local = frame.f_locals
         parent = local.get("parent_pg")

@@ -24,7 +24,7 @@ _C10D = "torch.distributed.distributed_c10d"
 _CALLERS = {"split_group": "split_ranks", "_new_group_via_split_group": "group_ranks"}
 
 
-def _c10d_frame(names: tuple[str, ...], max_depth: int) -> FrameType | None:
+def c10d_frame(names: tuple[str, ...], max_depth: int) -> FrameType | None:
     """The innermost frame of one of c10d's functions ``names`` among the ``max_depth`` frames
     from the caller's caller up."""
     frame = inspect.currentframe()
@@ -68,7 +68,7 @@ def refuse_lists_c10d_refuses(comm: str, max_depth: int = 8) -> None:
     among the caller's ``max_depth`` callers) has member lists torch refuses on some ranks, and
     ``CommTypeError`` for a ``new_group`` timeout that is not a ``timedelta`` (torch's
     ``TypeError`` on the members)."""
-    frame = _c10d_frame(tuple(_CALLERS), max_depth)
+    frame = c10d_frame(tuple(_CALLERS), max_depth)
     found = None if frame is None else _lists(frame)
     if found is None:
         return
@@ -93,7 +93,7 @@ def c10d_members_skip_this_device(max_depth: int = 8) -> bool:
     device type of the world, whatever ``backend`` says, so the extra splits waited for members
     that never came until the timeout. Such a split is skipped there, and a rank left out of a
     refused group goes on, as it does on c10d's own backends."""
-    frame = _c10d_frame(("_new_group_via_split_group",), max_depth)
+    frame = c10d_frame(("_new_group_via_split_group",), max_depth)
     if frame is None:
         return False
     backend, device, c10d = frame.f_locals.get("backend"), frame.f_locals.get("device"), frame.f_globals
