@@ -17,24 +17,21 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from torchcomms.core.c10d_lists import backend_devices, serves
+
 _MARK = "_torchcomms_fresh_groups"
 
 
 def world_serves(c10d: Any, backend: Any) -> bool:
-    """Whether ``split_group`` can make a group of ``backend`` from the default group: every
-    device type ``backend`` names (read by c10d's ``_parse_backend_string``, as ``split_group``
-    reads it; on the route :mod:`torchcomms._comms.backend_names`'s reading) uses that backend in
-    the default group. ``None`` (the world's backend) is served; so is a name the parser refuses,
-    for ``split_group`` to refuse it as it does."""
+    """Whether ``split_group`` can make a group of ``backend`` from the default group
+    (``c10d_lists.serves``). ``None`` (the world's backend) is served; so is a name the parser
+    refuses, for ``split_group`` to refuse it as it does."""
     if backend is None:
         return True
-    parse = c10d._parse_backend_string
     try:
-        world = parse(str(c10d._world.pg_map[c10d._get_default_group()][0]))
-        wanted = parse(str(backend))
+        return serves(*backend_devices(vars(c10d), backend))
     except ValueError:
         return True
-    return all(world.get(device) == name for device, name in wanted.items())
 
 
 def _fresh_unless_served(split: Callable[..., Any]) -> Callable[..., Any]:

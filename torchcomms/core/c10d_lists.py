@@ -13,6 +13,7 @@ which of their splits no member takes part in.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from datetime import timedelta
 from types import FrameType
 from typing import Any
@@ -96,17 +97,28 @@ def c10d_members_skip_this_device(max_depth: int = 8) -> bool:
     frame = c10d_frame(("_new_group_via_split_group",), max_depth)
     if frame is None:
         return False
-    backend, device, c10d = frame.f_locals.get("backend"), frame.f_locals.get("device"), frame.f_globals
-    if backend is None or device is None or "_parse_backend_string" not in c10d:
+    backend, device = frame.f_locals.get("backend"), frame.f_locals.get("device")
+    if backend is None or device is None or "_parse_backend_string" not in frame.f_globals:
         return False
     import torch
 
-    parse = c10d["_parse_backend_string"]
     try:
-        requested = parse(str(backend))
-        world = parse(str(c10d["_world"].pg_map[c10d["_get_default_group"]()][0]))
+        requested, world = backend_devices(frame.f_globals, backend)
     except ValueError:  # torch's split_group raises it on the members
         return True
-    if any(world.get(d) != b for d, b in requested.items()):
-        return True
-    return torch.device(device).type not in requested
+    return not serves(requested, world) or torch.device(device).type not in requested
+
+
+def backend_devices(c10d: Mapping[str, Any], backend: Any) -> tuple[dict[str, str], dict[str, str]]:
+    """(device type -> backend) of ``backend`` and of the default group, read by c10d's
+    ``_parse_backend_string`` as its ``split_group`` reads them (on the route,
+    ``torchcomms._comms.backend_names``' reading); ``ValueError`` where it refuses one. ``c10d``:
+    the names of ``torch.distributed.distributed_c10d`` (its ``vars()``, a frame's globals)."""
+    parse = c10d["_parse_backend_string"]
+    return parse(str(backend)), parse(str(c10d["_world"].pg_map[c10d["_get_default_group"]()][0]))
+
+
+def serves(requested: dict[str, str], world: dict[str, str]) -> bool:
+    """Whether every device type of ``requested`` uses the same backend in ``world``
+    (:func:`backend_devices`): then ``split_group`` can make the group from the default group."""
+    return all(world.get(device) == name for device, name in requested.items())
